@@ -1,0 +1,306 @@
+/*
+ * mixkv.h — the public C API of mixkv, a mixed-precision KV cache for LLM inference.
+ *
+ * This is the only header an embedding engine includes. Conventions (DESIGN.md section 7):
+ *  - every call returns mkv_status_t; MKV_STATUS_OK is 0 and the enum only grows;
+ *  - a call that fails changes nothing (no half-applied allocation, no partial release) and
+ *    leaves a message in the handle (mkv_cache_last_error) or, for calls without a handle,
+ *    in the calling thread's mkv_last_error();
+ *  - a handle is used by one host thread at a time; distinct handles are independent;
+ *  - calls that run on a device take an explicit stream as `void *` (a cudaStream_t; NULL is
+ *    the legacy default stream); the CPU backend ignores it;
+ *  - the library never calls exit() or abort().
+ *
+ * Vocabulary (DESIGN.md section 2): L layers, H KV heads per layer, G query heads per KV head,
+ * d head dimension, S sequence slots, N a sequence's length (tokens seen, pruned included).
+ * A head-region is one (slot, layer, KV head), the unit of memory management. Each
+ * head-region has a high-precision section (n_hi tokens) and a low-precision section (n_lo
+ * tokens); the N - n_hi - n_lo other tokens were pruned.
+ */
+#ifndef MIXKV_H
+#define MIXKV_H
+
+#include <stddef.h>
+#include <stdint.h>
+
+#ifdef __cplusplus
+extern "C" {
+#endif
+
+#define MKV_VERSION_MAJOR 0
+#define MKV_VERSION_MINOR 1
+#define MKV_VERSION_PATCH 0
+
+/* ---------------------------------------------------------------------------------------- */
+/* Status                                                                                   */
+/* ---------------------------------------------------------------------------------------- */
+
+/* Values are stable: new codes are only ever appended. */
+typedef enum mkv_status {
+    MKV_STATUS_OK = 0,
+    MKV_STATUS_INVALID_ARGUMENT = 1, /* a null pointer, a value out of range, a bad slot */
+    MKV_STATUS_UNSUPPORTED = 2,      /* valid request this build or backend cannot serve */
+    MKV_STATUS_OUT_OF_PAGES = 3,     /* the free page list cannot cover the demand */
+    MKV_STATUS_OUT_OF_MEMORY = 4,    /* a host or device allocation failed */
+    MKV_STATUS_CUDA_ERROR = 5,       /* the CUDA runtime reported an error */
+    MKV_STATUS_IO_ERROR = 6,         /* a file could not be opened, read or written */
+    MKV_STATUS_PARSE_ERROR = 7,      /* a file is malformed, truncated or of another version */
+    MKV_STATUS_INTERNAL = 8,         /* a bug in mixkv: please report it */
+    MKV_STATUS_OUT_OF_SLOTS = 9,     /* every sequence slot is in use */
+    MKV_STATUS_CORRUPT = 10,         /* the cache state violates an invariant */
+} mkv_status_t;
+
+/* A static English description of a status ("out of pages"); never NULL. */
+const char *mkv_status_string(mkv_status_t status);
+
+/* "MAJOR.MINOR.PATCH" of the library that is linked (may differ from the header's macros). */
+const char *mkv_version(void);
+
+/* The message of the last failed call made by this thread that had no handle to report into
+ * (mkv_cache_create, mkv_cache_load_json, mkv_tokens_per_page, ...). "" when there is none.
+ * Valid until this thread's next mixkv call. */
+const char *mkv_last_error(void);
+
+/* Frees memory that mixkv returned to the caller (e.g. by mkv_cache_dump_json_string). */
+void mkv_free(void *ptr);
+
+/* ---------------------------------------------------------------------------------------- */
+/* KV formats                                                                               */
+/* ---------------------------------------------------------------------------------------- */
+
+/* KxVy: keys stored with x bits per element, values with y (16 = fp16, stored raw). Values are
+ * stable. K16V16 is the full-precision baseline; K8V4 and K4V2 are DiffKV's defaults. */
+typedef enum mkv_format {
+    MKV_FORMAT_K16V16 = 0,
+    MKV_FORMAT_K8V8 = 1,
+    MKV_FORMAT_K8V4 = 2,
+    MKV_FORMAT_K4V4 = 3,
+    MKV_FORMAT_K8V2 = 4,
+    MKV_FORMAT_K4V2 = 5,
+    MKV_FORMAT_K4V8 = 6,
+    MKV_FORMAT_K2V4 = 7,
+    MKV_FORMAT_COUNT
+} mkv_format_t;
+
+/* "K8V4" and so on; "?" for a value out of range. */
+const char *mkv_format_name(mkv_format_t format);
+
+/* Parses a format name (case-insensitive, "K8V4"). */
+mkv_status_t mkv_format_from_name(const char *name, mkv_format_t *out_format);
+
+/* How many tokens of one head-region a page of page_bytes holds in this format, with head
+ * dimension d (16, 32, 64, 128 or 256) and quant_groups quantization groups per vector
+ * (1, 2 or 4). The page's six segments each start on a 16-byte boundary
+ * (docs/page-layout.md). Fails with INVALID_ARGUMENT when not even one token fits. */
+mkv_status_t mkv_tokens_per_page(mkv_format_t format, int32_t head_dim, int32_t quant_groups,
+                                 int64_t page_bytes, int32_t *out_tokens);
+
+/* Bytes of a page that holds exactly `tokens` tokens in this format (segments aligned). */
+mkv_status_t mkv_page_bytes_for(mkv_format_t format, int32_t head_dim, int32_t quant_groups,
+                                int32_t tokens, int64_t *out_bytes);
+
+/* ---------------------------------------------------------------------------------------- */
+/* Backends                                                                                 */
+/* ---------------------------------------------------------------------------------------- */
+
+typedef enum mkv_backend {
+    MKV_BACKEND_CPU = 0,  /* plain C, host memory: the complete reference backend */
+    MKV_BACKEND_CUDA = 1, /* device-resident state; one CUDA device chosen by device_id */
+} mkv_backend_t;
+
+/* "cpu" or "cuda"; "?" for a value out of range. */
+const char *mkv_backend_name(mkv_backend_t backend);
+
+/* *out_available = 1 when the backend can run here: CPU always; CUDA when the library was
+ * built with CUDA and the runtime sees at least one device. Never fails for a valid backend. */
+mkv_status_t mkv_backend_available(mkv_backend_t backend, int *out_available);
+
+/* ---------------------------------------------------------------------------------------- */
+/* Cache configuration                                                                      */
+/* ---------------------------------------------------------------------------------------- */
+
+#define MKV_CACHE_CONFIG_VERSION 1
+
+/* flags */
+#define MKV_CACHE_METADATA_ONLY 0x1u /* manage pages but allocate no page storage: for
+                                        schedulers, simulators and memory-manager benchmarks */
+
+/* Initialise with MKV_CACHE_CONFIG_INIT, then set fields. `version` and `struct_size` let a
+ * newer library accept an older caller's struct; do not change them. Zero in page_bytes or
+ * pool_pages asks for the documented default or derivation. */
+typedef struct mkv_cache_config {
+    uint32_t version;     /* MKV_CACHE_CONFIG_VERSION */
+    uint32_t struct_size; /* sizeof(mkv_cache_config_t) */
+
+    int32_t n_layers;     /* L >= 1 */
+    int32_t n_kv_heads;   /* H >= 1 */
+    int32_t group_size;   /* G >= 1: query heads per KV head */
+    int32_t head_dim;     /* d: 16, 32, 64, 128 or 256 */
+    int32_t max_seqs;     /* S >= 1: sequence slots */
+    int32_t max_seq_len;  /* most tokens a sequence may see (pruned ones included) */
+    int32_t quant_groups; /* quantization groups per vector: 1, 2 or 4 */
+
+    int64_t page_bytes; /* bytes per page; 0: the page that holds 32 tokens of hi_format */
+    int64_t pool_pages; /* P, pages in the pool; 0: pool_bytes / page_bytes */
+    int64_t pool_bytes; /* used only when pool_pages is 0 */
+
+    mkv_format_t hi_format; /* important tokens (default K8V4) */
+    mkv_format_t lo_format; /* moderately important tokens (default K4V2) */
+    float alpha_h;          /* keep high when score >= alpha_h / N (default 1.0) */
+    float alpha_l;          /* keep low when score >= alpha_l / N, else prune (default 0.02) */
+    int32_t window;         /* W: the most recent W tokens stay high (default 64) */
+
+    mkv_backend_t backend;
+    int32_t device_id; /* CUDA device ordinal; ignored by the CPU backend */
+    int32_t n_threads; /* CPU backend: threads for the planning and copy phases (1 = serial) */
+    uint32_t flags;    /* MKV_CACHE_* flags */
+} mkv_cache_config_t;
+
+/* Llama-3-8B's KV geometry (32 layers, 8 KV heads, G 4, d 128), 64 slots of up to 4096 tokens,
+ * K8V4 / K4V2 with DiffKV's Llama-3 alphas, W 64, CPU backend. The pool size must be set. */
+#define MKV_CACHE_CONFIG_INIT                                                                   \
+    {                                                                                          \
+        MKV_CACHE_CONFIG_VERSION, (uint32_t)sizeof(mkv_cache_config_t), 32, 8, 4, 128, 64, 4096, \
+            1, 0, 0, 0, MKV_FORMAT_K8V4, MKV_FORMAT_K4V2, 1.0f, 0.02f, 64, MKV_BACKEND_CPU, 0, 1, \
+            0u                                                                                 \
+    }
+
+/* ---------------------------------------------------------------------------------------- */
+/* Cache lifetime and introspection                                                         */
+/* ---------------------------------------------------------------------------------------- */
+
+typedef struct mkv_cache mkv_cache_t; /* opaque */
+
+/* Creates a cache: validates the config (every field; a clear message names the bad one),
+ * allocates the pool, the free page list holding every page, and empty page tables.
+ * On failure *out_cache is NULL and mkv_last_error() says why. */
+mkv_status_t mkv_cache_create(const mkv_cache_config_t *config, mkv_cache_t **out_cache);
+
+/* Frees everything. NULL is accepted. */
+void mkv_cache_destroy(mkv_cache_t *cache);
+
+/* The message of the last failed call on this handle; "" after a success. */
+const char *mkv_cache_last_error(const mkv_cache_t *cache);
+
+/* Derived layout of a cache. */
+typedef struct mkv_cache_info {
+    mkv_cache_config_t config; /* resolved: page_bytes and pool_pages filled in */
+    int32_t tokens_per_page_hi;
+    int32_t tokens_per_page_lo;
+    int32_t row_entries;     /* T: page-table entries per head-region */
+    int64_t region_count;    /* S * L * H */
+    int64_t table_bytes;     /* page tables and counters (metadata) */
+    int64_t pool_bytes;      /* P * page_bytes (0 with MKV_CACHE_METADATA_ONLY) */
+} mkv_cache_info_t;
+
+mkv_status_t mkv_cache_info(const mkv_cache_t *cache, mkv_cache_info_t *out_info);
+
+/* ---------------------------------------------------------------------------------------- */
+/* Sequences: admission, growth, shrink, release                                            */
+/* ---------------------------------------------------------------------------------------- */
+
+/* Conservative prompt demand (DESIGN.md section 6): L * H * (ceil(prompt_len / tpp_hi) + 1)
+ * pages, enough for any split of the prompt into high and low sections. */
+mkv_status_t mkv_cache_prompt_demand(const mkv_cache_t *cache, int32_t prompt_len,
+                                     int64_t *out_pages);
+
+/* Check: *out_ok = 1 when mkv_cache_admit(prompt_len) would succeed now (a slot is free and
+ * the available pages, free minus reserved, cover the prompt demand). */
+mkv_status_t mkv_cache_can_admit(mkv_cache_t *cache, int32_t prompt_len, int *out_ok);
+
+/* Act: takes the lowest free slot for a new sequence (N = 0, empty sections) and reserves its
+ * prompt demand. Reserved pages stay in the free list but are not available to other slots;
+ * the reservation ends with the first mkv_cache_resize or mkv_cache_append that includes the
+ * slot, or with its release. OUT_OF_SLOTS or OUT_OF_PAGES leave everything unchanged. */
+mkv_status_t mkv_cache_admit(mkv_cache_t *cache, int32_t prompt_len, int32_t *out_slot);
+
+/* Worst-case pages the next generation step of these slots can allocate: per head-region one
+ * high page when the high section is full (n_hi a multiple of tpp_hi) and one low page when
+ * the low section is full and a token reaches the window's edge (N >= W). A scheduler keeps
+ * this <= stats.available_pages, preempting otherwise. */
+mkv_status_t mkv_cache_step_demand(mkv_cache_t *cache, int32_t n_slots, const int32_t *slots,
+                                   int64_t *out_pages);
+
+/* One generation step's allocation: for every listed slot N += 1 and, in each of its
+ * head-regions, n_hi += 1 (the new token enters the high section), allocating a page where a
+ * section crosses a page boundary. One prefix sum serves all slots, layers and heads.
+ * slots: [n_slots] distinct active slots, host memory. Refused whole (OUT_OF_PAGES) when the
+ * available pages do not cover the demand. */
+mkv_status_t mkv_cache_append(mkv_cache_t *cache, int32_t n_slots, const int32_t *slots,
+                              void *stream);
+
+/* A batched change of section sizes, the memory-manager side of the compression policy.
+ * Arrays live in host memory for the CPU backend (device memory for CUDA, from issue 5 on). */
+typedef struct mkv_resize {
+    int32_t n_slots;
+    const int32_t *slots;   /* [n_slots] distinct active slots */
+    const int32_t *seq_len; /* [n_slots] new N (>= current N, <= max_seq_len); NULL: unchanged */
+    const int32_t *n_hi;    /* [n_slots][L][H] new high-precision token counts */
+    const int32_t *n_lo;    /* [n_slots][L][H] new low-precision token counts, n_hi + n_lo <= N */
+} mkv_resize_t;
+
+/* Sets every listed head-region's section sizes. Sections stay dense: a section that shrinks
+ * loses its last pages (recycled to the free list first, with one prefix sum), a section that
+ * grows gains pages at its end (allocated after, with another), so pages freed by one
+ * head-region can serve another in the same call. Token data movement (swap-remove) is the
+ * caller's, done before the call. Refused whole (OUT_OF_PAGES) when the available pages plus
+ * those released do not cover the demand. */
+mkv_status_t mkv_cache_resize(mkv_cache_t *cache, const mkv_resize_t *resize, void *stream);
+
+/* A finished or preempted sequence returns all its pages and its reservation; the slot
+ * becomes free. */
+mkv_status_t mkv_cache_release(mkv_cache_t *cache, int32_t slot, void *stream);
+
+/* ---------------------------------------------------------------------------------------- */
+/* Statistics, validation, dumps                                                            */
+/* ---------------------------------------------------------------------------------------- */
+
+typedef struct mkv_cache_stats {
+    int64_t total_pages;     /* P */
+    int64_t free_pages;      /* tail - head */
+    int64_t reserved_pages;  /* held for admitted prompts, still in the free list */
+    int64_t available_pages; /* free - reserved */
+    int64_t pages_hi;        /* pages in high-precision sections */
+    int64_t pages_lo;        /* pages in low-precision sections */
+    int64_t tokens_hi;       /* sum of n_hi over head-regions */
+    int64_t tokens_lo;       /* sum of n_lo */
+    int64_t tokens_seen;     /* sum of N over active slots, times L * H */
+    int64_t tokens_pruned;   /* tokens_seen - tokens_hi - tokens_lo */
+    int32_t active_slots;
+    int64_t bytes_in_use;    /* (pages_hi + pages_lo) * page_bytes */
+    int64_t bytes_fp16;      /* what an FP16 cache would hold: tokens_seen * 2 * d * 2 bytes */
+} mkv_cache_stats_t;
+
+mkv_status_t mkv_cache_stats(const mkv_cache_t *cache, mkv_cache_stats_t *out_stats);
+
+typedef struct mkv_slot_info {
+    int32_t active;
+    int32_t seq_len;         /* N */
+    int64_t reserved_pages;
+    int64_t tokens_hi, tokens_lo; /* over the slot's L * H head-regions */
+    int64_t pages_hi, pages_lo;
+} mkv_slot_info_t;
+
+mkv_status_t mkv_cache_slot_info(mkv_cache_t *cache, int32_t slot, mkv_slot_info_t *out_info);
+
+/* Checks every invariant of DESIGN.md section 4: each page id in exactly one place (the free
+ * region of the ring or one table row), each row holding ceil(n_hi / tpp_hi) left entries
+ * and ceil(n_lo / tpp_lo) right entries, counts within N, reservations covered by free pages.
+ * Returns CORRUPT with the first violation in the last-error message. */
+mkv_status_t mkv_cache_validate(mkv_cache_t *cache);
+
+/* Writes the whole state as JSON (docs/dump-format.md) to path ("-" for stdout). */
+mkv_status_t mkv_cache_dump_json(mkv_cache_t *cache, const char *path);
+
+/* The same dump as a NUL-terminated string; free it with mkv_free(). */
+mkv_status_t mkv_cache_dump_json_string(mkv_cache_t *cache, char **out_json);
+
+/* Creates a CPU-backend cache holding the state of a dump. A dump that does not parse, has
+ * another format version, or violates an invariant is refused (PARSE_ERROR or CORRUPT). */
+mkv_status_t mkv_cache_load_json(const char *path, mkv_cache_t **out_cache);
+
+#ifdef __cplusplus
+}
+#endif
+
+#endif /* MIXKV_H */

@@ -1,0 +1,316 @@
+/*
+ * cache.c — the mkv_cache_t handle: creation, admission (check, then act), statistics and
+ * validation. The batched page movements live in resize.c.
+ */
+#include "memmgr/cache.h"
+
+#include <stdlib.h>
+#include <string.h>
+
+#define CHECK_CACHE(c)                                                                         \
+    do {                                                                                       \
+        if (!(c)) return mkv_fail_global(MKV_STATUS_INVALID_ARGUMENT, "%s: null cache", __func__); \
+    } while (0)
+
+static void work_free(mkv_mm_work_t *w)
+{
+    free(w->target);
+    free(w->alloc);
+    free(w->release);
+    free(w->alloc_off);
+    free(w->rel_off);
+    free(w->slot_seen);
+    memset(w, 0, sizeof *w);
+}
+
+static mkv_status_t work_init(mkv_mm_work_t *w, const mkv_mm_geom_t *g, char *err)
+{
+    const size_t sections = (size_t)(2 * mkv_mm_regions(g));
+    memset(w, 0, sizeof *w);
+    w->target = malloc(sections * sizeof(int32_t));
+    w->alloc = malloc(sections * sizeof(int32_t));
+    w->release = malloc(sections * sizeof(int32_t));
+    w->alloc_off = malloc(sections * sizeof(int32_t));
+    w->rel_off = malloc(sections * sizeof(int32_t));
+    w->slot_seen = calloc((size_t)g->max_seqs, sizeof(int32_t));
+    if (!w->target || !w->alloc || !w->release || !w->alloc_off || !w->rel_off || !w->slot_seen) {
+        work_free(w);
+        return mkv_fail(err, MKV_STATUS_OUT_OF_MEMORY, "cannot allocate the step workspace");
+    }
+    return MKV_STATUS_OK;
+}
+
+mkv_status_t mkv_cache_create(const mkv_cache_config_t *config, mkv_cache_t **out_cache)
+{
+    char err[MKV_ERR_LEN] = "";
+    mkv_status_t status = MKV_STATUS_OK;
+    mkv_cache_t *c = NULL;
+    mkv_clear_global_error();
+    if (!out_cache) return mkv_fail_global(MKV_STATUS_INVALID_ARGUMENT, "mkv_cache_create: null out_cache");
+    *out_cache = NULL;
+    if (!config) return mkv_fail_global(MKV_STATUS_INVALID_ARGUMENT, "mkv_cache_create: null config");
+
+    mkv_cache_config_t cfg;
+    mkv_mm_geom_t geom;
+    MKV_TRY(mkv_config_resolve(config, &cfg, &geom, err));
+    if (cfg.backend == MKV_BACKEND_CUDA) {
+#ifdef MKV_HAVE_CUDA
+        status = mkv_fail(err, MKV_STATUS_UNSUPPORTED,
+                          "the CUDA backend's memory manager is not implemented yet; use "
+                          "MKV_BACKEND_CPU");
+#else
+        status = mkv_fail(err, MKV_STATUS_UNSUPPORTED,
+                          "this mixkv was built without CUDA (-DMIXKV_CUDA=OFF)");
+#endif
+        goto fail;
+    }
+
+    c = calloc(1, sizeof *c);
+    if (!c) {
+        status = mkv_fail(err, MKV_STATUS_OUT_OF_MEMORY, "cannot allocate the cache handle");
+        goto fail;
+    }
+    c->cfg = cfg;
+    MKV_TRY(mkv_mm_state_init(&c->st, &geom, err));
+    MKV_TRY(work_init(&c->work, &geom, err));
+    if (!(cfg.flags & MKV_CACHE_METADATA_ONLY)) {
+        /* calloc: untouched pages of a large pool cost no physical memory until written. */
+        c->pool = calloc((size_t)cfg.pool_pages, (size_t)cfg.page_bytes);
+        if (!c->pool) {
+            status = mkv_fail(err, MKV_STATUS_OUT_OF_MEMORY,
+                              "cannot allocate the page pool: %lld pages of %lld bytes",
+                              (long long)cfg.pool_pages, (long long)cfg.page_bytes);
+            goto fail;
+        }
+    }
+    if (cfg.n_threads > 1) {
+        c->threads = mkv_threads_create(cfg.n_threads);
+        if (!c->threads) {
+            status = mkv_fail(err, MKV_STATUS_OUT_OF_MEMORY, "cannot start %d planning threads",
+                              cfg.n_threads);
+            goto fail;
+        }
+    }
+
+    mkv_cache_info_t *info = &c->info;
+    info->config = cfg;
+    info->tokens_per_page_hi = geom.tpp_hi;
+    info->tokens_per_page_lo = geom.tpp_lo;
+    info->row_entries = geom.row_entries;
+    info->region_count = mkv_mm_regions(&geom);
+    info->table_bytes = info->region_count * geom.row_entries * (int64_t)sizeof(int32_t) +
+                        info->region_count * 2 * (int64_t)sizeof(int32_t) +
+                        geom.pool_pages * (int64_t)sizeof(int32_t) +
+                        (int64_t)geom.max_seqs * (sizeof(int32_t) + sizeof(uint8_t) + sizeof(int64_t));
+    info->pool_bytes = c->pool ? cfg.pool_pages * cfg.page_bytes : 0;
+    *out_cache = c;
+    return MKV_STATUS_OK;
+fail:
+    mkv_cache_destroy(c);
+    return mkv_fail_global(status, "%s", err);
+}
+
+void mkv_cache_destroy(mkv_cache_t *cache)
+{
+    if (!cache) return;
+    mkv_threads_destroy(cache->threads);
+    mkv_mm_state_free(&cache->st);
+    work_free(&cache->work);
+    free(cache->pool);
+    free(cache);
+}
+
+const char *mkv_cache_last_error(const mkv_cache_t *cache)
+{
+    return cache ? cache->err : "null cache";
+}
+
+mkv_status_t mkv_cache_info(const mkv_cache_t *cache, mkv_cache_info_t *out_info)
+{
+    CHECK_CACHE(cache);
+    if (!out_info) return mkv_fail_global(MKV_STATUS_INVALID_ARGUMENT, "mkv_cache_info: null out_info");
+    *out_info = cache->info;
+    return MKV_STATUS_OK;
+}
+
+static mkv_status_t prompt_demand(const mkv_cache_t *c, int32_t prompt_len, int64_t *out, char *err)
+{
+    const mkv_mm_geom_t *g = &c->st.g;
+    if (prompt_len < 1 || prompt_len > g->max_seq_len)
+        return mkv_fail(err, MKV_STATUS_INVALID_ARGUMENT, "prompt_len %d must be in [1, %d]",
+                        prompt_len, g->max_seq_len);
+    *out = (int64_t)g->n_layers * g->n_kv_heads * (mkv_mm_pages_for(prompt_len, g->tpp_hi) + 1);
+    return MKV_STATUS_OK;
+}
+
+mkv_status_t mkv_cache_prompt_demand(const mkv_cache_t *cache, int32_t prompt_len,
+                                     int64_t *out_pages)
+{
+    char err[MKV_ERR_LEN];
+    CHECK_CACHE(cache);
+    mkv_clear_global_error();
+    if (!out_pages)
+        return mkv_fail_global(MKV_STATUS_INVALID_ARGUMENT, "mkv_cache_prompt_demand: null out_pages");
+    mkv_status_t st = prompt_demand(cache, prompt_len, out_pages, err);
+    if (st != MKV_STATUS_OK) return mkv_fail_global(st, "%s", err);
+    return MKV_STATUS_OK;
+}
+
+static int32_t lowest_free_slot(const mkv_cache_t *c)
+{
+    for (int32_t s = 0; s < c->st.g.max_seqs; s++)
+        if (!c->st.active[s]) return s;
+    return -1;
+}
+
+/* Why admission of prompt_len would fail now, or OK. */
+static mkv_status_t admission(mkv_cache_t *c, int32_t prompt_len, int64_t *demand, int32_t *slot)
+{
+    mkv_status_t st = prompt_demand(c, prompt_len, demand, c->err);
+    if (st != MKV_STATUS_OK) return st;
+    *slot = lowest_free_slot(c);
+    if (*slot < 0)
+        return mkv_fail(c->err, MKV_STATUS_OUT_OF_SLOTS, "all %d sequence slots are in use",
+                        c->st.g.max_seqs);
+    const int64_t available = mkv_mm_free_pages(&c->st) - c->st.reserved_total;
+    if (*demand > available)
+        return mkv_fail(c->err, MKV_STATUS_OUT_OF_PAGES,
+                        "a %d-token prompt needs %lld pages; %lld are available (%lld free, %lld "
+                        "reserved)",
+                        prompt_len, (long long)*demand, (long long)available,
+                        (long long)mkv_mm_free_pages(&c->st), (long long)c->st.reserved_total);
+    return MKV_STATUS_OK;
+}
+
+mkv_status_t mkv_cache_can_admit(mkv_cache_t *cache, int32_t prompt_len, int *out_ok)
+{
+    CHECK_CACHE(cache);
+    cache->err[0] = '\0';
+    if (!out_ok) return mkv_fail(cache->err, MKV_STATUS_INVALID_ARGUMENT, "null out_ok");
+    int64_t demand;
+    int32_t slot;
+    mkv_status_t st = admission(cache, prompt_len, &demand, &slot);
+    if (st == MKV_STATUS_INVALID_ARGUMENT) return st;
+    *out_ok = st == MKV_STATUS_OK;
+    return MKV_STATUS_OK; /* the reason for a 0 stays in the last-error message */
+}
+
+mkv_status_t mkv_cache_admit(mkv_cache_t *cache, int32_t prompt_len, int32_t *out_slot)
+{
+    CHECK_CACHE(cache);
+    cache->err[0] = '\0';
+    if (!out_slot) return mkv_fail(cache->err, MKV_STATUS_INVALID_ARGUMENT, "null out_slot");
+    int64_t demand;
+    int32_t slot;
+    mkv_status_t st = admission(cache, prompt_len, &demand, &slot);
+    if (st != MKV_STATUS_OK) return st;
+    mkv_mm_state_t *s = &cache->st;
+    s->active[slot] = 1;
+    s->seq_len[slot] = 0;
+    s->reserved[slot] = demand;
+    s->reserved_total += demand;
+    *out_slot = slot;
+    return MKV_STATUS_OK;
+}
+
+mkv_status_t mkv_cache_step_demand(mkv_cache_t *cache, int32_t n_slots, const int32_t *slots,
+                                   int64_t *out_pages)
+{
+    CHECK_CACHE(cache);
+    cache->err[0] = '\0';
+    const mkv_mm_state_t *s = &cache->st;
+    const mkv_mm_geom_t *g = &s->g;
+    if (!out_pages || (n_slots > 0 && !slots) || n_slots < 0)
+        return mkv_fail(cache->err, MKV_STATUS_INVALID_ARGUMENT,
+                        "mkv_cache_step_demand: null pointer or negative n_slots");
+    for (int32_t j = 0; j < n_slots; j++)
+        if (slots[j] < 0 || slots[j] >= g->max_seqs || !s->active[slots[j]])
+            return mkv_fail(cache->err, MKV_STATUS_INVALID_ARGUMENT,
+                            "slots[%d] = %d is not an active slot", j, slots[j]);
+    int64_t pages = 0;
+    for (int32_t j = 0; j < n_slots; j++) {
+        const int32_t slot = slots[j];
+        const int lo_can_grow = s->seq_len[slot] >= g->window;
+        for (int64_t r = mkv_mm_region(g, slot, 0, 0); r < mkv_mm_region(g, slot + 1, 0, 0); r++) {
+            pages += s->n_hi[r] % g->tpp_hi == 0;
+            pages += lo_can_grow && s->n_lo[r] % g->tpp_lo == 0;
+        }
+    }
+    *out_pages = pages;
+    return MKV_STATUS_OK;
+}
+
+mkv_status_t mkv_cache_stats(const mkv_cache_t *cache, mkv_cache_stats_t *out)
+{
+    CHECK_CACHE(cache);
+    if (!out) return mkv_fail_global(MKV_STATUS_INVALID_ARGUMENT, "mkv_cache_stats: null out_stats");
+    const mkv_mm_state_t *s = &cache->st;
+    const mkv_mm_geom_t *g = &s->g;
+    memset(out, 0, sizeof *out);
+    out->total_pages = g->pool_pages;
+    out->free_pages = mkv_mm_free_pages(s);
+    out->reserved_pages = s->reserved_total;
+    out->available_pages = out->free_pages - out->reserved_pages;
+    for (int32_t slot = 0; slot < g->max_seqs; slot++) {
+        if (!s->active[slot]) continue;
+        out->active_slots++;
+        out->tokens_seen += (int64_t)s->seq_len[slot] * g->n_layers * g->n_kv_heads;
+        for (int64_t r = mkv_mm_region(g, slot, 0, 0); r < mkv_mm_region(g, slot + 1, 0, 0); r++) {
+            out->tokens_hi += s->n_hi[r];
+            out->tokens_lo += s->n_lo[r];
+            out->pages_hi += mkv_mm_pages_for(s->n_hi[r], g->tpp_hi);
+            out->pages_lo += mkv_mm_pages_for(s->n_lo[r], g->tpp_lo);
+        }
+    }
+    out->tokens_pruned = out->tokens_seen - out->tokens_hi - out->tokens_lo;
+    out->bytes_in_use = (out->pages_hi + out->pages_lo) * cache->cfg.page_bytes;
+    out->bytes_fp16 = out->tokens_seen * 2 * cache->cfg.head_dim * 2;
+    return MKV_STATUS_OK;
+}
+
+mkv_status_t mkv_cache_slot_info(mkv_cache_t *cache, int32_t slot, mkv_slot_info_t *out)
+{
+    CHECK_CACHE(cache);
+    cache->err[0] = '\0';
+    const mkv_mm_state_t *s = &cache->st;
+    const mkv_mm_geom_t *g = &s->g;
+    if (!out) return mkv_fail(cache->err, MKV_STATUS_INVALID_ARGUMENT, "null out_info");
+    if (slot < 0 || slot >= g->max_seqs)
+        return mkv_fail(cache->err, MKV_STATUS_INVALID_ARGUMENT, "slot %d is outside [0, %d)", slot,
+                        g->max_seqs);
+    memset(out, 0, sizeof *out);
+    out->active = s->active[slot];
+    out->seq_len = s->seq_len[slot];
+    out->reserved_pages = s->reserved[slot];
+    for (int64_t r = mkv_mm_region(g, slot, 0, 0); r < mkv_mm_region(g, slot + 1, 0, 0); r++) {
+        out->tokens_hi += s->n_hi[r];
+        out->tokens_lo += s->n_lo[r];
+        out->pages_hi += mkv_mm_pages_for(s->n_hi[r], g->tpp_hi);
+        out->pages_lo += mkv_mm_pages_for(s->n_lo[r], g->tpp_lo);
+    }
+    return MKV_STATUS_OK;
+}
+
+typedef struct first_violation {
+    char message[256];
+    int64_t count;
+} first_violation_t;
+
+static void keep_first(void *ctx, const mkv_violation_t *v)
+{
+    first_violation_t *f = ctx;
+    if (f->count++ == 0) memcpy(f->message, v->message, sizeof f->message);
+}
+
+mkv_status_t mkv_cache_validate(mkv_cache_t *cache)
+{
+    CHECK_CACHE(cache);
+    cache->err[0] = '\0';
+    first_violation_t first = {"", 0};
+    const int64_t n = mkv_mm_state_check(&cache->st, keep_first, &first);
+    if (n < 0) return mkv_fail(cache->err, MKV_STATUS_OUT_OF_MEMORY, "validate: out of memory");
+    if (n > 0)
+        return mkv_fail(cache->err, MKV_STATUS_CORRUPT, "%lld invariant violation%s; first: %s",
+                        (long long)n, n == 1 ? "" : "s", first.message);
+    return MKV_STATUS_OK;
+}

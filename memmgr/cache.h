@@ -1,0 +1,40 @@
+/*
+ * cache.h — the inside of an mkv_cache_t handle, shared by the memory manager's files
+ * (cache.c, resize.c, dump.c). Not part of the public API.
+ */
+#ifndef MKV_MEMMGR_CACHE_H
+#define MKV_MEMMGR_CACHE_H
+
+#include "common/error.h"
+#include "memmgr/state.h"
+#include "memmgr/threads.h"
+#include "mixkv.h"
+
+/* Per-step workspace, sized once at create so that no step allocates memory. Indexed by
+ * section: 2 * region + 0 for the high section, 2 * region + 1 for the low section, over the
+ * head-regions of the slots named in one call, in call order. */
+typedef struct mkv_mm_work {
+    int32_t *target;    /* [2 * S * L * H] new token count per section */
+    int32_t *alloc;     /* [2 * S * L * H] pages a section gains */
+    int32_t *release;   /* [2 * S * L * H] pages a section gives back */
+    int32_t *alloc_off; /* [2 * S * L * H] exclusive prefix sum of alloc */
+    int32_t *rel_off;   /* [2 * S * L * H] exclusive prefix sum of release */
+    int32_t *slot_seen; /* [S] call stamp, to refuse duplicate slots */
+    int32_t stamp;
+} mkv_mm_work_t;
+
+struct mkv_cache {
+    mkv_cache_config_t cfg; /* resolved: page_bytes and pool_pages filled in */
+    mkv_cache_info_t info;
+    mkv_mm_state_t st;
+    uint8_t *pool;          /* [P * page_bytes] page storage; NULL with METADATA_ONLY */
+    mkv_mm_work_t work;
+    mkv_threads_t *threads; /* NULL when n_threads <= 1 */
+    char err[MKV_ERR_LEN];
+};
+
+/* Validates a config and resolves its defaults into *out (message into err). */
+mkv_status_t mkv_config_resolve(const mkv_cache_config_t *in, mkv_cache_config_t *out,
+                                mkv_mm_geom_t *geom, char *err);
+
+#endif /* MKV_MEMMGR_CACHE_H */

@@ -1,0 +1,257 @@
+/*
+ * resize.c — batched allocation and recycling (DiffKV's parallel KV compaction, on the CPU).
+ *
+ * Every call that moves pages (append, resize, release) runs the same four phases, written so
+ * the CUDA backend can follow them kernel for kernel:
+ *   1. plan      (parallel over head-regions) each section's target token count, and how many
+ *                pages it gains (alloc) or gives back (release);
+ *   2. coordinate (one exclusive prefix sum each) alloc -> offsets from head,
+ *                release -> offsets from tail; refuse, with nothing changed, when the pages
+ *                allocated exceed free + released - the reservations of other slots;
+ *   3. recycle   (parallel) each shrinking section writes its last pages to the ring at
+ *                tail + offset, in section order; tail advances by the total;
+ *   4. allocate  (parallel) each growing section reads its new pages from head + offset;
+ *                head advances by the total; counts are committed.
+ * Sections are numbered 2 * i (high) and 2 * i + 1 (low) for the i-th head-region of the
+ * call, i = (j * L + layer) * H + head for the j-th listed slot, so the result does not depend
+ * on the number of threads.
+ */
+#include "memmgr/cache.h"
+#include "memmgr/scan.h"
+
+#include <string.h>
+
+typedef enum op_kind { OP_RESIZE, OP_APPEND, OP_RELEASE } op_kind_t;
+
+typedef struct op {
+    mkv_cache_t *c;
+    op_kind_t kind;
+    int32_t n_slots;
+    const int32_t *slots;   /* [n_slots] */
+    const int32_t *tgt_hi;  /* OP_RESIZE: [n_slots][L][H] */
+    const int32_t *tgt_lo;
+    int64_t head, tail;     /* counters before the call */
+} op_t;
+
+static inline int64_t op_region(const op_t *op, int64_t i)
+{
+    const int64_t per_slot = (int64_t)op->c->st.g.n_layers * op->c->st.g.n_kv_heads;
+    return (int64_t)op->slots[i / per_slot] * per_slot + i % per_slot;
+}
+
+static void plan_range(void *ctx, int64_t begin, int64_t end)
+{
+    const op_t *op = ctx;
+    const mkv_mm_state_t *s = &op->c->st;
+    mkv_mm_work_t *w = &op->c->work;
+    for (int64_t i = begin; i < end; i++) {
+        const int64_t r = op_region(op, i);
+        int32_t hi, lo;
+        switch (op->kind) {
+        case OP_RESIZE: hi = op->tgt_hi[i]; lo = op->tgt_lo[i]; break;
+        case OP_APPEND: hi = s->n_hi[r] + 1; lo = s->n_lo[r]; break;
+        default: hi = 0; lo = 0; break;
+        }
+        const int32_t cur[2] = {s->n_hi[r], s->n_lo[r]};
+        const int32_t tgt[2] = {hi, lo};
+        const int32_t tpp[2] = {s->g.tpp_hi, s->g.tpp_lo};
+        for (int sec = 0; sec < 2; sec++) {
+            const int32_t k_old = mkv_mm_pages_for(cur[sec], tpp[sec]);
+            const int32_t k_new = mkv_mm_pages_for(tgt[sec], tpp[sec]);
+            w->target[2 * i + sec] = tgt[sec];
+            w->alloc[2 * i + sec] = k_new > k_old ? k_new - k_old : 0;
+            w->release[2 * i + sec] = k_old > k_new ? k_old - k_new : 0;
+        }
+    }
+}
+
+/* Table entry of the k-th page of a section: hi from the left, lo from the right. */
+static inline int32_t *entry(int32_t *row, int32_t T, int sec, int32_t k)
+{
+    return sec == 0 ? &row[k] : &row[T - 1 - k];
+}
+
+static void recycle_range(void *ctx, int64_t begin, int64_t end)
+{
+    const op_t *op = ctx;
+    mkv_mm_state_t *s = &op->c->st;
+    const mkv_mm_work_t *w = &op->c->work;
+    const int32_t T = s->g.row_entries;
+    const int64_t P = s->g.pool_pages;
+    for (int64_t i = begin; i < end; i++) {
+        int32_t *row = mkv_mm_row(s, op_region(op, i));
+        for (int sec = 0; sec < 2; sec++) {
+            const int32_t n = w->release[2 * i + sec];
+            if (n == 0) continue;
+            const int32_t k_new = mkv_mm_pages_for(w->target[2 * i + sec], sec ? s->g.tpp_lo : s->g.tpp_hi);
+            const int64_t base = op->tail + w->rel_off[2 * i + sec];
+            for (int32_t k = 0; k < n; k++) {
+                int32_t *e = entry(row, T, sec, k_new + k);
+                s->ring[(base + k) % P] = *e;
+                *e = -1;
+            }
+        }
+    }
+}
+
+static void allocate_range(void *ctx, int64_t begin, int64_t end)
+{
+    const op_t *op = ctx;
+    mkv_mm_state_t *s = &op->c->st;
+    const mkv_mm_work_t *w = &op->c->work;
+    const int32_t T = s->g.row_entries;
+    const int64_t P = s->g.pool_pages;
+    for (int64_t i = begin; i < end; i++) {
+        const int64_t r = op_region(op, i);
+        int32_t *row = mkv_mm_row(s, r);
+        for (int sec = 0; sec < 2; sec++) {
+            const int32_t n = w->alloc[2 * i + sec];
+            if (n != 0) {
+                const int32_t cur = sec ? s->n_lo[r] : s->n_hi[r];
+                const int32_t k_old = mkv_mm_pages_for(cur, sec ? s->g.tpp_lo : s->g.tpp_hi);
+                const int64_t base = op->head + w->alloc_off[2 * i + sec];
+                for (int32_t k = 0; k < n; k++) *entry(row, T, sec, k_old + k) = s->ring[(base + k) % P];
+            }
+        }
+        s->n_hi[r] = w->target[2 * i];
+        s->n_lo[r] = w->target[2 * i + 1];
+    }
+}
+
+/* Checks slots: in range, active, distinct. */
+static mkv_status_t check_slots(mkv_cache_t *c, int32_t n_slots, const int32_t *slots)
+{
+    mkv_mm_work_t *w = &c->work;
+    const mkv_mm_state_t *s = &c->st;
+    if (n_slots < 0 || n_slots > s->g.max_seqs)
+        return mkv_fail(c->err, MKV_STATUS_INVALID_ARGUMENT, "n_slots %d must be in [0, %d]",
+                        n_slots, s->g.max_seqs);
+    if (n_slots > 0 && !slots) return mkv_fail(c->err, MKV_STATUS_INVALID_ARGUMENT, "null slots");
+    if (++w->stamp <= 0) { /* wrapped: restart the stamps */
+        memset(w->slot_seen, 0, (size_t)s->g.max_seqs * sizeof *w->slot_seen);
+        w->stamp = 1;
+    }
+    for (int32_t j = 0; j < n_slots; j++) {
+        const int32_t slot = slots[j];
+        if (slot < 0 || slot >= s->g.max_seqs)
+            return mkv_fail(c->err, MKV_STATUS_INVALID_ARGUMENT, "slots[%d] = %d is outside [0, %d)",
+                            j, slot, s->g.max_seqs);
+        if (!s->active[slot])
+            return mkv_fail(c->err, MKV_STATUS_INVALID_ARGUMENT, "slots[%d] = %d is not active", j, slot);
+        if (w->slot_seen[slot] == w->stamp)
+            return mkv_fail(c->err, MKV_STATUS_INVALID_ARGUMENT, "slots[%d] = %d is listed twice", j,
+                            slot);
+        w->slot_seen[slot] = w->stamp;
+    }
+    return MKV_STATUS_OK;
+}
+
+/* Phases 1 to 4; seq_len (NULL: unchanged) is committed with the counts. */
+static mkv_status_t apply(op_t *op, const int32_t *seq_len)
+{
+    mkv_cache_t *c = op->c;
+    mkv_mm_state_t *s = &c->st;
+    mkv_mm_work_t *w = &c->work;
+    const int64_t regions = (int64_t)op->n_slots * s->g.n_layers * s->g.n_kv_heads;
+    const int64_t sections = 2 * regions;
+    op->head = s->head;
+    op->tail = s->tail;
+
+    mkv_threads_run(c->threads, plan_range, op, regions);
+    const int64_t total_alloc = mkv_exclusive_scan_i32(w->alloc, w->alloc_off, sections);
+    const int64_t total_release = mkv_exclusive_scan_i32(w->release, w->rel_off, sections);
+
+    int64_t own_reserved = 0;
+    for (int32_t j = 0; j < op->n_slots; j++) own_reserved += s->reserved[op->slots[j]];
+    const int64_t others_reserved = s->reserved_total - own_reserved;
+    const int64_t free_pages = mkv_mm_free_pages(s);
+    if (total_alloc > free_pages + total_release - others_reserved)
+        return mkv_fail(c->err, MKV_STATUS_OUT_OF_PAGES,
+                        "the step needs %lld new pages; %lld are free, %lld would be released and "
+                        "%lld are reserved for other slots",
+                        (long long)total_alloc, (long long)free_pages, (long long)total_release,
+                        (long long)others_reserved);
+
+    /* From here on nothing can fail. */
+    if (total_release > 0) mkv_threads_run(c->threads, recycle_range, op, regions);
+    s->tail += total_release;
+    mkv_threads_run(c->threads, allocate_range, op, regions);
+    s->head += total_alloc;
+
+    for (int32_t j = 0; j < op->n_slots; j++) {
+        const int32_t slot = op->slots[j];
+        s->reserved_total -= s->reserved[slot];
+        s->reserved[slot] = 0;
+        if (op->kind == OP_RELEASE) {
+            s->active[slot] = 0;
+            s->seq_len[slot] = 0;
+        } else if (op->kind == OP_APPEND) {
+            s->seq_len[slot] += 1;
+        } else if (seq_len) {
+            s->seq_len[slot] = seq_len[j];
+        }
+    }
+    return MKV_STATUS_OK;
+}
+
+mkv_status_t mkv_cache_append(mkv_cache_t *cache, int32_t n_slots, const int32_t *slots,
+                              void *stream)
+{
+    (void)stream;
+    if (!cache) return mkv_fail_global(MKV_STATUS_INVALID_ARGUMENT, "mkv_cache_append: null cache");
+    cache->err[0] = '\0';
+    mkv_status_t st = check_slots(cache, n_slots, slots);
+    if (st != MKV_STATUS_OK) return st;
+    for (int32_t j = 0; j < n_slots; j++)
+        if (cache->st.seq_len[slots[j]] >= cache->st.g.max_seq_len)
+            return mkv_fail(cache->err, MKV_STATUS_INVALID_ARGUMENT,
+                            "slot %d already holds max_seq_len = %d tokens", slots[j],
+                            cache->st.g.max_seq_len);
+    op_t op = {cache, OP_APPEND, n_slots, slots, NULL, NULL, 0, 0};
+    return apply(&op, NULL);
+}
+
+mkv_status_t mkv_cache_resize(mkv_cache_t *cache, const mkv_resize_t *rz, void *stream)
+{
+    (void)stream;
+    if (!cache) return mkv_fail_global(MKV_STATUS_INVALID_ARGUMENT, "mkv_cache_resize: null cache");
+    cache->err[0] = '\0';
+    if (!rz) return mkv_fail(cache->err, MKV_STATUS_INVALID_ARGUMENT, "null resize");
+    mkv_status_t st = check_slots(cache, rz->n_slots, rz->slots);
+    if (st != MKV_STATUS_OK) return st;
+    if (rz->n_slots > 0 && (!rz->n_hi || !rz->n_lo))
+        return mkv_fail(cache->err, MKV_STATUS_INVALID_ARGUMENT, "null n_hi or n_lo");
+    const mkv_mm_state_t *s = &cache->st;
+    const mkv_mm_geom_t *g = &s->g;
+    const int64_t per_slot = (int64_t)g->n_layers * g->n_kv_heads;
+    for (int32_t j = 0; j < rz->n_slots; j++) {
+        const int32_t slot = rz->slots[j];
+        const int32_t n = rz->seq_len ? rz->seq_len[j] : s->seq_len[slot];
+        if (n < s->seq_len[slot] || n > g->max_seq_len)
+            return mkv_fail(cache->err, MKV_STATUS_INVALID_ARGUMENT,
+                            "seq_len[%d] = %d for slot %d must be in [N = %d, max_seq_len = %d]", j,
+                            n, slot, s->seq_len[slot], g->max_seq_len);
+        for (int64_t k = 0; k < per_slot; k++) {
+            const int32_t hi = rz->n_hi[j * per_slot + k], lo = rz->n_lo[j * per_slot + k];
+            if (hi < 0 || lo < 0 || (int64_t)hi + lo > n)
+                return mkv_fail(cache->err, MKV_STATUS_INVALID_ARGUMENT,
+                                "slot %d layer %lld head %lld: n_hi %d and n_lo %d must be >= 0 "
+                                "with n_hi + n_lo <= N = %d",
+                                slot, (long long)(k / g->n_kv_heads), (long long)(k % g->n_kv_heads),
+                                hi, lo, n);
+        }
+    }
+    op_t op = {cache, OP_RESIZE, rz->n_slots, rz->slots, rz->n_hi, rz->n_lo, 0, 0};
+    return apply(&op, rz->seq_len);
+}
+
+mkv_status_t mkv_cache_release(mkv_cache_t *cache, int32_t slot, void *stream)
+{
+    (void)stream;
+    if (!cache) return mkv_fail_global(MKV_STATUS_INVALID_ARGUMENT, "mkv_cache_release: null cache");
+    cache->err[0] = '\0';
+    mkv_status_t st = check_slots(cache, 1, &slot);
+    if (st != MKV_STATUS_OK) return st;
+    op_t op = {cache, OP_RELEASE, 1, &slot, NULL, NULL, 0, 0};
+    return apply(&op, NULL);
+}

@@ -1,0 +1,28 @@
+#!/usr/bin/env bash
+# setup.sh — installs what mixkv needs from Debian's packages, only when missing (idempotent).
+# Needs root or sudo for apt-get. CUDA (nvcc) is expected at /usr/local/cuda; without it the
+# build falls back to -DMIXKV_CUDA=OFF (CPU backend only).
+set -euo pipefail
+
+packages=(cmake make gcc pkg-config libcjson-dev libcriterion-dev)
+missing=()
+for p in "${packages[@]}"; do
+  dpkg-query -W -f='${Status}' "$p" 2>/dev/null | grep -q "install ok installed" || missing+=("$p")
+done
+
+if [ ${#missing[@]} -gt 0 ]; then
+  echo "setup: installing ${missing[*]}"
+  sudo=""
+  [ "$(id -u)" -eq 0 ] || sudo="sudo"
+  export DEBIAN_FRONTEND=noninteractive
+  $sudo apt-get update -qq
+  $sudo apt-get install -y -qq --no-install-recommends "${missing[@]}" </dev/null
+else
+  echo "setup: all packages present (${packages[*]})"
+fi
+
+if command -v nvcc >/dev/null 2>&1 || [ -x /usr/local/cuda/bin/nvcc ]; then
+  echo "setup: nvcc found: the CUDA parts will be built (no GPU needed to compile)"
+else
+  echo "setup: no nvcc: building the CPU backend only (-DMIXKV_CUDA=OFF)"
+fi
