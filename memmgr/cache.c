@@ -187,8 +187,8 @@ mkv_status_t mkv_cache_can_admit(mkv_cache_t *cache, int32_t prompt_len, int *ou
     CHECK_CACHE(cache);
     cache->err[0] = '\0';
     if (!out_ok) return mkv_fail(cache->err, MKV_STATUS_INVALID_ARGUMENT, "null out_ok");
-    int64_t demand;
-    int32_t slot;
+    int64_t demand = 0;
+    int32_t slot = -1;
     mkv_status_t st = admission(cache, prompt_len, &demand, &slot);
     if (st == MKV_STATUS_INVALID_ARGUMENT) return st;
     *out_ok = st == MKV_STATUS_OK;
@@ -200,8 +200,8 @@ mkv_status_t mkv_cache_admit(mkv_cache_t *cache, int32_t prompt_len, int32_t *ou
     CHECK_CACHE(cache);
     cache->err[0] = '\0';
     if (!out_slot) return mkv_fail(cache->err, MKV_STATUS_INVALID_ARGUMENT, "null out_slot");
-    int64_t demand;
-    int32_t slot;
+    int64_t demand = 0;
+    int32_t slot = -1;
     mkv_status_t st = admission(cache, prompt_len, &demand, &slot);
     if (st != MKV_STATUS_OK) return st;
     mkv_mm_state_t *s = &cache->st;

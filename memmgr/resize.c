@@ -33,10 +33,32 @@ typedef struct op {
     int64_t head, tail;     /* counters before the call */
 } op_t;
 
-static inline int64_t op_region(const op_t *op, int64_t i)
+/* Walks the call's head-regions i in [begin, end) with their table regions r, without a
+ * division per region. */
+typedef struct region_iter {
+    int64_t i, end;
+    int64_t per_slot; /* L * H */
+    int32_t j;        /* index into slots */
+    int64_t k;        /* region within the slot */
+} region_iter_t;
+
+static inline region_iter_t iter_begin(const op_t *op, int64_t begin, int64_t end)
 {
     const int64_t per_slot = (int64_t)op->c->st.g.n_layers * op->c->st.g.n_kv_heads;
-    return (int64_t)op->slots[i / per_slot] * per_slot + i % per_slot;
+    region_iter_t it = {begin, end, per_slot, (int32_t)(begin / per_slot), begin % per_slot};
+    return it;
+}
+
+static inline int iter_next(const op_t *op, region_iter_t *it, int64_t *i, int64_t *r)
+{
+    if (it->i >= it->end) return 0;
+    *i = it->i++;
+    *r = (int64_t)op->slots[it->j] * it->per_slot + it->k;
+    if (++it->k == it->per_slot) {
+        it->k = 0;
+        it->j++;
+    }
+    return 1;
 }
 
 static void plan_range(void *ctx, int64_t begin, int64_t end)
@@ -44,8 +66,9 @@ static void plan_range(void *ctx, int64_t begin, int64_t end)
     const op_t *op = ctx;
     const mkv_mm_state_t *s = &op->c->st;
     mkv_mm_work_t *w = &op->c->work;
-    for (int64_t i = begin; i < end; i++) {
-        const int64_t r = op_region(op, i);
+    region_iter_t it = iter_begin(op, begin, end);
+    int64_t i, r;
+    while (iter_next(op, &it, &i, &r)) {
         int32_t hi, lo;
         switch (op->kind) {
         case OP_RESIZE: hi = op->tgt_hi[i]; lo = op->tgt_lo[i]; break;
@@ -78,8 +101,11 @@ static void recycle_range(void *ctx, int64_t begin, int64_t end)
     const mkv_mm_work_t *w = &op->c->work;
     const int32_t T = s->g.row_entries;
     const int64_t P = s->g.pool_pages;
-    for (int64_t i = begin; i < end; i++) {
-        int32_t *row = mkv_mm_row(s, op_region(op, i));
+    region_iter_t it = iter_begin(op, begin, end);
+    int64_t i, r;
+    while (iter_next(op, &it, &i, &r)) {
+        if (w->release[2 * i] == 0 && w->release[2 * i + 1] == 0) continue;
+        int32_t *row = mkv_mm_row(s, r);
         for (int sec = 0; sec < 2; sec++) {
             const int32_t n = w->release[2 * i + sec];
             if (n == 0) continue;
@@ -101,8 +127,9 @@ static void allocate_range(void *ctx, int64_t begin, int64_t end)
     const mkv_mm_work_t *w = &op->c->work;
     const int32_t T = s->g.row_entries;
     const int64_t P = s->g.pool_pages;
-    for (int64_t i = begin; i < end; i++) {
-        const int64_t r = op_region(op, i);
+    region_iter_t it = iter_begin(op, begin, end);
+    int64_t i, r;
+    while (iter_next(op, &it, &i, &r)) {
         int32_t *row = mkv_mm_row(s, r);
         for (int sec = 0; sec < 2; sec++) {
             const int32_t n = w->alloc[2 * i + sec];
