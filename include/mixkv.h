@@ -95,7 +95,9 @@ mkv_status_t mkv_format_from_name(const char *name, mkv_format_t *out_format);
 mkv_status_t mkv_tokens_per_page(mkv_format_t format, int32_t head_dim, int32_t quant_groups,
                                  int64_t page_bytes, int32_t *out_tokens);
 
-/* Bytes of a page that holds exactly `tokens` tokens in this format (segments aligned). */
+/* The smallest page size (a multiple of 16 bytes) that holds at least `tokens` tokens in this
+ * format. It holds exactly `tokens` unless no multiple of 16 does (a few formats at d = 16,
+ * e.g. K4V4: one token needs 84 bytes, and 96 hold two). */
 mkv_status_t mkv_page_bytes_for(mkv_format_t format, int32_t head_dim, int32_t quant_groups,
                                 int32_t tokens, int64_t *out_bytes);
 
@@ -179,7 +181,9 @@ mkv_status_t mkv_cache_create(const mkv_cache_config_t *config, mkv_cache_t **ou
 /* Frees everything. NULL is accepted. */
 void mkv_cache_destroy(mkv_cache_t *cache);
 
-/* The message of the last failed call on this handle; "" after a success. */
+/* The message of the last failed call on this handle; "" after a success. Calls that take a
+ * const handle (mkv_cache_info, mkv_cache_prompt_demand, mkv_cache_stats) report into
+ * mkv_last_error() instead. mkv_cache_last_error(NULL) returns "null cache". */
 const char *mkv_cache_last_error(const mkv_cache_t *cache);
 
 /* Derived layout of a cache. */
@@ -209,7 +213,8 @@ mkv_status_t mkv_cache_prompt_demand(const mkv_cache_t *cache, int32_t prompt_le
 mkv_status_t mkv_cache_can_admit(mkv_cache_t *cache, int32_t prompt_len, int *out_ok);
 
 /* Act: takes the lowest free slot for a new sequence (N = 0, empty sections) and reserves its
- * prompt demand. Reserved pages stay in the free list but are not available to other slots;
+ * prompt demand. A full slot table is reported (OUT_OF_SLOTS) before a lack of pages.
+ * Reserved pages stay in the free list but are not available to other slots;
  * the reservation ends with the first mkv_cache_resize or mkv_cache_append that includes the
  * slot, or with its release. OUT_OF_SLOTS or OUT_OF_PAGES leave everything unchanged. */
 mkv_status_t mkv_cache_admit(mkv_cache_t *cache, int32_t prompt_len, int32_t *out_slot);
@@ -224,7 +229,8 @@ mkv_status_t mkv_cache_step_demand(mkv_cache_t *cache, int32_t n_slots, const in
 /* One generation step's allocation: for every listed slot N += 1 and, in each of its
  * head-regions, n_hi += 1 (the new token enters the high section), allocating a page where a
  * section crosses a page boundary. One prefix sum serves all slots, layers and heads.
- * slots: [n_slots] distinct active slots, host memory. Refused whole (OUT_OF_PAGES) when the
+ * slots: [n_slots] distinct active slots, host memory (n_slots 0 is a no-op). A slot already
+ * at max_seq_len is INVALID_ARGUMENT, checked before any page. Refused whole (OUT_OF_PAGES) when the
  * available pages do not cover the demand. */
 mkv_status_t mkv_cache_append(mkv_cache_t *cache, int32_t n_slots, const int32_t *slots,
                               void *stream);

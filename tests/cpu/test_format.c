@@ -1,0 +1,190 @@
+/*
+ * test_format.c — the format table and page sizes: names, tokens per page (checked against
+ * hand-computed segment sizes), the inverse mkv_page_bytes_for, and argument checks.
+ */
+#include "quant/format.h"
+
+#include <criterion/criterion.h>
+
+#include <ctype.h>
+#include <stdio.h>
+#include <string.h>
+
+static const int32_t k_dims[] = {16, 32, 64, 128, 256};
+static const int32_t k_groups[] = {1, 2, 4};
+
+Test(format, names_round_trip)
+{
+    static const char *const want[MKV_FORMAT_COUNT] = {"K16V16", "K8V8", "K8V4", "K4V4",
+                                                       "K8V2",   "K4V2", "K4V8", "K2V4"};
+    for (int f = 0; f < MKV_FORMAT_COUNT; f++) {
+        const char *name = mkv_format_name((mkv_format_t)f);
+        cr_assert_str_eq(name, want[f], "format %d is named %s", f, name);
+        mkv_format_t back = MKV_FORMAT_COUNT;
+        cr_assert_eq(mkv_format_from_name(name, &back), MKV_STATUS_OK);
+        cr_assert_eq((int)back, f);
+        char lower[16];
+        size_t i = 0;
+        for (; name[i] && i + 1 < sizeof lower; i++) lower[i] = (char)tolower((unsigned char)name[i]);
+        lower[i] = '\0';
+        back = MKV_FORMAT_COUNT;
+        cr_assert_eq(mkv_format_from_name(lower, &back), MKV_STATUS_OK, "%s does not parse", lower);
+        cr_assert_eq((int)back, f);
+        lower[0] = 'K'; /* mixed case */
+        cr_assert_eq(mkv_format_from_name(lower, &back), MKV_STATUS_OK, "%s does not parse", lower);
+        cr_assert_eq((int)back, f);
+    }
+    cr_assert_str_eq(mkv_format_name(MKV_FORMAT_COUNT), "?");
+    cr_assert_str_eq(mkv_format_name((mkv_format_t)-1), "?");
+}
+
+Test(format, bad_names_rejected)
+{
+    static const char *const bad[] = {"", "K8", "K8V4x", "K8V44", "K3V4", "fp16", " K8V4", "K8V"};
+    for (size_t i = 0; i < sizeof bad / sizeof bad[0]; i++) {
+        mkv_format_t f = MKV_FORMAT_K4V2;
+        cr_assert_eq(mkv_format_from_name(bad[i], &f), MKV_STATUS_INVALID_ARGUMENT,
+                     "'%s' parsed", bad[i]);
+        cr_assert_eq(f, MKV_FORMAT_K4V2, "'%s' changed the output", bad[i]);
+        cr_assert_str_neq(mkv_last_error(), "", "'%s': no message", bad[i]);
+    }
+}
+
+Test(format, hand_computed_tokens_per_page)
+{
+    /* K8V4, d 128, 1 group, per token: 128 key + 4 key meta + 64 value + 4 value meta
+     * + 4 score + 4 pos = 208 bytes; 32 tokens are 6656 bytes, every segment a multiple of 16. */
+    int32_t t = 0;
+    cr_assert_eq(mkv_tokens_per_page(MKV_FORMAT_K8V4, 128, 1, 6656, &t), MKV_STATUS_OK);
+    cr_assert_eq(t, 32);
+    cr_assert_eq(mkv_tokens_per_page(MKV_FORMAT_K8V4, 128, 1, 6655, &t), MKV_STATUS_OK);
+    cr_assert_eq(t, 31);
+    /* K4V2: 64 + 4 + 32 + 4 + 4 + 4 = 112 per token; 59 tokens need 3776 | 236 -> 4016 | 1888
+     * -> 5904 | 236 -> 6144 | 236 -> 6384 | 236 = 6620 <= 6656; 60 need 6732 > 6656. */
+    cr_assert_eq(mkv_tokens_per_page(MKV_FORMAT_K4V2, 128, 1, 6656, &t), MKV_STATUS_OK);
+    cr_assert_eq(t, 59);
+    /* K16V16: 256 + 0 + 256 + 0 + 4 + 4 = 520 per token; 12 tokens use 6240 bytes. */
+    cr_assert_eq(mkv_tokens_per_page(MKV_FORMAT_K16V16, 128, 1, 6656, &t), MKV_STATUS_OK);
+    cr_assert_eq(t, 12);
+    /* K8V4 with 4 groups: 128 + 16 + 64 + 16 + 4 + 4 = 232 per token; 28 tokens = 6496. */
+    cr_assert_eq(mkv_tokens_per_page(MKV_FORMAT_K8V4, 128, 4, 6656, &t), MKV_STATUS_OK);
+    cr_assert_eq(t, 28);
+    /* One K8V4 token at d 16: 16 | 4 -> 20 -> 32 | 8 -> 40 -> 48 | 4 -> 52 -> 64 | 4 -> 68 -> 80
+     * | 4 = 84 bytes; 83 bytes hold none. */
+    cr_assert_eq(mkv_tokens_per_page(MKV_FORMAT_K8V4, 16, 1, 84, &t), MKV_STATUS_OK);
+    cr_assert_eq(t, 1);
+    t = -7;
+    cr_assert_eq(mkv_tokens_per_page(MKV_FORMAT_K8V4, 16, 1, 83, &t), MKV_STATUS_INVALID_ARGUMENT);
+    cr_assert_eq(t, -7, "a failed call wrote its output");
+    cr_assert_str_neq(mkv_last_error(), "");
+    int64_t b = 0;
+    cr_assert_eq(mkv_page_bytes_for(MKV_FORMAT_K8V4, 128, 1, 32, &b), MKV_STATUS_OK);
+    cr_assert_eq(b, 6656);
+}
+
+Test(format, segment_layout_aligned)
+{
+    for (int f = 0; f < MKV_FORMAT_COUNT; f++)
+        for (size_t di = 0; di < 5; di++) {
+            mkv_page_layout_t lay;
+            cr_assert_eq(mkv_page_layout((mkv_format_t)f, k_dims[di], 2, 4096, &lay, NULL),
+                         MKV_STATUS_OK);
+            cr_assert(lay.used_bytes <= 4096);
+            for (int s = 0; s < MKV_PAGE_SEGMENTS; s++) {
+                cr_assert_eq(lay.offset[s] % MKV_SEGMENT_ALIGN, 0);
+                if (s > 0)
+                    cr_assert(lay.offset[s] >= lay.offset[s - 1] + lay.bytes[s - 1],
+                              "segments %d and %d overlap", s - 1, s);
+            }
+        }
+}
+
+Test(format, monotonic_in_page_bytes)
+{
+    for (int f = 0; f < MKV_FORMAT_COUNT; f++) {
+        int32_t prev = 0;
+        for (int64_t bytes = 16; bytes <= 20000; bytes += 37) {
+            int32_t t = 0;
+            mkv_status_t s = mkv_tokens_per_page((mkv_format_t)f, 64, 2, bytes, &t);
+            if (s != MKV_STATUS_OK) {
+                cr_assert_eq(s, MKV_STATUS_INVALID_ARGUMENT);
+                cr_assert_eq(prev, 0, "%s: %lld bytes hold no token but fewer held %d",
+                             mkv_format_name((mkv_format_t)f), (long long)bytes, prev);
+                continue;
+            }
+            cr_assert(t >= prev && t >= 1, "%s: %lld bytes hold %d tokens, fewer held %d",
+                      mkv_format_name((mkv_format_t)f), (long long)bytes, t, prev);
+            prev = t;
+        }
+        cr_assert(prev > 1, "%s: never more than one token", mkv_format_name((mkv_format_t)f));
+    }
+}
+
+Test(format, unsupported_dims_and_groups)
+{
+    static const int32_t bad_d[] = {0, -128, 8, 48, 96, 100, 512};
+    static const int32_t bad_g[] = {0, -1, 3, 8};
+    int32_t t = 5;
+    int64_t b = 5;
+    for (size_t i = 0; i < sizeof bad_d / sizeof bad_d[0]; i++) {
+        cr_assert_eq(mkv_tokens_per_page(MKV_FORMAT_K8V4, bad_d[i], 1, 1 << 20, &t),
+                     MKV_STATUS_INVALID_ARGUMENT, "d %d accepted", bad_d[i]);
+        cr_assert_str_neq(mkv_last_error(), "");
+        cr_assert_eq(mkv_page_bytes_for(MKV_FORMAT_K8V4, bad_d[i], 1, 4, &b),
+                     MKV_STATUS_INVALID_ARGUMENT, "d %d accepted", bad_d[i]);
+    }
+    for (size_t i = 0; i < sizeof bad_g / sizeof bad_g[0]; i++) {
+        cr_assert_eq(mkv_tokens_per_page(MKV_FORMAT_K4V2, 128, bad_g[i], 1 << 20, &t),
+                     MKV_STATUS_INVALID_ARGUMENT, "groups %d accepted", bad_g[i]);
+        cr_assert_eq(mkv_page_bytes_for(MKV_FORMAT_K4V2, 128, bad_g[i], 4, &b),
+                     MKV_STATUS_INVALID_ARGUMENT, "groups %d accepted", bad_g[i]);
+    }
+    cr_assert_eq(mkv_tokens_per_page(MKV_FORMAT_COUNT, 128, 1, 1 << 20, &t),
+                 MKV_STATUS_INVALID_ARGUMENT);
+    cr_assert_eq(mkv_tokens_per_page((mkv_format_t)-1, 128, 1, 1 << 20, &t),
+                 MKV_STATUS_INVALID_ARGUMENT);
+    cr_assert_eq(mkv_page_bytes_for(MKV_FORMAT_COUNT, 128, 1, 4, &b), MKV_STATUS_INVALID_ARGUMENT);
+    cr_assert_eq(mkv_page_bytes_for(MKV_FORMAT_K8V4, 128, 1, 0, &b), MKV_STATUS_INVALID_ARGUMENT);
+    cr_assert_eq(mkv_page_bytes_for(MKV_FORMAT_K8V4, 128, 1, -3, &b), MKV_STATUS_INVALID_ARGUMENT);
+    cr_assert_eq(mkv_tokens_per_page(MKV_FORMAT_K8V4, 128, 1, 0, &t), MKV_STATUS_INVALID_ARGUMENT);
+    cr_assert_eq(mkv_tokens_per_page(MKV_FORMAT_K8V4, 128, 1, -6656, &t),
+                 MKV_STATUS_INVALID_ARGUMENT);
+    cr_assert_eq(t, 5, "a failed call wrote its output");
+    cr_assert_eq(b, 5, "a failed call wrote its output");
+    cr_assert_eq(mkv_tokens_per_page(MKV_FORMAT_K8V4, 128, 1, 6656, NULL),
+                 MKV_STATUS_INVALID_ARGUMENT);
+    cr_assert_eq(mkv_page_bytes_for(MKV_FORMAT_K8V4, 128, 1, 32, NULL),
+                 MKV_STATUS_INVALID_ARGUMENT);
+}
+
+Test(format, page_bytes_for_is_minimal_aligned_page)
+{
+    /* The smallest 16-byte multiple that holds at least n tokens. It holds exactly n whenever
+     * any 16-byte multiple does (16 bytes less holds fewer, and capacity is monotonic); where
+     * none does (K4V4 at d 16: one token needs 84 bytes, and 96 hold two), it holds more. */
+    int exact = 0, total = 0;
+    for (int f = 0; f < MKV_FORMAT_COUNT; f++)
+        for (size_t di = 0; di < 5; di++)
+            for (size_t gi = 0; gi < 3; gi++)
+                for (int32_t n = 1; n <= 80; n++) {
+                    mkv_format_t fmt = (mkv_format_t)f;
+                    int32_t d = k_dims[di], g = k_groups[gi], got = 0;
+                    int64_t bytes = 0;
+                    cr_assert_eq(mkv_page_bytes_for(fmt, d, g, n, &bytes), MKV_STATUS_OK);
+                    cr_assert_eq(bytes % MKV_SEGMENT_ALIGN, 0);
+                    cr_assert_eq(mkv_tokens_per_page(fmt, d, g, bytes, &got), MKV_STATUS_OK);
+                    cr_assert_geq(got, n, "%s d %d g %d: page_bytes_for(%d) = %lld holds %d",
+                                  mkv_format_name(fmt), d, g, n, (long long)bytes, got);
+                    /* Minimal up to alignment: 16 bytes less holds fewer tokens. */
+                    mkv_status_t s = mkv_tokens_per_page(fmt, d, g, bytes - 16, &got);
+                    cr_assert(s != MKV_STATUS_OK || got < n,
+                              "%s d %d g %d: %lld bytes also hold %d tokens",
+                              mkv_format_name(fmt), d, g, (long long)(bytes - 16), n);
+                    mkv_tokens_per_page(fmt, d, g, bytes, &got);
+                    total++;
+                    exact += got == n;
+                }
+    /* The exceptions are the few small-d formats whose per-token bytes are not 16-aligned. */
+    cr_assert_geq(exact, total * 9 / 10, "only %d of %d pages hold exactly the tokens asked", exact,
+                  total);
+}
