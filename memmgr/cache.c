@@ -20,10 +20,15 @@ static void work_free(mkv_mm_work_t *w)
     free(w->alloc_off);
     free(w->rel_off);
     free(w->slot_seen);
+    free(w->new_len);
+    free(w->chunk_alloc);
+    free(w->chunk_rel);
+    free(w->chunk_bad);
     memset(w, 0, sizeof *w);
 }
 
-static mkv_status_t work_init(mkv_mm_work_t *w, const mkv_mm_geom_t *g, char *err)
+static mkv_status_t work_init(mkv_mm_work_t *w, const mkv_mm_geom_t *g, int32_t n_threads,
+                              char *err)
 {
     const size_t sections = (size_t)(2 * mkv_mm_regions(g));
     memset(w, 0, sizeof *w);
@@ -33,7 +38,13 @@ static mkv_status_t work_init(mkv_mm_work_t *w, const mkv_mm_geom_t *g, char *er
     w->alloc_off = malloc(sections * sizeof(int32_t));
     w->rel_off = malloc(sections * sizeof(int32_t));
     w->slot_seen = calloc((size_t)g->max_seqs, sizeof(int32_t));
-    if (!w->target || !w->alloc || !w->release || !w->alloc_off || !w->rel_off || !w->slot_seen) {
+    w->new_len = malloc((size_t)g->max_seqs * sizeof(int32_t));
+    w->n_chunks = n_threads;
+    w->chunk_alloc = malloc((size_t)n_threads * sizeof(int64_t));
+    w->chunk_rel = malloc((size_t)n_threads * sizeof(int64_t));
+    w->chunk_bad = malloc((size_t)n_threads * sizeof(int64_t));
+    if (!w->target || !w->alloc || !w->release || !w->alloc_off || !w->rel_off || !w->slot_seen ||
+        !w->new_len || !w->chunk_alloc || !w->chunk_rel || !w->chunk_bad) {
         work_free(w);
         return mkv_fail(err, MKV_STATUS_OUT_OF_MEMORY, "cannot allocate the step workspace");
     }
@@ -72,7 +83,7 @@ mkv_status_t mkv_cache_create(const mkv_cache_config_t *config, mkv_cache_t **ou
     }
     c->cfg = cfg;
     MKV_TRY(mkv_mm_state_init(&c->st, &geom, err));
-    MKV_TRY(work_init(&c->work, &geom, err));
+    MKV_TRY(work_init(&c->work, &geom, cfg.n_threads, err));
     if (!(cfg.flags & MKV_CACHE_METADATA_ONLY)) {
         /* calloc: untouched pages of a large pool cost no physical memory until written. */
         c->pool = calloc((size_t)cfg.pool_pages, (size_t)cfg.page_bytes);

@@ -17,10 +17,16 @@ typedef struct mkv_mm_work {
     int32_t *target;    /* [2 * S * L * H] new token count per section */
     int32_t *alloc;     /* [2 * S * L * H] pages a section gains */
     int32_t *release;   /* [2 * S * L * H] pages a section gives back */
-    int32_t *alloc_off; /* [2 * S * L * H] exclusive prefix sum of alloc */
-    int32_t *rel_off;   /* [2 * S * L * H] exclusive prefix sum of release */
+    int32_t *alloc_off; /* [2 * S * L * H] exclusive prefix sum of alloc within its chunk */
+    int32_t *rel_off;   /* [2 * S * L * H] exclusive prefix sum of release within its chunk */
     int32_t *slot_seen; /* [S] call stamp, to refuse duplicate slots */
+    int32_t *new_len;   /* [S] a resize's new N per listed slot */
     int32_t stamp;
+    /* Per chunk of head-regions (one chunk per thread): totals, bases, first bad region. */
+    int32_t n_chunks;
+    int64_t *chunk_alloc;  /* [n_chunks] pages the chunk's sections gain, then its base */
+    int64_t *chunk_rel;    /* [n_chunks] pages the chunk's sections give back, then its base */
+    int64_t *chunk_bad;    /* [n_chunks] first head-region with invalid targets, or -1 */
 } mkv_mm_work_t;
 
 struct mkv_cache {

@@ -3,18 +3,23 @@
  *
  * Every call that moves pages (append, resize, release) runs the same four phases, written so
  * the CUDA backend can follow them kernel for kernel:
- *   1. plan      (parallel over head-regions) each section's target token count, and how many
- *                pages it gains (alloc) or gives back (release);
- *   2. coordinate (one exclusive prefix sum each) alloc -> offsets from head,
- *                release -> offsets from tail; refuse, with nothing changed, when the pages
- *                allocated exceed free + released - the reservations of other slots;
- *   3. recycle   (parallel) each shrinking section writes its last pages to the ring at
- *                tail + offset, in section order; tail advances by the total;
- *   4. allocate  (parallel) each growing section reads its new pages from head + offset;
- *                head advances by the total; counts are committed.
+ *   1. plan       (parallel) each section's target token count and how many pages it gains
+ *                 (alloc) or gives back (release); invalid targets are caught here;
+ *   2. coordinate an exclusive prefix sum over alloc (offsets from head) and one over release
+ *                 (offsets from tail); refuse, with nothing changed, when the pages allocated
+ *                 exceed free + released - the reservations of other slots;
+ *   3. recycle    (parallel) each shrinking section writes its last pages to the ring at
+ *                 tail + offset, in section order; tail advances by the total;
+ *   4. allocate   (parallel) each growing section reads its new pages from head + offset;
+ *                 head advances by the total; counts are committed.
  * Sections are numbered 2 * i (high) and 2 * i + 1 (low) for the i-th head-region of the
  * call, i = (j * L + layer) * H + head for the j-th listed slot, so the result does not depend
  * on the number of threads.
+ *
+ * On the CPU the prefix sums are chunked: the head-regions are cut into one contiguous chunk
+ * per thread, each chunk scans its own sections in phase 1 (mkv_exclusive_scan_i32, the
+ * reference of the CUB scan), a short serial pass turns the chunk totals into chunk bases, and
+ * phases 3 and 4 add the base. The offsets are those of one global exclusive scan.
  */
 #include "memmgr/cache.h"
 #include "memmgr/scan.h"
@@ -30,6 +35,8 @@ typedef struct op {
     const int32_t *slots;   /* [n_slots] */
     const int32_t *tgt_hi;  /* OP_RESIZE: [n_slots][L][H] */
     const int32_t *tgt_lo;
+    const int32_t *new_len; /* OP_RESIZE: [n_slots] new N */
+    int64_t n_regions;      /* n_slots * L * H */
     int64_t head, tail;     /* counters before the call */
 } op_t;
 
@@ -38,14 +45,15 @@ typedef struct op {
 typedef struct region_iter {
     int64_t i, end;
     int64_t per_slot; /* L * H */
-    int32_t j;        /* index into slots */
+    int32_t j;        /* index into slots of the next region */
     int64_t k;        /* region within the slot */
+    int32_t cur_j;    /* index into slots of the region just returned */
 } region_iter_t;
 
 static inline region_iter_t iter_begin(const op_t *op, int64_t begin, int64_t end)
 {
     const int64_t per_slot = (int64_t)op->c->st.g.n_layers * op->c->st.g.n_kv_heads;
-    region_iter_t it = {begin, end, per_slot, (int32_t)(begin / per_slot), begin % per_slot};
+    region_iter_t it = {begin, end, per_slot, (int32_t)(begin / per_slot), begin % per_slot, 0};
     return it;
 }
 
@@ -53,6 +61,7 @@ static inline int iter_next(const op_t *op, region_iter_t *it, int64_t *i, int64
 {
     if (it->i >= it->end) return 0;
     *i = it->i++;
+    it->cur_j = it->j;
     *r = (int64_t)op->slots[it->j] * it->per_slot + it->k;
     if (++it->k == it->per_slot) {
         it->k = 0;
@@ -61,30 +70,52 @@ static inline int iter_next(const op_t *op, region_iter_t *it, int64_t *i, int64
     return 1;
 }
 
-static void plan_range(void *ctx, int64_t begin, int64_t end)
+/* Chunk c of n covers head-regions [n_regions * c / n, n_regions * (c + 1) / n). */
+static inline void chunk_range(const op_t *op, int64_t c, int64_t *begin, int64_t *end)
+{
+    const int64_t n = op->c->work.n_chunks;
+    *begin = op->n_regions * c / n;
+    *end = op->n_regions * (c + 1) / n;
+}
+
+static void plan_chunks(void *ctx, int64_t c_begin, int64_t c_end)
 {
     const op_t *op = ctx;
     const mkv_mm_state_t *s = &op->c->st;
     mkv_mm_work_t *w = &op->c->work;
-    region_iter_t it = iter_begin(op, begin, end);
-    int64_t i, r;
-    while (iter_next(op, &it, &i, &r)) {
-        int32_t hi, lo;
-        switch (op->kind) {
-        case OP_RESIZE: hi = op->tgt_hi[i]; lo = op->tgt_lo[i]; break;
-        case OP_APPEND: hi = s->n_hi[r] + 1; lo = s->n_lo[r]; break;
-        default: hi = 0; lo = 0; break;
+    for (int64_t c = c_begin; c < c_end; c++) {
+        int64_t begin, end, i, r;
+        chunk_range(op, c, &begin, &end);
+        w->chunk_bad[c] = -1;
+        region_iter_t it = iter_begin(op, begin, end);
+        while (iter_next(op, &it, &i, &r)) {
+            int32_t hi, lo;
+            switch (op->kind) {
+            case OP_RESIZE: hi = op->tgt_hi[i]; lo = op->tgt_lo[i]; break;
+            case OP_APPEND: hi = s->n_hi[r] + 1; lo = s->n_lo[r]; break;
+            default: hi = 0; lo = 0; break;
+            }
+            if (op->kind == OP_RESIZE &&
+                (hi < 0 || lo < 0 || (int64_t)hi + lo > op->new_len[it.cur_j])) {
+                if (w->chunk_bad[c] < 0) w->chunk_bad[c] = i;
+                hi = s->n_hi[r]; /* keep the plan harmless; the call will be refused */
+                lo = s->n_lo[r];
+            }
+            const int32_t cur[2] = {s->n_hi[r], s->n_lo[r]};
+            const int32_t tgt[2] = {hi, lo};
+            const int32_t tpp[2] = {s->g.tpp_hi, s->g.tpp_lo};
+            for (int sec = 0; sec < 2; sec++) {
+                const int32_t k_old = mkv_mm_pages_for(cur[sec], tpp[sec]);
+                const int32_t k_new = mkv_mm_pages_for(tgt[sec], tpp[sec]);
+                w->target[2 * i + sec] = tgt[sec];
+                w->alloc[2 * i + sec] = k_new > k_old ? k_new - k_old : 0;
+                w->release[2 * i + sec] = k_old > k_new ? k_old - k_new : 0;
+            }
         }
-        const int32_t cur[2] = {s->n_hi[r], s->n_lo[r]};
-        const int32_t tgt[2] = {hi, lo};
-        const int32_t tpp[2] = {s->g.tpp_hi, s->g.tpp_lo};
-        for (int sec = 0; sec < 2; sec++) {
-            const int32_t k_old = mkv_mm_pages_for(cur[sec], tpp[sec]);
-            const int32_t k_new = mkv_mm_pages_for(tgt[sec], tpp[sec]);
-            w->target[2 * i + sec] = tgt[sec];
-            w->alloc[2 * i + sec] = k_new > k_old ? k_new - k_old : 0;
-            w->release[2 * i + sec] = k_old > k_new ? k_old - k_new : 0;
-        }
+        w->chunk_alloc[c] = mkv_exclusive_scan_i32(w->alloc + 2 * begin, w->alloc_off + 2 * begin,
+                                                   2 * (end - begin));
+        w->chunk_rel[c] = mkv_exclusive_scan_i32(w->release + 2 * begin, w->rel_off + 2 * begin,
+                                                 2 * (end - begin));
     }
 }
 
@@ -94,54 +125,62 @@ static inline int32_t *entry(int32_t *row, int32_t T, int sec, int32_t k)
     return sec == 0 ? &row[k] : &row[T - 1 - k];
 }
 
-static void recycle_range(void *ctx, int64_t begin, int64_t end)
+static void recycle_chunks(void *ctx, int64_t c_begin, int64_t c_end)
 {
     const op_t *op = ctx;
     mkv_mm_state_t *s = &op->c->st;
     const mkv_mm_work_t *w = &op->c->work;
     const int32_t T = s->g.row_entries;
     const int64_t P = s->g.pool_pages;
-    region_iter_t it = iter_begin(op, begin, end);
-    int64_t i, r;
-    while (iter_next(op, &it, &i, &r)) {
-        if (w->release[2 * i] == 0 && w->release[2 * i + 1] == 0) continue;
-        int32_t *row = mkv_mm_row(s, r);
-        for (int sec = 0; sec < 2; sec++) {
-            const int32_t n = w->release[2 * i + sec];
-            if (n == 0) continue;
-            const int32_t k_new = mkv_mm_pages_for(w->target[2 * i + sec], sec ? s->g.tpp_lo : s->g.tpp_hi);
-            const int64_t base = op->tail + w->rel_off[2 * i + sec];
-            for (int32_t k = 0; k < n; k++) {
-                int32_t *e = entry(row, T, sec, k_new + k);
-                s->ring[(base + k) % P] = *e;
-                *e = -1;
+    for (int64_t c = c_begin; c < c_end; c++) {
+        int64_t begin, end, i, r;
+        chunk_range(op, c, &begin, &end);
+        const int64_t chunk_base = op->tail + w->chunk_rel[c];
+        region_iter_t it = iter_begin(op, begin, end);
+        while (iter_next(op, &it, &i, &r)) {
+            if (w->release[2 * i] == 0 && w->release[2 * i + 1] == 0) continue;
+            int32_t *row = mkv_mm_row(s, r);
+            for (int sec = 0; sec < 2; sec++) {
+                const int32_t n = w->release[2 * i + sec];
+                if (n == 0) continue;
+                const int32_t k_new =
+                    mkv_mm_pages_for(w->target[2 * i + sec], sec ? s->g.tpp_lo : s->g.tpp_hi);
+                const int64_t base = chunk_base + w->rel_off[2 * i + sec];
+                for (int32_t k = 0; k < n; k++) {
+                    int32_t *e = entry(row, T, sec, k_new + k);
+                    s->ring[(base + k) % P] = *e;
+                    *e = -1;
+                }
             }
         }
     }
 }
 
-static void allocate_range(void *ctx, int64_t begin, int64_t end)
+static void allocate_chunks(void *ctx, int64_t c_begin, int64_t c_end)
 {
     const op_t *op = ctx;
     mkv_mm_state_t *s = &op->c->st;
     const mkv_mm_work_t *w = &op->c->work;
     const int32_t T = s->g.row_entries;
     const int64_t P = s->g.pool_pages;
-    region_iter_t it = iter_begin(op, begin, end);
-    int64_t i, r;
-    while (iter_next(op, &it, &i, &r)) {
-        int32_t *row = mkv_mm_row(s, r);
-        for (int sec = 0; sec < 2; sec++) {
-            const int32_t n = w->alloc[2 * i + sec];
-            if (n != 0) {
+    for (int64_t c = c_begin; c < c_end; c++) {
+        int64_t begin, end, i, r;
+        chunk_range(op, c, &begin, &end);
+        const int64_t chunk_base = op->head + w->chunk_alloc[c];
+        region_iter_t it = iter_begin(op, begin, end);
+        while (iter_next(op, &it, &i, &r)) {
+            int32_t *row = mkv_mm_row(s, r);
+            for (int sec = 0; sec < 2; sec++) {
+                const int32_t n = w->alloc[2 * i + sec];
+                if (n == 0) continue;
                 const int32_t cur = sec ? s->n_lo[r] : s->n_hi[r];
                 const int32_t k_old = mkv_mm_pages_for(cur, sec ? s->g.tpp_lo : s->g.tpp_hi);
-                const int64_t base = op->head + w->alloc_off[2 * i + sec];
+                const int64_t base = chunk_base + w->alloc_off[2 * i + sec];
                 for (int32_t k = 0; k < n; k++) *entry(row, T, sec, k_old + k) = s->ring[(base + k) % P];
             }
+            s->n_hi[r] = w->target[2 * i];
+            s->n_lo[r] = w->target[2 * i + 1];
         }
-        s->n_hi[r] = w->target[2 * i];
-        s->n_lo[r] = w->target[2 * i + 1];
     }
 }
 
@@ -173,21 +212,42 @@ static mkv_status_t check_slots(mkv_cache_t *c, int32_t n_slots, const int32_t *
     return MKV_STATUS_OK;
 }
 
-/* Phases 1 to 4; seq_len (NULL: unchanged) is committed with the counts. */
-static mkv_status_t apply(op_t *op, const int32_t *seq_len)
+/* The message for the first head-region of a resize whose targets are invalid. */
+static mkv_status_t bad_targets(const op_t *op, int64_t i)
+{
+    const mkv_mm_geom_t *g = &op->c->st.g;
+    const int64_t per_slot = (int64_t)g->n_layers * g->n_kv_heads;
+    const int64_t j = i / per_slot, k = i % per_slot;
+    return mkv_fail(op->c->err, MKV_STATUS_INVALID_ARGUMENT,
+                    "slot %d layer %lld head %lld: n_hi %d and n_lo %d must be >= 0 with "
+                    "n_hi + n_lo <= N = %d",
+                    op->slots[j], (long long)(k / g->n_kv_heads), (long long)(k % g->n_kv_heads),
+                    op->tgt_hi[i], op->tgt_lo[i], op->new_len[j]);
+}
+
+/* Phases 1 to 4; for OP_RESIZE, op->new_len holds each slot's new N. */
+static mkv_status_t apply(op_t *op)
 {
     mkv_cache_t *c = op->c;
     mkv_mm_state_t *s = &c->st;
     mkv_mm_work_t *w = &c->work;
-    const int64_t regions = (int64_t)op->n_slots * s->g.n_layers * s->g.n_kv_heads;
-    const int64_t sections = 2 * regions;
+    op->n_regions = (int64_t)op->n_slots * s->g.n_layers * s->g.n_kv_heads;
     op->head = s->head;
     op->tail = s->tail;
 
-    mkv_threads_run(c->threads, plan_range, op, regions);
-    const int64_t total_alloc = mkv_exclusive_scan_i32(w->alloc, w->alloc_off, sections);
-    const int64_t total_release = mkv_exclusive_scan_i32(w->release, w->rel_off, sections);
+    /* 1. plan, with a scan inside each chunk */
+    mkv_threads_run(c->threads, plan_chunks, op, w->n_chunks);
 
+    /* 2. coordinate: chunk totals become chunk bases */
+    int64_t total_alloc = 0, total_release = 0;
+    for (int32_t k = 0; k < w->n_chunks; k++) {
+        if (w->chunk_bad[k] >= 0) return bad_targets(op, w->chunk_bad[k]);
+        const int64_t a = w->chunk_alloc[k], r = w->chunk_rel[k];
+        w->chunk_alloc[k] = total_alloc;
+        w->chunk_rel[k] = total_release;
+        total_alloc += a;
+        total_release += r;
+    }
     int64_t own_reserved = 0;
     for (int32_t j = 0; j < op->n_slots; j++) own_reserved += s->reserved[op->slots[j]];
     const int64_t others_reserved = s->reserved_total - own_reserved;
@@ -199,10 +259,10 @@ static mkv_status_t apply(op_t *op, const int32_t *seq_len)
                         (long long)total_alloc, (long long)free_pages, (long long)total_release,
                         (long long)others_reserved);
 
-    /* From here on nothing can fail. */
-    if (total_release > 0) mkv_threads_run(c->threads, recycle_range, op, regions);
+    /* From here on nothing can fail. 3. recycle, 4. allocate and commit. */
+    if (total_release > 0) mkv_threads_run(c->threads, recycle_chunks, op, w->n_chunks);
     s->tail += total_release;
-    mkv_threads_run(c->threads, allocate_range, op, regions);
+    mkv_threads_run(c->threads, allocate_chunks, op, w->n_chunks);
     s->head += total_alloc;
 
     for (int32_t j = 0; j < op->n_slots; j++) {
@@ -214,8 +274,8 @@ static mkv_status_t apply(op_t *op, const int32_t *seq_len)
             s->seq_len[slot] = 0;
         } else if (op->kind == OP_APPEND) {
             s->seq_len[slot] += 1;
-        } else if (seq_len) {
-            s->seq_len[slot] = seq_len[j];
+        } else {
+            s->seq_len[slot] = op->new_len[j];
         }
     }
     return MKV_STATUS_OK;
@@ -234,8 +294,8 @@ mkv_status_t mkv_cache_append(mkv_cache_t *cache, int32_t n_slots, const int32_t
             return mkv_fail(cache->err, MKV_STATUS_INVALID_ARGUMENT,
                             "slot %d already holds max_seq_len = %d tokens", slots[j],
                             cache->st.g.max_seq_len);
-    op_t op = {cache, OP_APPEND, n_slots, slots, NULL, NULL, 0, 0};
-    return apply(&op, NULL);
+    op_t op = {cache, OP_APPEND, n_slots, slots, NULL, NULL, NULL, 0, 0, 0};
+    return apply(&op);
 }
 
 mkv_status_t mkv_cache_resize(mkv_cache_t *cache, const mkv_resize_t *rz, void *stream)
@@ -249,27 +309,18 @@ mkv_status_t mkv_cache_resize(mkv_cache_t *cache, const mkv_resize_t *rz, void *
     if (rz->n_slots > 0 && (!rz->n_hi || !rz->n_lo))
         return mkv_fail(cache->err, MKV_STATUS_INVALID_ARGUMENT, "null n_hi or n_lo");
     const mkv_mm_state_t *s = &cache->st;
-    const mkv_mm_geom_t *g = &s->g;
-    const int64_t per_slot = (int64_t)g->n_layers * g->n_kv_heads;
+    int32_t *new_len = cache->work.new_len;
     for (int32_t j = 0; j < rz->n_slots; j++) {
         const int32_t slot = rz->slots[j];
-        const int32_t n = rz->seq_len ? rz->seq_len[j] : s->seq_len[slot];
-        if (n < s->seq_len[slot] || n > g->max_seq_len)
+        new_len[j] = rz->seq_len ? rz->seq_len[j] : s->seq_len[slot];
+        if (new_len[j] < s->seq_len[slot] || new_len[j] > s->g.max_seq_len)
             return mkv_fail(cache->err, MKV_STATUS_INVALID_ARGUMENT,
                             "seq_len[%d] = %d for slot %d must be in [N = %d, max_seq_len = %d]", j,
-                            n, slot, s->seq_len[slot], g->max_seq_len);
-        for (int64_t k = 0; k < per_slot; k++) {
-            const int32_t hi = rz->n_hi[j * per_slot + k], lo = rz->n_lo[j * per_slot + k];
-            if (hi < 0 || lo < 0 || (int64_t)hi + lo > n)
-                return mkv_fail(cache->err, MKV_STATUS_INVALID_ARGUMENT,
-                                "slot %d layer %lld head %lld: n_hi %d and n_lo %d must be >= 0 "
-                                "with n_hi + n_lo <= N = %d",
-                                slot, (long long)(k / g->n_kv_heads), (long long)(k % g->n_kv_heads),
-                                hi, lo, n);
-        }
+                            new_len[j], slot, s->seq_len[slot], s->g.max_seq_len);
     }
-    op_t op = {cache, OP_RESIZE, rz->n_slots, rz->slots, rz->n_hi, rz->n_lo, 0, 0};
-    return apply(&op, rz->seq_len);
+    /* The targets themselves are checked in the plan phase, in parallel. */
+    op_t op = {cache, OP_RESIZE, rz->n_slots, rz->slots, rz->n_hi, rz->n_lo, new_len, 0, 0, 0};
+    return apply(&op);
 }
 
 mkv_status_t mkv_cache_release(mkv_cache_t *cache, int32_t slot, void *stream)
@@ -279,6 +330,6 @@ mkv_status_t mkv_cache_release(mkv_cache_t *cache, int32_t slot, void *stream)
     cache->err[0] = '\0';
     mkv_status_t st = check_slots(cache, 1, &slot);
     if (st != MKV_STATUS_OK) return st;
-    op_t op = {cache, OP_RELEASE, 1, &slot, NULL, NULL, 0, 0};
-    return apply(&op, NULL);
+    op_t op = {cache, OP_RELEASE, 1, &slot, NULL, NULL, NULL, 0, 0, 0};
+    return apply(&op);
 }
