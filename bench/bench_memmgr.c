@@ -311,11 +311,13 @@ int main(int argc, char **argv)
            o.layers, o.kv_heads, o.head_dim, o.prompt_min, o.prompt_max, o.reps);
     printf("%6s %7s %9s %12s %12s %12s %12s %10s %10s\n", "batch", "threads", "regions",
            "append_med", "append_p90", "compact_med", "compact_p90", "alloc/st", "recyc/st");
+    const int progress = isatty(STDERR_FILENO); /* a progress line only on a terminal */
     int k = 0;
     for (int b = 0; b < o.n_batches; b++) {
         for (int t = 0; t < o.n_threads; t++, k++) {
-            fprintf(stderr, "[%d/%d] batch %d, %d thread(s)...\r", k + 1, n_runs, o.batches[b],
-                    o.threads[t]);
+            if (progress)
+                fprintf(stderr, "[%d/%d] batch %d, %d thread(s)...\r", k + 1, n_runs, o.batches[b],
+                        o.threads[t]);
             res[k] = run_one(&o, o.batches[b], o.threads[t], k == 0);
             printf("%6d %7d %9lld %10.1fus %10.1fus %10.1fus %10.1fus %10.1f %10.1f\n", res[k].batch,
                    res[k].threads, (long long)res[k].regions, res[k].append_us.median,
@@ -324,7 +326,7 @@ int main(int argc, char **argv)
             fflush(stdout);
         }
     }
-    fprintf(stderr, "%40s\r", "");
+    if (progress) fprintf(stderr, "%40s\r", "");
 
     if (o.json_path) {
         FILE *f = strcmp(o.json_path, "-") ? fopen(o.json_path, "w") : stdout;

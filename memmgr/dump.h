@@ -15,8 +15,9 @@
 #define MKV_DUMP_FORMAT_VERSION 1
 
 /* A dump as read from a file. Structurally sound (every field present with the right type,
- * integers integral and within their types, row lists no longer than T) but not checked
- * against the invariants: mkv_state_check on mkv_dump_view() does that. */
+ * integers integral and within their types) but not checked against the invariants: row
+ * lists may disagree with their counts or exceed T, and mkv_state_check on mkv_dump_view()
+ * reports that. */
 typedef struct mkv_dump {
     mkv_cache_config_t config; /* as recorded (resolved) */
     mkv_mm_geom_t g;           /* derived from config; recorded derived values must agree */
@@ -31,6 +32,31 @@ typedef struct mkv_dump {
     int64_t n_rows;
     int32_t *ids;              /* storage behind rows' hi and lo */
 } mkv_dump_t;
+
+/* The members of a dump's "config", in file order: one table for writing, reading and
+ * `mixkv inspect --diff`. */
+typedef enum mkv_config_field_type {
+    MKV_CF_I32, MKV_CF_I64, MKV_CF_U32, MKV_CF_F32, MKV_CF_FORMAT, MKV_CF_BACKEND
+} mkv_config_field_type_t;
+
+typedef struct mkv_config_field {
+    const char *name;
+    mkv_config_field_type_t type;
+    size_t offset; /* in mkv_cache_config_t */
+} mkv_config_field_t;
+
+extern const mkv_config_field_t mkv_config_fields[];
+extern const size_t mkv_config_field_count;
+
+struct cJSON;
+
+/* The config as a JSON object, members in table order (int64 members as exact integers);
+ * NULL when memory runs out. */
+struct cJSON *mkv_dump_config_json(const mkv_cache_config_t *c);
+
+/* One member's value as text: "32", "K8V4", "0.0199999996" (floats with 9 digits, exact). */
+void mkv_dump_config_field_text(const mkv_cache_config_t *c, const mkv_config_field_t *f,
+                                char *buf, size_t n);
 
 /* Read a dump. PARSE_ERROR (truncated, malformed, wrong format name or version, a field
  * missing or of the wrong type, with the JSON path of the offending field in err) or

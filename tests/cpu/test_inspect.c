@@ -1,0 +1,694 @@
+/*
+ * test_inspect.c — the `mixkv` command (tools/), run as a real process: `mixkv inspect` on
+ * clean dumps and on dumps with planted corruptions (edited with cJSON, never by string
+ * surgery), --slot, --json, --diff, and the exit statuses of bad usage and bad input.
+ */
+#define _POSIX_C_SOURCE 200809L /* posix_spawn, mkstemp */
+
+#include "memmgr/dump.h"
+#include "testutil.h"
+
+#include <cjson/cJSON.h>
+#include <criterion/criterion.h>
+#include <fcntl.h>
+#include <spawn.h>
+#include <stdarg.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/wait.h>
+#include <unistd.h>
+
+extern char **environ;
+
+/* ---------------------------------------------------------------------------------------- */
+/* Running the command                                                                      */
+/* ---------------------------------------------------------------------------------------- */
+
+static char *tmp_path(void)
+{
+    char *path = strdup("/tmp/mkv_inspect_test_XXXXXX");
+    cr_assert_not_null(path);
+    int fd = mkstemp(path);
+    cr_assert(fd >= 0);
+    close(fd);
+    return path;
+}
+
+static void rm_tmp(char *path)
+{
+    unlink(path);
+    free(path);
+}
+
+static char *slurp(const char *path)
+{
+    FILE *f = fopen(path, "rb");
+    cr_assert_not_null(f, "cannot read %s", path);
+    size_t cap = 4096, len = 0, n;
+    char *buf = malloc(cap);
+    while ((n = fread(buf + len, 1, cap - len - 1, f)) > 0) {
+        len += n;
+        if (len + 1 == cap) buf = realloc(buf, cap *= 2);
+    }
+    buf[len] = '\0';
+    fclose(f);
+    return buf;
+}
+
+typedef struct run {
+    int status; /* exit status */
+    char *out, *err;
+} run_t;
+
+static void run_free(run_t *r)
+{
+    free(r->out);
+    free(r->err);
+}
+
+/* Runs `mixkv ARGS...` (NULL-terminated) with stdout and stderr captured. */
+static run_t run_cli(const char *arg0, ...)
+{
+    const char *argv[16] = {MIXKV_CLI_PATH};
+    int argc = 1;
+    va_list ap;
+    va_start(ap, arg0);
+    for (const char *a = arg0; a && argc < 15; a = va_arg(ap, const char *)) argv[argc++] = a;
+    va_end(ap);
+    argv[argc] = NULL;
+
+    char *out_path = tmp_path(), *err_path = tmp_path();
+    posix_spawn_file_actions_t fa;
+    posix_spawn_file_actions_init(&fa);
+    posix_spawn_file_actions_addopen(&fa, 0, "/dev/null", O_RDONLY, 0);
+    posix_spawn_file_actions_addopen(&fa, 1, out_path, O_WRONLY | O_TRUNC, 0);
+    posix_spawn_file_actions_addopen(&fa, 2, err_path, O_WRONLY | O_TRUNC, 0);
+    pid_t pid;
+    int rc = posix_spawn(&pid, MIXKV_CLI_PATH, &fa, NULL, (char *const *)argv, environ);
+    posix_spawn_file_actions_destroy(&fa);
+    cr_assert_eq(rc, 0, "cannot run %s", MIXKV_CLI_PATH);
+    int wstatus;
+    cr_assert_eq(waitpid(pid, &wstatus, 0), pid);
+    cr_assert(WIFEXITED(wstatus), "mixkv did not exit normally (signal %d)",
+              WIFSIGNALED(wstatus) ? WTERMSIG(wstatus) : 0);
+    run_t r = {WEXITSTATUS(wstatus), slurp(out_path), slurp(err_path)};
+    rm_tmp(out_path);
+    rm_tmp(err_path);
+    return r;
+}
+
+#define EXPECT_IN(hay, needle)                                                                     \
+    cr_assert(strstr((hay), (needle)) != NULL, "expected '%s' in:\n%s", (needle), (hay))
+
+/* ---------------------------------------------------------------------------------------- */
+/* Dumps                                                                                    */
+/* ---------------------------------------------------------------------------------------- */
+
+/* L 2, H 3, S 5, 4 hi / 7 lo tokens per page, T 17, 120 pages. Slots 0, 1, 2 active with hi
+ * and lo pages and no pending reservation; slot 0's rows hold whole hi pages (n_hi = 8). */
+static mkv_cache_t *make_cache(void)
+{
+    mkv_cache_config_t cfg = tu_config(2, 3, 5, 64, 4, 120);
+    mkv_cache_t *c = tu_create(&cfg);
+    int32_t slot;
+    for (int i = 0; i < 3; i++) TU_COK(c, mkv_cache_admit(c, 8, &slot));
+    int32_t slots[2] = {0, 1}, seq_len[2] = {16, 20}, n_hi[12], n_lo[12];
+    for (int i = 0; i < 6; i++) {
+        n_hi[i] = 8;
+        n_lo[i] = (i % 3) * 3;
+        n_hi[6 + i] = 4 + i % 3;
+        n_lo[6 + i] = 7 + i / 3;
+    }
+    mkv_resize_t rz = {2, slots, seq_len, n_hi, n_lo};
+    TU_COK(c, mkv_cache_resize(c, &rz, NULL));
+    int32_t two = 2;
+    for (int i = 0; i < 3; i++) TU_COK(c, mkv_cache_append(c, 1, &two, NULL));
+    tu_expect_valid(c, "make_cache");
+    cr_assert_eq(c->st.reserved_total, 0);
+    return c;
+}
+
+static cJSON *cache_json(mkv_cache_t *c)
+{
+    char *s = NULL;
+    TU_COK(c, mkv_cache_dump_json_string(c, &s));
+    cJSON *root = cJSON_Parse(s);
+    cr_assert_not_null(root);
+    mkv_free(s);
+    return root;
+}
+
+static char *write_json(const cJSON *root)
+{
+    char *path = tmp_path();
+    char *text = cJSON_PrintUnformatted(root);
+    FILE *f = fopen(path, "wb");
+    cr_assert_not_null(f);
+    fputs(text, f);
+    fclose(f);
+    cJSON_free(text);
+    return path;
+}
+
+static char *write_cache(mkv_cache_t *c)
+{
+    char *path = tmp_path();
+    TU_COK(c, mkv_cache_dump_json(c, path));
+    return path;
+}
+
+static cJSON *at(cJSON *o, const char *key)
+{
+    cJSON *it = cJSON_GetObjectItem(o, key);
+    cr_assert_not_null(it, "no member '%s'", key);
+    return it;
+}
+
+static cJSON *row_at(cJSON *root, int i) { return cJSON_GetArrayItem(at(root, "rows"), i); }
+
+static int id_at(cJSON *row, const char *section, int k)
+{
+    return cJSON_GetArrayItem(at(row, section), k)->valueint;
+}
+
+/* Runs inspect on an edited dump; expects exit 1 and every needle in stdout. */
+static void expect_flagged(cJSON *root, const char *const *needles, int n)
+{
+    char *path = write_json(root);
+    run_t r = run_cli("inspect", path, NULL);
+    cr_assert_eq(r.status, 1, "exit %d, stdout:\n%s\nstderr:\n%s", r.status, r.out, r.err);
+    for (int i = 0; i < n; i++) EXPECT_IN(r.out, needles[i]);
+    EXPECT_IN(r.err, "mixkv inspect: ");
+    EXPECT_IN(r.err, "invariant violation");
+    run_free(&r);
+    rm_tmp(path);
+}
+
+/* ---------------------------------------------------------------------------------------- */
+/* Clean dumps                                                                              */
+/* ---------------------------------------------------------------------------------------- */
+
+Test(inspect, clean_dump_summary)
+{
+    mkv_cache_t *c = make_cache();
+    mkv_cache_stats_t s = tu_stats(c);
+    char *path = write_cache(c);
+    run_t r = run_cli("inspect", path, NULL);
+    cr_assert_eq(r.status, 0, "exit %d:\n%s%s", r.status, r.out, r.err);
+    cr_assert_str_eq(r.err, "");
+    char want[256];
+    EXPECT_IN(r.out, "L=2 H=3 G=4 d=128 S=5 max_seq_len=64");
+    EXPECT_IN(r.out, "hi=K8V4 (4 tokens/page) lo=K4V2 (7 tokens/page) T=17");
+    snprintf(
+        want, sizeof want, "pool: 120 pages: %lld free, 0 reserved, %lld available, %lld in use",
+        (long long)s.free_pages, (long long)s.available_pages, (long long)(120 - s.free_pages));
+    EXPECT_IN(r.out, want);
+    snprintf(want, sizeof want, "pages: %lld hi, %lld lo", (long long)s.pages_hi,
+             (long long)s.pages_lo);
+    EXPECT_IN(r.out, want);
+    snprintf(want, sizeof want, "tokens: %lld hi, %lld lo, %lld pruned, %lld seen",
+             (long long)s.tokens_hi, (long long)s.tokens_lo, (long long)s.tokens_pruned,
+             (long long)s.tokens_seen);
+    EXPECT_IN(r.out, want);
+    snprintf(want, sizeof want, "bytes: %lld in use, %lld as FP16", (long long)s.bytes_in_use,
+             (long long)s.bytes_fp16);
+    EXPECT_IN(r.out, want);
+    EXPECT_IN(r.out, "slots: 3 active");
+    EXPECT_IN(r.out, "check: ok");
+    /* Per-slot table: slot 2 has N 3, 18 hi tokens, 6 hi pages. */
+    mkv_slot_info_t si;
+    TU_COK(c, mkv_cache_slot_info(c, 2, &si));
+    snprintf(want, sizeof want, "%6d %8d %10lld %10lld", 2, si.seq_len, (long long)si.tokens_hi,
+             (long long)si.tokens_lo);
+    EXPECT_IN(r.out, want);
+    run_free(&r);
+    rm_tmp(path);
+    mkv_cache_destroy(c);
+}
+
+Test(inspect, slot_view)
+{
+    mkv_cache_t *c = make_cache();
+    char *path = write_cache(c);
+    run_t r = run_cli("inspect", "--slot", "1", path, NULL);
+    cr_assert_eq(r.status, 0, "%s%s", r.out, r.err);
+    EXPECT_IN(r.out, "rows of slot 1:");
+    /* Row (1, 1, 2): its hi and lo page ids as the cache holds them. */
+    const mkv_mm_state_t *st = &c->st;
+    const int64_t reg = mkv_mm_region(&st->g, 1, 1, 2);
+    const int32_t *row = mkv_mm_row(st, reg);
+    const int32_t T = st->g.row_entries;
+    char want[160];
+    snprintf(want, sizeof want, "%6d %5d %8d %8d  [%d, %d] | [%d, %d]", 1, 2, st->n_hi[reg],
+             st->n_lo[reg], row[0], row[1], row[T - 1], row[T - 2]);
+    cr_assert_eq(st->n_hi[reg], 6);
+    cr_assert_eq(st->n_lo[reg], 8);
+    EXPECT_IN(r.out, want);
+    cr_assert_null(strstr(r.out, "rows of slot 0"));
+    run_free(&r);
+
+    r = run_cli("inspect", "--slot=3", path, NULL);
+    cr_assert_eq(r.status, 2);
+    EXPECT_IN(r.err, "mixkv inspect: slot 3 is not active");
+    run_free(&r);
+    r = run_cli("inspect", "--slot", "5", path, NULL);
+    cr_assert_eq(r.status, 2);
+    EXPECT_IN(r.err, "outside [0, 5)");
+    run_free(&r);
+    r = run_cli("inspect", "--slot", "x1", path, NULL);
+    cr_assert_eq(r.status, 2);
+    EXPECT_IN(r.err, "--slot: 'x1' is not an integer");
+    run_free(&r);
+    rm_tmp(path);
+    mkv_cache_destroy(c);
+}
+
+Test(inspect, json_clean)
+{
+    mkv_cache_t *c = make_cache();
+    mkv_cache_stats_t s = tu_stats(c);
+    char *path = write_cache(c);
+    run_t r = run_cli("inspect", "--json", path, NULL);
+    cr_assert_eq(r.status, 0, "%s%s", r.out, r.err);
+    cJSON *root = cJSON_Parse(r.out);
+    cr_assert_not_null(root, "--json prints JSON only:\n%s", r.out);
+    cJSON *sum = at(root, "summary");
+    cr_assert_eq((int64_t)at(sum, "pages_hi")->valuedouble, s.pages_hi);
+    cr_assert_eq((int64_t)at(sum, "pages_lo")->valuedouble, s.pages_lo);
+    cr_assert_eq((int64_t)at(sum, "tokens_pruned")->valuedouble, s.tokens_pruned);
+    cr_assert_eq((int64_t)at(sum, "bytes")->valuedouble, s.bytes_in_use);
+    cr_assert_eq((int64_t)at(sum, "bytes_fp16")->valuedouble, s.bytes_fp16);
+    cr_assert_eq((int64_t)at(sum, "free_pages")->valuedouble, s.free_pages);
+    cr_assert_eq(cJSON_GetArraySize(at(root, "slots")), 3);
+    cr_assert_str_eq(at(at(root, "config"), "lo_format")->valuestring, "K4V2");
+    cJSON *check = at(root, "check");
+    cr_assert(cJSON_IsTrue(at(check, "ok")));
+    cr_assert_eq(cJSON_GetArraySize(at(check, "violations")), 0);
+    cJSON_Delete(root);
+    run_free(&r);
+
+    /* --json=FILE: the text on stdout, the JSON in the file, with --slot's rows. */
+    char *json_path = tmp_path();
+    char opt[64];
+    snprintf(opt, sizeof opt, "--json=%s", json_path);
+    r = run_cli("inspect", opt, "--slot", "0", path, NULL);
+    cr_assert_eq(r.status, 0, "%s%s", r.out, r.err);
+    EXPECT_IN(r.out, "rows of slot 0:");
+    char *text = slurp(json_path);
+    root = cJSON_Parse(text);
+    cr_assert_not_null(root);
+    cr_assert_eq(cJSON_GetArraySize(at(root, "rows")), 6);
+    cr_assert_eq(at(cJSON_GetArrayItem(at(root, "rows"), 0), "n_hi")->valueint, 8);
+    cr_assert_eq(cJSON_GetArraySize(at(cJSON_GetArrayItem(at(root, "rows"), 0), "hi")), 2);
+    cJSON_Delete(root);
+    free(text);
+    run_free(&r);
+    rm_tmp(json_path);
+    rm_tmp(path);
+    mkv_cache_destroy(c);
+}
+
+/* ---------------------------------------------------------------------------------------- */
+/* Planted corruptions                                                                      */
+/* ---------------------------------------------------------------------------------------- */
+
+Test(inspect, page_in_two_rows)
+{
+    mkv_cache_t *c = make_cache();
+    cJSON *root = cache_json(c);
+    /* rows[0] is (0, 0, 0), rows[4] is (0, 1, 1). */
+    const int dup = id_at(row_at(root, 0), "hi", 1), lost = id_at(row_at(root, 4), "hi", 0);
+    cJSON_ReplaceItemInArray(at(row_at(root, 4), "hi"), 0, cJSON_CreateNumber(dup));
+    char a[160], b[160];
+    snprintf(a, sizeof a,
+             "[page_duplicated] page %d is in two places: row (slot 0, layer 0, head 0) hi[1] and "
+             "row (slot 0, layer 1, head 1) hi[0]",
+             dup);
+    snprintf(b, sizeof b, "[page_missing] page %d is neither in the free list nor in any row",
+             lost);
+    const char *needles[] = {a, b, "check: 2 violations"};
+    expect_flagged(root, needles, 3);
+    cJSON_Delete(root);
+    mkv_cache_destroy(c);
+}
+
+Test(inspect, page_free_and_in_row)
+{
+    mkv_cache_t *c = make_cache();
+    cJSON *root = cache_json(c);
+    const int free0 = cJSON_GetArrayItem(at(at(root, "ring"), "free"), 0)->valueint;
+    const int lost = id_at(row_at(root, 7), "lo", 0);
+    cJSON_ReplaceItemInArray(at(row_at(root, 7), "lo"), 0, cJSON_CreateNumber(free0));
+    cJSON *r7 = row_at(root, 7);
+    char a[200], b[160];
+    snprintf(a, sizeof a,
+             "page %d is in two places: the free list at head+0 and row (slot %d, layer %d, head "
+             "%d) lo[0]",
+             free0, at(r7, "slot")->valueint, at(r7, "layer")->valueint, at(r7, "head")->valueint);
+    snprintf(b, sizeof b, "page %d is neither in the free list nor in any row (leaked)", lost);
+    const char *needles[] = {a, b};
+    expect_flagged(root, needles, 2);
+    cJSON_Delete(root);
+    mkv_cache_destroy(c);
+}
+
+Test(inspect, leaked_page)
+{
+    mkv_cache_t *c = make_cache();
+    cJSON *root = cache_json(c);
+    cJSON *ring = at(root, "ring"), *free_ids = at(ring, "free");
+    const int n = cJSON_GetArraySize(free_ids);
+    const int lost = cJSON_GetArrayItem(free_ids, n - 1)->valueint;
+    cJSON_DeleteItemFromArray(free_ids, n - 1);
+    cJSON_ReplaceItemInObject(ring, "tail", cJSON_CreateNumber(at(ring, "tail")->valuedouble - 1));
+    cJSON_ReplaceItemInObject(ring, "free_pages", cJSON_CreateNumber(n - 1));
+    char a[160];
+    snprintf(a, sizeof a,
+             "[page_missing] page %d is neither in the free list nor in any row (leaked)", lost);
+    const char *needles[] = {a, "check: 1 violation\n"};
+    expect_flagged(root, needles, 2);
+    cJSON_Delete(root);
+    mkv_cache_destroy(c);
+}
+
+Test(inspect, wrong_counts)
+{
+    mkv_cache_t *c = make_cache();
+    cJSON *root = cache_json(c);
+    cJSON *row = row_at(root, 2); /* (0, 0, 2): n_hi 8 in 2 pages */
+    cr_assert_eq(at(row, "n_hi")->valueint, 8);
+    cJSON_ReplaceItemInObject(row, "n_hi", cJSON_CreateNumber(9));
+    const char *needles[] = {"[row_page_count] row (slot 0, layer 0, head 2) lists 2 hi pages but "
+                             "n_hi 9 needs ceil(9 / 4) = 3"};
+    expect_flagged(root, needles, 1);
+    cJSON_Delete(root);
+    mkv_cache_destroy(c);
+}
+
+Test(inspect, page_out_of_range)
+{
+    mkv_cache_t *c = make_cache();
+    cJSON *root = cache_json(c);
+    const int lost = id_at(row_at(root, 1), "hi", 0);
+    cJSON_ReplaceItemInArray(at(row_at(root, 1), "hi"), 0, cJSON_CreateNumber(127));
+    char b[160];
+    snprintf(b, sizeof b, "page %d is neither in the free list nor in any row", lost);
+    const char *needles[] = {"[page_out_of_range] row (slot 0, layer 0, head 1) hi[0] holds page "
+                             "id 127 outside [0, 120)",
+                             b};
+    expect_flagged(root, needles, 2);
+    cJSON_Delete(root);
+    mkv_cache_destroy(c);
+}
+
+Test(inspect, row_overflow)
+{
+    mkv_cache_t *c = make_cache();
+    cJSON *root = cache_json(c);
+    /* Move 16 pages from the head of the free list into row (0, 0, 0): 18 hi pages > T = 17. */
+    cJSON *ring = at(root, "ring"), *free_ids = at(ring, "free"), *row = row_at(root, 0);
+    for (int i = 0; i < 16; i++) {
+        cJSON *id = cJSON_DetachItemFromArray(free_ids, 0);
+        cJSON_AddItemToArray(at(row, "hi"), id);
+    }
+    cJSON_ReplaceItemInObject(ring, "head", cJSON_CreateNumber(at(ring, "head")->valuedouble + 16));
+    cJSON_ReplaceItemInObject(ring, "free_pages", cJSON_CreateNumber(cJSON_GetArraySize(free_ids)));
+    cJSON_ReplaceItemInObject(row, "n_hi", cJSON_CreateNumber(18 * 4));
+    const char *needles[] = {"[row_overflow] row (slot 0, layer 0, head 0) lists 18 hi + 0 lo "
+                             "pages, more than its 17 entries",
+                             "[token_counts] row (slot 0, layer 0, head 0)"};
+    expect_flagged(root, needles, 2);
+    cJSON_Delete(root);
+    mkv_cache_destroy(c);
+}
+
+Test(inspect, json_lists_violations)
+{
+    mkv_cache_t *c = make_cache();
+    cJSON *root = cache_json(c);
+    const int dup = id_at(row_at(root, 0), "hi", 0);
+    cJSON_ReplaceItemInArray(at(row_at(root, 9), "lo"), 0, cJSON_CreateNumber(dup)); /* (1, 1, 0) */
+    char *path = write_json(root);
+    run_t r = run_cli("inspect", "--json", path, NULL);
+    cr_assert_eq(r.status, 1, "%s%s", r.out, r.err);
+    cJSON *out = cJSON_Parse(r.out);
+    cr_assert_not_null(out, "%s", r.out);
+    cJSON *check = at(out, "check");
+    cr_assert(cJSON_IsFalse(at(check, "ok")));
+    cr_assert_eq(at(check, "violation_count")->valueint, 2);
+    cJSON *v = cJSON_GetArrayItem(at(check, "violations"), 0);
+    cr_assert_str_eq(at(v, "kind")->valuestring, "page_duplicated");
+    cr_assert_eq(at(v, "page")->valueint, dup);
+    cr_assert_eq(at(v, "slot")->valueint, 1);
+    cr_assert_eq(at(v, "layer")->valueint, 1);
+    cr_assert_eq(at(v, "head")->valueint, 0);
+    cr_assert_eq(at(v, "other_slot")->valueint, 0);
+    cr_assert_eq(at(v, "other_layer")->valueint, 0);
+    cr_assert_eq(at(v, "other_head")->valueint, 0);
+    cr_assert(cJSON_IsFalse(at(v, "other_is_free_list")));
+    cr_assert(strstr(at(v, "message")->valuestring, "is in two places") != NULL);
+    v = cJSON_GetArrayItem(at(check, "violations"), 1);
+    cr_assert_str_eq(at(v, "kind")->valuestring, "page_missing");
+    cr_assert(cJSON_IsNull(at(v, "slot")));
+    cJSON_Delete(out);
+    run_free(&r);
+    rm_tmp(path);
+    cJSON_Delete(root);
+    mkv_cache_destroy(c);
+}
+
+Test(inspect, many_violations_capped)
+{
+    mkv_cache_t *c = make_cache();
+    cJSON *root = cache_json(c);
+    cJSON *ring = at(root, "ring");
+    const int n_free = cJSON_GetArraySize(at(ring, "free"));
+    cr_assert(n_free > 20);
+    /* Forget the whole free list: every free page leaks. */
+    cJSON_ReplaceItemInObject(ring, "free", cJSON_CreateArray());
+    cJSON_ReplaceItemInObject(ring, "tail", cJSON_CreateNumber(at(ring, "head")->valuedouble));
+    cJSON_ReplaceItemInObject(ring, "free_pages", cJSON_CreateNumber(0));
+    char *path = write_json(root);
+    run_t r = run_cli("inspect", "--max-violations", "5", path, NULL);
+    cr_assert_eq(r.status, 1);
+    char want[96];
+    snprintf(want, sizeof want, "check: %d violations", n_free);
+    EXPECT_IN(r.out, want);
+    snprintf(want, sizeof want, "... and %d more", n_free - 5);
+    EXPECT_IN(r.out, want);
+    run_free(&r);
+    r = run_cli("inspect", "--json", "--max-violations=0", path, NULL);
+    cJSON *out = cJSON_Parse(r.out);
+    cr_assert_not_null(out);
+    cr_assert_eq(cJSON_GetArraySize(at(at(out, "check"), "violations")), n_free);
+    cJSON_Delete(out);
+    run_free(&r);
+    rm_tmp(path);
+    cJSON_Delete(root);
+    mkv_cache_destroy(c);
+}
+
+/* ---------------------------------------------------------------------------------------- */
+/* Bad input and usage                                                                      */
+/* ---------------------------------------------------------------------------------------- */
+
+Test(inspect, bad_files_exit_2)
+{
+    mkv_cache_t *c = make_cache();
+    cJSON *root = cache_json(c);
+    char *text = cJSON_Print(root);
+    char *path = tmp_path();
+    FILE *f = fopen(path, "wb");
+    fwrite(text, 1, strlen(text) / 2, f); /* truncated */
+    fclose(f);
+    run_t r = run_cli("inspect", path, NULL);
+    cr_assert_eq(r.status, 2, "%s%s", r.out, r.err);
+    EXPECT_IN(r.err, "mixkv inspect: ");
+    EXPECT_IN(r.err, "invalid JSON at line");
+    cr_assert_str_eq(r.out, "");
+    run_free(&r);
+
+    cJSON_ReplaceItemInObject(root, "version", cJSON_CreateNumber(7));
+    char *wrong = write_json(root);
+    r = run_cli("inspect", wrong, NULL);
+    cr_assert_eq(r.status, 2);
+    EXPECT_IN(r.err, "unsupported dump version 7 (this mixkv reads version 1)");
+    run_free(&r);
+
+    r = run_cli("inspect", "/nonexistent-mkv/dump.json", NULL);
+    cr_assert_eq(r.status, 2);
+    EXPECT_IN(r.err, "/nonexistent-mkv/dump.json: cannot open");
+    run_free(&r);
+
+    r = run_cli("inspect", "--diff", path, wrong, NULL);
+    cr_assert_eq(r.status, 2);
+    run_free(&r);
+
+    rm_tmp(wrong);
+    rm_tmp(path);
+    cJSON_free(text);
+    cJSON_Delete(root);
+    mkv_cache_destroy(c);
+}
+
+Test(inspect, usage)
+{
+    run_t r = run_cli(NULL, NULL);
+    cr_assert_eq(r.status, 2);
+    EXPECT_IN(r.err, "usage: mixkv");
+    run_free(&r);
+
+    r = run_cli("--version", NULL);
+    cr_assert_eq(r.status, 0);
+    EXPECT_IN(r.out, mkv_version());
+    run_free(&r);
+
+    r = run_cli("--help", NULL);
+    cr_assert_eq(r.status, 0);
+    EXPECT_IN(r.out, "inspect");
+    EXPECT_IN(r.out, "planned");
+    run_free(&r);
+
+    r = run_cli("help", "inspect", NULL);
+    cr_assert_eq(r.status, 0);
+    EXPECT_IN(r.out, "--slot N");
+    run_free(&r);
+    r = run_cli("inspect", "--help", NULL);
+    cr_assert_eq(r.status, 0);
+    EXPECT_IN(r.out, "--diff");
+    run_free(&r);
+
+    r = run_cli("bench", NULL);
+    cr_assert_eq(r.status, 2);
+    EXPECT_IN(r.err, "'bench' is planned but not available");
+    run_free(&r);
+    r = run_cli("frobnicate", NULL);
+    cr_assert_eq(r.status, 2);
+    EXPECT_IN(r.err, "unknown command 'frobnicate'");
+    run_free(&r);
+    r = run_cli("inspect", NULL);
+    cr_assert_eq(r.status, 2);
+    EXPECT_IN(r.err, "mixkv inspect: missing the dump file");
+    run_free(&r);
+    r = run_cli("inspect", "--bogus", "x.json", NULL);
+    cr_assert_eq(r.status, 2);
+    EXPECT_IN(r.err, "unknown option '--bogus'");
+    run_free(&r);
+    r = run_cli("inspect", "--diff", "a.json", NULL);
+    cr_assert_eq(r.status, 2);
+    EXPECT_IN(r.err, "--diff takes two dump files");
+    run_free(&r);
+    r = run_cli("inspect", "a.json", "b.json", NULL);
+    cr_assert_eq(r.status, 2);
+    run_free(&r);
+}
+
+/* ---------------------------------------------------------------------------------------- */
+/* Diffs                                                                                    */
+/* ---------------------------------------------------------------------------------------- */
+
+Test(inspect, diff_append)
+{
+    mkv_cache_t *c = make_cache();
+    char *a = write_cache(c);
+    const long long head0 = c->st.head, free0 = c->st.tail - c->st.head;
+    int32_t zero = 0;
+    TU_COK(c, mkv_cache_append(c, 1, &zero, NULL)); /* n_hi 8 -> 9: one new hi page per row */
+    char *b = write_cache(c);
+    const mkv_mm_state_t *st = &c->st;
+
+    run_t r = run_cli("inspect", "--diff", a, b, NULL);
+    cr_assert_eq(r.status, 1, "%s%s", r.out, r.err);
+    EXPECT_IN(r.out, "--- ");
+    EXPECT_IN(r.out, "slot 0: N 16 -> 17 (+1)\n");
+    char want[160];
+    snprintf(want, sizeof want, "ring: head %lld -> %lld (+6), free %lld -> %lld (-6)\n", head0,
+             head0 + 6, free0, free0 - 6);
+    EXPECT_IN(r.out, want);
+    EXPECT_IN(r.out, "ring: 6 pages left the free list [");
+    for (int32_t l = 0; l < 2; l++) {
+        for (int32_t h = 0; h < 3; h++) {
+            const int32_t *row = mkv_mm_row(st, mkv_mm_region(&st->g, 0, l, h));
+            snprintf(want, sizeof want,
+                     "row (slot 0, layer %d, head %d): n_hi 8 -> 9 (+1); hi pages added [%d]\n", l,
+                     h, row[2]);
+            EXPECT_IN(r.out, want);
+        }
+    }
+    cr_assert_null(strstr(r.out, "slot 1"), "unchanged slots are not listed");
+    run_free(&r);
+
+    r = run_cli("inspect", "--diff", "--json", a, b, NULL);
+    cr_assert_eq(r.status, 1);
+    cJSON *out = cJSON_Parse(r.out);
+    cr_assert_not_null(out, "%s", r.out);
+    cr_assert(cJSON_IsFalse(at(out, "identical")));
+    cr_assert_eq(cJSON_GetArraySize(at(out, "config")), 0);
+    cr_assert_eq(at(at(at(out, "ring"), "head"), "delta")->valueint, 6);
+    cr_assert_eq(cJSON_GetArraySize(at(at(out, "ring"), "left_free_list")), 6);
+    cJSON *rows = at(out, "rows");
+    cr_assert_eq(cJSON_GetArraySize(rows), 6);
+    cJSON *row = cJSON_GetArrayItem(rows, 5);
+    cr_assert_str_eq(at(row, "change")->valuestring, "changed");
+    cr_assert_eq(at(row, "layer")->valueint, 1);
+    cr_assert_eq(at(row, "head")->valueint, 2);
+    cr_assert_eq(at(at(row, "n_hi"), "delta")->valueint, 1);
+    cr_assert_eq(cJSON_GetArraySize(at(row, "hi_added")), 1);
+    cr_assert_eq(cJSON_GetArrayItem(at(row, "hi_added"), 0)->valueint,
+                 mkv_mm_row(st, mkv_mm_region(&st->g, 0, 1, 2))[2]);
+    cr_assert_eq(cJSON_GetArraySize(at(row, "hi_removed")), 0);
+    cJSON_Delete(out);
+    run_free(&r);
+
+    r = run_cli("inspect", "--diff", a, a, NULL);
+    cr_assert_eq(r.status, 0, "%s%s", r.out, r.err);
+    cr_assert_str_eq(r.out, "", "identical dumps print nothing");
+    run_free(&r);
+    r = run_cli("inspect", "--diff", "--json", b, b, NULL);
+    cr_assert_eq(r.status, 0);
+    out = cJSON_Parse(r.out);
+    cr_assert_not_null(out);
+    cr_assert(cJSON_IsTrue(at(out, "identical")));
+    cJSON_Delete(out);
+    run_free(&r);
+    rm_tmp(a);
+    rm_tmp(b);
+    mkv_cache_destroy(c);
+}
+
+Test(inspect, diff_release_admit_and_config)
+{
+    mkv_cache_t *c = make_cache();
+    char *a = write_cache(c);
+    TU_COK(c, mkv_cache_release(c, 1, NULL));
+    int32_t slot;
+    TU_COK(c, mkv_cache_admit(c, 4, &slot));
+    cr_assert_eq(slot, 1);
+    TU_COK(c, mkv_cache_release(c, 2, NULL));
+    char *b = write_cache(c);
+    run_t r = run_cli("inspect", "--diff", a, b, NULL);
+    cr_assert_eq(r.status, 1, "%s%s", r.out, r.err);
+    EXPECT_IN(r.out, "slot 1: N 20 -> 0 (-20), reserved 0 -> 12 (+12)\n");
+    EXPECT_IN(r.out, "slot 2: released (was N 3, reserved 0)");
+    EXPECT_IN(r.out, "reserved_pages: 0 -> 12 (+12)");
+    EXPECT_IN(r.out, "row (slot 1, layer 0, head 0): removed: n_hi 4, n_lo 7");
+    EXPECT_IN(r.out, "row (slot 2, layer 1, head 2): removed: n_hi 3, n_lo 0");
+    run_free(&r);
+
+    /* The other direction: admitted slot and added rows; plus a config change. */
+    cJSON *root = cache_json(c);
+    cJSON_ReplaceItemInObject(at(root, "config"), "alpha_l", cJSON_CreateNumber(0.5));
+    char *b2 = write_json(root);
+    r = run_cli("inspect", "--diff", b2, a, NULL);
+    cr_assert_eq(r.status, 1);
+    EXPECT_IN(r.out, "config.alpha_l: 0.5 -> 0.0199999996");
+    EXPECT_IN(r.out, "slot 2: admitted (N 3, reserved 0)");
+    EXPECT_IN(r.out, "row (slot 2, layer 0, head 0): added: n_hi 3, n_lo 0, hi [");
+    run_free(&r);
+    cJSON_Delete(root);
+    rm_tmp(a);
+    rm_tmp(b);
+    rm_tmp(b2);
+    mkv_cache_destroy(c);
+}

@@ -1,0 +1,107 @@
+/*
+ * main.c — the `mixkv` command: dispatches to subcommands (docs/cli.md).
+ *
+ * Exit statuses are shared by every subcommand: 0 success, 1 a check failed (or a diff found
+ * differences), 2 bad usage or input.
+ */
+#include "mixkv.h"
+#include "tools/cli.h"
+
+#include <stdio.h>
+#include <string.h>
+
+typedef struct command {
+    const char *name;
+    const char *summary;
+    int (*run)(int argc, char **argv);
+    void (*usage)(FILE *f);
+} command_t;
+
+static const command_t g_commands[] = {
+    {"inspect", "check, summarise and diff cache dumps (mkv_cache_dump_json)", mkv_inspect_main,
+     mkv_inspect_usage},
+};
+#define N_COMMANDS (sizeof g_commands / sizeof g_commands[0])
+
+/* Subcommands that later issues add; named so that a user gets a clear answer. */
+static const char *const g_planned[] = {"bench", "calibrate", "generate", "perplexity"};
+#define N_PLANNED (sizeof g_planned / sizeof g_planned[0])
+
+static void usage(FILE *f)
+{
+    fprintf(f,
+            "usage: mixkv COMMAND [OPTIONS] [ARGS]\n"
+            "       mixkv --help | --version\n"
+            "       mixkv help COMMAND\n"
+            "\n"
+            "mixkv %s: a mixed-precision KV cache for LLM inference.\n"
+            "\n"
+            "commands:\n",
+            mkv_version());
+    for (size_t i = 0; i < N_COMMANDS; i++)
+        fprintf(f, "  %-12s %s\n", g_commands[i].name, g_commands[i].summary);
+    fputs("\nplanned (not available yet):", f);
+    for (size_t i = 0; i < N_PLANNED; i++) fprintf(f, " %s", g_planned[i]);
+    fputs("\n\nexit status: 0 success, 1 a check failed or a diff found differences, "
+          "2 bad usage or input.\nRun 'mixkv help COMMAND' or 'mixkv COMMAND --help' for a "
+          "command's options.\n",
+          f);
+}
+
+static const command_t *find(const char *name)
+{
+    for (size_t i = 0; i < N_COMMANDS; i++)
+        if (strcmp(g_commands[i].name, name) == 0) return &g_commands[i];
+    return NULL;
+}
+
+/* Explains why `name` is not a command; returns the usage exit status. */
+static int unknown(const char *name)
+{
+    for (size_t i = 0; i < N_PLANNED; i++) {
+        if (strcmp(g_planned[i], name) == 0) {
+            mkv_cli_error(NULL, "'%s' is planned but not available in this version", name);
+            return MKV_EXIT_USAGE;
+        }
+    }
+    mkv_cli_error(NULL, "unknown command '%s' (see 'mixkv --help')", name);
+    return MKV_EXIT_USAGE;
+}
+
+int main(int argc, char **argv)
+{
+    if (argc < 2) {
+        usage(stderr);
+        return MKV_EXIT_USAGE;
+    }
+    const char *arg = argv[1];
+    if (mkv_cli_is_help(arg)) {
+        usage(stdout);
+        return MKV_EXIT_OK;
+    }
+    if (strcmp(arg, "--version") == 0 || strcmp(arg, "-V") == 0) {
+        printf("mixkv %s\n", mkv_version());
+        return MKV_EXIT_OK;
+    }
+    if (strcmp(arg, "help") == 0) {
+        if (argc == 2) {
+            usage(stdout);
+            return MKV_EXIT_OK;
+        }
+        if (argc > 3) {
+            mkv_cli_error(NULL, "help takes one command name");
+            return MKV_EXIT_USAGE;
+        }
+        const command_t *cmd = find(argv[2]);
+        if (!cmd) return unknown(argv[2]);
+        cmd->usage(stdout);
+        return MKV_EXIT_OK;
+    }
+    if (arg[0] == '-') {
+        mkv_cli_error(NULL, "unknown option '%s' (see 'mixkv --help')", arg);
+        return MKV_EXIT_USAGE;
+    }
+    const command_t *cmd = find(arg);
+    if (!cmd) return unknown(arg);
+    return cmd->run(argc - 1, argv + 1);
+}
