@@ -11,6 +11,6 @@ nvidia-smi --query-gpu=name,memory.total,driver_version --format=csv,noheader | 
 status=0
 "$build/tests/gpu_tests" --jobs 1 --verbose 2>&1 | tee "$out/gpu_tests.log" || status=1
 if [ -x "$build/bench_memmgr" ]; then
-  "$build/bench_memmgr" --json "$out/bench_memmgr.json" | tee "$out/bench_memmgr.txt"
+  "$build/bench_memmgr" --threads 1,4,8,16 --json "$out/bench_memmgr.json" | tee "$out/bench_memmgr.txt"
 fi
 exit $status
