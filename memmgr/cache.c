@@ -82,6 +82,7 @@ mkv_status_t mkv_cache_create(const mkv_cache_config_t *config, mkv_cache_t **ou
         goto fail;
     }
     c->cfg = cfg;
+    c->parallel_min_regions = MKV_PARALLEL_MIN_REGIONS;
     MKV_TRY(mkv_mm_state_init(&c->st, &geom, err));
     MKV_TRY(work_init(&c->work, &geom, cfg.n_threads, err));
     if (!(cfg.flags & MKV_CACHE_METADATA_ONLY)) {

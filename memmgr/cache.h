@@ -36,8 +36,13 @@ struct mkv_cache {
     uint8_t *pool;          /* [P * page_bytes] page storage; NULL with METADATA_ONLY */
     mkv_mm_work_t work;
     mkv_threads_t *threads; /* NULL when n_threads <= 1 */
+    int64_t parallel_min_regions; /* calls with fewer head-regions run inline (tests lower it) */
     char err[MKV_ERR_LEN];
 };
+
+/* Below this many head-regions a call runs on the calling thread alone (bench_memmgr: at 256
+ * regions waking 4 to 16 workers costs 5 to 20 times the work; at 4096 they win). */
+#define MKV_PARALLEL_MIN_REGIONS 2048
 
 /* Validates a config and resolves its defaults into *out (message into err). */
 mkv_status_t mkv_config_resolve(const mkv_cache_config_t *in, mkv_cache_config_t *out,

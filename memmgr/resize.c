@@ -37,6 +37,7 @@ typedef struct op {
     const int32_t *tgt_lo;
     const int32_t *new_len; /* OP_RESIZE: [n_slots] new N */
     int64_t n_regions;      /* n_slots * L * H */
+    int32_t n_chunks;       /* 1, or one per thread for calls large enough to pay for waking them */
     int64_t head, tail;     /* counters before the call */
 } op_t;
 
@@ -73,7 +74,7 @@ static inline int iter_next(const op_t *op, region_iter_t *it, int64_t *i, int64
 /* Chunk c of n covers head-regions [n_regions * c / n, n_regions * (c + 1) / n). */
 static inline void chunk_range(const op_t *op, int64_t c, int64_t *begin, int64_t *end)
 {
-    const int64_t n = op->c->work.n_chunks;
+    const int64_t n = op->n_chunks;
     *begin = op->n_regions * c / n;
     *end = op->n_regions * (c + 1) / n;
 }
@@ -234,13 +235,18 @@ static mkv_status_t apply(op_t *op)
     op->n_regions = (int64_t)op->n_slots * s->g.n_layers * s->g.n_kv_heads;
     op->head = s->head;
     op->tail = s->tail;
+    /* Waking the workers costs tens of microseconds: small calls run inline. The result does
+     * not depend on the chunking. */
+    const int parallel = c->threads && op->n_regions >= c->parallel_min_regions;
+    mkv_threads_t *tp = parallel ? c->threads : NULL;
+    op->n_chunks = parallel ? w->n_chunks : 1;
 
     /* 1. plan, with a scan inside each chunk */
-    mkv_threads_run(c->threads, plan_chunks, op, w->n_chunks);
+    mkv_threads_run(tp, plan_chunks, op, op->n_chunks);
 
     /* 2. coordinate: chunk totals become chunk bases */
     int64_t total_alloc = 0, total_release = 0;
-    for (int32_t k = 0; k < w->n_chunks; k++) {
+    for (int32_t k = 0; k < op->n_chunks; k++) {
         if (w->chunk_bad[k] >= 0) return bad_targets(op, w->chunk_bad[k]);
         const int64_t a = w->chunk_alloc[k], r = w->chunk_rel[k];
         w->chunk_alloc[k] = total_alloc;
@@ -260,9 +266,9 @@ static mkv_status_t apply(op_t *op)
                         (long long)others_reserved);
 
     /* From here on nothing can fail. 3. recycle, 4. allocate and commit. */
-    if (total_release > 0) mkv_threads_run(c->threads, recycle_chunks, op, w->n_chunks);
+    if (total_release > 0) mkv_threads_run(tp, recycle_chunks, op, op->n_chunks);
     s->tail += total_release;
-    mkv_threads_run(c->threads, allocate_chunks, op, w->n_chunks);
+    mkv_threads_run(tp, allocate_chunks, op, op->n_chunks);
     s->head += total_alloc;
 
     for (int32_t j = 0; j < op->n_slots; j++) {
@@ -294,7 +300,7 @@ mkv_status_t mkv_cache_append(mkv_cache_t *cache, int32_t n_slots, const int32_t
             return mkv_fail(cache->err, MKV_STATUS_INVALID_ARGUMENT,
                             "slot %d already holds max_seq_len = %d tokens", slots[j],
                             cache->st.g.max_seq_len);
-    op_t op = {cache, OP_APPEND, n_slots, slots, NULL, NULL, NULL, 0, 0, 0};
+    op_t op = {cache, OP_APPEND, n_slots, slots, NULL, NULL, NULL, 0, 0, 0, 0};
     return apply(&op);
 }
 
@@ -319,7 +325,7 @@ mkv_status_t mkv_cache_resize(mkv_cache_t *cache, const mkv_resize_t *rz, void *
                             new_len[j], slot, s->seq_len[slot], s->g.max_seq_len);
     }
     /* The targets themselves are checked in the plan phase, in parallel. */
-    op_t op = {cache, OP_RESIZE, rz->n_slots, rz->slots, rz->n_hi, rz->n_lo, new_len, 0, 0, 0};
+    op_t op = {cache, OP_RESIZE, rz->n_slots, rz->slots, rz->n_hi, rz->n_lo, new_len, 0, 0, 0, 0};
     return apply(&op);
 }
 
@@ -330,6 +336,6 @@ mkv_status_t mkv_cache_release(mkv_cache_t *cache, int32_t slot, void *stream)
     cache->err[0] = '\0';
     mkv_status_t st = check_slots(cache, 1, &slot);
     if (st != MKV_STATUS_OK) return st;
-    op_t op = {cache, OP_RELEASE, 1, &slot, NULL, NULL, NULL, 0, 0, 0};
+    op_t op = {cache, OP_RELEASE, 1, &slot, NULL, NULL, NULL, 0, 0, 0, 0};
     return apply(&op);
 }

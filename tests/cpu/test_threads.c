@@ -147,14 +147,17 @@ Test(threads, independent_pools_concurrently)
 /* n_threads > 1 gives the serial result                                                    */
 /* ---------------------------------------------------------------------------------------- */
 
+/* min_regions: the parallel threshold of the threaded cache (0: every call runs threaded). */
 static void equivalence(uint64_t seed, int32_t L, int32_t H, int32_t S, int64_t P,
-                        int32_t n_threads, int32_t steps)
+                        int32_t n_threads, int32_t steps, int64_t min_regions)
 {
     mkv_cache_config_t cfg = tu_config(L, H, S, 64, 4, P);
     cfg.n_threads = 1;
     mkv_cache_t *serial = tu_create(&cfg);
     cfg.n_threads = n_threads;
     mkv_cache_t *par = tu_create(&cfg);
+    par->parallel_min_regions = min_regions;
+    int64_t threaded_calls = 0;
     cr_assert_null(serial->threads);
     cr_assert_not_null(par->threads, "n_threads %d created no pool", n_threads);
     tu_model_t m;
@@ -171,6 +174,8 @@ static void equivalence(uint64_t seed, int32_t L, int32_t H, int32_t S, int64_t 
         int32_t s1 = -1, s2 = -1, sm = -1;
         mkv_status_t a = tu_op_apply_cache(serial, &op, &s1);
         mkv_status_t b = tu_op_apply_cache(par, &op, &s2);
+        threaded_calls += (op.kind != TU_OP_ADMIT) &&
+                          (int64_t)(op.kind == TU_OP_RELEASE ? 1 : op.n) * L * H >= min_regions;
         mkv_status_t want = tu_op_apply_model(&m, &op, &sm, NULL);
         cr_assert_eq(a, b, "%s: serial '%s', %d threads '%s' (%s)", where, mkv_status_string(a),
                      n_threads, mkv_status_string(b), mkv_cache_last_error(par));
@@ -199,6 +204,8 @@ static void equivalence(uint64_t seed, int32_t L, int32_t H, int32_t S, int64_t 
     }
     cr_assert_gt(ok, steps / 4);
     cr_assert_gt(refused, 0);
+    cr_assert_gt(threaded_calls, steps / 10, "only %lld calls took the threaded path",
+                 (long long)threaded_calls);
     tu_op_free(&op);
     tu_model_free(&m);
     mkv_cache_destroy(serial);
@@ -207,12 +214,19 @@ static void equivalence(uint64_t seed, int32_t L, int32_t H, int32_t S, int64_t 
 
 Test(threads, three_threads_match_serial)
 {
-    equivalence(101, 8, 8, 8, 1500, 3, 1000);
-    equivalence(102, 8, 8, 8, 400, 3, 1000); /* tight pool: many refusals and wraps */
+    equivalence(101, 8, 8, 8, 1500, 3, 1000, 0);
+    equivalence(102, 8, 8, 8, 400, 3, 1000, 0); /* tight pool: many refusals and wraps */
 }
 
 Test(threads, many_threads_match_serial)
 {
-    equivalence(201, 4, 8, 16, 1200, 7, 300);
-    equivalence(202, 1, 2, 4, 24, 5, 2000); /* tiny cache: fewer sections than threads */
+    equivalence(201, 4, 8, 16, 1200, 7, 300, 0);
+    equivalence(202, 1, 2, 4, 24, 5, 2000, 0); /* tiny cache: fewer sections than threads */
+}
+
+Test(threads, default_threshold_matches_serial)
+{
+    /* Llama-3-8B's 32 x 8 head-regions per slot: calls of 8 or more slots cross the default
+     * threshold and run threaded, smaller ones inline. */
+    equivalence(301, 32, 8, 16, 60000, 4, 200, MKV_PARALLEL_MIN_REGIONS);
 }
