@@ -252,6 +252,19 @@ mkv_status_t mkv_cache_step_demand(mkv_cache_t *cache, int32_t n_slots, const in
     return MKV_STATUS_OK;
 }
 
+/* Tokens and pages by precision over one slot's head-regions. */
+static void slot_totals(const mkv_mm_state_t *s, int32_t slot, int64_t *tokens_hi,
+                        int64_t *tokens_lo, int64_t *pages_hi, int64_t *pages_lo)
+{
+    const mkv_mm_geom_t *g = &s->g;
+    for (int64_t r = mkv_mm_region(g, slot, 0, 0); r < mkv_mm_region(g, slot + 1, 0, 0); r++) {
+        *tokens_hi += s->n_hi[r];
+        *tokens_lo += s->n_lo[r];
+        *pages_hi += mkv_mm_pages_for(s->n_hi[r], g->tpp_hi);
+        *pages_lo += mkv_mm_pages_for(s->n_lo[r], g->tpp_lo);
+    }
+}
+
 mkv_status_t mkv_cache_stats(const mkv_cache_t *cache, mkv_cache_stats_t *out)
 {
     CHECK_CACHE(cache);
@@ -267,12 +280,7 @@ mkv_status_t mkv_cache_stats(const mkv_cache_t *cache, mkv_cache_stats_t *out)
         if (!s->active[slot]) continue;
         out->active_slots++;
         out->tokens_seen += (int64_t)s->seq_len[slot] * g->n_layers * g->n_kv_heads;
-        for (int64_t r = mkv_mm_region(g, slot, 0, 0); r < mkv_mm_region(g, slot + 1, 0, 0); r++) {
-            out->tokens_hi += s->n_hi[r];
-            out->tokens_lo += s->n_lo[r];
-            out->pages_hi += mkv_mm_pages_for(s->n_hi[r], g->tpp_hi);
-            out->pages_lo += mkv_mm_pages_for(s->n_lo[r], g->tpp_lo);
-        }
+        slot_totals(s, slot, &out->tokens_hi, &out->tokens_lo, &out->pages_hi, &out->pages_lo);
     }
     out->tokens_pruned = out->tokens_seen - out->tokens_hi - out->tokens_lo;
     out->bytes_in_use = (out->pages_hi + out->pages_lo) * cache->cfg.page_bytes;
@@ -294,32 +302,16 @@ mkv_status_t mkv_cache_slot_info(mkv_cache_t *cache, int32_t slot, mkv_slot_info
     out->active = s->active[slot];
     out->seq_len = s->seq_len[slot];
     out->reserved_pages = s->reserved[slot];
-    for (int64_t r = mkv_mm_region(g, slot, 0, 0); r < mkv_mm_region(g, slot + 1, 0, 0); r++) {
-        out->tokens_hi += s->n_hi[r];
-        out->tokens_lo += s->n_lo[r];
-        out->pages_hi += mkv_mm_pages_for(s->n_hi[r], g->tpp_hi);
-        out->pages_lo += mkv_mm_pages_for(s->n_lo[r], g->tpp_lo);
-    }
+    slot_totals(s, slot, &out->tokens_hi, &out->tokens_lo, &out->pages_hi, &out->pages_lo);
     return MKV_STATUS_OK;
-}
-
-typedef struct first_violation {
-    char message[256];
-    int64_t count;
-} first_violation_t;
-
-static void keep_first(void *ctx, const mkv_violation_t *v)
-{
-    first_violation_t *f = ctx;
-    if (f->count++ == 0) memcpy(f->message, v->message, sizeof f->message);
 }
 
 mkv_status_t mkv_cache_validate(mkv_cache_t *cache)
 {
     CHECK_CACHE(cache);
     cache->err[0] = '\0';
-    first_violation_t first = {"", 0};
-    const int64_t n = mkv_mm_state_check(&cache->st, keep_first, &first);
+    mkv_first_violation_t first = {"", 0};
+    const int64_t n = mkv_mm_state_check(&cache->st, mkv_keep_first_violation, &first);
     if (n < 0) return mkv_fail(cache->err, MKV_STATUS_OUT_OF_MEMORY, "validate: out of memory");
     if (n > 0)
         return mkv_fail(cache->err, MKV_STATUS_CORRUPT, "%lld invariant violation%s; first: %s",

@@ -365,3 +365,9 @@ int64_t mkv_mm_state_check(const mkv_mm_state_t *st, mkv_violation_fn report, vo
     }
     return n + c.count;
 }
+
+void mkv_keep_first_violation(void *ctx, const mkv_violation_t *v)
+{
+    mkv_first_violation_t *f = ctx;
+    if (f->count++ == 0) memcpy(f->message, v->message, sizeof f->message);
+}

@@ -290,17 +290,6 @@ mkv_status_t mkv_cache_dump_json(mkv_cache_t *cache, const char *path)
 /* Loading into a cache                                                                     */
 /* ---------------------------------------------------------------------------------------- */
 
-typedef struct first_violation {
-    char message[256];
-    int64_t count;
-} first_violation_t;
-
-static void keep_first(void *ctx, const mkv_violation_t *v)
-{
-    first_violation_t *f = ctx;
-    if (f->count++ == 0) memcpy(f->message, v->message, sizeof f->message);
-}
-
 /* Writes a checked dump into a fresh cache of the same geometry. The checker has already
  * proven every index in range; the guards here only keep a checker bug from writing wild. */
 static mkv_status_t restore(const mkv_dump_t *d, mkv_mm_state_t *st, char *err)
@@ -359,8 +348,8 @@ mkv_status_t mkv_cache_load_json(const char *path, mkv_cache_t **out_cache)
 
     mkv_state_view_t view;
     mkv_dump_view(&d, &view);
-    first_violation_t first = {"", 0};
-    int64_t n = mkv_state_check(&view, keep_first, &first);
+    mkv_first_violation_t first = {"", 0};
+    int64_t n = mkv_state_check(&view, mkv_keep_first_violation, &first);
     if (n != 0) {
         status =
             n < 0 ? mkv_fail(err, MKV_STATUS_OUT_OF_MEMORY, "%s: out of memory checking it", path)
@@ -381,8 +370,8 @@ mkv_status_t mkv_cache_load_json(const char *path, mkv_cache_t **out_cache)
     MKV_TRY(restore(&d, &cache->st, err));
 
     /* Safety net: the restored live state (stale entries included) must check clean too. */
-    first = (first_violation_t){"", 0};
-    n = mkv_mm_state_check(&cache->st, keep_first, &first);
+    first = (mkv_first_violation_t){"", 0};
+    n = mkv_mm_state_check(&cache->st, mkv_keep_first_violation, &first);
     if (n != 0) {
         status =
             n < 0 ? mkv_fail(err, MKV_STATUS_OUT_OF_MEMORY, "%s: out of memory checking it", path)

@@ -168,6 +168,14 @@ void mkv_state_view_release(mkv_state_view_buf_t *buf);
 /* Live-state check: mkv_state_check on the view plus the unused-entry (-1) check. */
 int64_t mkv_mm_state_check(const mkv_mm_state_t *st, mkv_violation_fn report, void *ctx);
 
+/* A violation callback that keeps the first message and counts the rest. */
+typedef struct mkv_first_violation {
+    char message[256];
+    int64_t count;
+} mkv_first_violation_t;
+
+void mkv_keep_first_violation(void *first, const mkv_violation_t *v);
+
 #ifdef __cplusplus
 }
 #endif
