@@ -60,21 +60,33 @@ mkv_status_t mkv_segment_bytes(mkv_format_t format, int32_t head_dim, int32_t qu
         return report(err, "head_dim %d is not supported (16, 32, 64, 128 or 256)", head_dim);
     if (quant_groups != 1 && quant_groups != 2 && quant_groups != 4)
         return report(err, "quant_groups %d is not supported (1, 2 or 4)", quant_groups);
-    per_token[MKV_SEG_KEY] = (int64_t)head_dim * f->key_bits / 8;
-    per_token[MKV_SEG_KEY_META] = f->key_bits == 16 ? 0 : (int64_t)quant_groups * 4;
-    per_token[MKV_SEG_VALUE] = (int64_t)head_dim * f->value_bits / 8;
-    per_token[MKV_SEG_VALUE_META] = f->value_bits == 16 ? 0 : (int64_t)quant_groups * 4;
+    per_token[MKV_SEG_KEY] = MKV_CODE_BYTES((int64_t)head_dim, f->key_bits);
+    per_token[MKV_SEG_KEY_META] = MKV_META_BYTES((int64_t)quant_groups, f->key_bits);
+    per_token[MKV_SEG_VALUE] = MKV_CODE_BYTES((int64_t)head_dim, f->value_bits);
+    per_token[MKV_SEG_VALUE_META] = MKV_META_BYTES((int64_t)quant_groups, f->value_bits);
     per_token[MKV_SEG_SCORE] = 4;
     per_token[MKV_SEG_POS] = 4;
     return MKV_STATUS_OK;
 }
 
+static void vec_layout(int32_t d, int32_t bits, int32_t groups, mkv_vec_layout_t *v)
+{
+    v->bits = bits;
+    v->vec_bytes = MKV_CODE_BYTES(d, bits);
+    v->chunk_bytes = v->vec_bytes < 16 ? v->vec_bytes : 16;
+    v->n_chunks = v->vec_bytes / v->chunk_bytes;
+    v->chunk_elems = v->chunk_bytes * 8 / bits;
+    v->groups = bits == 16 ? 1 : groups;
+    v->group_elems = d / v->groups;
+}
+
+/* Segment sizes of n tokens, laid out in order with 16-byte alignment; returns the end. */
 static int64_t layout_for(const int64_t per_token[MKV_PAGE_SEGMENTS], int32_t tokens,
                           mkv_page_layout_t *out)
 {
     int64_t off = 0;
     for (int s = 0; s < MKV_PAGE_SEGMENTS; s++) {
-        off = mkv_align_up64(off, MKV_SEGMENT_ALIGN);
+        off = MKV_ALIGN16(off);
         if (out) {
             out->offset[s] = off;
             out->bytes[s] = per_token[s] * tokens;
@@ -108,7 +120,13 @@ mkv_status_t mkv_page_layout(mkv_format_t format, int32_t head_dim, int32_t quan
                      (long long)layout_for(per_token, 1, NULL));
         return MKV_STATUS_INVALID_ARGUMENT;
     }
-    layout_for(per_token, (int32_t)n, out);
+    if (out) {
+        const mkv_format_desc_t *f = mkv_format_desc(format);
+        layout_for(per_token, (int32_t)n, out);
+        out->head_dim = head_dim;
+        vec_layout(head_dim, f->key_bits, quant_groups, &out->key);
+        vec_layout(head_dim, f->value_bits, quant_groups, &out->value);
+    }
     return MKV_STATUS_OK;
 }
 
@@ -138,6 +156,6 @@ mkv_status_t mkv_page_bytes_for(mkv_format_t format, int32_t head_dim, int32_t q
         return mkv_fail_global(MKV_STATUS_INVALID_ARGUMENT, "tokens %d must be >= 1", tokens);
     mkv_status_t st = mkv_segment_bytes(format, head_dim, quant_groups, per_token, err);
     if (st != MKV_STATUS_OK) return mkv_fail_global(st, "%s", err);
-    *out_bytes = mkv_align_up64(layout_for(per_token, tokens, NULL), MKV_SEGMENT_ALIGN);
+    *out_bytes = MKV_ALIGN16(layout_for(per_token, tokens, NULL));
     return MKV_STATUS_OK;
 }

@@ -10,8 +10,20 @@
  *   3 value metadata  as for keys
  *   4 scores          fp32 running attention sum per token
  *   5 positions       int32 position per token
- * The order of codes inside a segment belongs to the quant module (a later issue); the sizes
- * here do not depend on it.
+ * Order inside the code segments (key codes and value codes alike): a vector of d elements at
+ * b bits is vec_bytes = d * b / 8 bytes, cut into chunks of chunk_bytes = min(16, vec_bytes);
+ * the segment is [n_chunks][tokens][chunk_bytes]: chunk c of every token of the page, then
+ * chunk c + 1. Why: the decode kernel gives each thread of a warp one token and walks the
+ * chunks, so at each step a warp reads chunk c of 32 consecutive tokens, 512 contiguous bytes
+ * in 16-byte loads (fully coalesced); for values a thread owns a chunk and walks the tokens,
+ * and neighbouring threads again read neighbouring 16-byte pieces. Inside a chunk, element e
+ * sits in byte e * b / 8, low bits first (4-bit: element 2j in the low nibble of byte j;
+ * 2-bit: elements 4j .. 4j + 3 from bit 0 up); 16-bit elements are little-endian fp16.
+ *
+ * Order inside the metadata segments: [groups][tokens] of {fp16 scale, fp16 zero} (4 bytes),
+ * so a warp reading one group of 32 consecutive tokens reads 128 contiguous bytes. Group g
+ * covers elements [g * d / groups, (g + 1) * d / groups). Scores: fp32 [tokens]; positions:
+ * int32 [tokens].
  */
 #ifndef MKV_QUANT_FORMAT_H
 #define MKV_QUANT_FORMAT_H
@@ -19,6 +31,12 @@
 #include "mixkv.h"
 
 #include <stdint.h>
+
+#if defined(__CUDACC__)
+#define MKV_HD __host__ __device__ __forceinline__
+#else
+#define MKV_HD static inline
+#endif
 
 #ifdef __cplusplus
 extern "C" {
@@ -40,12 +58,51 @@ typedef struct mkv_format_desc {
 /* NULL for an out-of-range format. */
 const mkv_format_desc_t *mkv_format_desc(mkv_format_t format);
 
+/* How one vector (a key or a value) of a format is stored. */
+typedef struct mkv_vec_layout {
+    int32_t bits;        /* 16, 8, 4 or 2 */
+    int32_t vec_bytes;   /* d * bits / 8 */
+    int32_t chunk_bytes; /* min(16, vec_bytes) */
+    int32_t n_chunks;    /* vec_bytes / chunk_bytes */
+    int32_t chunk_elems; /* elements per chunk: chunk_bytes * 8 / bits */
+    int32_t groups;      /* quantization groups per vector (1 for 16-bit: no metadata) */
+    int32_t group_elems; /* d / groups */
+} mkv_vec_layout_t;
+
 typedef struct mkv_page_layout {
     int32_t tokens;                        /* tokens per page */
+    int32_t head_dim;                      /* d */
+    mkv_vec_layout_t key, value;
     int64_t offset[MKV_PAGE_SEGMENTS];     /* byte offset of each segment, 16-byte aligned */
     int64_t bytes[MKV_PAGE_SEGMENTS];      /* bytes used by each segment */
     int64_t used_bytes;                    /* end of the last segment */
 } mkv_page_layout_t;
+
+/* Byte offset, within a page, of chunk c of the key (which = 0) or value (which = 1) codes of
+ * the token in slot t. */
+MKV_HD int64_t mkv_code_offset(const mkv_page_layout_t *lay, int which, int32_t t, int32_t c)
+{
+    const mkv_vec_layout_t *v = which ? &lay->value : &lay->key;
+    return lay->offset[which ? MKV_SEG_VALUE : MKV_SEG_KEY] +
+           ((int64_t)c * lay->tokens + t) * v->chunk_bytes;
+}
+
+/* Byte offset of the {fp16 scale, fp16 zero} pair of group g of the token in slot t. */
+MKV_HD int64_t mkv_meta_offset(const mkv_page_layout_t *lay, int which, int32_t t, int32_t g)
+{
+    return lay->offset[which ? MKV_SEG_VALUE_META : MKV_SEG_KEY_META] +
+           ((int64_t)g * lay->tokens + t) * 4;
+}
+
+MKV_HD int64_t mkv_score_offset(const mkv_page_layout_t *lay, int32_t t)
+{
+    return lay->offset[MKV_SEG_SCORE] + (int64_t)t * 4;
+}
+
+MKV_HD int64_t mkv_pos_offset(const mkv_page_layout_t *lay, int32_t t)
+{
+    return lay->offset[MKV_SEG_POS] + (int64_t)t * 4;
+}
 
 /* Bytes per token of each segment. Returns INVALID_ARGUMENT (message into err, which may be
  * NULL) for an unsupported format, head dimension or group count. */
@@ -59,5 +116,34 @@ mkv_status_t mkv_page_layout(mkv_format_t format, int32_t head_dim, int32_t quan
 #ifdef __cplusplus
 }
 #endif
+
+/* The segment arithmetic as constant expressions: format.c computes every layout with these,
+ * and the asserts below lock the default pages of docs/page-layout.md. */
+#define MKV_CODE_BYTES(d, bits) ((d) * (bits) / 8)
+#define MKV_META_BYTES(groups, bits) ((bits) == 16 ? 0 : (groups) * 4)
+#define MKV_ALIGN16(x) (((x) + MKV_SEGMENT_ALIGN - 1) / MKV_SEGMENT_ALIGN * MKV_SEGMENT_ALIGN)
+#define MKV_PAGE_USED_BYTES(n, d, kb, vb, groups)                                              \
+    (MKV_ALIGN16((n) * MKV_CODE_BYTES(d, kb)) + MKV_ALIGN16((n) * MKV_META_BYTES(groups, kb)) + \
+     MKV_ALIGN16((n) * MKV_CODE_BYTES(d, vb)) + MKV_ALIGN16((n) * MKV_META_BYTES(groups, vb)) + \
+     MKV_ALIGN16((n) * 4) + (n) * 4)
+
+#if defined(__cplusplus)
+#define MKV_STATIC_ASSERT(c, m) static_assert(c, m)
+#else
+#define MKV_STATIC_ASSERT(c, m) _Static_assert(c, m)
+#endif
+
+#define MKV_DEFAULT_PAGE_BYTES_D128 6656 /* 32 K8V4 tokens at d = 128, one group */
+MKV_STATIC_ASSERT(MKV_PAGE_USED_BYTES(32, 128, 8, 4, 1) == MKV_DEFAULT_PAGE_BYTES_D128,
+                  "32 K8V4 tokens fill the default page exactly");
+MKV_STATIC_ASSERT(MKV_PAGE_USED_BYTES(59, 128, 4, 2, 1) <= MKV_DEFAULT_PAGE_BYTES_D128 &&
+                      MKV_PAGE_USED_BYTES(60, 128, 4, 2, 1) > MKV_DEFAULT_PAGE_BYTES_D128,
+                  "the default page holds 59 K4V2 tokens");
+MKV_STATIC_ASSERT(MKV_PAGE_USED_BYTES(12, 128, 16, 16, 1) <= MKV_DEFAULT_PAGE_BYTES_D128 &&
+                      MKV_PAGE_USED_BYTES(13, 128, 16, 16, 1) > MKV_DEFAULT_PAGE_BYTES_D128,
+                  "the default page holds 12 K16V16 tokens");
+MKV_STATIC_ASSERT(MKV_CODE_BYTES(16, 2) == 4 && MKV_CODE_BYTES(256, 16) == 512,
+                  "vector sizes at the extremes of d and bits");
+MKV_STATIC_ASSERT(MKV_SEGMENT_ALIGN == 16, "16-byte segments: one vector load per chunk");
 
 #endif /* MKV_QUANT_FORMAT_H */

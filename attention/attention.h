@@ -1,0 +1,65 @@
+/*
+ * attention.h — the reference attention of the CPU backend: decode attention over the
+ * mixed-precision pages of a head-region, with significance accumulation, and causal prefill
+ * attention over a full-precision prompt. The fused CUDA kernels (issue 6) must match these
+ * within the tolerances stated by the tests.
+ *
+ * GQA: KV head h serves query heads h * G .. h * G + G - 1 (Hugging Face's repeat_kv order).
+ * Arithmetic is fp32 with a max-subtracted softmax; keys and values are dequantized to fp32.
+ */
+#ifndef MKV_ATTENTION_ATTENTION_H
+#define MKV_ATTENTION_ATTENTION_H
+
+#include "quant/format.h"
+
+#include <stdint.h>
+
+#ifdef __cplusplus
+extern "C" {
+#endif
+
+/* One head-region's pages as decode attention reads them. */
+typedef struct mkv_region_pages {
+    uint8_t *pool;                   /* page p starts at pool + (int64_t)p * page_bytes */
+    int64_t page_bytes;
+    const mkv_page_layout_t *lay_hi; /* layout of high-precision pages */
+    const mkv_page_layout_t *lay_lo; /* layout of low-precision pages */
+    const int32_t *row;              /* [T] the region's page-table row */
+    int32_t row_entries;             /* T */
+    int32_t n_hi, n_lo;              /* tokens in each section */
+} mkv_region_pages_t;
+
+/* Decode attention of G query heads over one head-region. Tokens are visited high section
+ * first (section order: slot k of the (k / tpp)-th page), then low. q: [G][d]; out: [G][d].
+ * Each stored token's score gains max over g of its attention probability (fp32 add).
+ * scratch: at least G * (n_hi + n_lo) + 2 * d floats. Does nothing to out when n_hi + n_lo is
+ * 0 (the caller never asks: the current token is always stored). */
+void mkv_attn_decode_region(const mkv_region_pages_t *r, int32_t G, int32_t d, const float *q,
+                            float softmax_scale, float *out, float *scratch);
+
+/* Causal prefill attention of one layer over a prompt of n tokens, in full precision.
+ * q: [n][H * G][d], k, v: [n][H][d], out: [n][H * G][d].
+ * sig_sum: [H][n]: for KV head h and token i, the sum over observing queries j of
+ * max over the group of P(j attends i). Observers are all j >= i, or with obs_window > 0 only
+ * j >= n - obs_window (and j >= i). scratch: at least n + d floats. */
+void mkv_attn_prefill(int32_t n, int32_t H, int32_t G, int32_t d, const float *q, const float *k,
+                      const float *v, float softmax_scale, int32_t obs_window, float *out,
+                      float *sig_sum, float *scratch);
+
+/* How many queries have observed the token at position pos when the sequence holds N tokens,
+ * of which the first prompt_len were the prompt: prompt queries as prefill counts them, plus
+ * every generated query (positions prompt_len .. N - 1, each observes all earlier tokens and
+ * itself). Significance = score sum / observers. */
+static inline int32_t mkv_observers(int32_t pos, int32_t prompt_len, int32_t N, int32_t obs_window)
+{
+    if (pos >= prompt_len) return N - pos;
+    int32_t first = pos;
+    if (obs_window > 0 && prompt_len - obs_window > first) first = prompt_len - obs_window;
+    return (prompt_len - first) + (N - prompt_len);
+}
+
+#ifdef __cplusplus
+}
+#endif
+
+#endif /* MKV_ATTENTION_ATTENTION_H */

@@ -1,0 +1,2 @@
+/* being written (issue 3) */
+#include <criterion/criterion.h>
