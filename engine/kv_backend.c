@@ -1,2 +1,538 @@
-/* engine/kv_backend.c: being written (issue 3). */
-typedef int mkv_placeholder_kv_backend_t;
+/*
+ * kv_backend.c — the KV backend on the CPU: token data in pages, prompt placement, decode
+ * attention with significance, and the compression policy, on top of the memory manager.
+ *
+ * Prompt: mkv_cache_prefill_layer keeps each layer's K/V in full-precision working memory and
+ * accumulates significance (attention/prefill_ref.c); mkv_cache_commit_prompt classifies every
+ * head-region (engine/policy.c), allocates exactly the pages needed with one resize and
+ * quantizes the tokens into them in position order.
+ * Decode: mkv_cache_append gives every head-region one more high slot; mkv_cache_decode_layer
+ * quantizes the new token into it and attends (attention/decode_ref.c); mkv_cache_compress
+ * runs Algorithm 1 per head-region.
+ *
+ * Compress never leaves a half-applied step: it decides every head-region first, reading
+ * only; then grows the low sections that receive a demoted token (the one allocation, which
+ * may be refused with nothing changed); then moves token data (demote into the new low slot,
+ * swap-remove from the high section); then shrinks the high sections, which only recycles
+ * pages and cannot fail. A budget, when set, prunes in a second pass of the same shape.
+ */
+#include "attention/attention.h"
+#include "engine/policy.h"
+#include "memmgr/cache.h"
+#include "quant/quant.h"
+
+#include <stdlib.h>
+#include <string.h>
+
+/* Full-precision working memory of one slot's prompt. */
+typedef struct prompt_ws {
+    uint32_t epoch; /* the occupant it belongs to; 0: empty */
+    int32_t n;      /* prompt length */
+    float *k, *v;   /* [L][n][H][d] */
+    float *sig;     /* [L][H][n] significance sums */
+    uint8_t *cls;   /* [L][H][n] classes, filled by commit */
+    uint8_t *done;  /* [L] layers prefilled */
+} prompt_ws_t;
+
+struct mkv_kv {
+    int32_t max_seqs;
+    mkv_page_layout_t lay_hi, lay_lo;
+    prompt_ws_t *ws;             /* [S] */
+    int32_t *decoded;            /* [S][L] N at which the layer last received its new token */
+    float *scratch;              /* attention scratch, (G + 2) * max_seq_len + 4 * d floats */
+    mkv_policy_token_t *hi_tok;  /* [max_seq_len] one section's tokens */
+    mkv_policy_token_t *lo_tok;  /* [max_seq_len] */
+    uint8_t *prune_sec;          /* [2 * max_seq_len] */
+    int32_t *prune_idx;          /* [2 * max_seq_len] */
+    int32_t *tgt_hi, *tgt_lo;    /* [S * L * H] resize targets in call order */
+    int32_t *seq;                /* [S] */
+    mkv_policy_decision_t *dec;  /* [S * L * H] */
+};
+
+static void ws_free(prompt_ws_t *ws)
+{
+    free(ws->k);
+    free(ws->v);
+    free(ws->sig);
+    free(ws->cls);
+    free(ws->done);
+    memset(ws, 0, sizeof *ws);
+}
+
+/* The cache keeps only a function pointer to this: memmgr knows nothing of token data. */
+static void kv_destroy(struct mkv_kv *kv)
+{
+    if (!kv) return;
+    if (kv->ws)
+        for (int32_t s = 0; s < kv->max_seqs; s++) ws_free(&kv->ws[s]);
+    free(kv->ws);
+    free(kv->decoded);
+    free(kv->scratch);
+    free(kv->hi_tok);
+    free(kv->lo_tok);
+    free(kv->prune_sec);
+    free(kv->prune_idx);
+    free(kv->tgt_hi);
+    free(kv->tgt_lo);
+    free(kv->seq);
+    free(kv->dec);
+    free(kv);
+}
+
+/* The backend's state, created on first use; UNSUPPORTED without page storage. */
+static mkv_status_t kv_get(mkv_cache_t *c, struct mkv_kv **out)
+{
+    if (!c->pool)
+        return mkv_fail(c->err, MKV_STATUS_UNSUPPORTED,
+                        "this cache was created with MKV_CACHE_METADATA_ONLY: it holds no token data");
+    if (c->kv) {
+        *out = c->kv;
+        return MKV_STATUS_OK;
+    }
+    const mkv_cache_config_t *cfg = &c->cfg;
+    const mkv_mm_geom_t *g = &c->st.g;
+    const int64_t regions = mkv_mm_regions(g);
+    const int64_t n = cfg->max_seq_len;
+    struct mkv_kv *kv = calloc(1, sizeof *kv);
+    if (!kv) return mkv_fail(c->err, MKV_STATUS_OUT_OF_MEMORY, "cannot allocate the KV backend");
+    kv->max_seqs = g->max_seqs;
+    char why[MKV_ERR_LEN];
+    mkv_page_layout(cfg->hi_format, cfg->head_dim, cfg->quant_groups, cfg->page_bytes, &kv->lay_hi, why);
+    mkv_page_layout(cfg->lo_format, cfg->head_dim, cfg->quant_groups, cfg->page_bytes, &kv->lay_lo, why);
+    kv->ws = calloc((size_t)g->max_seqs, sizeof *kv->ws);
+    kv->decoded = calloc((size_t)g->max_seqs * g->n_layers, sizeof *kv->decoded);
+    kv->scratch = malloc((size_t)((cfg->group_size + 2) * n + 4 * cfg->head_dim) * sizeof(float));
+    kv->hi_tok = malloc((size_t)n * sizeof *kv->hi_tok);
+    kv->lo_tok = malloc((size_t)n * sizeof *kv->lo_tok);
+    kv->prune_sec = malloc((size_t)(2 * n));
+    kv->prune_idx = malloc((size_t)(2 * n) * sizeof *kv->prune_idx);
+    kv->tgt_hi = malloc((size_t)regions * sizeof *kv->tgt_hi);
+    kv->tgt_lo = malloc((size_t)regions * sizeof *kv->tgt_lo);
+    kv->seq = malloc((size_t)g->max_seqs * sizeof *kv->seq);
+    kv->dec = malloc((size_t)regions * sizeof *kv->dec);
+    if (!kv->ws || !kv->decoded || !kv->scratch || !kv->hi_tok || !kv->lo_tok || !kv->prune_sec ||
+        !kv->prune_idx || !kv->tgt_hi || !kv->tgt_lo || !kv->seq || !kv->dec) {
+        kv_destroy(kv);
+        return mkv_fail(c->err, MKV_STATUS_OUT_OF_MEMORY, "cannot allocate the KV backend's buffers");
+    }
+    c->kv = kv;
+    c->kv_free = kv_destroy;
+    *out = kv;
+    return MKV_STATUS_OK;
+}
+
+/* ---------------------------------------------------------------------------------------- */
+/* Token addressing                                                                          */
+/* ---------------------------------------------------------------------------------------- */
+
+/* The page and slot of token k of a section (0 high, 1 low) of head-region r. */
+static uint8_t *token_at(const mkv_cache_t *c, const struct mkv_kv *kv, int64_t r, int sec,
+                         int32_t k, int32_t *slot)
+{
+    const int32_t tpp = sec ? kv->lay_lo.tokens : kv->lay_hi.tokens;
+    const int32_t *row = mkv_mm_row(&c->st, r);
+    const int32_t page = sec ? row[c->st.g.row_entries - 1 - k / tpp] : row[k / tpp];
+    *slot = k % tpp;
+    return c->pool + (int64_t)page * c->cfg.page_bytes; /* NOTE: widen before the multiply */
+}
+
+static const mkv_page_layout_t *lay_of(const struct mkv_kv *kv, int sec)
+{
+    return sec ? &kv->lay_lo : &kv->lay_hi;
+}
+
+/* Swap-remove token k of a section holding n tokens: the last token moves into the hole. */
+static void section_remove(const mkv_cache_t *c, const struct mkv_kv *kv, int64_t r, int sec,
+                           int32_t k, int32_t n)
+{
+    if (k == n - 1) return;
+    int32_t ds, ss;
+    uint8_t *dst = token_at(c, kv, r, sec, k, &ds);
+    const uint8_t *src = token_at(c, kv, r, sec, n - 1, &ss);
+    mkv_page_copy_token(dst, ds, src, ss, lay_of(kv, sec));
+}
+
+/* Demotes high token k of region r into low slot lo_k (dequantize, quantize afresh). */
+static void demote(const mkv_cache_t *c, struct mkv_kv *kv, int64_t r, int32_t k, int32_t lo_k)
+{
+    int32_t hs, ls;
+    const uint8_t *src = token_at(c, kv, r, 0, k, &hs);
+    uint8_t *dst = token_at(c, kv, r, 1, lo_k, &ls);
+    mkv_page_demote_token(dst, &kv->lay_lo, ls, src, &kv->lay_hi, hs, kv->scratch);
+}
+
+/* Fills hi_tok / lo_tok with the region's tokens and their significance at length N. */
+static void gather(const mkv_cache_t *c, struct mkv_kv *kv, int64_t r, int32_t N, int32_t plen)
+{
+    const int32_t n[2] = {c->st.n_hi[r], c->st.n_lo[r]};
+    mkv_policy_token_t *out[2] = {kv->hi_tok, kv->lo_tok};
+    for (int sec = 0; sec < 2; sec++) {
+        for (int32_t k = 0; k < n[sec]; k++) {
+            int32_t slot;
+            const uint8_t *page = token_at(c, kv, r, sec, k, &slot);
+            const int32_t pos = mkv_page_pos(page, lay_of(kv, sec), slot);
+            const float sum = mkv_page_score(page, lay_of(kv, sec), slot);
+            out[sec][k].pos = pos;
+            out[sec][k].sig = sum / (float)mkv_observers(pos, plen, N, c->cfg.obs_window);
+        }
+    }
+}
+
+static mkv_status_t check_data_slots(mkv_cache_t *c, int32_t n_slots, const int32_t *slots,
+                                     struct mkv_kv **kv)
+{
+    mkv_status_t st = kv_get(c, kv);
+    if (st != MKV_STATUS_OK) return st;
+    return mkv_cache_check_slots(c, n_slots, slots);
+}
+
+#define HANDLE_CHECK(c)                                                                        \
+    do {                                                                                       \
+        if (!(c)) return mkv_fail_global(MKV_STATUS_INVALID_ARGUMENT, "%s: null cache", __func__); \
+        (c)->err[0] = '\0';                                                                    \
+    } while (0)
+
+mkv_status_t mkv_cache_set_budget(mkv_cache_t *cache, int32_t slot, int32_t max_tokens)
+{
+    HANDLE_CHECK(cache);
+    mkv_status_t st = mkv_cache_check_slots(cache, 1, &slot);
+    if (st != MKV_STATUS_OK) return st;
+    if (max_tokens < 0)
+        return mkv_fail(cache->err, MKV_STATUS_INVALID_ARGUMENT, "budget %d must be >= 0", max_tokens);
+    cache->budget[slot] = max_tokens;
+    return MKV_STATUS_OK;
+}
+
+/* ---------------------------------------------------------------------------------------- */
+/* Prompt                                                                                   */
+/* ---------------------------------------------------------------------------------------- */
+
+static mkv_status_t ws_for(mkv_cache_t *c, struct mkv_kv *kv, int32_t slot, prompt_ws_t **out)
+{
+    prompt_ws_t *ws = &kv->ws[slot];
+    if (ws->epoch == c->epoch[slot]) {
+        *out = ws;
+        return MKV_STATUS_OK;
+    }
+    ws_free(ws); /* a previous occupant's leftovers */
+    const int64_t L = c->cfg.n_layers, H = c->cfg.n_kv_heads, d = c->cfg.head_dim;
+    const int64_t n = c->prompt_len[slot];
+    ws->k = malloc((size_t)(L * n * H * d) * sizeof(float));
+    ws->v = malloc((size_t)(L * n * H * d) * sizeof(float));
+    ws->sig = malloc((size_t)(L * H * n) * sizeof(float));
+    ws->cls = malloc((size_t)(L * H * n));
+    ws->done = calloc((size_t)L, 1);
+    if (!ws->k || !ws->v || !ws->sig || !ws->cls || !ws->done) {
+        ws_free(ws);
+        return mkv_fail(c->err, MKV_STATUS_OUT_OF_MEMORY,
+                        "cannot allocate %lld bytes of prompt working memory",
+                        (long long)(2 * L * n * H * d * 4));
+    }
+    ws->n = (int32_t)n;
+    ws->epoch = c->epoch[slot];
+    *out = ws;
+    return MKV_STATUS_OK;
+}
+
+mkv_status_t mkv_cache_prefill_layer(mkv_cache_t *cache, int32_t slot, int32_t layer,
+                                     const float *q, const float *k, const float *v, float *out,
+                                     void *stream)
+{
+    (void)stream;
+    HANDLE_CHECK(cache);
+    struct mkv_kv *kv;
+    prompt_ws_t *ws;
+    mkv_status_t st = check_data_slots(cache, 1, &slot, &kv);
+    if (st != MKV_STATUS_OK) return st;
+    const mkv_cache_config_t *cfg = &cache->cfg;
+    if (cache->st.seq_len[slot] != 0)
+        return mkv_fail(cache->err, MKV_STATUS_INVALID_ARGUMENT,
+                        "slot %d: its prompt is already committed", slot);
+    if (layer < 0 || layer >= cfg->n_layers)
+        return mkv_fail(cache->err, MKV_STATUS_INVALID_ARGUMENT, "layer %d is outside [0, %d)",
+                        layer, cfg->n_layers);
+    if (!q || !k || !v || !out)
+        return mkv_fail(cache->err, MKV_STATUS_INVALID_ARGUMENT, "null q, k, v or out");
+    if ((st = ws_for(cache, kv, slot, &ws)) != MKV_STATUS_OK) return st;
+    const int64_t n = ws->n, H = cfg->n_kv_heads, d = cfg->head_dim;
+    memcpy(ws->k + layer * n * H * d, k, (size_t)(n * H * d) * sizeof(float));
+    memcpy(ws->v + layer * n * H * d, v, (size_t)(n * H * d) * sizeof(float));
+    mkv_attn_prefill(ws->n, cfg->n_kv_heads, cfg->group_size, cfg->head_dim, q, k, v,
+                     cfg->softmax_scale, cfg->obs_window, out, ws->sig + layer * H * n, kv->scratch);
+    ws->done[layer] = 1;
+    return MKV_STATUS_OK;
+}
+
+/* Classes of one head-region's prompt tokens: DiffKV's rule, then the budget. */
+static void classify_region(mkv_cache_t *c, struct mkv_kv *kv, const prompt_ws_t *ws, int32_t slot,
+                            int64_t lh, int32_t *n_hi, int32_t *n_lo)
+{
+    const int32_t n = ws->n;
+    const mkv_cache_config_t *cfg = &c->cfg;
+    const float *sum = ws->sig + lh * n;
+    uint8_t *cls = ws->cls + lh * n;
+    float *sig = kv->scratch;
+    for (int32_t i = 0; i < n; i++) sig[i] = sum[i] / (float)mkv_observers(i, n, n, cfg->obs_window);
+    mkv_policy_classify_prompt(sig, n, cfg->alpha_h, cfg->alpha_l, cfg->window, cls);
+    int32_t nh = 0, nl = 0;
+    for (int32_t i = 0; i < n; i++) {
+        if (cls[i] == MKV_CLASS_HIGH) kv->hi_tok[nh++] = (mkv_policy_token_t){sig[i], i};
+        else if (cls[i] == MKV_CLASS_LOW) kv->lo_tok[nl++] = (mkv_policy_token_t){sig[i], i};
+    }
+    if (c->budget[slot] > 0 && nh + nl > c->budget[slot]) {
+        const int32_t np = mkv_policy_budget(kv->hi_tok, nh, kv->lo_tok, nl, n, cfg->window,
+                                             c->budget[slot], kv->prune_sec, kv->prune_idx);
+        for (int32_t p = 0; p < np; p++) {
+            const mkv_policy_token_t *t = kv->prune_sec[p] ? &kv->lo_tok[kv->prune_idx[p]]
+                                                           : &kv->hi_tok[kv->prune_idx[p]];
+            cls[t->pos] = MKV_CLASS_PRUNE;
+            if (kv->prune_sec[p]) nl--;
+            else nh--;
+        }
+    }
+    *n_hi = nh;
+    *n_lo = nl;
+}
+
+mkv_status_t mkv_cache_commit_prompt(mkv_cache_t *cache, int32_t n_slots, const int32_t *slots,
+                                     void *stream)
+{
+    HANDLE_CHECK(cache);
+    struct mkv_kv *kv;
+    mkv_status_t st = check_data_slots(cache, n_slots, slots, &kv);
+    if (st != MKV_STATUS_OK) return st;
+    const mkv_cache_config_t *cfg = &cache->cfg;
+    const int64_t L = cfg->n_layers, H = cfg->n_kv_heads, d = cfg->head_dim;
+    for (int32_t j = 0; j < n_slots; j++) {
+        const int32_t s = slots[j];
+        const prompt_ws_t *ws = &kv->ws[s];
+        if (cache->st.seq_len[s] != 0)
+            return mkv_fail(cache->err, MKV_STATUS_INVALID_ARGUMENT,
+                            "slot %d: its prompt is already committed", s);
+        for (int64_t l = 0; l < L; l++)
+            if (ws->epoch != cache->epoch[s] || !ws->done[l])
+                return mkv_fail(cache->err, MKV_STATUS_INVALID_ARGUMENT,
+                                "slot %d: layer %lld has not been prefilled", s, (long long)l);
+    }
+    /* Classify (reading only), then one resize for every slot, layer and head. */
+    for (int32_t j = 0; j < n_slots; j++) {
+        const prompt_ws_t *ws = &kv->ws[slots[j]];
+        kv->seq[j] = ws->n;
+        for (int64_t lh = 0; lh < L * H; lh++)
+            classify_region(cache, kv, ws, slots[j], lh, &kv->tgt_hi[j * L * H + lh],
+                            &kv->tgt_lo[j * L * H + lh]);
+    }
+    const mkv_resize_t rz = {n_slots, slots, kv->seq, kv->tgt_hi, kv->tgt_lo};
+    if ((st = mkv_cache_resize(cache, &rz, stream)) != MKV_STATUS_OK) return st;
+
+    /* Quantize each kept token into its section, in position order. */
+    for (int32_t j = 0; j < n_slots; j++) {
+        const int32_t s = slots[j];
+        prompt_ws_t *ws = &kv->ws[s];
+        const int64_t n = ws->n;
+        for (int64_t l = 0; l < L; l++) {
+            for (int64_t h = 0; h < H; h++) {
+                const int64_t r = mkv_mm_region(&cache->st.g, s, (int32_t)l, (int32_t)h);
+                const uint8_t *cls = ws->cls + (l * H + h) * n;
+                const float *sum = ws->sig + (l * H + h) * n;
+                int32_t next[2] = {0, 0};
+                for (int64_t i = 0; i < n; i++) {
+                    if (cls[i] == MKV_CLASS_PRUNE) continue;
+                    const int sec = cls[i] == MKV_CLASS_LOW;
+                    int32_t slot_in_page;
+                    uint8_t *page = token_at(cache, kv, r, sec, next[sec]++, &slot_in_page);
+                    const float *kp = ws->k + ((l * n + i) * H + h) * d;
+                    const float *vp = ws->v + ((l * n + i) * H + h) * d;
+                    mkv_page_write_token(page, lay_of(kv, sec), slot_in_page, kp, vp, sum[i],
+                                         (int32_t)i);
+                }
+            }
+        }
+        for (int64_t l = 0; l < L; l++) kv->decoded[s * L + l] = (int32_t)n;
+        ws_free(ws);
+    }
+    return MKV_STATUS_OK;
+}
+
+/* ---------------------------------------------------------------------------------------- */
+/* Decode                                                                                   */
+/* ---------------------------------------------------------------------------------------- */
+
+mkv_status_t mkv_cache_decode_layer(mkv_cache_t *cache, int32_t n_slots, const int32_t *slots,
+                                    int32_t layer, const float *q, const float *k, const float *v,
+                                    float *out, void *stream)
+{
+    (void)stream;
+    HANDLE_CHECK(cache);
+    struct mkv_kv *kv;
+    mkv_status_t st = check_data_slots(cache, n_slots, slots, &kv);
+    if (st != MKV_STATUS_OK) return st;
+    const mkv_cache_config_t *cfg = &cache->cfg;
+    const int64_t L = cfg->n_layers, H = cfg->n_kv_heads, G = cfg->group_size, d = cfg->head_dim;
+    if (layer < 0 || layer >= L)
+        return mkv_fail(cache->err, MKV_STATUS_INVALID_ARGUMENT, "layer %d is outside [0, %lld)",
+                        layer, (long long)L);
+    if (n_slots > 0 && (!q || !k || !v || !out))
+        return mkv_fail(cache->err, MKV_STATUS_INVALID_ARGUMENT, "null q, k, v or out");
+    for (int32_t j = 0; j < n_slots; j++) {
+        const int32_t s = slots[j], N = cache->st.seq_len[s];
+        if (N <= cache->prompt_len[s] || kv->decoded[s * L + layer] >= N)
+            return mkv_fail(cache->err, MKV_STATUS_INVALID_ARGUMENT,
+                            "slot %d layer %d: no new token to decode (commit the prompt, then "
+                            "mkv_cache_append once per step, then each layer once)",
+                            s, layer);
+    }
+    for (int32_t j = 0; j < n_slots; j++) {
+        const int32_t s = slots[j], N = cache->st.seq_len[s];
+        for (int64_t h = 0; h < H; h++) {
+            const int64_t r = mkv_mm_region(&cache->st.g, s, layer, (int32_t)h);
+            int32_t slot_in_page;
+            uint8_t *page = token_at(cache, kv, r, 0, cache->st.n_hi[r] - 1, &slot_in_page);
+            mkv_page_write_token(page, &kv->lay_hi, slot_in_page, k + (j * H + h) * d,
+                                 v + (j * H + h) * d, 0.0f, N - 1);
+            const mkv_region_pages_t rp = {cache->pool, cfg->page_bytes, &kv->lay_hi, &kv->lay_lo,
+                                           mkv_mm_row(&cache->st, r), cache->st.g.row_entries,
+                                           cache->st.n_hi[r], cache->st.n_lo[r]};
+            mkv_attn_decode_region(&rp, (int32_t)G, (int32_t)d, q + (j * H + h) * G * d,
+                                   cfg->softmax_scale, out + (j * H + h) * G * d, kv->scratch);
+        }
+        kv->decoded[s * L + layer] = N;
+    }
+    return MKV_STATUS_OK;
+}
+
+/* ---------------------------------------------------------------------------------------- */
+/* Compress                                                                                 */
+/* ---------------------------------------------------------------------------------------- */
+
+static int grows_low(mkv_policy_action_t a)
+{
+    return a == MKV_ACT_DEMOTE_VICTIM || a == MKV_ACT_DEMOTE_CAND;
+}
+
+/* Targets n_hi + 0 and n_lo + (grows ? 1 : 0), or the current counts, for every region. */
+static mkv_status_t resize_to_targets(mkv_cache_t *c, struct mkv_kv *kv, int32_t n_slots,
+                                      const int32_t *slots, void *stream)
+{
+    const mkv_resize_t rz = {n_slots, slots, NULL, kv->tgt_hi, kv->tgt_lo};
+    return mkv_cache_resize(c, &rz, stream);
+}
+
+/* The budget pass: prunes the lowest-significance tokens outside the window of every
+ * head-region above its slot's budget, then shrinks. Only recycles: cannot run out. */
+static mkv_status_t apply_budgets(mkv_cache_t *c, struct mkv_kv *kv, int32_t n_slots,
+                                  const int32_t *slots, void *stream)
+{
+    const mkv_cache_config_t *cfg = &c->cfg;
+    const int64_t LH = (int64_t)cfg->n_layers * cfg->n_kv_heads;
+    int any = 0;
+    for (int32_t j = 0; j < n_slots; j++) {
+        const int32_t s = slots[j], N = c->st.seq_len[s];
+        for (int64_t lh = 0; lh < LH; lh++) {
+            const int64_t r = (int64_t)s * LH + lh, i = j * LH + lh;
+            int32_t nh = c->st.n_hi[r], nl = c->st.n_lo[r];
+            kv->tgt_hi[i] = nh;
+            kv->tgt_lo[i] = nl;
+            if (c->budget[s] <= 0 || nh + nl <= c->budget[s]) continue;
+            gather(c, kv, r, N, c->prompt_len[s]);
+            int32_t np = mkv_policy_budget(kv->hi_tok, nh, kv->lo_tok, nl, N, cfg->window,
+                                           c->budget[s], kv->prune_sec, kv->prune_idx);
+            /* Remove in descending index order per section: each swap-remove then moves a
+             * token that is not itself marked. */
+            for (int sec = 0; sec < 2; sec++) {
+                for (;;) {
+                    int32_t best = -1, at = -1;
+                    for (int32_t p = 0; p < np; p++)
+                        if (kv->prune_sec[p] == sec && kv->prune_idx[p] > best) {
+                            best = kv->prune_idx[p];
+                            at = p;
+                        }
+                    if (at < 0) break;
+                    kv->prune_idx[at] = -1;
+                    section_remove(c, kv, r, sec, best, sec ? nl : nh);
+                    if (sec) nl--;
+                    else nh--;
+                }
+            }
+            kv->tgt_hi[i] = nh;
+            kv->tgt_lo[i] = nl;
+            any = 1;
+        }
+    }
+    return any ? resize_to_targets(c, kv, n_slots, slots, stream) : MKV_STATUS_OK;
+}
+
+mkv_status_t mkv_cache_compress(mkv_cache_t *cache, int32_t n_slots, const int32_t *slots,
+                                void *stream)
+{
+    HANDLE_CHECK(cache);
+    struct mkv_kv *kv;
+    mkv_status_t st = check_data_slots(cache, n_slots, slots, &kv);
+    if (st != MKV_STATUS_OK) return st;
+    const mkv_cache_config_t *cfg = &cache->cfg;
+    const int64_t L = cfg->n_layers, LH = L * cfg->n_kv_heads;
+    int budgets = 0;
+    for (int32_t j = 0; j < n_slots; j++) {
+        const int32_t s = slots[j], N = cache->st.seq_len[s];
+        for (int64_t l = 0; l < L; l++)
+            if (N <= cache->prompt_len[s] || kv->decoded[s * L + l] != N)
+                return mkv_fail(cache->err, MKV_STATUS_INVALID_ARGUMENT,
+                                "slot %d: decode every layer of the step before compressing "
+                                "(layer %lld has not seen token %d)",
+                                s, (long long)l, N - 1);
+        budgets |= cache->budget[s] > 0;
+    }
+    /* With both thresholds 0 every significance passes: Algorithm 1 keeps everything. */
+    if (cfg->alpha_h == 0.0f && cfg->alpha_l == 0.0f && !budgets) return MKV_STATUS_OK;
+
+    /* 1. Decide every head-region, reading only. */
+    int grow = 0;
+    for (int32_t j = 0; j < n_slots; j++) {
+        const int32_t s = slots[j], N = cache->st.seq_len[s];
+        for (int64_t lh = 0; lh < LH; lh++) {
+            const int64_t r = (int64_t)s * LH + lh, i = j * LH + lh;
+            gather(cache, kv, r, N, cache->prompt_len[s]);
+            kv->dec[i] = mkv_policy_decide(kv->hi_tok, cache->st.n_hi[r], kv->lo_tok,
+                                           cache->st.n_lo[r], N, cfg->alpha_h, cfg->alpha_l,
+                                           cfg->window);
+            if (kv->dec[i].cand == -2)
+                return mkv_fail(cache->err, MKV_STATUS_INTERNAL,
+                                "slot %d: no high token at the window's edge (position %d)", s,
+                                N - 1 - cfg->window);
+            kv->tgt_hi[i] = cache->st.n_hi[r];
+            kv->tgt_lo[i] = cache->st.n_lo[r] + grows_low(kv->dec[i].action);
+            grow |= grows_low(kv->dec[i].action);
+        }
+    }
+    /* 2. Grow the low sections that receive a token: the only step that can be refused. */
+    if (grow && (st = resize_to_targets(cache, kv, n_slots, slots, stream)) != MKV_STATUS_OK)
+        return st;
+
+    /* 3. Move token data; 4. shrink the high sections. */
+    for (int32_t j = 0; j < n_slots; j++) {
+        const int32_t s = slots[j];
+        for (int64_t lh = 0; lh < LH; lh++) {
+            const int64_t r = (int64_t)s * LH + lh, i = j * LH + lh;
+            const mkv_policy_decision_t *dd = &kv->dec[i];
+            const int32_t nh = cache->st.n_hi[r], nl_new = cache->st.n_lo[r];
+            int32_t removed = -1; /* the high token that leaves */
+            switch (dd->action) {
+            case MKV_ACT_DEMOTE_VICTIM: demote(cache, kv, r, dd->victim, nl_new - 1); removed = dd->victim; break;
+            case MKV_ACT_PRUNE_VICTIM: removed = dd->victim; break;
+            case MKV_ACT_DEMOTE_CAND: demote(cache, kv, r, dd->cand, nl_new - 1); removed = dd->cand; break;
+            case MKV_ACT_DEMOTE_CAND_PRUNE_LOW: demote(cache, kv, r, dd->cand, dd->victim); removed = dd->cand; break;
+            case MKV_ACT_PRUNE_CAND: removed = dd->cand; break;
+            default: break;
+            }
+            if (removed >= 0) section_remove(cache, kv, r, 0, removed, nh);
+            kv->tgt_hi[i] = nh - (removed >= 0);
+            kv->tgt_lo[i] = nl_new;
+        }
+    }
+    if ((st = resize_to_targets(cache, kv, n_slots, slots, stream)) != MKV_STATUS_OK) {
+        char why[MKV_ERR_LEN];
+        memcpy(why, cache->err, sizeof why);
+        return mkv_fail(cache->err, MKV_STATUS_INTERNAL, "shrink after the policy failed: %s", why);
+    }
+    return budgets ? apply_budgets(cache, kv, n_slots, slots, stream) : MKV_STATUS_OK;
+}

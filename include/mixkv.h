@@ -151,6 +151,9 @@ typedef struct mkv_cache_config {
     float alpha_h;          /* keep high when score >= alpha_h / N (default 1.0) */
     float alpha_l;          /* keep low when score >= alpha_l / N, else prune (default 0.02) */
     int32_t window;         /* W: the most recent W tokens stay high (default 64) */
+    int32_t obs_window;     /* prompt significance from the last obs_window queries only;
+                               0: from every later query (default) */
+    float softmax_scale;    /* attention logit scale; 0: 1 / sqrt(head_dim) (default) */
 
     mkv_backend_t backend;
     int32_t device_id; /* CUDA device ordinal; ignored by the CPU backend */
@@ -163,8 +166,8 @@ typedef struct mkv_cache_config {
 #define MKV_CACHE_CONFIG_INIT                                                                   \
     {                                                                                          \
         MKV_CACHE_CONFIG_VERSION, (uint32_t)sizeof(mkv_cache_config_t), 32, 8, 4, 128, 64, 4096, \
-            1, 0, 0, 0, MKV_FORMAT_K8V4, MKV_FORMAT_K4V2, 1.0f, 0.02f, 64, MKV_BACKEND_CPU, 0, 1, \
-            0u                                                                                 \
+            1, 0, 0, 0, MKV_FORMAT_K8V4, MKV_FORMAT_K4V2, 1.0f, 0.02f, 64, 0, 0.0f,            \
+            MKV_BACKEND_CPU, 0, 1, 0u                                                          \
     }
 
 /* ---------------------------------------------------------------------------------------- */
@@ -256,6 +259,59 @@ mkv_status_t mkv_cache_resize(mkv_cache_t *cache, const mkv_resize_t *resize, vo
 /* A finished or preempted sequence returns all its pages and its reservation; the slot
  * becomes free. */
 mkv_status_t mkv_cache_release(mkv_cache_t *cache, int32_t slot, void *stream);
+
+/* ---------------------------------------------------------------------------------------- */
+/* The KV backend: token data, attention and the compression policy                        */
+/* ---------------------------------------------------------------------------------------- */
+/*
+ * One engine step with this backend (docs/api.md has a worked example):
+ *   prompt:  mkv_cache_admit(prompt_len) -> for every layer mkv_cache_prefill_layer ->
+ *            mkv_cache_commit_prompt (classify, place in pages, recycle);
+ *   decode:  mkv_cache_append(slots) -> for every layer mkv_cache_decode_layer ->
+ *            mkv_cache_compress(slots) (Algorithm 1, budgets, recycling);
+ *   finish:  mkv_cache_release(slot).
+ * Tensors are fp32, row-major, in host memory for the CPU backend (device memory for CUDA).
+ * Query head i uses KV head i / G (Hugging Face's GQA order). A cache created with
+ * MKV_CACHE_METADATA_ONLY answers these calls with UNSUPPORTED.
+ */
+
+/* Caps the tokens a slot keeps per head-region (0: no cap, the default at admission). When
+ * a head-region holds more after the policy, the lowest-significance tokens outside the
+ * window are pruned (Zipage's N_max, KV-Compress's per-sequence budget). */
+mkv_status_t mkv_cache_set_budget(mkv_cache_t *cache, int32_t slot, int32_t max_tokens);
+
+/* Prompt attention for one layer of an admitted slot whose prompt is not yet committed:
+ * causal attention in full precision over the prompt_len tokens given at admission, and the
+ * significance of every prompt token per KV head (DESIGN.md section 5). The K/V stay in
+ * working memory until mkv_cache_commit_prompt.
+ * q: [prompt_len][H * G][d]; k, v: [prompt_len][H][d]; out: [prompt_len][H * G][d]. */
+mkv_status_t mkv_cache_prefill_layer(mkv_cache_t *cache, int32_t slot, int32_t layer,
+                                     const float *q, const float *k, const float *v, float *out,
+                                     void *stream);
+
+/* After every layer of these slots went through mkv_cache_prefill_layer: classifies each
+ * prompt token per head-region (the last W high; others high, low or pruned by alpha_h / N and
+ * alpha_l / N; then the budget), allocates exactly the pages needed with one batched call (the
+ * admission's reservation guarantees it fits), quantizes the tokens into them and frees the
+ * working memory. Afterwards N = prompt_len. */
+mkv_status_t mkv_cache_commit_prompt(mkv_cache_t *cache, int32_t n_slots, const int32_t *slots,
+                                     void *stream);
+
+/* One decode step of one layer, after mkv_cache_append(slots) made room: quantizes the new
+ * token's K/V (position N - 1) into each head-region's high section, then attends over the
+ * stored tokens (high pages, then low) and adds each token's attention probability (max over
+ * the group) to its score. q: [n_slots][H * G][d]; k, v: [n_slots][H][d]; out: [n_slots][H * G][d].
+ * Call once per layer per step. */
+mkv_status_t mkv_cache_decode_layer(mkv_cache_t *cache, int32_t n_slots, const int32_t *slots,
+                                    int32_t layer, const float *q, const float *k, const float *v,
+                                    float *out, void *stream);
+
+/* The generation-phase policy after every layer of the step: per head-region, Algorithm 1 on
+ * the token reaching the window's edge (keep, demote to low, or prune; a victim demoted or
+ * pruned), then the slot's budget; sections stay dense (swap-remove) and emptied pages go back
+ * to the free list in the same call. Needs at most mkv_cache_step_demand pages. */
+mkv_status_t mkv_cache_compress(mkv_cache_t *cache, int32_t n_slots, const int32_t *slots,
+                                void *stream);
 
 /* ---------------------------------------------------------------------------------------- */
 /* Statistics, validation, dumps                                                            */

@@ -85,6 +85,13 @@ mkv_status_t mkv_cache_create(const mkv_cache_config_t *config, mkv_cache_t **ou
     c->parallel_min_regions = MKV_PARALLEL_MIN_REGIONS;
     MKV_TRY(mkv_mm_state_init(&c->st, &geom, err));
     MKV_TRY(work_init(&c->work, &geom, cfg.n_threads, err));
+    c->prompt_len = calloc((size_t)geom.max_seqs, sizeof *c->prompt_len);
+    c->epoch = calloc((size_t)geom.max_seqs, sizeof *c->epoch);
+    c->budget = calloc((size_t)geom.max_seqs, sizeof *c->budget);
+    if (!c->prompt_len || !c->epoch || !c->budget) {
+        status = mkv_fail(err, MKV_STATUS_OUT_OF_MEMORY, "cannot allocate the slot arrays");
+        goto fail;
+    }
     if (!(cfg.flags & MKV_CACHE_METADATA_ONLY)) {
         /* calloc: untouched pages of a large pool cost no physical memory until written. */
         c->pool = calloc((size_t)cfg.pool_pages, (size_t)cfg.page_bytes);
@@ -125,6 +132,10 @@ fail:
 void mkv_cache_destroy(mkv_cache_t *cache)
 {
     if (!cache) return;
+    if (cache->kv && cache->kv_free) cache->kv_free(cache->kv);
+    free(cache->prompt_len);
+    free(cache->epoch);
+    free(cache->budget);
     mkv_threads_destroy(cache->threads);
     mkv_mm_state_free(&cache->st);
     work_free(&cache->work);
@@ -221,6 +232,9 @@ mkv_status_t mkv_cache_admit(mkv_cache_t *cache, int32_t prompt_len, int32_t *ou
     s->seq_len[slot] = 0;
     s->reserved[slot] = demand;
     s->reserved_total += demand;
+    cache->prompt_len[slot] = prompt_len;
+    cache->epoch[slot]++;
+    cache->budget[slot] = 0;
     *out_slot = slot;
     return MKV_STATUS_OK;
 }

@@ -36,6 +36,13 @@ struct mkv_cache {
     uint8_t *pool;          /* [P * page_bytes] page storage; NULL with METADATA_ONLY */
     mkv_mm_work_t work;
     mkv_threads_t *threads; /* NULL when n_threads <= 1 */
+    /* Per slot, set at admission, for the KV backend (engine/kv_backend.c). */
+    int32_t *prompt_len;    /* [S] the admitted prompt length */
+    uint32_t *epoch;        /* [S] bumped at every admission: tells a new occupant apart */
+    int32_t *budget;        /* [S] tokens kept per head-region, 0: no cap */
+    /* Token data state of the KV backend, created on first use, freed with the cache. */
+    struct mkv_kv *kv;
+    void (*kv_free)(struct mkv_kv *kv);
     int64_t parallel_min_regions; /* calls with fewer head-regions run inline (tests lower it) */
     char err[MKV_ERR_LEN];
 };
@@ -43,6 +50,10 @@ struct mkv_cache {
 /* Below this many head-regions a call runs on the calling thread alone (bench_memmgr: at 256
  * regions waking 4 to 16 workers costs 5 to 20 times the work; at 4096 they win). */
 #define MKV_PARALLEL_MIN_REGIONS 2048
+
+/* Checks a list of slots: n_slots in [0, S], each in range, active, listed once (message in
+ * c->err). */
+mkv_status_t mkv_cache_check_slots(mkv_cache_t *c, int32_t n_slots, const int32_t *slots);
 
 /* Validates a config and resolves its defaults into *out (message into err). */
 mkv_status_t mkv_config_resolve(const mkv_cache_config_t *in, mkv_cache_config_t *out,

@@ -90,6 +90,12 @@ mkv_status_t mkv_config_resolve(const mkv_cache_config_t *in, mkv_cache_config_t
                         "config.alpha_l = %g must be finite and in [0, alpha_h = %g]",
                         (double)c.alpha_l, (double)c.alpha_h);
     if (c.window < 0) return bad(err, "config.window = %lld must be >= 0", c.window);
+    if (c.obs_window < 0) return bad(err, "config.obs_window = %lld must be >= 0", c.obs_window);
+    if (!isfinite(c.softmax_scale) || c.softmax_scale < 0.0f)
+        return mkv_fail(err, MKV_STATUS_INVALID_ARGUMENT,
+                        "config.softmax_scale = %g must be finite and >= 0 (0: 1 / sqrt(d))",
+                        (double)c.softmax_scale);
+    if (c.softmax_scale == 0.0f) c.softmax_scale = 1.0f / sqrtf((float)c.head_dim);
     if (c.backend != MKV_BACKEND_CPU && c.backend != MKV_BACKEND_CUDA)
         return bad(err, "config.backend = %lld is not a valid mkv_backend_t", (long long)c.backend);
     if (c.device_id < 0) return bad(err, "config.device_id = %lld must be >= 0", c.device_id);

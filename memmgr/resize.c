@@ -185,8 +185,7 @@ static void allocate_chunks(void *ctx, int64_t c_begin, int64_t c_end)
     }
 }
 
-/* Checks slots: in range, active, distinct. */
-static mkv_status_t check_slots(mkv_cache_t *c, int32_t n_slots, const int32_t *slots)
+mkv_status_t mkv_cache_check_slots(mkv_cache_t *c, int32_t n_slots, const int32_t *slots)
 {
     mkv_mm_work_t *w = &c->work;
     const mkv_mm_state_t *s = &c->st;
@@ -293,7 +292,7 @@ mkv_status_t mkv_cache_append(mkv_cache_t *cache, int32_t n_slots, const int32_t
     (void)stream;
     if (!cache) return mkv_fail_global(MKV_STATUS_INVALID_ARGUMENT, "mkv_cache_append: null cache");
     cache->err[0] = '\0';
-    mkv_status_t st = check_slots(cache, n_slots, slots);
+    mkv_status_t st = mkv_cache_check_slots(cache, n_slots, slots);
     if (st != MKV_STATUS_OK) return st;
     for (int32_t j = 0; j < n_slots; j++)
         if (cache->st.seq_len[slots[j]] >= cache->st.g.max_seq_len)
@@ -310,7 +309,7 @@ mkv_status_t mkv_cache_resize(mkv_cache_t *cache, const mkv_resize_t *rz, void *
     if (!cache) return mkv_fail_global(MKV_STATUS_INVALID_ARGUMENT, "mkv_cache_resize: null cache");
     cache->err[0] = '\0';
     if (!rz) return mkv_fail(cache->err, MKV_STATUS_INVALID_ARGUMENT, "null resize");
-    mkv_status_t st = check_slots(cache, rz->n_slots, rz->slots);
+    mkv_status_t st = mkv_cache_check_slots(cache, rz->n_slots, rz->slots);
     if (st != MKV_STATUS_OK) return st;
     if (rz->n_slots > 0 && (!rz->n_hi || !rz->n_lo))
         return mkv_fail(cache->err, MKV_STATUS_INVALID_ARGUMENT, "null n_hi or n_lo");
@@ -334,7 +333,7 @@ mkv_status_t mkv_cache_release(mkv_cache_t *cache, int32_t slot, void *stream)
     (void)stream;
     if (!cache) return mkv_fail_global(MKV_STATUS_INVALID_ARGUMENT, "mkv_cache_release: null cache");
     cache->err[0] = '\0';
-    mkv_status_t st = check_slots(cache, 1, &slot);
+    mkv_status_t st = mkv_cache_check_slots(cache, 1, &slot);
     if (st != MKV_STATUS_OK) return st;
     op_t op = {cache, OP_RELEASE, 1, &slot, NULL, NULL, NULL, 0, 0, 0, 0};
     return apply(&op);
