@@ -241,7 +241,7 @@ mkv_status_t mkv_cache_prefill_layer(mkv_cache_t *cache, int32_t slot, int32_t l
     (void)stream;
     HANDLE_CHECK(cache);
     struct mkv_kv *kv;
-    prompt_ws_t *ws;
+    prompt_ws_t *ws = NULL;
     mkv_status_t st = check_data_slots(cache, 1, &slot, &kv);
     if (st != MKV_STATUS_OK) return st;
     const mkv_cache_config_t *cfg = &cache->cfg;

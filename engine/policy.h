@@ -46,8 +46,9 @@ typedef struct mkv_policy_decision {
     mkv_policy_action_t action;
     int32_t cand;   /* index of t_c in the high section, or -1 */
     int32_t victim; /* the victim's index: in the high section for KEEP / DEMOTE_VICTIM /
-                       PRUNE_VICTIM, in the low section for DEMOTE_CAND_PRUNE_LOW; -1 when
-                       there is none or the victim is t_c itself */
+                       PRUNE_VICTIM, in the low section for DEMOTE_CAND and
+                       DEMOTE_CAND_PRUNE_LOW; -1 when there is none or the victim is t_c
+                       itself (KEEP, DEMOTE_CAND) */
 } mkv_policy_decision_t;
 
 /* Algorithm 1 for one head-region at sequence length N (the new token, position N - 1, is
@@ -66,7 +67,8 @@ mkv_policy_decision_t mkv_policy_decide(const mkv_policy_token_t *hi, int32_t n_
 
 /* Budget: when n_hi + n_lo > budget (budget > 0), the tokens to prune so that at most budget
  * remain: the lowest-sig tokens outside the window (pos < N - W) of both sections, ties to the
- * lower position, at most as many as lie outside the window. Writes section (0 high, 1 low)
+ * lower position, at most as many as lie outside the window (budget <= 0: none). NaN
+ * significances are outside the contract: the picks are then unspecified but in range. Writes section (0 high, 1 low)
  * and index of each into out_sec / out_idx (capacity n_hi + n_lo), in pruning order; returns
  * the count. */
 int32_t mkv_policy_budget(const mkv_policy_token_t *hi, int32_t n_hi, const mkv_policy_token_t *lo,
