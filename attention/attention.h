@@ -30,7 +30,8 @@ typedef struct mkv_region_pages {
 } mkv_region_pages_t;
 
 /* Decode attention of G query heads over one head-region. Tokens are visited high section
- * first (section order: slot k of the (k / tpp)-th page), then low. q: [G][d]; out: [G][d].
+ * first, then low: high token k is in page row[k / tpp_hi], slot k % tpp_hi; low token k in
+ * page row[T - 1 - k / tpp_lo], slot k % tpp_lo. q: [G][d]; out: [G][d].
  * Each stored token's score gains max over g of its attention probability (fp32 add).
  * scratch: at least G * (n_hi + n_lo) + 2 * d floats. Does nothing to out when n_hi + n_lo is
  * 0 (the caller never asks: the current token is always stored). */

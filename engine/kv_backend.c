@@ -10,11 +10,13 @@
  * quantizes the new token into it and attends (attention/decode_ref.c); mkv_cache_compress
  * runs Algorithm 1 per head-region.
  *
- * Compress never leaves a half-applied step: it decides every head-region first, reading
- * only; then grows the low sections that receive a demoted token (the one allocation, which
- * may be refused with nothing changed); then moves token data (demote into the new low slot,
- * swap-remove from the high section); then shrinks the high sections, which only recycles
- * pages and cannot fail. A budget, when set, prunes in a second pass of the same shape.
+ * Compress never leaves a half-applied step (check, then act): it decides every head-region
+ * first, reading only, and asks the memory manager whether the resulting section sizes fit
+ * (mkv_cache_resize_check; refused with nothing changed). Only then does it move token data:
+ * the high token that leaves is dequantized into a staging buffer and swap-removed; one resize
+ * recycles emptied pages and allocates new low pages; the staged tokens are quantized afresh
+ * into their low slots (demotion). A budget, when set, prunes in a second pass that only
+ * recycles.
  */
 #include "attention/attention.h"
 #include "engine/policy.h"
@@ -39,6 +41,7 @@ struct mkv_kv {
     mkv_page_layout_t lay_hi, lay_lo;
     prompt_ws_t *ws;             /* [S] */
     int32_t *decoded;            /* [S][L] N at which the layer last received its new token */
+    int32_t *compressed;         /* [S] N at which the slot was last compressed */
     float *scratch;              /* attention scratch, (G + 2) * max_seq_len + 4 * d floats */
     mkv_policy_token_t *hi_tok;  /* [max_seq_len] one section's tokens */
     mkv_policy_token_t *lo_tok;  /* [max_seq_len] */
@@ -47,6 +50,9 @@ struct mkv_kv {
     int32_t *tgt_hi, *tgt_lo;    /* [S * L * H] resize targets in call order */
     int32_t *seq;                /* [S] */
     mkv_policy_decision_t *dec;  /* [S * L * H] */
+    float *stage;                /* [S * L * H][2 * d] K and V of each region's demoted token */
+    float *stage_score;          /* [S * L * H] */
+    int32_t *stage_pos;          /* [S * L * H] */
 };
 
 static void ws_free(prompt_ws_t *ws)
@@ -67,6 +73,7 @@ static void kv_destroy(struct mkv_kv *kv)
         for (int32_t s = 0; s < kv->max_seqs; s++) ws_free(&kv->ws[s]);
     free(kv->ws);
     free(kv->decoded);
+    free(kv->compressed);
     free(kv->scratch);
     free(kv->hi_tok);
     free(kv->lo_tok);
@@ -76,6 +83,9 @@ static void kv_destroy(struct mkv_kv *kv)
     free(kv->tgt_lo);
     free(kv->seq);
     free(kv->dec);
+    free(kv->stage);
+    free(kv->stage_score);
+    free(kv->stage_pos);
     free(kv);
 }
 
@@ -101,6 +111,7 @@ static mkv_status_t kv_get(mkv_cache_t *c, struct mkv_kv **out)
     mkv_page_layout(cfg->lo_format, cfg->head_dim, cfg->quant_groups, cfg->page_bytes, &kv->lay_lo, why);
     kv->ws = calloc((size_t)g->max_seqs, sizeof *kv->ws);
     kv->decoded = calloc((size_t)g->max_seqs * g->n_layers, sizeof *kv->decoded);
+    kv->compressed = calloc((size_t)g->max_seqs, sizeof *kv->compressed);
     kv->scratch = malloc((size_t)((cfg->group_size + 2) * n + 4 * cfg->head_dim) * sizeof(float));
     kv->hi_tok = malloc((size_t)n * sizeof *kv->hi_tok);
     kv->lo_tok = malloc((size_t)n * sizeof *kv->lo_tok);
@@ -110,8 +121,12 @@ static mkv_status_t kv_get(mkv_cache_t *c, struct mkv_kv **out)
     kv->tgt_lo = malloc((size_t)regions * sizeof *kv->tgt_lo);
     kv->seq = malloc((size_t)g->max_seqs * sizeof *kv->seq);
     kv->dec = malloc((size_t)regions * sizeof *kv->dec);
-    if (!kv->ws || !kv->decoded || !kv->scratch || !kv->hi_tok || !kv->lo_tok || !kv->prune_sec ||
-        !kv->prune_idx || !kv->tgt_hi || !kv->tgt_lo || !kv->seq || !kv->dec) {
+    kv->stage = malloc((size_t)(regions * 2 * cfg->head_dim) * sizeof(float));
+    kv->stage_score = malloc((size_t)regions * sizeof(float));
+    kv->stage_pos = malloc((size_t)regions * sizeof(int32_t));
+    if (!kv->ws || !kv->decoded || !kv->compressed || !kv->scratch || !kv->hi_tok || !kv->lo_tok || !kv->prune_sec ||
+        !kv->prune_idx || !kv->tgt_hi || !kv->tgt_lo || !kv->seq || !kv->dec || !kv->stage ||
+        !kv->stage_score || !kv->stage_pos) {
         kv_destroy(kv);
         return mkv_fail(c->err, MKV_STATUS_OUT_OF_MEMORY, "cannot allocate the KV backend's buffers");
     }
@@ -152,13 +167,24 @@ static void section_remove(const mkv_cache_t *c, const struct mkv_kv *kv, int64_
     mkv_page_copy_token(dst, ds, src, ss, lay_of(kv, sec));
 }
 
-/* Demotes high token k of region r into low slot lo_k (dequantize, quantize afresh). */
-static void demote(const mkv_cache_t *c, struct mkv_kv *kv, int64_t r, int32_t k, int32_t lo_k)
+/* Dequantizes high token k of region r into staging entry i. */
+static void stage_token(const mkv_cache_t *c, struct mkv_kv *kv, int64_t r, int32_t k, int64_t i)
 {
-    int32_t hs, ls;
-    const uint8_t *src = token_at(c, kv, r, 0, k, &hs);
-    uint8_t *dst = token_at(c, kv, r, 1, lo_k, &ls);
-    mkv_page_demote_token(dst, &kv->lay_lo, ls, src, &kv->lay_hi, hs, kv->scratch);
+    int32_t slot;
+    const int64_t d = c->cfg.head_dim;
+    const uint8_t *page = token_at(c, kv, r, 0, k, &slot);
+    mkv_page_read_token(page, &kv->lay_hi, slot, kv->stage + i * 2 * d, kv->stage + i * 2 * d + d,
+                        &kv->stage_score[i], &kv->stage_pos[i]);
+}
+
+/* Quantizes staging entry i afresh into low slot lo_k of region r: the demotion. */
+static void unstage_token(const mkv_cache_t *c, struct mkv_kv *kv, int64_t r, int32_t lo_k, int64_t i)
+{
+    int32_t slot;
+    const int64_t d = c->cfg.head_dim;
+    uint8_t *page = token_at(c, kv, r, 1, lo_k, &slot);
+    mkv_page_write_token(page, &kv->lay_lo, slot, kv->stage + i * 2 * d, kv->stage + i * 2 * d + d,
+                         kv->stage_score[i], kv->stage_pos[i]);
 }
 
 /* Fills hi_tok / lo_tok with the region's tokens and their significance at length N. */
@@ -410,6 +436,25 @@ static int grows_low(mkv_policy_action_t a)
     return a == MKV_ACT_DEMOTE_VICTIM || a == MKV_ACT_DEMOTE_CAND;
 }
 
+/* The index of the high token that leaves the high section, or -1. */
+static int32_t leaving_high(const mkv_policy_decision_t *d)
+{
+    switch (d->action) {
+    case MKV_ACT_DEMOTE_VICTIM:
+    case MKV_ACT_PRUNE_VICTIM: return d->victim;
+    case MKV_ACT_DEMOTE_CAND:
+    case MKV_ACT_DEMOTE_CAND_PRUNE_LOW:
+    case MKV_ACT_PRUNE_CAND: return d->cand;
+    default: return -1;
+    }
+}
+
+static void mark_compressed(const mkv_cache_t *c, struct mkv_kv *kv, int32_t n_slots,
+                            const int32_t *slots)
+{
+    for (int32_t j = 0; j < n_slots; j++) kv->compressed[slots[j]] = c->st.seq_len[slots[j]];
+}
+
 /* Targets n_hi + 0 and n_lo + (grows ? 1 : 0), or the current counts, for every region. */
 static mkv_status_t resize_to_targets(mkv_cache_t *c, struct mkv_kv *kv, int32_t n_slots,
                                       const int32_t *slots, void *stream)
@@ -480,59 +525,69 @@ mkv_status_t mkv_cache_compress(mkv_cache_t *cache, int32_t n_slots, const int32
                                 "slot %d: decode every layer of the step before compressing "
                                 "(layer %lld has not seen token %d)",
                                 s, (long long)l, N - 1);
+        if (kv->compressed[s] == N)
+            return mkv_fail(cache->err, MKV_STATUS_INVALID_ARGUMENT,
+                            "slot %d: already compressed at length %d (once per step)", s, N);
         budgets |= cache->budget[s] > 0;
     }
     /* With both thresholds 0 every significance passes: Algorithm 1 keeps everything. */
-    if (cfg->alpha_h == 0.0f && cfg->alpha_l == 0.0f && !budgets) return MKV_STATUS_OK;
+    if (cfg->alpha_h == 0.0f && cfg->alpha_l == 0.0f && !budgets) {
+        mark_compressed(cache, kv, n_slots, slots);
+        return MKV_STATUS_OK;
+    }
 
-    /* 1. Decide every head-region, reading only. */
-    int grow = 0;
+    /* 1. Decide every head-region, reading only; the final section sizes. */
     for (int32_t j = 0; j < n_slots; j++) {
         const int32_t s = slots[j], N = cache->st.seq_len[s];
         for (int64_t lh = 0; lh < LH; lh++) {
             const int64_t r = (int64_t)s * LH + lh, i = j * LH + lh;
             gather(cache, kv, r, N, cache->prompt_len[s]);
-            kv->dec[i] = mkv_policy_decide(kv->hi_tok, cache->st.n_hi[r], kv->lo_tok,
-                                           cache->st.n_lo[r], N, cfg->alpha_h, cfg->alpha_l,
-                                           cfg->window);
-            if (kv->dec[i].cand == -2)
+            const mkv_policy_decision_t dd =
+                mkv_policy_decide(kv->hi_tok, cache->st.n_hi[r], kv->lo_tok, cache->st.n_lo[r], N,
+                                  cfg->alpha_h, cfg->alpha_l, cfg->window);
+            if (dd.cand == -2)
                 return mkv_fail(cache->err, MKV_STATUS_INTERNAL,
                                 "slot %d: no high token at the window's edge (position %d)", s,
                                 N - 1 - cfg->window);
-            kv->tgt_hi[i] = cache->st.n_hi[r];
-            kv->tgt_lo[i] = cache->st.n_lo[r] + grows_low(kv->dec[i].action);
-            grow |= grows_low(kv->dec[i].action);
+            kv->dec[i] = dd;
+            kv->tgt_hi[i] = cache->st.n_hi[r] - (leaving_high(&dd) >= 0);
+            kv->tgt_lo[i] = cache->st.n_lo[r] + grows_low(dd.action);
         }
     }
-    /* 2. Grow the low sections that receive a token: the only step that can be refused. */
-    if (grow && (st = resize_to_targets(cache, kv, n_slots, slots, stream)) != MKV_STATUS_OK)
-        return st;
+    /* 2. Check: the page movement must fit before any token moves. */
+    const mkv_resize_t rz = {n_slots, slots, NULL, kv->tgt_hi, kv->tgt_lo};
+    if ((st = mkv_cache_resize_check(cache, &rz)) != MKV_STATUS_OK) return st;
 
-    /* 3. Move token data; 4. shrink the high sections. */
+    /* 3. Act: stage and swap-remove the leaving high tokens (their pages are all still held). */
     for (int32_t j = 0; j < n_slots; j++) {
         const int32_t s = slots[j];
         for (int64_t lh = 0; lh < LH; lh++) {
             const int64_t r = (int64_t)s * LH + lh, i = j * LH + lh;
             const mkv_policy_decision_t *dd = &kv->dec[i];
-            const int32_t nh = cache->st.n_hi[r], nl_new = cache->st.n_lo[r];
-            int32_t removed = -1; /* the high token that leaves */
-            switch (dd->action) {
-            case MKV_ACT_DEMOTE_VICTIM: demote(cache, kv, r, dd->victim, nl_new - 1); removed = dd->victim; break;
-            case MKV_ACT_PRUNE_VICTIM: removed = dd->victim; break;
-            case MKV_ACT_DEMOTE_CAND: demote(cache, kv, r, dd->cand, nl_new - 1); removed = dd->cand; break;
-            case MKV_ACT_DEMOTE_CAND_PRUNE_LOW: demote(cache, kv, r, dd->cand, dd->victim); removed = dd->cand; break;
-            case MKV_ACT_PRUNE_CAND: removed = dd->cand; break;
-            default: break;
-            }
-            if (removed >= 0) section_remove(cache, kv, r, 0, removed, nh);
-            kv->tgt_hi[i] = nh - (removed >= 0);
-            kv->tgt_lo[i] = nl_new;
+            const int32_t leaving = leaving_high(dd);
+            if (leaving < 0) continue;
+            if (dd->action != MKV_ACT_PRUNE_VICTIM && dd->action != MKV_ACT_PRUNE_CAND)
+                stage_token(cache, kv, r, leaving, i);
+            section_remove(cache, kv, r, 0, leaving, cache->st.n_hi[r]);
+            /* The pruned low victim's slot takes the demoted candidate: no low growth. */
+            if (dd->action == MKV_ACT_DEMOTE_CAND_PRUNE_LOW) unstage_token(cache, kv, r, dd->victim, i);
         }
     }
-    if ((st = resize_to_targets(cache, kv, n_slots, slots, stream)) != MKV_STATUS_OK) {
+    /* 4. One resize: emptied high pages recycled, new low pages allocated. */
+    if ((st = mkv_cache_resize(cache, &rz, stream)) != MKV_STATUS_OK) {
         char why[MKV_ERR_LEN];
         memcpy(why, cache->err, sizeof why);
-        return mkv_fail(cache->err, MKV_STATUS_INTERNAL, "shrink after the policy failed: %s", why);
+        return mkv_fail(cache->err, MKV_STATUS_INTERNAL, "resize after its check failed: %s", why);
     }
-    return budgets ? apply_budgets(cache, kv, n_slots, slots, stream) : MKV_STATUS_OK;
+    /* 5. The demoted tokens, quantized afresh into their new low slots. */
+    for (int32_t j = 0; j < n_slots; j++) {
+        const int32_t s = slots[j];
+        for (int64_t lh = 0; lh < LH; lh++) {
+            const int64_t r = (int64_t)s * LH + lh, i = j * LH + lh;
+            if (grows_low(kv->dec[i].action)) unstage_token(cache, kv, r, cache->st.n_lo[r] - 1, i);
+        }
+    }
+    if (budgets && (st = apply_budgets(cache, kv, n_slots, slots, stream)) != MKV_STATUS_OK) return st;
+    mark_compressed(cache, kv, n_slots, slots);
+    return MKV_STATUS_OK;
 }

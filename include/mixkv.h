@@ -256,6 +256,11 @@ typedef struct mkv_resize {
  * those released do not cover the demand. */
 mkv_status_t mkv_cache_resize(mkv_cache_t *cache, const mkv_resize_t *resize, void *stream);
 
+/* Check for mkv_cache_resize: the status it would return now (OK, OUT_OF_PAGES or
+ * INVALID_ARGUMENT, with the same message), changing nothing. Lets a caller move token data
+ * only once the page movement is known to succeed. */
+mkv_status_t mkv_cache_resize_check(mkv_cache_t *cache, const mkv_resize_t *resize);
+
 /* A finished or preempted sequence returns all its pages and its reservation; the slot
  * becomes free. */
 mkv_status_t mkv_cache_release(mkv_cache_t *cache, int32_t slot, void *stream);

@@ -225,8 +225,9 @@ static mkv_status_t bad_targets(const op_t *op, int64_t i)
                     op->tgt_hi[i], op->tgt_lo[i], op->new_len[j]);
 }
 
-/* Phases 1 to 4; for OP_RESIZE, op->new_len holds each slot's new N. */
-static mkv_status_t apply(op_t *op)
+/* Phases 1 to 4; for OP_RESIZE, op->new_len holds each slot's new N. With dry_run, stops
+ * after the fit check: the answer of the call, with nothing changed. */
+static mkv_status_t apply(op_t *op, int dry_run)
 {
     mkv_cache_t *c = op->c;
     mkv_mm_state_t *s = &c->st;
@@ -264,6 +265,8 @@ static mkv_status_t apply(op_t *op)
                         (long long)total_alloc, (long long)free_pages, (long long)total_release,
                         (long long)others_reserved);
 
+    if (dry_run) return MKV_STATUS_OK;
+
     /* From here on nothing can fail. 3. recycle, 4. allocate and commit. */
     if (total_release > 0) mkv_threads_run(tp, recycle_chunks, op, op->n_chunks);
     s->tail += total_release;
@@ -300,12 +303,11 @@ mkv_status_t mkv_cache_append(mkv_cache_t *cache, int32_t n_slots, const int32_t
                             "slot %d already holds max_seq_len = %d tokens", slots[j],
                             cache->st.g.max_seq_len);
     op_t op = {cache, OP_APPEND, n_slots, slots, NULL, NULL, NULL, 0, 0, 0, 0};
-    return apply(&op);
+    return apply(&op, 0);
 }
 
-mkv_status_t mkv_cache_resize(mkv_cache_t *cache, const mkv_resize_t *rz, void *stream)
+static mkv_status_t resize(mkv_cache_t *cache, const mkv_resize_t *rz, int dry_run)
 {
-    (void)stream;
     if (!cache) return mkv_fail_global(MKV_STATUS_INVALID_ARGUMENT, "mkv_cache_resize: null cache");
     cache->err[0] = '\0';
     if (!rz) return mkv_fail(cache->err, MKV_STATUS_INVALID_ARGUMENT, "null resize");
@@ -325,7 +327,18 @@ mkv_status_t mkv_cache_resize(mkv_cache_t *cache, const mkv_resize_t *rz, void *
     }
     /* The targets themselves are checked in the plan phase, in parallel. */
     op_t op = {cache, OP_RESIZE, rz->n_slots, rz->slots, rz->n_hi, rz->n_lo, new_len, 0, 0, 0, 0};
-    return apply(&op);
+    return apply(&op, dry_run);
+}
+
+mkv_status_t mkv_cache_resize(mkv_cache_t *cache, const mkv_resize_t *rz, void *stream)
+{
+    (void)stream;
+    return resize(cache, rz, 0);
+}
+
+mkv_status_t mkv_cache_resize_check(mkv_cache_t *cache, const mkv_resize_t *rz)
+{
+    return resize(cache, rz, 1);
 }
 
 mkv_status_t mkv_cache_release(mkv_cache_t *cache, int32_t slot, void *stream)
@@ -336,5 +349,5 @@ mkv_status_t mkv_cache_release(mkv_cache_t *cache, int32_t slot, void *stream)
     mkv_status_t st = mkv_cache_check_slots(cache, 1, &slot);
     if (st != MKV_STATUS_OK) return st;
     op_t op = {cache, OP_RELEASE, 1, &slot, NULL, NULL, NULL, 0, 0, 0, 0};
-    return apply(&op);
+    return apply(&op, 0);
 }

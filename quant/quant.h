@@ -5,7 +5,10 @@
  * at b bits with lo = min and hi = max of the (sanitised) group:
  *   constant group (lo == hi):  zero = fp16_rne(lo), scale = 0; every element decodes to zero;
  *   otherwise:                  zero  = the largest fp16 <= lo            (rounded down)
- *                               scale = the smallest fp16 >= (hi - zero) / (2^b - 1)  (up)
+ *                               scale = the smallest fp16 s with zero + (2^b - 1) * s >= hi
+ *                                       (rounded up from (hi - zero) / (2^b - 1), then checked
+ *                                       exactly in double and stepped up once more if the fp32
+ *                                       quotient landed low; the CUDA quantizer does the same)
  *   q  = clamp(round_half_even((x - zero) / scale), 0, 2^b - 1)   (fp32, IEEE division)
  *   x' = q * scale + zero                                         (fp32, from the fp16 values)
  * DESIGN.md's scale = (max - min) / (2^b - 1), zero = min, with the fp16 rounding directed so

@@ -60,5 +60,7 @@ cJSON *mkv_cli_json_ids(const int32_t *ids, int64_t n);
 /* Subcommands. */
 int mkv_inspect_main(int argc, char **argv);
 void mkv_inspect_usage(FILE *f);
+int mkv_bench_main(int argc, char **argv);
+void mkv_bench_usage(FILE *f);
 
 #endif /* MKV_TOOLS_CLI_H */
