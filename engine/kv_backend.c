@@ -375,6 +375,7 @@ mkv_status_t mkv_cache_commit_prompt(mkv_cache_t *cache, int32_t n_slots, const 
             }
         }
         for (int64_t l = 0; l < L; l++) kv->decoded[s * L + l] = (int32_t)n;
+        kv->compressed[s] = 0; /* a new occupant: its steps start afresh */
         ws_free(ws);
     }
     return MKV_STATUS_OK;
