@@ -42,7 +42,9 @@ void mkv_attn_decode_region(const mkv_region_pages_t *r, int32_t G, int32_t d, c
  * q: [n][H * G][d], k, v: [n][H][d], out: [n][H * G][d].
  * sig_sum: [H][n]: for KV head h and token i, the sum over observing queries j of
  * max over the group of P(j attends i). Observers are all j >= i, or with obs_window > 0 only
- * j >= n - obs_window (and j >= i). scratch: at least n + d floats. */
+ * j >= n - obs_window (and j >= i). scratch: at least 2 * n floats.
+ * Row j is computed with decode's operation order: given the same K/V values, it equals
+ * mkv_attn_decode_region over tokens 0 .. j bit for bit. */
 void mkv_attn_prefill(int32_t n, int32_t H, int32_t G, int32_t d, const float *q, const float *k,
                       const float *v, float softmax_scale, int32_t obs_window, float *out,
                       float *sig_sum, float *scratch);

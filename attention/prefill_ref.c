@@ -18,7 +18,10 @@
 #include <math.h>
 #include <string.h>
 
-/* Kept in one function so both passes compute bit-identical logits. */
+/* The operation order is decode_ref.c's, step for step (logits, a sequential max, exp and
+ * sum, normalisation, then accumulation in token order), so that row j of a prefill equals a
+ * decode over the same tokens bit for bit: a request recomputed after preemption then
+ * continues exactly as it would have (docs/decisions.md). */
 static float logit(const float *q, const float *k, int32_t d, float softmax_scale)
 {
     float dot = 0.0f;
@@ -33,8 +36,8 @@ void mkv_attn_prefill(int32_t n, int32_t H, int32_t G, int32_t d, const float *q
     assert(n >= 0 && H >= 1 && G >= 1 && d >= 1);
     memset(sig_sum, 0, sizeof(float) * (size_t)H * (size_t)(n > 0 ? n : 0));
 
-    float *rmax = scratch;    /* [n] max over the group of P(j -> i), for the current j */
-    float *acc = scratch + n; /* [d] output of one query head */
+    float *p = scratch;        /* [n] logits, then probabilities, of one query head */
+    float *rmax = scratch + n; /* [n] max over the group of P(j -> i), for the current j */
     const int32_t first_observer = obs_window > 0 ? n - obs_window : 0;
     const int64_t q_stride = (int64_t)H * G * d; /* one position of q and out */
     const int64_t kv_stride = (int64_t)H * d;    /* one position of k and v */
@@ -49,26 +52,23 @@ void mkv_attn_prefill(int32_t n, int32_t H, int32_t G, int32_t d, const float *q
             for (int32_t g = 0; g < G; g++) {
                 const int64_t qh = (int64_t)j * q_stride + ((int64_t)h * G + g) * d;
                 const float *qg = q + qh;
-
-                float m = logit(qg, kh, d, softmax_scale), s = 1.0f;
-                for (int32_t i = 1; i <= j; i++) {
-                    const float l = logit(qg, kh + i * kv_stride, d, softmax_scale);
-                    if (l > m) {
-                        s = s * expf(m - l) + 1.0f;
-                        m = l;
-                    } else {
-                        s += expf(l - m);
-                    }
-                }
-
-                memset(acc, 0, sizeof(float) * (size_t)d);
+                for (int32_t i = 0; i <= j; i++) p[i] = logit(qg, kh + i * kv_stride, d, softmax_scale);
+                float m = p[0];
+                for (int32_t i = 1; i <= j; i++) m = p[i] > m ? p[i] : m;
+                float sum = 0.0f;
                 for (int32_t i = 0; i <= j; i++) {
-                    const float p = expf(logit(qg, kh + i * kv_stride, d, softmax_scale) - m) / s;
-                    const float *vi = vh + i * kv_stride;
-                    for (int32_t e = 0; e < d; e++) acc[e] += p * vi[e];
-                    if (observe && p > rmax[i]) rmax[i] = p;
+                    p[i] = expf(p[i] - m);
+                    sum += p[i];
                 }
-                memcpy(out + qh, acc, sizeof(float) * (size_t)d);
+                for (int32_t i = 0; i <= j; i++) p[i] /= sum;
+
+                float *og = out + qh;
+                memset(og, 0, sizeof(float) * (size_t)d);
+                for (int32_t i = 0; i <= j; i++) {
+                    const float *vi = vh + i * kv_stride;
+                    for (int32_t e = 0; e < d; e++) og[e] += p[i] * vi[e];
+                    if (observe && p[i] > rmax[i]) rmax[i] = p[i];
+                }
             }
             if (observe)
                 for (int32_t i = 0; i <= j; i++) sig[i] += rmax[i];

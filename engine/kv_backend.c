@@ -21,6 +21,7 @@
 #include "attention/attention.h"
 #include "engine/policy.h"
 #include "memmgr/cache.h"
+#include "quant/half.h"
 #include "quant/quant.h"
 
 #include <stdlib.h>
@@ -43,6 +44,7 @@ struct mkv_kv {
     int32_t *decoded;            /* [S][L] N at which the layer last received its new token */
     int32_t *compressed;         /* [S] N at which the slot was last compressed */
     float *scratch;              /* attention scratch, (G + 2) * max_seq_len + 4 * d floats */
+    float *tok;                  /* [2 * d] the new token's K and V, rounded to fp16 */
     mkv_policy_token_t *hi_tok;  /* [max_seq_len] one section's tokens */
     mkv_policy_token_t *lo_tok;  /* [max_seq_len] */
     uint8_t *prune_sec;          /* [2 * max_seq_len] */
@@ -75,6 +77,7 @@ static void kv_destroy(struct mkv_kv *kv)
     free(kv->decoded);
     free(kv->compressed);
     free(kv->scratch);
+    free(kv->tok);
     free(kv->hi_tok);
     free(kv->lo_tok);
     free(kv->prune_sec);
@@ -113,6 +116,7 @@ static mkv_status_t kv_get(mkv_cache_t *c, struct mkv_kv **out)
     kv->decoded = calloc((size_t)g->max_seqs * g->n_layers, sizeof *kv->decoded);
     kv->compressed = calloc((size_t)g->max_seqs, sizeof *kv->compressed);
     kv->scratch = malloc((size_t)((cfg->group_size + 2) * n + 4 * cfg->head_dim) * sizeof(float));
+    kv->tok = malloc((size_t)(2 * cfg->head_dim) * sizeof(float));
     kv->hi_tok = malloc((size_t)n * sizeof *kv->hi_tok);
     kv->lo_tok = malloc((size_t)n * sizeof *kv->lo_tok);
     kv->prune_sec = malloc((size_t)(2 * n));
@@ -124,7 +128,7 @@ static mkv_status_t kv_get(mkv_cache_t *c, struct mkv_kv **out)
     kv->stage = malloc((size_t)(regions * 2 * cfg->head_dim) * sizeof(float));
     kv->stage_score = malloc((size_t)regions * sizeof(float));
     kv->stage_pos = malloc((size_t)regions * sizeof(int32_t));
-    if (!kv->ws || !kv->decoded || !kv->compressed || !kv->scratch || !kv->hi_tok || !kv->lo_tok || !kv->prune_sec ||
+    if (!kv->ws || !kv->decoded || !kv->compressed || !kv->scratch || !kv->tok || !kv->hi_tok || !kv->lo_tok || !kv->prune_sec ||
         !kv->prune_idx || !kv->tgt_hi || !kv->tgt_lo || !kv->seq || !kv->dec || !kv->stage ||
         !kv->stage_score || !kv->stage_pos) {
         kv_destroy(kv);
@@ -233,6 +237,13 @@ mkv_status_t mkv_cache_set_budget(mkv_cache_t *cache, int32_t slot, int32_t max_
 /* Prompt                                                                                   */
 /* ---------------------------------------------------------------------------------------- */
 
+/* A value as a K16V16 page stores it: sanitised (quant.h), then rounded to fp16. */
+static float round_f16(float x)
+{
+    mkv_quant_sanitize(&x);
+    return mkv_f16_to_f32(mkv_f32_to_f16(x));
+}
+
 static mkv_status_t ws_for(mkv_cache_t *c, struct mkv_kv *kv, int32_t slot, prompt_ws_t **out)
 {
     prompt_ws_t *ws = &kv->ws[slot];
@@ -281,9 +292,14 @@ mkv_status_t mkv_cache_prefill_layer(mkv_cache_t *cache, int32_t slot, int32_t l
         return mkv_fail(cache->err, MKV_STATUS_INVALID_ARGUMENT, "null q, k, v or out");
     if ((st = ws_for(cache, kv, slot, &ws)) != MKV_STATUS_OK) return st;
     const int64_t n = ws->n, H = cfg->n_kv_heads, d = cfg->head_dim;
-    memcpy(ws->k + layer * n * H * d, k, (size_t)(n * H * d) * sizeof(float));
-    memcpy(ws->v + layer * n * H * d, v, (size_t)(n * H * d) * sizeof(float));
-    mkv_attn_prefill(ws->n, cfg->n_kv_heads, cfg->group_size, cfg->head_dim, q, k, v,
+    /* The cache's full precision is fp16 (K16V16): the prompt attends over the values a
+     * K16V16 page would hold, so prefill and decode see the same keys and values. */
+    float *kw = ws->k + layer * n * H * d, *vw = ws->v + layer * n * H * d;
+    for (int64_t i = 0; i < n * H * d; i++) {
+        kw[i] = round_f16(k[i]);
+        vw[i] = round_f16(v[i]);
+    }
+    mkv_attn_prefill(ws->n, cfg->n_kv_heads, cfg->group_size, cfg->head_dim, q, kw, vw,
                      cfg->softmax_scale, cfg->obs_window, out, ws->sig + layer * H * n, kv->scratch);
     ws->done[layer] = 1;
     return MKV_STATUS_OK;
@@ -415,8 +431,11 @@ mkv_status_t mkv_cache_decode_layer(mkv_cache_t *cache, int32_t n_slots, const i
             const int64_t r = mkv_mm_region(&cache->st.g, s, layer, (int32_t)h);
             int32_t slot_in_page;
             uint8_t *page = token_at(cache, kv, r, 0, cache->st.n_hi[r] - 1, &slot_in_page);
-            mkv_page_write_token(page, &kv->lay_hi, slot_in_page, k + (j * H + h) * d,
-                                 v + (j * H + h) * d, 0.0f, N - 1);
+            for (int64_t e = 0; e < d; e++) {
+                kv->tok[e] = round_f16(k[(j * H + h) * d + e]);
+                kv->tok[d + e] = round_f16(v[(j * H + h) * d + e]);
+            }
+            mkv_page_write_token(page, &kv->lay_hi, slot_in_page, kv->tok, kv->tok + d, 0.0f, N - 1);
             const mkv_region_pages_t rp = {cache->pool, cfg->page_bytes, &kv->lay_hi, &kv->lay_lo,
                                            mkv_mm_row(&cache->st, r), cache->st.g.row_entries,
                                            cache->st.n_hi[r], cache->st.n_lo[r]};

@@ -111,12 +111,20 @@ static int64_t hidx(const bk_t *b, int32_t s, int32_t p, int32_t l, int32_t h)
 }
 
 /* Keeps the K/V of position p of slot s, layer l, taken from k, v: [.][H][d] at row j. */
+/* Keeps position p's K/V as the cache takes them in: its full precision is fp16 (sanitised,
+ * then rounded), for prompt and generated tokens alike. */
 static void keep_kv(bk_t *b, int32_t s, int32_t p, int32_t l, const float *k, const float *v,
                     int32_t j)
 {
-    const size_t bytes = sizeof(float) * (size_t)(b->g.H * b->g.d);
-    memcpy(b->hk + hidx(b, s, p, l, 0), k + (int64_t)j * b->g.H * b->g.d, bytes);
-    memcpy(b->hv + hidx(b, s, p, l, 0), v + (int64_t)j * b->g.H * b->g.d, bytes);
+    const int64_t n = (int64_t)b->g.H * b->g.d;
+    float *hk = b->hk + hidx(b, s, p, l, 0), *hv = b->hv + hidx(b, s, p, l, 0);
+    for (int64_t e = 0; e < n; e++) {
+        float x = k[j * n + e], y = v[j * n + e];
+        mkv_quant_sanitize(&x);
+        mkv_quant_sanitize(&y);
+        hk[e] = mkv_f16_to_f32(mkv_f32_to_f16(x));
+        hv[e] = mkv_f16_to_f32(mkv_f32_to_f16(y));
+    }
 }
 
 /* Token k of section sec (0 high, 1 low) of region r: high tokens in page row[k / tpp_hi],
@@ -207,8 +215,8 @@ static int32_t bk_admit(bk_t *b, int32_t n, int32_t budget)
 }
 
 /* Prefills every layer of slot s with random q (spread 4: peaked and flat rows) and k, v.
- * check: every output against float64 causal attention over the fp32 K/V (prefill is full
- * precision). sig (may be NULL): [L][H][n] the significance in float64: max over the group of
+ * check: every output against float64 causal attention over the K/V at the cache's full
+ * precision, fp16 (prefill attends over the values a K16V16 page holds). sig (may be NULL): [L][H][n] the significance in float64: max over the group of
  * the probability, mean over the observing queries. */
 static void bk_prefill(bk_t *b, int32_t s, int check, double *sig)
 {
