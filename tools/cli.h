@@ -62,5 +62,9 @@ int mkv_inspect_main(int argc, char **argv);
 void mkv_inspect_usage(FILE *f);
 int mkv_bench_main(int argc, char **argv);
 void mkv_bench_usage(FILE *f);
+int mkv_generate_main(int argc, char **argv);
+void mkv_generate_usage(FILE *f);
+int mkv_perplexity_main(int argc, char **argv);
+void mkv_perplexity_usage(FILE *f);
 
 #endif /* MKV_TOOLS_CLI_H */

@@ -559,9 +559,9 @@ Test(inspect, usage)
     EXPECT_IN(r.out, "--diff");
     run_free(&r);
 
-    r = run_cli("generate", NULL);
+    r = run_cli("calibrate", NULL);
     cr_assert_eq(r.status, 2);
-    EXPECT_IN(r.err, "'generate' is planned but not available");
+    EXPECT_IN(r.err, "'calibrate' is planned but not available");
     run_free(&r);
     r = run_cli("frobnicate", NULL);
     cr_assert_eq(r.status, 2);

@@ -1,0 +1,358 @@
+/*
+ * forward.c — the forward pass of a Llama-family model on the CPU (docs/model.md), with the
+ * attention delegated to the mixkv cache: the model computes Q, K, V per layer and consumes
+ * the attention output; the cache stores K/V at its precisions and attends over them.
+ *
+ * Per layer, for a block of tokens (a prompt, or one decode token per slot):
+ *   a = RMSNorm(x) * attn_norm;  q, k, v = Wq a, Wk a, Wv a;  RoPE(q, k, pos);
+ *   o = cache attention(q, k, v);  x += Wo o;
+ *   a = RMSNorm(x) * mlp_norm;   x += Wdown (silu(Wgate a) * Wup a);
+ * then logits = lm_head (RMSNorm(x) * final_norm).
+ *
+ * Precision: activations and weights fp32; dot products accumulate in fp32 over 8 interleaved
+ * partial sums (vectorisable without -ffast-math); RMSNorm's mean of squares and the RoPE
+ * angles are computed in double, then used in fp32. Every error is written into
+ * mkv_last_error() (a failing cache call's message is copied there) so that callers read one
+ * place. Nothing here allocates after mkv_forward_ws_create.
+ */
+#include "engine/model.h"
+
+#include "common/error.h"
+#include "memmgr/cache.h" /* the admitted prompt length, to check a prefill's n */
+
+#include <math.h>
+#include <stdlib.h>
+#include <string.h>
+
+struct mkv_forward_ws {
+    int32_t max_tokens; /* T */
+    int32_t hidden, q_dim, kv_dim, inter, head_dim; /* the model it was sized for */
+    float *x;           /* [T][hidden] residual stream */
+    float *a;           /* [T][hidden] a block's normed input, then its output */
+    float *q;           /* [T][H * hd] */
+    float *k, *v;       /* [T][Hkv * hd] */
+    float *att;         /* [T][H * hd] attention output */
+    float *gate, *up;   /* [T][inter] */
+    int32_t *pos;       /* [T] each token's position */
+    double *inv_freq;   /* [hd / 2] theta^(-2i / hd) */
+};
+
+/* ---------------------------------------------------------------------------------------- */
+/* Kernels                                                                                  */
+/* ---------------------------------------------------------------------------------------- */
+
+static float dot(const float *restrict w, const float *restrict x, int32_t n)
+{
+    float acc[8] = {0};
+    int32_t i = 0;
+    for (; i + 8 <= n; i += 8)
+        for (int j = 0; j < 8; j++) acc[j] += w[i + j] * x[i + j];
+    float s = ((acc[0] + acc[4]) + (acc[1] + acc[5])) + ((acc[2] + acc[6]) + (acc[3] + acc[7]));
+    for (; i < n; i++) s += w[i] * x[i];
+    return s;
+}
+
+/* y[t][o] = sum_i w[o][i] x[t][i] for t < n: rows of w outside, so each row is read once per
+ * call and stays in cache while every token uses it. */
+static void matmul(const float *w, int32_t out_dim, int32_t in_dim, const float *x, int32_t n,
+                   float *y)
+{
+    for (int32_t o = 0; o < out_dim; o++) {
+        const float *row = w + (int64_t)o * in_dim;
+        for (int32_t t = 0; t < n; t++)
+            y[(int64_t)t * out_dim + o] = dot(row, x + (int64_t)t * in_dim, in_dim);
+    }
+}
+
+/* y[t] = x[t] / sqrt(mean(x[t]^2) + eps) * w, the mean in double. y may not alias x. */
+static void rmsnorm(const float *x, const float *w, int32_t dim, int32_t n, float eps, float *y)
+{
+    for (int32_t t = 0; t < n; t++) {
+        const float *xt = x + (int64_t)t * dim;
+        float *yt = y + (int64_t)t * dim;
+        double ss = 0.0;
+        for (int32_t i = 0; i < dim; i++) ss += (double)xt[i] * xt[i];
+        const float r = (float)(1.0 / sqrt(ss / dim + (double)eps));
+        for (int32_t i = 0; i < dim; i++) yt[i] = xt[i] * r * w[i];
+    }
+}
+
+/* Hugging Face's rotate_half layout: in each head, element i pairs with i + hd/2 and turns by
+ * pos * theta^(-2i/hd). The angle's cos and sin are taken in double, then rounded to fp32. */
+static void rope(float *x, int32_t n_heads, int32_t hd, const int32_t *pos, int32_t n,
+                 const double *inv_freq)
+{
+    const int32_t half = hd / 2;
+    for (int32_t t = 0; t < n; t++) {
+        for (int32_t i = 0; i < half; i++) {
+            const double ang = (double)pos[t] * inv_freq[i];
+            const float c = (float)cos(ang), s = (float)sin(ang);
+            for (int32_t h = 0; h < n_heads; h++) {
+                float *p = x + ((int64_t)t * n_heads + h) * hd;
+                const float x1 = p[i], x2 = p[i + half];
+                p[i] = x1 * c - x2 * s;
+                p[i + half] = x2 * c + x1 * s;
+            }
+        }
+    }
+}
+
+static void add_into(float *x, const float *y, int64_t n)
+{
+    for (int64_t i = 0; i < n; i++) x[i] += y[i];
+}
+
+/* ---------------------------------------------------------------------------------------- */
+/* Workspace                                                                                */
+/* ---------------------------------------------------------------------------------------- */
+
+void mkv_forward_ws_free(mkv_forward_ws_t *ws)
+{
+    if (!ws) return;
+    free(ws->x);
+    free(ws->a);
+    free(ws->q);
+    free(ws->k);
+    free(ws->v);
+    free(ws->att);
+    free(ws->gate);
+    free(ws->up);
+    free(ws->pos);
+    free(ws->inv_freq);
+    free(ws);
+}
+
+mkv_status_t mkv_forward_ws_create(const mkv_model_t *m, int32_t max_tokens, mkv_forward_ws_t **out,
+                                   char *err)
+{
+    char local[MKV_ERR_LEN];
+    if (!err) err = local;
+    err[0] = '\0';
+    if (out) *out = NULL;
+    mkv_status_t status = MKV_STATUS_OK;
+    if (!m || !out || max_tokens < 1) {
+        status = mkv_fail(err, MKV_STATUS_INVALID_ARGUMENT,
+                          "mkv_forward_ws_create: null model or out, or max_tokens %d < 1",
+                          max_tokens);
+        mkv_set_global_error_text(err);
+        return status;
+    }
+    const mkv_model_config_t *c = &m->cfg;
+    mkv_forward_ws_t *ws = calloc(1, sizeof *ws);
+    if (!ws) goto oom;
+    const size_t T = (size_t)max_tokens;
+    ws->max_tokens = max_tokens;
+    ws->hidden = c->hidden;
+    ws->q_dim = c->n_heads * c->head_dim;
+    ws->kv_dim = c->n_kv_heads * c->head_dim;
+    ws->inter = c->intermediate;
+    ws->head_dim = c->head_dim;
+    ws->x = malloc(T * (size_t)ws->hidden * sizeof(float));
+    ws->a = malloc(T * (size_t)ws->hidden * sizeof(float));
+    ws->q = malloc(T * (size_t)ws->q_dim * sizeof(float));
+    ws->k = malloc(T * (size_t)ws->kv_dim * sizeof(float));
+    ws->v = malloc(T * (size_t)ws->kv_dim * sizeof(float));
+    ws->att = malloc(T * (size_t)ws->q_dim * sizeof(float));
+    ws->gate = malloc(T * (size_t)ws->inter * sizeof(float));
+    ws->up = malloc(T * (size_t)ws->inter * sizeof(float));
+    ws->pos = malloc(T * sizeof(int32_t));
+    ws->inv_freq = malloc((size_t)(c->head_dim / 2) * sizeof(double));
+    if (!ws->x || !ws->a || !ws->q || !ws->k || !ws->v || !ws->att || !ws->gate || !ws->up ||
+        !ws->pos || !ws->inv_freq)
+        goto oom;
+    for (int32_t i = 0; i < c->head_dim / 2; i++)
+        ws->inv_freq[i] = pow((double)c->rope_theta, -2.0 * i / c->head_dim);
+    *out = ws;
+    return MKV_STATUS_OK;
+oom:
+    mkv_forward_ws_free(ws);
+    status = mkv_fail(err, MKV_STATUS_OUT_OF_MEMORY,
+                      "cannot allocate a forward workspace for %d tokens", max_tokens);
+    mkv_set_global_error_text(err);
+    return status;
+}
+
+/* ---------------------------------------------------------------------------------------- */
+/* The forward pass                                                                         */
+/* ---------------------------------------------------------------------------------------- */
+
+static mkv_status_t cache_failed(const mkv_cache_t *cache, mkv_status_t status)
+{
+    mkv_set_global_error_text(mkv_cache_last_error(cache));
+    return status;
+}
+
+/* Arguments every call shares: the model, cache and workspace belong together. */
+static mkv_status_t check_common(const char *fn, const mkv_model_t *m, const mkv_cache_t *cache,
+                                 const mkv_forward_ws_t *ws, const int32_t *tokens, int32_t n)
+{
+    if (!m || !cache || !ws || !tokens)
+        return mkv_fail_global(MKV_STATUS_INVALID_ARGUMENT, "%s: null model, cache, workspace "
+                               "or tokens", fn);
+    const mkv_model_config_t *c = &m->cfg;
+    if (ws->hidden != c->hidden || ws->q_dim != c->n_heads * c->head_dim ||
+        ws->kv_dim != c->n_kv_heads * c->head_dim || ws->inter != c->intermediate)
+        return mkv_fail_global(MKV_STATUS_INVALID_ARGUMENT,
+                               "%s: the workspace was created for another model", fn);
+    mkv_cache_info_t info;
+    mkv_status_t st = mkv_cache_info(cache, &info);
+    if (st != MKV_STATUS_OK) return st; /* its message is already in mkv_last_error() */
+    const mkv_cache_config_t *k = &info.config;
+    if (k->n_layers != c->n_layers || k->n_kv_heads != c->n_kv_heads ||
+        k->group_size * k->n_kv_heads != c->n_heads || k->head_dim != c->head_dim)
+        return mkv_fail_global(MKV_STATUS_INVALID_ARGUMENT,
+                               "%s: the cache (L %d, H %d, G %d, d %d) does not fit the model "
+                               "(L %d, KV heads %d, heads %d, head_dim %d)",
+                               fn, k->n_layers, k->n_kv_heads, k->group_size, k->head_dim,
+                               c->n_layers, c->n_kv_heads, c->n_heads, c->head_dim);
+    if (n < 1 || n > ws->max_tokens)
+        return mkv_fail_global(MKV_STATUS_INVALID_ARGUMENT,
+                               "%s: %d tokens, the workspace holds 1 to %d", fn, n, ws->max_tokens);
+    for (int32_t t = 0; t < n; t++)
+        if (tokens[t] < 0 || tokens[t] >= c->vocab)
+            return mkv_fail_global(MKV_STATUS_INVALID_ARGUMENT,
+                                   "%s: token %d (at %d) is outside [0, %d)", fn, tokens[t], t,
+                                   c->vocab);
+    return MKV_STATUS_OK;
+}
+
+/* Every layer over n tokens whose embeddings are in ws->x; `attend` runs the cache. */
+typedef mkv_status_t (*attend_fn)(mkv_cache_t *cache, int32_t layer, const mkv_forward_ws_t *ws,
+                                  const void *arg);
+
+static mkv_status_t run_layers(const mkv_model_t *m, mkv_cache_t *cache, mkv_forward_ws_t *ws,
+                               int32_t n, attend_fn attend, const void *arg)
+{
+    const mkv_model_config_t *c = &m->cfg;
+    const int32_t D = c->hidden, QD = ws->q_dim, KD = ws->kv_dim, I = c->intermediate;
+    for (int32_t l = 0; l < c->n_layers; l++) {
+        const mkv_layer_weights_t *w = &m->layers[l];
+        rmsnorm(ws->x, w->attn_norm, D, n, c->rms_eps, ws->a);
+        matmul(w->wq, QD, D, ws->a, n, ws->q);
+        matmul(w->wk, KD, D, ws->a, n, ws->k);
+        matmul(w->wv, KD, D, ws->a, n, ws->v);
+        rope(ws->q, c->n_heads, c->head_dim, ws->pos, n, ws->inv_freq);
+        rope(ws->k, c->n_kv_heads, c->head_dim, ws->pos, n, ws->inv_freq);
+        const mkv_status_t st = attend(cache, l, ws, arg);
+        if (st != MKV_STATUS_OK) return cache_failed(cache, st);
+        matmul(w->wo, D, QD, ws->att, n, ws->a);
+        add_into(ws->x, ws->a, (int64_t)n * D);
+
+        rmsnorm(ws->x, w->mlp_norm, D, n, c->rms_eps, ws->a);
+        matmul(w->w_gate, I, D, ws->a, n, ws->gate);
+        matmul(w->w_up, I, D, ws->a, n, ws->up);
+        for (int64_t i = 0; i < (int64_t)n * I; i++) {
+            const float g = ws->gate[i];
+            ws->gate[i] = g / (1.0f + expf(-g)) * ws->up[i];
+        }
+        matmul(w->w_down, D, I, ws->gate, n, ws->a);
+        add_into(ws->x, ws->a, (int64_t)n * D);
+    }
+    return MKV_STATUS_OK;
+}
+
+static void embed(const mkv_model_t *m, const int32_t *tokens, int32_t n, float *x)
+{
+    const int64_t D = m->cfg.hidden;
+    for (int32_t t = 0; t < n; t++)
+        memcpy(x + t * D, m->embed + (int64_t)tokens[t] * D, (size_t)D * sizeof(float));
+}
+
+/* logits of tokens [first, first + count) of ws->x, after the final norm. */
+static void head(const mkv_model_t *m, mkv_forward_ws_t *ws, int32_t first, int32_t count,
+                 float *logits)
+{
+    const int64_t D = m->cfg.hidden;
+    rmsnorm(ws->x + first * D, m->final_norm, (int32_t)D, count, m->cfg.rms_eps, ws->a);
+    matmul(m->lm_head, m->cfg.vocab, (int32_t)D, ws->a, count, logits);
+}
+
+typedef struct prefill_arg {
+    int32_t slot;
+} prefill_arg_t;
+
+static mkv_status_t attend_prefill(mkv_cache_t *cache, int32_t layer, const mkv_forward_ws_t *ws,
+                                   const void *arg)
+{
+    const prefill_arg_t *p = arg;
+    return mkv_cache_prefill_layer(cache, p->slot, layer, ws->q, ws->k, ws->v, ws->att, NULL);
+}
+
+mkv_status_t mkv_model_prefill(const mkv_model_t *m, mkv_cache_t *cache, int32_t slot,
+                               const int32_t *tokens, int32_t n, float *logits, float *last_logits,
+                               mkv_forward_ws_t *ws)
+{
+    mkv_clear_global_error();
+    mkv_status_t st = check_common("mkv_model_prefill", m, cache, ws, tokens, n);
+    if (st != MKV_STATUS_OK) return st;
+    mkv_slot_info_t si;
+    if ((st = mkv_cache_slot_info(cache, slot, &si)) != MKV_STATUS_OK) return cache_failed(cache, st);
+    if (!si.active || si.seq_len != 0)
+        return mkv_fail_global(MKV_STATUS_INVALID_ARGUMENT,
+                               "mkv_model_prefill: slot %d is not an admitted, uncommitted slot",
+                               slot);
+    if (n != cache->prompt_len[slot])
+        return mkv_fail_global(MKV_STATUS_INVALID_ARGUMENT,
+                               "mkv_model_prefill: %d tokens, but slot %d was admitted with a "
+                               "prompt of %d",
+                               n, slot, cache->prompt_len[slot]);
+
+    for (int32_t t = 0; t < n; t++) ws->pos[t] = t;
+    embed(m, tokens, n, ws->x);
+    const prefill_arg_t arg = {slot};
+    if ((st = run_layers(m, cache, ws, n, attend_prefill, &arg)) != MKV_STATUS_OK) return st;
+    if ((st = mkv_cache_commit_prompt(cache, 1, &slot, NULL)) != MKV_STATUS_OK)
+        return cache_failed(cache, st);
+    if (logits) {
+        head(m, ws, 0, n, logits);
+        if (last_logits)
+            memcpy(last_logits, logits + (int64_t)(n - 1) * m->cfg.vocab,
+                   (size_t)m->cfg.vocab * sizeof(float));
+    } else if (last_logits) {
+        head(m, ws, n - 1, 1, last_logits);
+    }
+    return MKV_STATUS_OK;
+}
+
+typedef struct decode_arg {
+    int32_t n_slots;
+    const int32_t *slots;
+} decode_arg_t;
+
+static mkv_status_t attend_decode(mkv_cache_t *cache, int32_t layer, const mkv_forward_ws_t *ws,
+                                  const void *arg)
+{
+    const decode_arg_t *p = arg;
+    return mkv_cache_decode_layer(cache, p->n_slots, p->slots, layer, ws->q, ws->k, ws->v,
+                                  ws->att, NULL);
+}
+
+mkv_status_t mkv_model_decode(const mkv_model_t *m, mkv_cache_t *cache, int32_t n_slots,
+                              const int32_t *slots, const int32_t *tokens, float *logits,
+                              mkv_forward_ws_t *ws)
+{
+    mkv_clear_global_error();
+    mkv_status_t st = check_common("mkv_model_decode", m, cache, ws, tokens, n_slots);
+    if (st != MKV_STATUS_OK) return st;
+    if (!slots || !logits)
+        return mkv_fail_global(MKV_STATUS_INVALID_ARGUMENT, "mkv_model_decode: null slots or logits");
+    /* The new token's position is the slot's N before the append. */
+    for (int32_t j = 0; j < n_slots; j++) {
+        mkv_slot_info_t si;
+        if ((st = mkv_cache_slot_info(cache, slots[j], &si)) != MKV_STATUS_OK)
+            return cache_failed(cache, st);
+        if (!si.active || si.seq_len == 0)
+            return mkv_fail_global(MKV_STATUS_INVALID_ARGUMENT,
+                                   "mkv_model_decode: slot %d has no committed prompt", slots[j]);
+        ws->pos[j] = si.seq_len;
+    }
+    if ((st = mkv_cache_append(cache, n_slots, slots, NULL)) != MKV_STATUS_OK)
+        return cache_failed(cache, st);
+    embed(m, tokens, n_slots, ws->x);
+    const decode_arg_t arg = {n_slots, slots};
+    if ((st = run_layers(m, cache, ws, n_slots, attend_decode, &arg)) != MKV_STATUS_OK) return st;
+    if ((st = mkv_cache_compress(cache, n_slots, slots, NULL)) != MKV_STATUS_OK)
+        return cache_failed(cache, st);
+    head(m, ws, 0, n_slots, logits);
+    return MKV_STATUS_OK;
+}

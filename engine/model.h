@@ -1,0 +1,82 @@
+/*
+ * model.h — Llama-family models on the CPU reference path (docs/model.md): a Hugging Face
+ * folder (config.json, *.safetensors, optionally sharded through model.safetensors.index.json)
+ * loaded into fp32, and a forward pass whose attention goes through the mixkv cache.
+ *
+ * Kept separate from the KV backend: the model only produces Q, K, V per layer and consumes the
+ * attention output; where tokens live and at which precision is the cache's business. The GPU
+ * runner will follow the same structure.
+ */
+#ifndef MKV_ENGINE_MODEL_H
+#define MKV_ENGINE_MODEL_H
+
+#include "mixkv.h"
+
+#include <stdint.h>
+
+typedef struct mkv_model_config {
+    int32_t hidden;       /* hidden_size */
+    int32_t n_layers;     /* num_hidden_layers */
+    int32_t n_heads;      /* num_attention_heads */
+    int32_t n_kv_heads;   /* num_key_value_heads (default n_heads) */
+    int32_t head_dim;     /* head_dim (default hidden / n_heads) */
+    int32_t intermediate; /* intermediate_size */
+    int32_t vocab;        /* vocab_size */
+    int32_t max_pos;      /* max_position_embeddings */
+    float rope_theta;     /* default 10000 */
+    float rms_eps;        /* rms_norm_eps */
+    int32_t tied;         /* tie_word_embeddings */
+    int32_t bos, eos;     /* bos_token_id, eos_token_id (-1 when absent) */
+} mkv_model_config_t;
+
+/* Weights, fp32, row-major as in the checkpoint ([out][in] for projections). */
+typedef struct mkv_layer_weights {
+    const float *attn_norm;           /* [hidden] input_layernorm */
+    const float *wq, *wk, *wv, *wo;   /* [H*hd][hidden], [Hkv*hd][hidden] x2, [hidden][H*hd] */
+    const float *mlp_norm;            /* [hidden] post_attention_layernorm */
+    const float *w_gate, *w_up;       /* [inter][hidden] */
+    const float *w_down;              /* [hidden][inter] */
+} mkv_layer_weights_t;
+
+typedef struct mkv_model {
+    mkv_model_config_t cfg;
+    const float *embed;               /* [vocab][hidden] */
+    mkv_layer_weights_t *layers;      /* [n_layers] */
+    const float *final_norm;          /* [hidden] */
+    const float *lm_head;             /* [vocab][hidden]; == embed when tied */
+    void *storage;                    /* owned: converted tensors, mappings */
+} mkv_model_t;
+
+/* Loads a model folder. Errors name the file, tensor or field: IO_ERROR (missing files),
+ * PARSE_ERROR (malformed JSON or safetensors header), UNSUPPORTED (architecture other than
+ * LlamaForCausalLM / MistralForCausalLM / Qwen2ForCausalLM without biases, dtype other than
+ * F32 / F16 / BF16, rope_scaling), INVALID_ARGUMENT (a missing tensor or a wrong shape). */
+mkv_status_t mkv_model_load(const char *dir, mkv_model_t **out, char *err);
+void mkv_model_free(mkv_model_t *m);
+
+/* A cache config for this model (L, H, G, d, from the model; the rest from base). */
+void mkv_model_cache_config(const mkv_model_t *m, const mkv_cache_config_t *base,
+                            mkv_cache_config_t *out);
+
+/* Scratch for the forward pass, sized for up to max_tokens tokens at once (a prompt or a
+ * batch of decode tokens). */
+typedef struct mkv_forward_ws mkv_forward_ws_t;
+mkv_status_t mkv_forward_ws_create(const mkv_model_t *m, int32_t max_tokens, mkv_forward_ws_t **out,
+                                   char *err);
+void mkv_forward_ws_free(mkv_forward_ws_t *ws);
+
+/* The prompt of an admitted slot (tokens[n], n == the admitted prompt_len) through every layer
+ * (mkv_cache_prefill_layer), then mkv_cache_commit_prompt. logits: [n][vocab] for every
+ * position, or NULL; last_logits: [vocab] of the last position, or NULL. */
+mkv_status_t mkv_model_prefill(const mkv_model_t *m, mkv_cache_t *cache, int32_t slot,
+                               const int32_t *tokens, int32_t n, float *logits, float *last_logits,
+                               mkv_forward_ws_t *ws);
+
+/* One decode step for n_slots sequences: mkv_cache_append, every layer through
+ * mkv_cache_decode_layer (each token at its sequence's next position), mkv_cache_compress.
+ * tokens: [n_slots]; logits: [n_slots][vocab]. */
+mkv_status_t mkv_model_decode(const mkv_model_t *m, mkv_cache_t *cache, int32_t n_slots,
+                              const int32_t *slots, const int32_t *tokens, float *logits,
+                              mkv_forward_ws_t *ws);
+
+#endif /* MKV_ENGINE_MODEL_H */

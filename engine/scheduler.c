@@ -1,0 +1,331 @@
+/*
+ * scheduler.c — the host scheduler loop (see scheduler.h).
+ *
+ * Admission is check-then-act with a margin: a request is admitted only when the available
+ * pages cover its conservative prompt demand plus the worst case of the next decode step of
+ * everything running (itself included), so that a fresh admission does not immediately force
+ * a preemption. When a decode step still cannot be guaranteed, the newest running request is
+ * preempted (released, requeued at the front) until it can.
+ */
+#include "engine/scheduler.h"
+
+#include "common/error.h"
+
+#include <stdlib.h>
+#include <string.h>
+
+struct mkv_scheduler {
+    const mkv_model_t *model;
+    mkv_cache_t *cache;
+    int32_t eos, max_batch, max_seq_len;
+    mkv_request_t **waiting; /* FCFS, front first */
+    int32_t n_waiting, cap_waiting;
+    mkv_request_t **running; /* [max_batch], in admission order */
+    int32_t n_running;
+    mkv_forward_ws_t *ws;
+    float *logits;           /* [max_batch][vocab] */
+    float *sample_scratch;   /* [2 * vocab] */
+    int32_t *slots, *tokens; /* [max_batch] */
+    uint8_t *done;           /* [max_batch] */
+    int32_t *input;          /* [max_seq_len] prompt plus generated tokens, for recompute */
+    int64_t admissions, steps;
+    int32_t finished;
+    mkv_token_fn on_token;
+    void *ctx;
+};
+
+void mkv_scheduler_free(mkv_scheduler_t *s)
+{
+    if (!s) return;
+    mkv_forward_ws_free(s->ws);
+    free(s->waiting);
+    free(s->running);
+    free(s->logits);
+    free(s->sample_scratch);
+    free(s->slots);
+    free(s->tokens);
+    free(s->done);
+    free(s->input);
+    free(s);
+}
+
+mkv_status_t mkv_scheduler_create(const mkv_model_t *model, mkv_cache_t *cache, int32_t eos,
+                                  int32_t max_batch, mkv_scheduler_t **out)
+{
+    char err[MKV_ERR_LEN];
+    mkv_cache_info_t info;
+    mkv_clear_global_error();
+    if (!out || !model || !cache)
+        return mkv_fail_global(MKV_STATUS_INVALID_ARGUMENT, "mkv_scheduler_create: null argument");
+    *out = NULL;
+    mkv_status_t st = mkv_cache_info(cache, &info);
+    if (st != MKV_STATUS_OK) return st;
+    if (max_batch < 1 || max_batch > info.config.max_seqs)
+        return mkv_fail_global(MKV_STATUS_INVALID_ARGUMENT,
+                               "max_batch %d must be in [1, the cache's %d slots]", max_batch,
+                               info.config.max_seqs);
+    mkv_scheduler_t *s = calloc(1, sizeof *s);
+    if (!s) return mkv_fail_global(MKV_STATUS_OUT_OF_MEMORY, "cannot allocate the scheduler");
+    const int64_t V = model->cfg.vocab;
+    s->model = model;
+    s->cache = cache;
+    s->eos = eos;
+    s->max_batch = max_batch;
+    s->max_seq_len = info.config.max_seq_len;
+    s->running = calloc((size_t)max_batch, sizeof *s->running);
+    s->logits = malloc((size_t)(max_batch * V) * sizeof(float));
+    s->sample_scratch = malloc((size_t)(2 * V) * sizeof(float));
+    s->slots = malloc((size_t)max_batch * sizeof(int32_t));
+    s->tokens = malloc((size_t)max_batch * sizeof(int32_t));
+    s->done = malloc((size_t)max_batch);
+    s->input = malloc((size_t)s->max_seq_len * sizeof(int32_t));
+    if (!s->running || !s->logits || !s->sample_scratch || !s->slots || !s->tokens || !s->done ||
+        !s->input) {
+        mkv_scheduler_free(s);
+        return mkv_fail_global(MKV_STATUS_OUT_OF_MEMORY, "cannot allocate the scheduler's buffers");
+    }
+    const int32_t ws_tokens = s->max_seq_len > max_batch ? s->max_seq_len : max_batch;
+    if ((st = mkv_forward_ws_create(model, ws_tokens, &s->ws, err)) != MKV_STATUS_OK) {
+        mkv_scheduler_free(s);
+        return mkv_fail_global(st, "%s", err);
+    }
+    *out = s;
+    return MKV_STATUS_OK;
+}
+
+void mkv_scheduler_on_token(mkv_scheduler_t *s, mkv_token_fn fn, void *ctx)
+{
+    s->on_token = fn;
+    s->ctx = ctx;
+}
+
+/* Room for one more waiting request. */
+static mkv_status_t grow_waiting(mkv_scheduler_t *s)
+{
+    if (s->n_waiting < s->cap_waiting) return MKV_STATUS_OK;
+    const int32_t cap = s->cap_waiting ? 2 * s->cap_waiting : 16;
+    mkv_request_t **w = realloc(s->waiting, (size_t)cap * sizeof *w);
+    if (!w) return mkv_fail_global(MKV_STATUS_OUT_OF_MEMORY, "cannot grow the waiting queue");
+    s->waiting = w;
+    s->cap_waiting = cap;
+    return MKV_STATUS_OK;
+}
+
+mkv_status_t mkv_scheduler_add(mkv_scheduler_t *s, mkv_request_t *r)
+{
+    mkv_clear_global_error();
+    if (!s || !r || (r->prompt_len > 0 && !r->prompt))
+        return mkv_fail_global(MKV_STATUS_INVALID_ARGUMENT, "mkv_scheduler_add: null argument");
+    const int64_t total = (int64_t)r->prompt_len + r->max_new_tokens;
+    if (r->prompt_len < 1 || r->max_new_tokens < 1 || total > s->max_seq_len ||
+        total > s->model->cfg.max_pos)
+        return mkv_fail_global(MKV_STATUS_INVALID_ARGUMENT,
+                               "request %d: prompt %d + %d new tokens must be >= 1 + 1 and fit "
+                               "max_seq_len %d and the model's %d positions",
+                               r->id, r->prompt_len, r->max_new_tokens, s->max_seq_len,
+                               s->model->cfg.max_pos);
+    for (int32_t i = 0; i < r->prompt_len; i++)
+        if (r->prompt[i] < 0 || r->prompt[i] >= s->model->cfg.vocab)
+            return mkv_fail_global(MKV_STATUS_INVALID_ARGUMENT,
+                                   "request %d: prompt token %d = %d is outside the vocabulary",
+                                   r->id, i, r->prompt[i]);
+    if (grow_waiting(s) != MKV_STATUS_OK) return MKV_STATUS_OUT_OF_MEMORY;
+    free(r->out);
+    r->out = malloc((size_t)r->max_new_tokens * sizeof(int32_t));
+    if (!r->out) return mkv_fail_global(MKV_STATUS_OUT_OF_MEMORY, "cannot allocate the output");
+    r->n_out = 0;
+    r->state = MKV_REQ_WAITING;
+    r->slot = -1;
+    r->preemptions = 0;
+    s->waiting[s->n_waiting++] = r;
+    return MKV_STATUS_OK;
+}
+
+int mkv_scheduler_idle(const mkv_scheduler_t *s) { return s->n_waiting == 0 && s->n_running == 0; }
+
+/* ---------------------------------------------------------------------------------------- */
+
+static mkv_status_t cache_fail(mkv_scheduler_t *s, mkv_status_t st)
+{
+    return mkv_fail_global(st, "%s", mkv_cache_last_error(s->cache));
+}
+
+static void pop_front(mkv_scheduler_t *s)
+{
+    memmove(s->waiting, s->waiting + 1, (size_t)(--s->n_waiting) * sizeof *s->waiting);
+}
+
+static mkv_status_t push_front(mkv_scheduler_t *s, mkv_request_t *r)
+{
+    if (grow_waiting(s) != MKV_STATUS_OK) return MKV_STATUS_OUT_OF_MEMORY;
+    memmove(s->waiting + 1, s->waiting, (size_t)s->n_waiting * sizeof *s->waiting);
+    s->waiting[0] = r;
+    s->n_waiting++;
+    return MKV_STATUS_OK;
+}
+
+static void remove_running(mkv_scheduler_t *s, int32_t j)
+{
+    memmove(s->running + j, s->running + j + 1, (size_t)(s->n_running - j - 1) * sizeof *s->running);
+    s->n_running--;
+}
+
+/* Records token t for r; returns 1 when r is done. */
+static int emit(mkv_scheduler_t *s, mkv_request_t *r, int32_t t)
+{
+    r->out[r->n_out++] = t;
+    if (s->on_token) s->on_token(s->ctx, r, t);
+    return r->n_out >= r->max_new_tokens || (r->stop_at_eos && t == s->eos);
+}
+
+static mkv_status_t finish(mkv_scheduler_t *s, int32_t j)
+{
+    mkv_request_t *r = s->running[j];
+    mkv_status_t st = mkv_cache_slot_info(s->cache, r->slot, &r->kv);
+    if (st == MKV_STATUS_OK) st = mkv_cache_release(s->cache, r->slot, NULL);
+    if (st != MKV_STATUS_OK) return cache_fail(s, st);
+    r->state = MKV_REQ_FINISHED;
+    r->slot = -1;
+    s->finished++;
+    remove_running(s, j);
+    return MKV_STATUS_OK;
+}
+
+static mkv_status_t running_demand(mkv_scheduler_t *s, int64_t *demand)
+{
+    for (int32_t j = 0; j < s->n_running; j++) s->slots[j] = s->running[j]->slot;
+    const mkv_status_t st = mkv_cache_step_demand(s->cache, s->n_running, s->slots, demand);
+    return st == MKV_STATUS_OK ? st : cache_fail(s, st);
+}
+
+/* Admits the front request if it fits with the margin; *admitted says whether it did. A
+ * request that cannot fit even an otherwise empty cache is dropped as FAILED (*failed). */
+static mkv_status_t try_admit(mkv_scheduler_t *s, int *admitted, int *failed)
+{
+    mkv_request_t *r = s->waiting[0];
+    const int32_t len = r->prompt_len + r->n_out;
+    const mkv_model_config_t *mc = &s->model->cfg;
+    int64_t prompt_pages, running_pages;
+    mkv_cache_stats_t cs;
+    mkv_status_t st;
+    *admitted = 0;
+    *failed = 0;
+    if ((st = mkv_cache_prompt_demand(s->cache, len, &prompt_pages)) != MKV_STATUS_OK) return st;
+    if ((st = running_demand(s, &running_pages)) != MKV_STATUS_OK) return st;
+    if ((st = mkv_cache_stats(s->cache, &cs)) != MKV_STATUS_OK) return st;
+    /* The margin: the next decode step of everything running, and of this request. */
+    const int64_t margin = running_pages + 2 * (int64_t)mc->n_layers * mc->n_kv_heads;
+    if (prompt_pages + margin > cs.available_pages) {
+        if (s->n_running == 0 && prompt_pages + margin > cs.total_pages - cs.reserved_pages) {
+            r->state = MKV_REQ_FAILED;
+            pop_front(s);
+            *failed = 1;
+            mkv_fail_global(MKV_STATUS_OUT_OF_PAGES,
+                                   "request %d needs %lld pages for its %d-token prompt and first "
+                                   "step; the pool has %lld",
+                                   r->id, (long long)(prompt_pages + margin), len,
+                                   (long long)cs.total_pages);
+        }
+        return MKV_STATUS_OK; /* FCFS: wait for pages */
+    }
+    int32_t slot;
+    if ((st = mkv_cache_admit(s->cache, len, &slot)) != MKV_STATUS_OK) return cache_fail(s, st);
+    if (r->budget > 0 && (st = mkv_cache_set_budget(s->cache, slot, r->budget)) != MKV_STATUS_OK)
+        return cache_fail(s, st);
+    pop_front(s);
+    memcpy(s->input, r->prompt, (size_t)r->prompt_len * sizeof(int32_t));
+    memcpy(s->input + r->prompt_len, r->out, (size_t)r->n_out * sizeof(int32_t));
+    if ((st = mkv_model_prefill(s->model, s->cache, slot, s->input, len, NULL, s->logits, s->ws)) !=
+        MKV_STATUS_OK)
+        return st;
+    r->state = MKV_REQ_RUNNING;
+    r->slot = slot;
+    r->admitted_at = s->admissions++;
+    s->running[s->n_running++] = r;
+    *admitted = 1;
+    const int32_t t = mkv_sample(&r->sampler, s->logits, mc->vocab, s->sample_scratch);
+    return emit(s, r, t) ? finish(s, s->n_running - 1) : MKV_STATUS_OK;
+}
+
+/* Preempts the newest running request: releases it and requeues it at the front. */
+static mkv_status_t preempt_newest(mkv_scheduler_t *s)
+{
+    int32_t j = 0;
+    for (int32_t i = 1; i < s->n_running; i++)
+        if (s->running[i]->admitted_at > s->running[j]->admitted_at) j = i;
+    mkv_request_t *r = s->running[j];
+    const mkv_status_t st = mkv_cache_release(s->cache, r->slot, NULL);
+    if (st != MKV_STATUS_OK) return cache_fail(s, st);
+    r->state = MKV_REQ_WAITING;
+    r->slot = -1;
+    r->preemptions++;
+    remove_running(s, j);
+    return push_front(s, r);
+}
+
+mkv_status_t mkv_scheduler_step(mkv_scheduler_t *s, mkv_sched_stats_t *stats)
+{
+    mkv_sched_stats_t local;
+    mkv_sched_stats_t *out = stats ? stats : &local;
+    mkv_status_t st = MKV_STATUS_OK, fail = MKV_STATUS_OK;
+    mkv_clear_global_error();
+    memset(out, 0, sizeof *out);
+    out->step = s->steps++;
+
+    /* 1. Admissions, first come first served. */
+    while (s->n_waiting > 0 && s->n_running < s->max_batch) {
+        int admitted, failed;
+        if ((st = try_admit(s, &admitted, &failed)) != MKV_STATUS_OK) return st;
+        if (failed) { /* reported, and the step goes on with the next request */
+            fail = MKV_STATUS_OUT_OF_PAGES;
+            continue;
+        }
+        if (!admitted) break;
+        out->admitted++;
+    }
+
+    /* 2. One decode step of everything running, preempting while it could run out. */
+    if (s->n_running > 0) {
+        int64_t demand;
+        mkv_cache_stats_t cs;
+        for (;;) {
+            if ((st = running_demand(s, &demand)) != MKV_STATUS_OK) return st;
+            if ((st = mkv_cache_stats(s->cache, &cs)) != MKV_STATUS_OK) return st;
+            if (demand <= cs.available_pages || s->n_running == 0) break;
+            if ((st = preempt_newest(s)) != MKV_STATUS_OK) return st;
+            out->preempted++;
+        }
+    }
+    if (s->n_running > 0) {
+        const int32_t n = s->n_running, V = s->model->cfg.vocab;
+        for (int32_t j = 0; j < n; j++) {
+            s->slots[j] = s->running[j]->slot;
+            s->tokens[j] = s->running[j]->out[s->running[j]->n_out - 1];
+        }
+        if ((st = mkv_model_decode(s->model, s->cache, n, s->slots, s->tokens, s->logits, s->ws)) !=
+            MKV_STATUS_OK)
+            return st;
+        out->decoded = n;
+        /* Sample in running order; finish afterwards so indices stay valid. */
+        uint8_t *done = s->done;
+        for (int32_t j = 0; j < n; j++) {
+            mkv_request_t *r = s->running[j];
+            done[j] = (uint8_t)emit(s, r, mkv_sample(&r->sampler, s->logits + (int64_t)j * V, V,
+                                                     s->sample_scratch));
+        }
+        for (int32_t j = n - 1; j >= 0; j--)
+            if (done[j] && (st = finish(s, j)) != MKV_STATUS_OK) return st;
+    }
+
+    mkv_cache_stats_t cs;
+    if ((st = mkv_cache_stats(s->cache, &cs)) != MKV_STATUS_OK) return st;
+    out->running = s->n_running;
+    out->waiting = s->n_waiting;
+    out->finished = s->finished;
+    out->free_pages = cs.free_pages;
+    out->available_pages = cs.available_pages;
+    out->tokens_hi = cs.tokens_hi;
+    out->tokens_lo = cs.tokens_lo;
+    out->tokens_pruned = cs.tokens_pruned;
+    return fail;
+}

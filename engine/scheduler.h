@@ -1,0 +1,84 @@
+/*
+ * scheduler.h — the host scheduler loop (DESIGN.md section 6): waiting and running queues,
+ * first come first served, continuous batching, admission while the free pages cover a
+ * request's conservative prompt demand, preemption by recompute of the newest running request
+ * when a decode step could run out of pages, per-request budgets, finish on EOS or a token
+ * limit. One mkv_scheduler_step is one engine step: admissions (each a prefill), then one
+ * batched decode step of every running request.
+ *
+ * Preemption by recompute: a preempted request releases its slot and returns to the front of
+ * the waiting queue; when admitted again, its prompt and the tokens it had generated are
+ * prefilled as one prompt. In fp16 mode this reproduces the request's state exactly (prefill
+ * attention equals decode attention bit for bit), so greedy outputs do not change; in mixkv
+ * mode the recomputed tokens are classified by the prompt-phase policy instead of having gone
+ * through Algorithm 1 one by one, so the cache, and possibly the output, differ (docs/model.md).
+ */
+#ifndef MKV_ENGINE_SCHEDULER_H
+#define MKV_ENGINE_SCHEDULER_H
+
+#include "engine/model.h"
+#include "engine/sampling.h"
+#include "mixkv.h"
+
+#include <stdint.h>
+
+typedef enum mkv_req_state {
+    MKV_REQ_WAITING = 0,
+    MKV_REQ_RUNNING,
+    MKV_REQ_FINISHED,
+    MKV_REQ_FAILED, /* can never fit this cache (message in the scheduler's error) */
+} mkv_req_state_t;
+
+typedef struct mkv_request {
+    /* Set by the caller before mkv_scheduler_add. */
+    int32_t id;
+    const int32_t *prompt; /* [prompt_len], borrowed until the request finishes */
+    int32_t prompt_len;
+    int32_t max_new_tokens;
+    int32_t budget;        /* tokens kept per head-region, 0: none */
+    int32_t stop_at_eos;   /* finish when EOS is sampled (it is kept in out) */
+    mkv_sampler_t sampler;
+    /* Maintained by the scheduler. */
+    int32_t *out;          /* [max_new_tokens] generated tokens */
+    int32_t n_out;
+    mkv_req_state_t state;
+    int32_t slot;          /* while running */
+    int32_t preemptions;
+    int64_t admitted_at;   /* admission counter: the newest running request is preempted */
+    mkv_slot_info_t kv;    /* the request's cache use just before it finished */
+} mkv_request_t;
+
+typedef struct mkv_sched_stats {
+    int64_t step;
+    int32_t running, waiting, finished;
+    int32_t admitted, preempted; /* in this step */
+    int32_t decoded;             /* tokens decoded in this step (one per running request) */
+    int64_t free_pages, available_pages;
+    int64_t tokens_hi, tokens_lo, tokens_pruned;
+} mkv_sched_stats_t;
+
+/* Called for every generated token, in order per request. */
+typedef void (*mkv_token_fn)(void *ctx, const mkv_request_t *req, int32_t token);
+
+typedef struct mkv_scheduler mkv_scheduler_t;
+
+/* eos: the model's EOS id (-1: none). max_batch: most requests running at once (<= the
+ * cache's slots). Messages go to mkv_last_error(). */
+mkv_status_t mkv_scheduler_create(const mkv_model_t *model, mkv_cache_t *cache, int32_t eos,
+                                  int32_t max_batch, mkv_scheduler_t **out);
+void mkv_scheduler_free(mkv_scheduler_t *s);
+
+void mkv_scheduler_on_token(mkv_scheduler_t *s, mkv_token_fn fn, void *ctx);
+
+/* Queues a request (FCFS). INVALID_ARGUMENT when its prompt plus max_new_tokens exceeds the
+ * cache's max_seq_len or the model's positions, or a field is out of range. */
+mkv_status_t mkv_scheduler_add(mkv_scheduler_t *s, mkv_request_t *req);
+
+/* One engine step. stats may be NULL. A request that cannot fit even into an empty cache is
+ * marked MKV_REQ_FAILED (and the step goes on); other errors stop and return their status. */
+mkv_status_t mkv_scheduler_step(mkv_scheduler_t *s, mkv_sched_stats_t *stats);
+
+/* 1 when no request is waiting or running. */
+int mkv_scheduler_idle(const mkv_scheduler_t *s);
+
+#endif /* MKV_ENGINE_SCHEDULER_H */

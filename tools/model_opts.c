@@ -1,0 +1,90 @@
+/*
+ * model_opts.c — see model_opts.h.
+ */
+#include "tools/model_opts.h"
+
+#include "tools/cli.h"
+
+#include <string.h>
+
+void mkv_policy_opts_default(mkv_policy_opts_t *p)
+{
+    const mkv_cache_config_t d = MKV_CACHE_CONFIG_INIT;
+    p->hi = d.hi_format;
+    p->lo = d.lo_format;
+    p->alpha_h = d.alpha_h;
+    p->alpha_l = d.alpha_l;
+    p->window = d.window;
+    p->obs_window = d.obs_window;
+    p->quant_groups = d.quant_groups;
+}
+
+static int format_opt(const char *cmd, const char *text, mkv_format_t *out)
+{
+    if (mkv_format_from_name(text, out) == MKV_STATUS_OK) return 1;
+    mkv_cli_error(cmd, "%s", mkv_last_error());
+    return -1;
+}
+
+int mkv_policy_opts_parse(const char *cmd, int argc, char **argv, int *i, mkv_policy_opts_t *p)
+{
+    const char *v;
+    double x;
+    int m;
+    if ((m = mkv_cli_option(cmd, argc, argv, i, "--hi-format", 1, 0, &v)) != 0)
+        return m < 0 ? -1 : format_opt(cmd, v, &p->hi);
+    if ((m = mkv_cli_option(cmd, argc, argv, i, "--lo-format", 1, 0, &v)) != 0)
+        return m < 0 ? -1 : format_opt(cmd, v, &p->lo);
+    if ((m = mkv_cli_option(cmd, argc, argv, i, "--alpha-h", 1, 0, &v)) != 0) {
+        if (m < 0 || mkv_cli_parse_double(cmd, "--alpha-h", v, 0.0, 1e6, &x) < 0) return -1;
+        p->alpha_h = (float)x;
+        return 1;
+    }
+    if ((m = mkv_cli_option(cmd, argc, argv, i, "--alpha-l", 1, 0, &v)) != 0) {
+        if (m < 0 || mkv_cli_parse_double(cmd, "--alpha-l", v, 0.0, 1e6, &x) < 0) return -1;
+        p->alpha_l = (float)x;
+        return 1;
+    }
+    if ((m = mkv_cli_option(cmd, argc, argv, i, "--window", 1, 0, &v)) != 0)
+        return m < 0 || mkv_cli_parse_i32(cmd, "--window", v, 0, 1 << 20, &p->window) < 0 ? -1 : 1;
+    if ((m = mkv_cli_option(cmd, argc, argv, i, "--obs-window", 1, 0, &v)) != 0)
+        return m < 0 || mkv_cli_parse_i32(cmd, "--obs-window", v, 0, 1 << 20, &p->obs_window) < 0 ? -1 : 1;
+    if ((m = mkv_cli_option(cmd, argc, argv, i, "--quant-groups", 1, 0, &v)) != 0)
+        return m < 0 || mkv_cli_parse_i32(cmd, "--quant-groups", v, 1, 4, &p->quant_groups) < 0 ? -1 : 1;
+    return 0;
+}
+
+mkv_cache_t *mkv_tools_make_cache(const char *cmd, const mkv_model_t *model, int fp16,
+                                  const mkv_policy_opts_t *p, int32_t max_seqs,
+                                  int32_t max_seq_len, double pool_scale)
+{
+    mkv_cache_config_t base = MKV_CACHE_CONFIG_INIT, cfg;
+    base.hi_format = fp16 ? MKV_FORMAT_K16V16 : p->hi;
+    base.lo_format = fp16 ? MKV_FORMAT_K16V16 : p->lo;
+    base.alpha_h = fp16 ? 0.0f : p->alpha_h;
+    base.alpha_l = fp16 ? 0.0f : p->alpha_l;
+    base.window = p->window;
+    base.obs_window = p->obs_window;
+    base.quant_groups = fp16 ? 1 : p->quant_groups;
+    base.max_seqs = max_seqs;
+    base.max_seq_len = max_seq_len;
+    mkv_model_cache_config(model, &base, &cfg);
+    int32_t tpp;
+    int64_t page_bytes;
+    if (mkv_page_bytes_for(cfg.hi_format, cfg.head_dim, cfg.quant_groups, 32, &page_bytes) !=
+            MKV_STATUS_OK ||
+        mkv_tokens_per_page(cfg.hi_format, cfg.head_dim, cfg.quant_groups, page_bytes, &tpp) !=
+            MKV_STATUS_OK) {
+        mkv_cli_error(cmd, "%s", mkv_last_error());
+        return NULL;
+    }
+    const double full = (double)max_seqs * cfg.n_layers * cfg.n_kv_heads *
+                        ((cfg.max_seq_len + tpp - 1) / tpp + 2);
+    cfg.pool_pages = (int64_t)(full * pool_scale) + 1;
+    mkv_cache_t *c = NULL;
+    if (mkv_cache_create(&cfg, &c) != MKV_STATUS_OK) {
+        mkv_cli_error(cmd, "cannot create the %s cache: %s", fp16 ? "fp16" : "mixkv", mkv_last_error());
+        return NULL;
+    }
+    return c;
+}
