@@ -1,7 +1,9 @@
 /*
  * tokenizer.h — Hugging Face `tokenizer.json` tokenizers of the BPE kind the Llama-family
- * models here use (docs/model.md): added special tokens matched in the raw text first; each
- * other piece normalized (the Sequence of Prepend "▁" and Replace " " -> "▁" normalizers);
+ * models here use (docs/tokenizer.md), matching HF tokenizers 0.21 / 0.22 exactly: added
+ * tokens marked normalized: false are split out of the raw text first, those marked
+ * normalized: true (the bundled model's) are matched in the normalized text, as HF does; text
+ * is normalized by the Sequence of Prepend "▁" and Replace " " -> "▁" normalizers;
  * BPE over Unicode characters with the merges' ranks, no pre-tokenizer; unknown characters
  * to the unk token (consecutive unknowns fused when fuse_unk); decoding by the Replace "▁" ->
  * " ", ByteFallback, Fuse and Strip decoders. Anything else in tokenizer.json (another model

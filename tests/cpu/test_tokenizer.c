@@ -114,7 +114,8 @@ static char *read_text(const char *path, size_t *len)
 Test(tokenizer, metadata)
 {
     mkv_tokenizer_t *tok = load_tinystories();
-    /* model.vocab holds ids 0..2047; bos/eos from tokenizer_config.json, unk from model.unk_token. */
+    /* model.vocab holds ids 0..2047; bos/eos come from tokenizer_config.json, unk from
+     * model.unk_token. */
     cr_expect_eq(mkv_tokenizer_vocab_size(tok), 2048);
     cr_expect_eq(mkv_tokenizer_bos(tok), 1);
     cr_expect_eq(mkv_tokenizer_eos(tok), 2);
@@ -315,7 +316,10 @@ static char *expected_text(const mkv_tokenizer_t *tok, const char *s, size_t n, 
         unsigned char c = (unsigned char)s[i];
         cl = c < 0x80 ? 1 : c < 0xE0 ? 2 : c < 0xF0 ? 3 : 4;
         if (is_unknown(tok, s + i, cl)) {
-            if (!in_run && !skip) memcpy(out + len, "<unk>", 5), len += skip ? 0 : 5;
+            if (!in_run && !skip) {
+                memcpy(out + len, "<unk>", 5);
+                len += 5;
+            }
             in_run = 1;
             *n_unknown += 1;
         } else {
@@ -355,7 +359,12 @@ Test(tokenizer, paragraph_round_trip)
         n_unknown += unknown;
         n_chars += (int64_t)plen;
         n_par++;
-        free(par), free(ids), free(want), free(want_skip), free(got), free(got_skip);
+        free(par);
+        free(ids);
+        free(want);
+        free(want_skip);
+        free(got);
+        free(got_skip);
         free(streamed);
     }
     cr_log_info("tokenizer round trip: %ld paragraphs, %ld bytes, %ld characters to <unk> in "
@@ -483,6 +492,8 @@ static const hf_case_t bf_cases[] = {
     {"<X>x<X> <X>", {15, 0, 15}, 3, "<X><unk><X>", "<X><X>"},
     {"ca\303\251b", {3, 6, 4, 10, 11, 5}, 6, "ca\303\251b", "ca\303\251b"},
     {"\303\251", {3, 10, 11}, 3, "\303\251", "\303\251"},
+    /* HF does not flush a pending <unk> before byte tokens: the unknown 😀 comes out last. */
+    {"\360\237\230\200\303\251", {3, 10, 11, 0}, 4, "\303\251<unk>", "\303\251"},
     {" ", {3, 3}, 2, " ", " "},
 };
 
@@ -553,7 +564,9 @@ Test(tokenizer, minimal_without_decoder)
     char *s = dec(tok, ids, n, 0), *ss = dec(tok, ids, n, 1);
     cr_expect_str_eq(s, "ab <unk> a");
     cr_expect_str_eq(ss, "ab a");
-    free(s), free(ss), free(ids);
+    free(s);
+    free(ss);
+    free(ids);
     mkv_tokenizer_free(tok);
 }
 
@@ -574,8 +587,9 @@ Test(tokenizer, refused_files)
     expect_refused(st, err, MKV_STATUS_UNSUPPORTED, "WordPiece");
     st = load_min("{\"type\":\"NFKC\"}", "null", "null", "BPE", NULL, err);
     expect_refused(st, err, MKV_STATUS_UNSUPPORTED, "NFKC");
-    st = load_min("{\"type\":\"Sequence\",\"normalizers\":[{\"type\":\"Prepend\",\"prepend\":\"_\"},"
-                  "{\"type\":\"Lowercase\"}]}", "null", "null", "BPE", NULL, err);
+    st = load_min("{\"type\":\"Sequence\",\"normalizers\":[{\"type\":\"Prepend\","
+                  "\"prepend\":\"_\"},{\"type\":\"Lowercase\"}]}",
+                  "null", "null", "BPE", NULL, err);
     expect_refused(st, err, MKV_STATUS_UNSUPPORTED, "Lowercase");
     st = load_min("{\"type\":\"Replace\",\"pattern\":{\"Regex\":\" +\"},\"content\":\"_\"}",
                   "null", "null", "BPE", NULL, err);
