@@ -45,8 +45,8 @@ int mkv_policy_opts_parse(const char *cmd, int argc, char **argv, int *i, mkv_po
         p->alpha_l = (float)x;
         return 1;
     }
-    if ((m = mkv_cli_option(cmd, argc, argv, i, "--window", 1, 0, &v)) != 0)
-        return m < 0 || mkv_cli_parse_i32(cmd, "--window", v, 0, 1 << 20, &p->window) < 0 ? -1 : 1;
+    if ((m = mkv_cli_option(cmd, argc, argv, i, "--recent-window", 1, 0, &v)) != 0)
+        return m < 0 || mkv_cli_parse_i32(cmd, "--recent-window", v, 0, 1 << 20, &p->window) < 0 ? -1 : 1;
     if ((m = mkv_cli_option(cmd, argc, argv, i, "--obs-window", 1, 0, &v)) != 0)
         return m < 0 || mkv_cli_parse_i32(cmd, "--obs-window", v, 0, 1 << 20, &p->obs_window) < 0 ? -1 : 1;
     if ((m = mkv_cli_option(cmd, argc, argv, i, "--quant-groups", 1, 0, &v)) != 0)

@@ -17,7 +17,8 @@ typedef struct mkv_policy_opts {
 /* DiffKV's defaults: K8V4 / K4V2, alpha_h 1, alpha_l 0.02, W 64, one group. */
 void mkv_policy_opts_default(mkv_policy_opts_t *p);
 
-/* Tries argv[*i] against --hi-format, --lo-format, --alpha-h, --alpha-l, --window,
+/* Tries argv[*i] against --hi-format, --lo-format, --alpha-h, --alpha-l, --recent-window (W;
+ * not --window, which `perplexity` uses for its text windows),
  * --obs-window, --quant-groups. Returns 1 when consumed, 0 when not ours, -1 on a bad value
  * (message printed). */
 int mkv_policy_opts_parse(const char *cmd, int argc, char **argv, int *i, mkv_policy_opts_t *p);
@@ -35,7 +36,7 @@ mkv_cache_t *mkv_tools_make_cache(const char *cmd, const mkv_model_t *model, int
     "  --lo-format F       mixkv's low format [K4V2]\n"                                         \
     "  --alpha-h X         keep high when significance >= X / N [1.0]\n"                        \
     "  --alpha-l X         keep low when significance >= X / N, else prune [0.02]\n"            \
-    "  --window N          recent tokens always high [64]\n"                                    \
+    "  --recent-window N   W: the most recent tokens, always high [64]\n"                       \
     "  --obs-window N      prompt significance from the last N queries only (0: all) [0]\n"     \
     "  --quant-groups N    quantization groups per vector: 1, 2 or 4 [1]\n"
 
