@@ -163,12 +163,17 @@ typedef struct stream {
     const mkv_tokenizer_t *tok;
     int32_t prev;
     int on;
+    int32_t seen;        /* tokens received */
+    double t_first;      /* when the first token arrived (right after the prefill) */
 } stream_t;
+
+static double now_s(void);
 
 static void on_token(void *ctx, const mkv_request_t *r, int32_t t)
 {
     stream_t *s = ctx;
     (void)r;
+    if (s->seen++ == 0) s->t_first = now_s();
     if (!s->on) return;
     if (s->tok) {
         char buf[512];
@@ -243,7 +248,7 @@ int mkv_generate_main(int argc, char **argv)
         goto done;
     }
     const int stream_on = !o.quiet && !(o.json_path && !strcmp(o.json_path, "-"));
-    stream_t stream = {tok, -1, stream_on};
+    stream_t stream = {tok, -1, stream_on, 0, 0.0};
     mkv_scheduler_on_token(sched, on_token, &stream);
     req.id = 0;
     req.prompt = ids;
@@ -271,13 +276,12 @@ int mkv_generate_main(int argc, char **argv)
         fflush(stdout);
     }
     const double t0 = now_s();
-    double t_first = 0.0;
     while (!mkv_scheduler_idle(sched)) {
         if (mkv_scheduler_step(sched, NULL) != MKV_STATUS_OK) {
+            if (stream_on) putchar('\n');
             mkv_cli_error(CMD, "%s", mkv_last_error());
             goto done;
         }
-        if (t_first == 0.0) t_first = now_s();
     }
     const double t1 = now_s();
     if (req.state != MKV_REQ_FINISHED) {
@@ -292,6 +296,7 @@ int mkv_generate_main(int argc, char **argv)
     const double seen = (double)req.kv.seq_len * cc->n_layers * cc->n_kv_heads;
     const double bytes = (double)(req.kv.pages_hi + req.kv.pages_lo) * (double)cc->page_bytes;
     const double fp16 = seen * 2.0 * cc->head_dim * 2.0;
+    const double t_first = stream.t_first; /* prompt in, first token out */
     const double gen_s = t1 - t_first;
     const double tps = req.n_out > 1 && gen_s > 0 ? (req.n_out - 1) / gen_s : 0.0;
     fprintf(o.json_path && !strcmp(o.json_path, "-") ? stderr : stdout,

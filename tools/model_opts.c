@@ -78,8 +78,10 @@ mkv_cache_t *mkv_tools_make_cache(const char *cmd, const mkv_model_t *model, int
         mkv_cli_error(cmd, "%s", mkv_last_error());
         return NULL;
     }
+    /* Per head-region: every token in high precision, plus the scheduler's admission margin
+     * (the prompt's extra page and two pages of headroom for the next step) and a low page. */
     const double full = (double)max_seqs * cfg.n_layers * cfg.n_kv_heads *
-                        ((cfg.max_seq_len + tpp - 1) / tpp + 2);
+                        ((cfg.max_seq_len + tpp - 1) / tpp + 4);
     cfg.pool_pages = (int64_t)(full * pool_scale) + 1;
     mkv_cache_t *c = NULL;
     if (mkv_cache_create(&cfg, &c) != MKV_STATUS_OK) {

@@ -25,8 +25,8 @@ int mkv_policy_opts_parse(const char *cmd, int argc, char **argv, int *i, mkv_po
 
 /* A CPU cache for `model` in mode fp16 (K16V16, thresholds 0) or mixkv (the policy options),
  * with max_seqs slots of up to max_seq_len tokens, and pool pages for all of them at full
- * length in high precision (times pool_scale, >= a little: 1.0 means no pressure). NULL on
- * failure, message printed. */
+ * length in high precision plus the scheduler's admission margin, times pool_scale (1.0: no
+ * pressure). NULL on failure, message printed. */
 mkv_cache_t *mkv_tools_make_cache(const char *cmd, const mkv_model_t *model, int fp16,
                                   const mkv_policy_opts_t *p, int32_t max_seqs,
                                   int32_t max_seq_len, double pool_scale);

@@ -209,8 +209,10 @@ Test(scheduler, rejects_requests_that_cannot_fit)
     r.max_new_tokens = 5;
     prompt[3] = m->cfg.vocab; /* out of the vocabulary */
     cr_assert_eq(mkv_scheduler_add(s, &r), MKV_STATUS_INVALID_ARGUMENT);
-    cr_assert_eq(mkv_scheduler_create(m, c, m->cfg.eos, 3, &s), MKV_STATUS_INVALID_ARGUMENT,
+    mkv_scheduler_t *s3 = NULL;
+    cr_assert_eq(mkv_scheduler_create(m, c, m->cfg.eos, 3, &s3), MKV_STATUS_INVALID_ARGUMENT,
                  "max_batch above the cache's slots");
+    cr_assert_null(s3);
     free(r.out);
     mkv_scheduler_free(s);
     mkv_cache_destroy(c);
