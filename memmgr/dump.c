@@ -28,14 +28,15 @@
 /* ---------------------------------------------------------------------------------------- */
 
 #define CF(name, type) {#name, type, offsetof(mkv_cache_config_t, name)}
+/* The cache's state and what determines it; not how it is executed (backend, device_id,
+ * n_threads), so that the CPU and CUDA backends write identical dumps for the same calls. */
 const mkv_config_field_t mkv_config_fields[] = {
     CF(n_layers, MKV_CF_I32),      CF(n_kv_heads, MKV_CF_I32),    CF(group_size, MKV_CF_I32),
     CF(head_dim, MKV_CF_I32),      CF(max_seqs, MKV_CF_I32),      CF(max_seq_len, MKV_CF_I32),
     CF(quant_groups, MKV_CF_I32),  CF(page_bytes, MKV_CF_I64),    CF(pool_pages, MKV_CF_I64),
     CF(hi_format, MKV_CF_FORMAT),  CF(lo_format, MKV_CF_FORMAT),  CF(alpha_h, MKV_CF_F32),
     CF(alpha_l, MKV_CF_F32),       CF(window, MKV_CF_I32),        CF(obs_window, MKV_CF_I32),
-    CF(softmax_scale, MKV_CF_F32), CF(backend, MKV_CF_BACKEND),
-    CF(device_id, MKV_CF_I32),     CF(n_threads, MKV_CF_I32),     CF(flags, MKV_CF_U32),
+    CF(softmax_scale, MKV_CF_F32), CF(flags, MKV_CF_U32),
 };
 #undef CF
 const size_t mkv_config_field_count = sizeof mkv_config_fields / sizeof mkv_config_fields[0];

@@ -125,12 +125,11 @@ static void print_config(const mkv_dump_t *d)
     const mkv_cache_config_t *c = &d->config;
     printf("config: L=%d H=%d G=%d d=%d S=%d max_seq_len=%d page_bytes=%" PRId64
            " hi=%s (%d tokens/page) lo=%s (%d tokens/page) T=%d W=%d alpha_h=%g alpha_l=%g "
-           "groups=%d backend=%s%s\n",
+           "groups=%d%s\n",
            c->n_layers, c->n_kv_heads, c->group_size, c->head_dim, c->max_seqs, c->max_seq_len,
            c->page_bytes, mkv_format_name(c->hi_format), d->g.tpp_hi, mkv_format_name(c->lo_format),
            d->g.tpp_lo, d->g.row_entries, c->window, (double)c->alpha_h, (double)c->alpha_l,
-           c->quant_groups, mkv_backend_name(c->backend),
-           (c->flags & MKV_CACHE_METADATA_ONLY) ? " metadata-only" : "");
+           c->quant_groups, (c->flags & MKV_CACHE_METADATA_ONLY) ? " metadata-only" : "");
 }
 
 static void print_slot_header(void)
