@@ -95,6 +95,10 @@ static void kv_destroy(struct mkv_kv *kv)
 /* The backend's state, created on first use; UNSUPPORTED without page storage. */
 static mkv_status_t kv_get(mkv_cache_t *c, struct mkv_kv **out)
 {
+    if (c->dev)
+        return mkv_fail(c->err, MKV_STATUS_UNSUPPORTED,
+                        "the CUDA backend manages pages; its quantizer and attention kernels are "
+                        "not implemented yet (issue 6): use the CPU backend for token data");
     if (!c->pool)
         return mkv_fail(c->err, MKV_STATUS_UNSUPPORTED,
                         "this cache was created with MKV_CACHE_METADATA_ONLY: it holds no token data");

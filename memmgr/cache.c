@@ -3,6 +3,7 @@
  * validation. The batched page movements live in resize.c.
  */
 #include "memmgr/cache.h"
+#include "memmgr/cuda_mm.h"
 
 #include <stdlib.h>
 #include <string.h>
@@ -64,17 +65,13 @@ mkv_status_t mkv_cache_create(const mkv_cache_config_t *config, mkv_cache_t **ou
     mkv_cache_config_t cfg;
     mkv_mm_geom_t geom;
     MKV_TRY(mkv_config_resolve(config, &cfg, &geom, err));
+#ifndef MKV_HAVE_CUDA
     if (cfg.backend == MKV_BACKEND_CUDA) {
-#ifdef MKV_HAVE_CUDA
-        status = mkv_fail(err, MKV_STATUS_UNSUPPORTED,
-                          "the CUDA backend's memory manager is not implemented yet; use "
-                          "MKV_BACKEND_CPU");
-#else
         status = mkv_fail(err, MKV_STATUS_UNSUPPORTED,
                           "this mixkv was built without CUDA (-DMIXKV_CUDA=OFF)");
-#endif
         goto fail;
     }
+#endif
 
     c = calloc(1, sizeof *c);
     if (!c) {
@@ -92,6 +89,12 @@ mkv_status_t mkv_cache_create(const mkv_cache_config_t *config, mkv_cache_t **ou
         status = mkv_fail(err, MKV_STATUS_OUT_OF_MEMORY, "cannot allocate the slot arrays");
         goto fail;
     }
+#ifdef MKV_HAVE_CUDA
+    if (cfg.backend == MKV_BACKEND_CUDA) {
+        const int64_t pool = (cfg.flags & MKV_CACHE_METADATA_ONLY) ? 0 : cfg.pool_pages * cfg.page_bytes;
+        MKV_TRY(mkv_cuda_mm_create(&geom, cfg.device_id, pool, &c->dev, err));
+    } else
+#endif
     if (!(cfg.flags & MKV_CACHE_METADATA_ONLY)) {
         /* calloc: untouched pages of a large pool cost no physical memory until written. */
         c->pool = calloc((size_t)cfg.pool_pages, (size_t)cfg.page_bytes);
@@ -121,7 +124,7 @@ mkv_status_t mkv_cache_create(const mkv_cache_config_t *config, mkv_cache_t **ou
                         info->region_count * 2 * (int64_t)sizeof(int32_t) +
                         geom.pool_pages * (int64_t)sizeof(int32_t) +
                         (int64_t)geom.max_seqs * (sizeof(int32_t) + sizeof(uint8_t) + sizeof(int64_t));
-    info->pool_bytes = c->pool ? cfg.pool_pages * cfg.page_bytes : 0;
+    info->pool_bytes = (cfg.flags & MKV_CACHE_METADATA_ONLY) ? 0 : cfg.pool_pages * cfg.page_bytes;
     *out_cache = c;
     return MKV_STATUS_OK;
 fail:
@@ -133,6 +136,9 @@ void mkv_cache_destroy(mkv_cache_t *cache)
 {
     if (!cache) return;
     if (cache->kv && cache->kv_free) cache->kv_free(cache->kv);
+#ifdef MKV_HAVE_CUDA
+    mkv_cuda_mm_destroy(cache->dev);
+#endif
     free(cache->prompt_len);
     free(cache->epoch);
     free(cache->budget);
@@ -253,6 +259,13 @@ mkv_status_t mkv_cache_step_demand(mkv_cache_t *cache, int32_t n_slots, const in
         if (slots[j] < 0 || slots[j] >= g->max_seqs || !s->active[slots[j]])
             return mkv_fail(cache->err, MKV_STATUS_INVALID_ARGUMENT,
                             "slots[%d] = %d is not an active slot", j, slots[j]);
+#ifdef MKV_HAVE_CUDA
+    if (cache->dev) {
+        uint8_t grow[n_slots > 0 ? n_slots : 1];
+        for (int32_t j = 0; j < n_slots; j++) grow[j] = s->seq_len[slots[j]] >= g->window;
+        return mkv_cuda_mm_step_demand(cache->dev, n_slots, slots, grow, out_pages, cache->err);
+    }
+#endif
     int64_t pages = 0;
     for (int32_t j = 0; j < n_slots; j++) {
         const int32_t slot = slots[j];
@@ -294,8 +307,21 @@ mkv_status_t mkv_cache_stats(const mkv_cache_t *cache, mkv_cache_stats_t *out)
         if (!s->active[slot]) continue;
         out->active_slots++;
         out->tokens_seen += (int64_t)s->seq_len[slot] * g->n_layers * g->n_kv_heads;
-        slot_totals(s, slot, &out->tokens_hi, &out->tokens_lo, &out->pages_hi, &out->pages_lo);
+        if (!cache->dev)
+            slot_totals(s, slot, &out->tokens_hi, &out->tokens_lo, &out->pages_hi, &out->pages_lo);
     }
+#ifdef MKV_HAVE_CUDA
+    if (cache->dev) { /* free slots hold nothing: sums over every head-region */
+        int64_t sums[4];
+        char err[MKV_ERR_LEN];
+        const mkv_status_t st = mkv_cuda_mm_sums(cache->dev, -1, sums, err);
+        if (st != MKV_STATUS_OK) return mkv_fail_global(st, "%s", err);
+        out->tokens_hi = sums[0];
+        out->tokens_lo = sums[1];
+        out->pages_hi = sums[2];
+        out->pages_lo = sums[3];
+    }
+#endif
     out->tokens_pruned = out->tokens_seen - out->tokens_hi - out->tokens_lo;
     out->bytes_in_use = (out->pages_hi + out->pages_lo) * cache->cfg.page_bytes;
     out->bytes_fp16 = out->tokens_seen * 2 * cache->cfg.head_dim * 2;
@@ -316,6 +342,18 @@ mkv_status_t mkv_cache_slot_info(mkv_cache_t *cache, int32_t slot, mkv_slot_info
     out->active = s->active[slot];
     out->seq_len = s->seq_len[slot];
     out->reserved_pages = s->reserved[slot];
+#ifdef MKV_HAVE_CUDA
+    if (cache->dev) {
+        int64_t sums[4];
+        const mkv_status_t st = mkv_cuda_mm_sums(cache->dev, slot, sums, cache->err);
+        if (st != MKV_STATUS_OK) return st;
+        out->tokens_hi = sums[0];
+        out->tokens_lo = sums[1];
+        out->pages_hi = sums[2];
+        out->pages_lo = sums[3];
+        return MKV_STATUS_OK;
+    }
+#endif
     slot_totals(s, slot, &out->tokens_hi, &out->tokens_lo, &out->pages_hi, &out->pages_lo);
     return MKV_STATUS_OK;
 }
@@ -324,8 +362,23 @@ mkv_status_t mkv_cache_validate(mkv_cache_t *cache)
 {
     CHECK_CACHE(cache);
     cache->err[0] = '\0';
+    int64_t device_violations = 0;
+#ifdef MKV_HAVE_CUDA
+    if (cache->dev) {
+        /* The device checks its own state; the host then checks the downloaded mirror, which
+         * adds the per-slot bookkeeping and names the first violation precisely. */
+        mkv_status_t st = mkv_cuda_mm_validate(cache->dev, cache->st.active, cache->st.seq_len,
+                                               &device_violations, cache->err);
+        if (st == MKV_STATUS_OK) st = mkv_cuda_mm_download(cache->dev, &cache->st, cache->err);
+        if (st != MKV_STATUS_OK) return st;
+    }
+#endif
     mkv_first_violation_t first = {"", 0};
-    const int64_t n = mkv_mm_state_check(&cache->st, mkv_keep_first_violation, &first);
+    int64_t n = mkv_mm_state_check(&cache->st, mkv_keep_first_violation, &first);
+    if (n == 0 && device_violations > 0)
+        return mkv_fail(cache->err, MKV_STATUS_CORRUPT,
+                        "the device found %lld invariant violations the host mirror does not show",
+                        (long long)device_violations);
     if (n < 0) return mkv_fail(cache->err, MKV_STATUS_OUT_OF_MEMORY, "validate: out of memory");
     if (n > 0)
         return mkv_fail(cache->err, MKV_STATUS_CORRUPT, "%lld invariant violation%s; first: %s",

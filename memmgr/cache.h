@@ -33,7 +33,12 @@ struct mkv_cache {
     mkv_cache_config_t cfg; /* resolved: page_bytes and pool_pages filled in */
     mkv_cache_info_t info;
     mkv_mm_state_t st;
-    uint8_t *pool;          /* [P * page_bytes] page storage; NULL with METADATA_ONLY */
+    uint8_t *pool;          /* [P * page_bytes] host page storage (CPU backend); NULL with
+                               METADATA_ONLY and for the CUDA backend */
+    struct mkv_cuda_mm *dev;/* the CUDA backend's device state (memmgr/cuda_mm.h), or NULL;
+                               st then mirrors the device state (per-slot arrays authoritative
+                               on the host, head / tail refreshed by every call, the rest by
+                               mkv_cuda_mm_download) */
     mkv_mm_work_t work;
     mkv_threads_t *threads; /* NULL when n_threads <= 1 */
     /* Per slot, set at admission, for the KV backend (engine/kv_backend.c). */

@@ -13,6 +13,7 @@
 
 #include "common/error.h"
 #include "memmgr/cache.h"
+#include "memmgr/cuda_mm.h"
 
 #include <cjson/cJSON.h>
 #include <errno.h>
@@ -232,6 +233,12 @@ static void write_view(sbuf_t *b, const mkv_cache_config_t *cfg, const mkv_state
 static mkv_status_t dump_string(mkv_cache_t *cache, char **out, size_t *out_len)
 {
     mkv_state_view_buf_t buf;
+#ifdef MKV_HAVE_CUDA
+    if (cache->dev) { /* the device state into the host mirror, then the same writer */
+        const mkv_status_t st = mkv_cuda_mm_download(cache->dev, &cache->st, cache->err);
+        if (st != MKV_STATUS_OK) return st;
+    }
+#endif
     if (mkv_state_view_build(&cache->st, 1, &buf) != MKV_STATUS_OK)
         return mkv_fail(cache->err, MKV_STATUS_OUT_OF_MEMORY, "dump: cannot build the state view");
     sbuf_t b = {NULL, 0, 0, 0};

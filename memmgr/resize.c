@@ -22,6 +22,7 @@
  * phases 3 and 4 add the base. The offsets are those of one global exclusive scan.
  */
 #include "memmgr/cache.h"
+#include "memmgr/cuda_mm.h"
 #include "memmgr/scan.h"
 
 #include <string.h>
@@ -212,8 +213,8 @@ mkv_status_t mkv_cache_check_slots(mkv_cache_t *c, int32_t n_slots, const int32_
     return MKV_STATUS_OK;
 }
 
-/* The message for the first head-region of a resize whose targets are invalid. */
-static mkv_status_t bad_targets(const op_t *op, int64_t i)
+/* The message for the first head-region of a resize whose targets (hi, lo) are invalid. */
+static mkv_status_t bad_targets(const op_t *op, int64_t i, int32_t hi, int32_t lo)
 {
     const mkv_mm_geom_t *g = &op->c->st.g;
     const int64_t per_slot = (int64_t)g->n_layers * g->n_kv_heads;
@@ -222,14 +223,84 @@ static mkv_status_t bad_targets(const op_t *op, int64_t i)
                     "slot %d layer %lld head %lld: n_hi %d and n_lo %d must be >= 0 with "
                     "n_hi + n_lo <= N = %d",
                     op->slots[j], (long long)(k / g->n_kv_heads), (long long)(k % g->n_kv_heads),
-                    op->tgt_hi[i], op->tgt_lo[i], op->new_len[j]);
+                    hi, lo, op->new_len[j]);
 }
+
+static mkv_status_t out_of_pages(mkv_cache_t *c, int64_t total_alloc, int64_t total_release,
+                                 int64_t others_reserved)
+{
+    return mkv_fail(c->err, MKV_STATUS_OUT_OF_PAGES,
+                    "the step needs %lld new pages; %lld are free, %lld would be released and "
+                    "%lld are reserved for other slots",
+                    (long long)total_alloc, (long long)mkv_mm_free_pages(&c->st),
+                    (long long)total_release, (long long)others_reserved);
+}
+
+static int64_t others_reserved(const op_t *op)
+{
+    const mkv_mm_state_t *s = &op->c->st;
+    int64_t own = 0;
+    for (int32_t j = 0; j < op->n_slots; j++) own += s->reserved[op->slots[j]];
+    return s->reserved_total - own;
+}
+
+/* After a successful call: the host's per-slot bookkeeping, the same for both backends. */
+static void commit_slots(op_t *op)
+{
+    mkv_mm_state_t *s = &op->c->st;
+    for (int32_t j = 0; j < op->n_slots; j++) {
+        const int32_t slot = op->slots[j];
+        s->reserved_total -= s->reserved[slot];
+        s->reserved[slot] = 0;
+        if (op->kind == OP_RELEASE) {
+            s->active[slot] = 0;
+            s->seq_len[slot] = 0;
+        } else if (op->kind == OP_APPEND) {
+            s->seq_len[slot] += 1;
+        } else {
+            s->seq_len[slot] = op->new_len[j];
+        }
+    }
+}
+
+#ifdef MKV_HAVE_CUDA
+/* The same call on the CUDA backend: the phases run as kernels (memmgr/cuda_mm.cu). */
+static mkv_status_t apply_cuda(op_t *op, int dry_run, void *stream)
+{
+    mkv_cache_t *c = op->c;
+    mkv_cuda_op_t d;
+    memset(&d, 0, sizeof d);
+    d.kind = op->kind == OP_RESIZE ? MKV_CUDA_OP_RESIZE
+             : op->kind == OP_APPEND ? MKV_CUDA_OP_APPEND
+                                     : MKV_CUDA_OP_RELEASE;
+    d.n_slots = op->n_slots;
+    d.slots = op->slots;
+    d.new_len = op->new_len;
+    d.tgt_hi = op->tgt_hi;
+    d.tgt_lo = op->tgt_lo;
+    d.others_reserved = others_reserved(op);
+    d.dry_run = dry_run;
+    const mkv_status_t st = mkv_cuda_mm_apply(c->dev, &d, stream, c->err);
+    if (st == MKV_STATUS_INVALID_ARGUMENT) return bad_targets(op, d.bad_region, d.bad_hi, d.bad_lo);
+    if (st == MKV_STATUS_OUT_OF_PAGES)
+        return out_of_pages(c, d.total_alloc, d.total_release, d.others_reserved);
+    if (st != MKV_STATUS_OK || dry_run) return st;
+    c->st.head = d.head; /* the host's mirror of the device counters */
+    c->st.tail = d.tail;
+    commit_slots(op);
+    return MKV_STATUS_OK;
+}
+#endif
 
 /* Phases 1 to 4; for OP_RESIZE, op->new_len holds each slot's new N. With dry_run, stops
  * after the fit check: the answer of the call, with nothing changed. */
-static mkv_status_t apply(op_t *op, int dry_run)
+static mkv_status_t apply(op_t *op, int dry_run, void *stream)
 {
     mkv_cache_t *c = op->c;
+#ifdef MKV_HAVE_CUDA
+    if (c->dev) return apply_cuda(op, dry_run, stream);
+#endif
+    (void)stream;
     mkv_mm_state_t *s = &c->st;
     mkv_mm_work_t *w = &c->work;
     op->n_regions = (int64_t)op->n_slots * s->g.n_layers * s->g.n_kv_heads;
@@ -247,23 +318,18 @@ static mkv_status_t apply(op_t *op, int dry_run)
     /* 2. coordinate: chunk totals become chunk bases */
     int64_t total_alloc = 0, total_release = 0;
     for (int32_t k = 0; k < op->n_chunks; k++) {
-        if (w->chunk_bad[k] >= 0) return bad_targets(op, w->chunk_bad[k]);
+        if (w->chunk_bad[k] >= 0)
+            return bad_targets(op, w->chunk_bad[k], op->tgt_hi[w->chunk_bad[k]],
+                               op->tgt_lo[w->chunk_bad[k]]);
         const int64_t a = w->chunk_alloc[k], r = w->chunk_rel[k];
         w->chunk_alloc[k] = total_alloc;
         w->chunk_rel[k] = total_release;
         total_alloc += a;
         total_release += r;
     }
-    int64_t own_reserved = 0;
-    for (int32_t j = 0; j < op->n_slots; j++) own_reserved += s->reserved[op->slots[j]];
-    const int64_t others_reserved = s->reserved_total - own_reserved;
-    const int64_t free_pages = mkv_mm_free_pages(s);
-    if (total_alloc > free_pages + total_release - others_reserved)
-        return mkv_fail(c->err, MKV_STATUS_OUT_OF_PAGES,
-                        "the step needs %lld new pages; %lld are free, %lld would be released and "
-                        "%lld are reserved for other slots",
-                        (long long)total_alloc, (long long)free_pages, (long long)total_release,
-                        (long long)others_reserved);
+    const int64_t others = others_reserved(op);
+    if (total_alloc > mkv_mm_free_pages(s) + total_release - others)
+        return out_of_pages(c, total_alloc, total_release, others);
 
     if (dry_run) return MKV_STATUS_OK;
 
@@ -273,26 +339,14 @@ static mkv_status_t apply(op_t *op, int dry_run)
     mkv_threads_run(tp, allocate_chunks, op, op->n_chunks);
     s->head += total_alloc;
 
-    for (int32_t j = 0; j < op->n_slots; j++) {
-        const int32_t slot = op->slots[j];
-        s->reserved_total -= s->reserved[slot];
-        s->reserved[slot] = 0;
-        if (op->kind == OP_RELEASE) {
-            s->active[slot] = 0;
-            s->seq_len[slot] = 0;
-        } else if (op->kind == OP_APPEND) {
-            s->seq_len[slot] += 1;
-        } else {
-            s->seq_len[slot] = op->new_len[j];
-        }
-    }
+    commit_slots(op);
     return MKV_STATUS_OK;
 }
+
 
 mkv_status_t mkv_cache_append(mkv_cache_t *cache, int32_t n_slots, const int32_t *slots,
                               void *stream)
 {
-    (void)stream;
     if (!cache) return mkv_fail_global(MKV_STATUS_INVALID_ARGUMENT, "mkv_cache_append: null cache");
     cache->err[0] = '\0';
     mkv_status_t st = mkv_cache_check_slots(cache, n_slots, slots);
@@ -303,10 +357,10 @@ mkv_status_t mkv_cache_append(mkv_cache_t *cache, int32_t n_slots, const int32_t
                             "slot %d already holds max_seq_len = %d tokens", slots[j],
                             cache->st.g.max_seq_len);
     op_t op = {cache, OP_APPEND, n_slots, slots, NULL, NULL, NULL, 0, 0, 0, 0};
-    return apply(&op, 0);
+    return apply(&op, 0, stream);
 }
 
-static mkv_status_t resize(mkv_cache_t *cache, const mkv_resize_t *rz, int dry_run)
+static mkv_status_t resize(mkv_cache_t *cache, const mkv_resize_t *rz, int dry_run, void *stream)
 {
     if (!cache) return mkv_fail_global(MKV_STATUS_INVALID_ARGUMENT, "mkv_cache_resize: null cache");
     cache->err[0] = '\0';
@@ -327,27 +381,25 @@ static mkv_status_t resize(mkv_cache_t *cache, const mkv_resize_t *rz, int dry_r
     }
     /* The targets themselves are checked in the plan phase, in parallel. */
     op_t op = {cache, OP_RESIZE, rz->n_slots, rz->slots, rz->n_hi, rz->n_lo, new_len, 0, 0, 0, 0};
-    return apply(&op, dry_run);
+    return apply(&op, dry_run, stream);
 }
 
 mkv_status_t mkv_cache_resize(mkv_cache_t *cache, const mkv_resize_t *rz, void *stream)
 {
-    (void)stream;
-    return resize(cache, rz, 0);
+    return resize(cache, rz, 0, stream);
 }
 
 mkv_status_t mkv_cache_resize_check(mkv_cache_t *cache, const mkv_resize_t *rz)
 {
-    return resize(cache, rz, 1);
+    return resize(cache, rz, 1, NULL);
 }
 
 mkv_status_t mkv_cache_release(mkv_cache_t *cache, int32_t slot, void *stream)
 {
-    (void)stream;
     if (!cache) return mkv_fail_global(MKV_STATUS_INVALID_ARGUMENT, "mkv_cache_release: null cache");
     cache->err[0] = '\0';
     mkv_status_t st = mkv_cache_check_slots(cache, 1, &slot);
     if (st != MKV_STATUS_OK) return st;
     op_t op = {cache, OP_RELEASE, 1, &slot, NULL, NULL, NULL, 0, 0, 0, 0};
-    return apply(&op, 0);
+    return apply(&op, 0, stream);
 }

@@ -1,0 +1,79 @@
+/*
+ * cuda_mm.h — the CUDA backend of the memory manager (DESIGN.md section 4, issue 5): the ring,
+ * its head / tail counters, the page tables and the counts live in device memory, and every
+ * batched call runs memmgr/resize.c's four phases as kernels (plan, CUB exclusive sums, a
+ * one-thread fit check that writes a device status, recycle, allocate, finalize). Nothing moves
+ * when the check fails. The host keeps the per-slot bookkeeping (active, N, reservations) and
+ * a mirror of head / tail, refreshed by one asynchronous copy per call; each call ends with one
+ * stream synchronisation so that it can return its status.
+ *
+ * Page ids, row layout and the order in which pages move are the CPU reference's exactly, so
+ * both backends reach identical states (and dumps) for the same calls.
+ */
+#ifndef MKV_MEMMGR_CUDA_MM_H
+#define MKV_MEMMGR_CUDA_MM_H
+
+#include "memmgr/state.h"
+#include "mixkv.h"
+
+#include <stdint.h>
+
+#ifdef __cplusplus
+extern "C" {
+#endif
+
+typedef struct mkv_cuda_mm mkv_cuda_mm_t;
+
+enum { MKV_CUDA_OP_RESIZE = 0, MKV_CUDA_OP_APPEND = 1, MKV_CUDA_OP_RELEASE = 2 };
+
+typedef struct mkv_cuda_op {
+    int kind;
+    int32_t n_slots;
+    const int32_t *slots;   /* host [n_slots], validated by the caller */
+    const int32_t *new_len; /* host [n_slots]: each slot's N after the call (resize only) */
+    const int32_t *tgt_hi;  /* device [n_slots][L][H] (resize only) */
+    const int32_t *tgt_lo;
+    int64_t others_reserved;/* pages reserved by slots outside the call */
+    int dry_run;            /* stop after the fit check */
+    /* Results. */
+    int64_t head, tail;     /* counters after the call */
+    int64_t total_alloc, total_release;
+    int64_t bad_region;     /* INVALID_ARGUMENT: the first head-region with bad targets */
+    int32_t bad_hi, bad_lo; /* its targets */
+} mkv_cuda_op_t;
+
+/* Allocates device state for geometry g on `device`, the pool (pool_bytes, 0 for none) and the
+ * workspace for the largest call (every slot), then writes the initial state: every page free
+ * in id order, every row -1, every count 0. */
+mkv_status_t mkv_cuda_mm_create(const mkv_mm_geom_t *g, int32_t device, int64_t pool_bytes,
+                                mkv_cuda_mm_t **out, char *err);
+void mkv_cuda_mm_destroy(mkv_cuda_mm_t *mm);
+
+/* The device page pool (NULL without one). */
+uint8_t *mkv_cuda_mm_pool(mkv_cuda_mm_t *mm);
+
+/* One batched call. OK, OUT_OF_PAGES (nothing written; totals filled), INVALID_ARGUMENT
+ * (targets out of range; bad_* filled; nothing written) or CUDA_ERROR. */
+mkv_status_t mkv_cuda_mm_apply(mkv_cuda_mm_t *mm, mkv_cuda_op_t *op, void *stream, char *err);
+
+/* Copies ring, table, counts and counters into the host state's arrays (synchronous). */
+mkv_status_t mkv_cuda_mm_download(mkv_cuda_mm_t *mm, mkv_mm_state_t *st, char *err);
+
+/* Sums over every head-region (inactive ones hold nothing): tokens_hi, tokens_lo, pages_hi,
+ * pages_lo; with slot >= 0 over that slot's head-regions only. */
+mkv_status_t mkv_cuda_mm_sums(mkv_cuda_mm_t *mm, int32_t slot, int64_t out[4], char *err);
+
+/* Worst-case pages of the next decode step of these slots (lo_can_grow[j]: N >= W). */
+mkv_status_t mkv_cuda_mm_step_demand(mkv_cuda_mm_t *mm, int32_t n_slots, const int32_t *slots,
+                                     const uint8_t *lo_can_grow, int64_t *out, char *err);
+
+/* The invariants, checked by a kernel: every page in exactly one place, rows consistent with
+ * their counts and their slot's N, unused entries -1. *violations counts what it found. */
+mkv_status_t mkv_cuda_mm_validate(mkv_cuda_mm_t *mm, const uint8_t *active, const int32_t *seq_len,
+                                  int64_t *violations, char *err);
+
+#ifdef __cplusplus
+}
+#endif
+
+#endif /* MKV_MEMMGR_CUDA_MM_H */
