@@ -9,7 +9,7 @@
 
 #include "common/error.h"
 
-#include <cub/device/device_scan.cuh>
+#include <cub/block/block_scan.cuh>
 #include <cuda_runtime.h>
 
 #include <stdint.h>
@@ -28,6 +28,10 @@ struct dev_status {
     long long sums[4]; /* reductions (stats, step demand, validate) */
 };
 
+/* Regions per block of the plan, recycle and allocate kernels: the block-level scan unit. */
+#define PLAN_BLOCK 512
+#define CHECK_BLOCK 1024
+
 struct mkv_cuda_mm {
     mkv_mm_geom_t g;
     int32_t device;
@@ -37,16 +41,20 @@ struct mkv_cuda_mm {
     u64 *counters;     /* [2] head, tail */
     uint8_t *pool;     /* [P * page_bytes] or NULL */
     /* workspace, sized for every head-region at once */
-    int32_t *target, *alloc, *release, *alloc_off, *rel_off; /* [2 * S * L * H] */
-    void *cub_temp;
-    size_t cub_bytes;
-    int32_t *d_slots, *d_new_len; /* [S] */
+    int32_t *target;              /* [2 * S * L * H] new token count per section */
+    u64 *offset;                  /* [S * L * H] packed (release << 32 | alloc) exclusive
+                                     offsets within the region's plan block */
+    u64 *block_sum;               /* [blocks] packed block totals, then block bases */
+    int64_t max_blocks;
+    int32_t *d_args;              /* [2 * S] the call's slots, then new N per slot */
+    int32_t *h_args;              /* pinned staging for d_args */
+    dev_status *h_map, *d_map;    /* mapped pinned: the check writes the host's copy */
     uint8_t *d_flags;             /* [S] */
     int32_t *d_seq;               /* [S] */
     int32_t *own;                 /* [P] validate: how many places hold each page */
     dev_status *d_status;
     /* pinned host staging */
-    int32_t *h_slots, *h_new_len, *h_seq;
+    int32_t *h_seq;
     uint8_t *h_flags;
     dev_status *h_status;
 };
@@ -81,125 +89,159 @@ static __global__ void init_kernel(int32_t *ring, int64_t P, int32_t *table, int
 
 struct call_args {
     int kind;
+    int dry_run;
     int64_t n_regions;
     int64_t per_slot; /* L * H */
+    int32_t n_slots;
     int32_t T, tpp_hi, tpp_lo;
     int64_t P;
-    const int32_t *slots, *new_len, *tgt_hi, *tgt_lo;
+    long long others_reserved;
+    const int32_t *args; /* [n_slots] slots, then [n_slots] new N (resize) */
+    const int32_t *tgt_hi, *tgt_lo;
 };
 
 __device__ __forceinline__ int64_t region_of(const call_args &a, int64_t i)
 {
-    return (int64_t)a.slots[i / a.per_slot] * a.per_slot + i % a.per_slot;
+    return (int64_t)a.args[i / a.per_slot] * a.per_slot + i % a.per_slot;
 }
 
-/* Phase 1: targets, pages gained and released per section; invalid targets flagged. */
-static __global__ void plan_kernel(call_args a, const int32_t *n_hi, const int32_t *n_lo,
-                                   int32_t *target, int32_t *alloc, int32_t *release, dev_status *st)
+/* Release and alloc counts travel packed in one 64-bit value (release << 32 | alloc): the
+ * sums stay below 2^31 (page counts), so one scan of packed values is two scans at once. */
+__device__ __forceinline__ u64 pack(int32_t release, int32_t alloc)
 {
-    const int64_t i = blockIdx.x * (int64_t)blockDim.x + threadIdx.x;
-    if (i >= a.n_regions) return;
-    const int64_t r = region_of(a, i);
-    int32_t hi, lo;
-    if (a.kind == MKV_CUDA_OP_RESIZE) {
-        hi = a.tgt_hi[i];
-        lo = a.tgt_lo[i];
-        if (hi < 0 || lo < 0 || (long long)hi + lo > a.new_len[i / a.per_slot]) {
-            atomicMin(&st->bad_region, (u64)i); /* the first bad region, as the CPU reports it */
-            hi = n_hi[r];
+    return ((u64)(uint32_t)release << 32) | (uint32_t)alloc;
+}
+
+/* Phase 1 with the first half of phase 2: each region's targets, pages gained and released
+ * per section, and a block-level exclusive scan of them; invalid targets are flagged. */
+static __global__ void __launch_bounds__(PLAN_BLOCK)
+plan_kernel(call_args a, const int32_t *n_hi, const int32_t *n_lo, int32_t *target, u64 *offset,
+            u64 *block_sum, dev_status *st)
+{
+    typedef cub::BlockScan<u64, PLAN_BLOCK> scan_t;
+    __shared__ typename scan_t::TempStorage tmp;
+    const int64_t i = blockIdx.x * (int64_t)PLAN_BLOCK + threadIdx.x;
+    u64 v = 0;
+    if (i < a.n_regions) {
+        const int64_t r = region_of(a, i);
+        int32_t hi, lo;
+        if (a.kind == MKV_CUDA_OP_RESIZE) {
+            hi = a.tgt_hi[i];
+            lo = a.tgt_lo[i];
+            if (hi < 0 || lo < 0 || (long long)hi + lo > a.args[a.n_slots + i / a.per_slot]) {
+                atomicMin(&st->bad_region, (u64)i); /* the first bad region, as the CPU reports it */
+                hi = n_hi[r];
+                lo = n_lo[r];
+            }
+        } else if (a.kind == MKV_CUDA_OP_APPEND) {
+            hi = n_hi[r] + 1;
             lo = n_lo[r];
+        } else {
+            hi = 0;
+            lo = 0;
         }
-    } else if (a.kind == MKV_CUDA_OP_APPEND) {
-        hi = n_hi[r] + 1;
-        lo = n_lo[r];
-    } else {
-        hi = 0;
-        lo = 0;
+        target[2 * i] = hi;
+        target[2 * i + 1] = lo;
+        const int32_t oh = pages_for(n_hi[r], a.tpp_hi), nh = pages_for(hi, a.tpp_hi);
+        const int32_t ol = pages_for(n_lo[r], a.tpp_lo), nl = pages_for(lo, a.tpp_lo);
+        v = pack((oh > nh ? oh - nh : 0) + (ol > nl ? ol - nl : 0),
+                 (nh > oh ? nh - oh : 0) + (nl > ol ? nl - ol : 0));
     }
-    const int32_t cur[2] = {n_hi[r], n_lo[r]}, tgt[2] = {hi, lo}, tpp[2] = {a.tpp_hi, a.tpp_lo};
-    for (int sec = 0; sec < 2; sec++) {
-        const int32_t k_old = pages_for(cur[sec], tpp[sec]), k_new = pages_for(tgt[sec], tpp[sec]);
-        target[2 * i + sec] = tgt[sec];
-        alloc[2 * i + sec] = k_new > k_old ? k_new - k_old : 0;
-        release[2 * i + sec] = k_old > k_new ? k_old - k_new : 0;
-    }
+    u64 excl, total;
+    scan_t(tmp).ExclusiveSum(v, excl, total);
+    if (i < a.n_regions) offset[i] = excl;
+    if (threadIdx.x == 0) block_sum[blockIdx.x] = total;
 }
 
-/* Phase 2's decision, one thread: the fit check against the counters. */
-static __global__ void check_kernel(int64_t sections, const int32_t *alloc, const int32_t *alloc_off,
-                                    const int32_t *release, const int32_t *rel_off, const u64 *counters,
-                                    long long others_reserved, const int32_t *tgt_hi,
-                                    const int32_t *tgt_lo, dev_status *st)
+/* The rest of phase 2, one block: block totals become block bases, then the fit check. On
+ * success the counters advance at once (the later kernels work from the values before). The
+ * host's copy of the status is written through mapped memory. */
+static __global__ void __launch_bounds__(CHECK_BLOCK)
+check_kernel(call_args a, int64_t blocks, u64 *block_sum, u64 *counters, dev_status *st,
+             dev_status *host)
 {
-    const long long ta = sections ? (long long)alloc_off[sections - 1] + alloc[sections - 1] : 0;
-    const long long tr = sections ? (long long)rel_off[sections - 1] + release[sections - 1] : 0;
-    const long long free_pages = (long long)(counters[1] - counters[0]);
-    st->total_alloc = ta;
-    st->total_release = tr;
-    st->head = counters[0];
-    st->tail = counters[1];
-    if (st->bad_region != ~0ull) {
-        st->code = MKV_STATUS_INVALID_ARGUMENT;
-        st->bad_hi = tgt_hi[st->bad_region];
-        st->bad_lo = tgt_lo[st->bad_region];
-    } else if (ta > free_pages + tr - others_reserved) {
-        st->code = MKV_STATUS_OUT_OF_PAGES;
-    } else {
-        st->code = MKV_STATUS_OK;
+    typedef cub::BlockScan<u64, CHECK_BLOCK> scan_t;
+    __shared__ typename scan_t::TempStorage tmp;
+    u64 carry = 0;
+    for (int64_t b0 = 0; b0 < blocks; b0 += CHECK_BLOCK) {
+        const int64_t b = b0 + threadIdx.x;
+        const u64 v = b < blocks ? block_sum[b] : 0;
+        u64 excl, total;
+        scan_t(tmp).ExclusiveSum(v, excl, total);
+        if (b < blocks) block_sum[b] = carry + excl;
+        carry += total;
+        __syncthreads(); /* TempStorage is reused by the next chunk */
     }
+    if (threadIdx.x != 0) return;
+    const long long ta = (long long)(uint32_t)carry, tr = (long long)(carry >> 32);
+    const u64 head = counters[0], tail = counters[1];
+    const long long free_pages = (long long)(tail - head);
+    int32_t code = MKV_STATUS_OK, bad_hi = 0, bad_lo = 0;
+    const u64 bad = st->bad_region;
+    if (bad != ~0ull) {
+        code = MKV_STATUS_INVALID_ARGUMENT;
+        bad_hi = a.tgt_hi[bad];
+        bad_lo = a.tgt_lo[bad];
+    } else if (ta > free_pages + tr - a.others_reserved) {
+        code = MKV_STATUS_OUT_OF_PAGES;
+    }
+    st->code = code;
+    st->head = head; /* before the call: the bases of recycle and allocate */
+    st->tail = tail;
+    st->bad_region = ~0ull; /* ready for the next call */
+    if (code == MKV_STATUS_OK && !a.dry_run) {
+        counters[0] = head + (u64)ta;
+        counters[1] = tail + (u64)tr;
+    }
+    host->code = code;
+    host->bad_hi = bad_hi;
+    host->bad_lo = bad_lo;
+    host->bad_region = bad;
+    host->total_alloc = ta;
+    host->total_release = tr;
+    host->head = counters[0];
+    host->tail = counters[1];
 }
 
-/* Phase 3: shrinking sections write their last pages to the ring's tail. */
-static __global__ void recycle_kernel(call_args a, const int32_t *target, const int32_t *release,
-                                      const int32_t *rel_off, int32_t *ring, int32_t *table,
-                                      const dev_status *st)
+/* Phase 3: shrinking sections write their last pages to the ring's tail, in section order. */
+static __global__ void __launch_bounds__(PLAN_BLOCK)
+recycle_kernel(call_args a, const int32_t *target, const int32_t *n_hi, const int32_t *n_lo,
+               const u64 *offset, const u64 *block_base, int32_t *ring, int32_t *table,
+               const dev_status *st)
 {
-    const int64_t i = blockIdx.x * (int64_t)blockDim.x + threadIdx.x;
+    const int64_t i = blockIdx.x * (int64_t)PLAN_BLOCK + threadIdx.x;
     if (i >= a.n_regions || st->code != MKV_STATUS_OK) return;
-    int32_t *row = table + region_of(a, i) * a.T;
-    const u64 tail = st->tail;
+    const int64_t r = region_of(a, i);
+    int32_t *row = table + r * a.T;
+    u64 base = st->tail + ((block_base[blockIdx.x] + offset[i]) >> 32);
+    const int32_t cur[2] = {n_hi[r], n_lo[r]}, tpp[2] = {a.tpp_hi, a.tpp_lo};
     for (int sec = 0; sec < 2; sec++) {
-        const int32_t n = release[2 * i + sec];
-        if (n == 0) continue;
-        const int32_t k_new = pages_for(target[2 * i + sec], sec ? a.tpp_lo : a.tpp_hi);
-        const u64 base = tail + (u64)rel_off[2 * i + sec];
-        for (int32_t k = 0; k < n; k++) {
-            int32_t *e = entry(row, a.T, sec, k_new + k);
-            ring[(base + k) % (u64)a.P] = *e;
+        const int32_t k_old = pages_for(cur[sec], tpp[sec]), k_new = pages_for(target[2 * i + sec], tpp[sec]);
+        for (int32_t k = k_new; k < k_old; k++, base++) {
+            int32_t *e = entry(row, a.T, sec, k);
+            ring[base % (u64)a.P] = *e;
             *e = -1;
         }
     }
 }
 
 /* Phase 4: growing sections take pages from the ring's head; counts are committed. */
-static __global__ void allocate_kernel(call_args a, const int32_t *target, const int32_t *alloc,
-                                       const int32_t *alloc_off, const int32_t *ring, int32_t *table,
-                                       int32_t *n_hi, int32_t *n_lo, const dev_status *st)
+static __global__ void __launch_bounds__(PLAN_BLOCK)
+allocate_kernel(call_args a, const int32_t *target, const u64 *offset, const u64 *block_base,
+                const int32_t *ring, int32_t *table, int32_t *n_hi, int32_t *n_lo, const dev_status *st)
 {
-    const int64_t i = blockIdx.x * (int64_t)blockDim.x + threadIdx.x;
+    const int64_t i = blockIdx.x * (int64_t)PLAN_BLOCK + threadIdx.x;
     if (i >= a.n_regions || st->code != MKV_STATUS_OK) return;
     const int64_t r = region_of(a, i);
     int32_t *row = table + r * a.T;
-    const u64 head = st->head;
-    const int32_t cur[2] = {n_hi[r], n_lo[r]};
+    u64 base = st->head + (uint32_t)(block_base[blockIdx.x] + offset[i]);
+    const int32_t cur[2] = {n_hi[r], n_lo[r]}, tpp[2] = {a.tpp_hi, a.tpp_lo};
     for (int sec = 0; sec < 2; sec++) {
-        const int32_t n = alloc[2 * i + sec];
-        if (n == 0) continue;
-        const int32_t k_old = pages_for(cur[sec], sec ? a.tpp_lo : a.tpp_hi);
-        const u64 base = head + (u64)alloc_off[2 * i + sec];
-        for (int32_t k = 0; k < n; k++) *entry(row, a.T, sec, k_old + k) = ring[(base + k) % (u64)a.P];
+        const int32_t k_old = pages_for(cur[sec], tpp[sec]), k_new = pages_for(target[2 * i + sec], tpp[sec]);
+        for (int32_t k = k_old; k < k_new; k++, base++) *entry(row, a.T, sec, k) = ring[base % (u64)a.P];
     }
     n_hi[r] = target[2 * i];
     n_lo[r] = target[2 * i + 1];
-}
-
-static __global__ void finalize_kernel(u64 *counters, dev_status *st)
-{
-    if (st->code != MKV_STATUS_OK) return;
-    counters[0] += (u64)st->total_alloc;
-    counters[1] += (u64)st->total_release;
-    st->head = counters[0];
-    st->tail = counters[1];
 }
 
 /* Sums of tokens and pages over head-regions [r0, r0 + n). */
@@ -303,19 +345,15 @@ static void free_all(mkv_cuda_mm_t *m)
     cudaFree(m->counters);
     cudaFree(m->pool);
     cudaFree(m->target);
-    cudaFree(m->alloc);
-    cudaFree(m->release);
-    cudaFree(m->alloc_off);
-    cudaFree(m->rel_off);
-    cudaFree(m->cub_temp);
-    cudaFree(m->d_slots);
-    cudaFree(m->d_new_len);
+    cudaFree(m->offset);
+    cudaFree(m->block_sum);
+    cudaFree(m->d_args);
     cudaFree(m->d_flags);
     cudaFree(m->d_seq);
     cudaFree(m->own);
     cudaFree(m->d_status);
-    cudaFreeHost(m->h_slots);
-    cudaFreeHost(m->h_new_len);
+    cudaFreeHost(m->h_args);
+    cudaFreeHost(m->h_map);
     cudaFreeHost(m->h_seq);
     cudaFreeHost(m->h_flags);
     cudaFreeHost(m->h_status);
@@ -333,21 +371,18 @@ static mkv_status_t create(mkv_cuda_mm_t *m, int64_t pool_bytes, char *err)
     CUDA_TRY(cudaMalloc((void **)&m->n_lo, (size_t)regions * 4));
     CUDA_TRY(cudaMalloc((void **)&m->counters, 2 * sizeof(u64)));
     if (pool_bytes > 0) CUDA_TRY(cudaMalloc((void **)&m->pool, (size_t)pool_bytes));
+    m->max_blocks = (regions + PLAN_BLOCK - 1) / PLAN_BLOCK;
     CUDA_TRY(cudaMalloc((void **)&m->target, (size_t)sections * 4));
-    CUDA_TRY(cudaMalloc((void **)&m->alloc, (size_t)sections * 4));
-    CUDA_TRY(cudaMalloc((void **)&m->release, (size_t)sections * 4));
-    CUDA_TRY(cudaMalloc((void **)&m->alloc_off, (size_t)sections * 4));
-    CUDA_TRY(cudaMalloc((void **)&m->rel_off, (size_t)sections * 4));
-    CUDA_TRY(cub::DeviceScan::ExclusiveSum(NULL, m->cub_bytes, m->alloc, m->alloc_off, (int)sections));
-    CUDA_TRY(cudaMalloc(&m->cub_temp, m->cub_bytes > 0 ? m->cub_bytes : 1));
-    CUDA_TRY(cudaMalloc((void **)&m->d_slots, (size_t)S * 4));
-    CUDA_TRY(cudaMalloc((void **)&m->d_new_len, (size_t)S * 4));
+    CUDA_TRY(cudaMalloc((void **)&m->offset, (size_t)regions * sizeof(u64)));
+    CUDA_TRY(cudaMalloc((void **)&m->block_sum, (size_t)(m->max_blocks > 0 ? m->max_blocks : 1) * sizeof(u64)));
+    CUDA_TRY(cudaMalloc((void **)&m->d_args, (size_t)(2 * S) * 4));
     CUDA_TRY(cudaMalloc((void **)&m->d_flags, (size_t)S));
     CUDA_TRY(cudaMalloc((void **)&m->d_seq, (size_t)S * 4));
     CUDA_TRY(cudaMalloc((void **)&m->own, (size_t)P * 4));
     CUDA_TRY(cudaMalloc((void **)&m->d_status, sizeof(dev_status)));
-    CUDA_TRY(cudaMallocHost((void **)&m->h_slots, (size_t)S * 4));
-    CUDA_TRY(cudaMallocHost((void **)&m->h_new_len, (size_t)S * 4));
+    CUDA_TRY(cudaMallocHost((void **)&m->h_args, (size_t)(2 * S) * 4));
+    CUDA_TRY(cudaHostAlloc((void **)&m->h_map, sizeof(dev_status), cudaHostAllocMapped));
+    CUDA_TRY(cudaHostGetDevicePointer((void **)&m->d_map, m->h_map, 0));
     CUDA_TRY(cudaMallocHost((void **)&m->h_seq, (size_t)S * 4));
     CUDA_TRY(cudaMallocHost((void **)&m->h_flags, (size_t)S));
     CUDA_TRY(cudaMallocHost((void **)&m->h_status, sizeof(dev_status)));
@@ -359,6 +394,7 @@ static mkv_status_t create(mkv_cuda_mm_t *m, int64_t pool_bytes, char *err)
     CUDA_TRY(cudaMemset(m->n_lo, 0, (size_t)regions * 4));
     const u64 counters[2] = {0, (u64)P};
     CUDA_TRY(cudaMemcpy(m->counters, counters, sizeof counters, cudaMemcpyHostToDevice));
+    CUDA_TRY(cudaMemset(m->d_status, 0xff, sizeof(dev_status))); /* bad_region = none */
     CUDA_TRY(cudaDeviceSynchronize());
     return MKV_STATUS_OK;
 }
@@ -408,50 +444,41 @@ extern "C" mkv_status_t mkv_cuda_mm_apply(mkv_cuda_mm_t *m, mkv_cuda_op_t *op, v
     const mkv_mm_geom_t *g = &m->g;
     call_args a;
     a.kind = op->kind;
+    a.dry_run = op->dry_run;
     a.per_slot = (int64_t)g->n_layers * g->n_kv_heads;
+    a.n_slots = op->n_slots;
     a.n_regions = (int64_t)op->n_slots * a.per_slot;
     a.T = g->row_entries;
     a.tpp_hi = g->tpp_hi;
     a.tpp_lo = g->tpp_lo;
     a.P = g->pool_pages;
-    a.slots = m->d_slots;
-    a.new_len = m->d_new_len;
+    a.others_reserved = (long long)op->others_reserved;
+    a.args = m->d_args;
     a.tgt_hi = op->tgt_hi;
     a.tgt_lo = op->tgt_lo;
-    const int64_t sections = 2 * a.n_regions;
+    const int64_t blocks = (a.n_regions + PLAN_BLOCK - 1) / PLAN_BLOCK;
     CUDA_TRY(cudaSetDevice(m->device));
-    memcpy(m->h_slots, op->slots, (size_t)op->n_slots * 4);
-    CUDA_TRY(cudaMemcpyAsync(m->d_slots, m->h_slots, (size_t)op->n_slots * 4, cudaMemcpyHostToDevice, stream));
-    if (op->kind == MKV_CUDA_OP_RESIZE) {
-        memcpy(m->h_new_len, op->new_len, (size_t)op->n_slots * 4);
-        CUDA_TRY(cudaMemcpyAsync(m->d_new_len, m->h_new_len, (size_t)op->n_slots * 4,
-                                 cudaMemcpyHostToDevice, stream));
+    /* One copy carries the call's arguments; one sync at the end; between them, four kernels. */
+    const int32_t n_args = op->kind == MKV_CUDA_OP_RESIZE ? 2 * op->n_slots : op->n_slots;
+    memcpy(m->h_args, op->slots, (size_t)op->n_slots * 4);
+    if (op->kind == MKV_CUDA_OP_RESIZE) memcpy(m->h_args + op->n_slots, op->new_len, (size_t)op->n_slots * 4);
+    if (n_args > 0)
+        CUDA_TRY(cudaMemcpyAsync(m->d_args, m->h_args, (size_t)n_args * 4, cudaMemcpyHostToDevice, stream));
+    if (blocks > 0)
+        plan_kernel<<<(unsigned)blocks, PLAN_BLOCK, 0, stream>>>(a, m->n_hi, m->n_lo, m->target, m->offset,
+                                                                 m->block_sum, m->d_status);
+    check_kernel<<<1, CHECK_BLOCK, 0, stream>>>(a, blocks, m->block_sum, m->counters, m->d_status, m->d_map);
+    if (!op->dry_run && blocks > 0) {
+        recycle_kernel<<<(unsigned)blocks, PLAN_BLOCK, 0, stream>>>(a, m->target, m->n_hi, m->n_lo, m->offset,
+                                                                    m->block_sum, m->ring, m->table,
+                                                                    m->d_status);
+        allocate_kernel<<<(unsigned)blocks, PLAN_BLOCK, 0, stream>>>(a, m->target, m->offset, m->block_sum,
+                                                                     m->ring, m->table, m->n_hi, m->n_lo,
+                                                                     m->d_status);
     }
-    CUDA_TRY(cudaMemsetAsync(m->d_status, 0xff, sizeof(dev_status), stream)); /* bad_region = ~0 */
-    const int block = 256, grid = grid_for(a.n_regions, block);
-    if (a.n_regions > 0) {
-        plan_kernel<<<grid, block, 0, stream>>>(a, m->n_hi, m->n_lo, m->target, m->alloc, m->release,
-                                                m->d_status);
-        CUDA_TRY(cudaGetLastError());
-        size_t bytes = m->cub_bytes;
-        CUDA_TRY(cub::DeviceScan::ExclusiveSum(m->cub_temp, bytes, m->alloc, m->alloc_off, (int)sections, stream));
-        CUDA_TRY(cub::DeviceScan::ExclusiveSum(m->cub_temp, bytes, m->release, m->rel_off, (int)sections, stream));
-    }
-    check_kernel<<<1, 1, 0, stream>>>(sections, m->alloc, m->alloc_off, m->release, m->rel_off,
-                                      m->counters, (long long)op->others_reserved, op->tgt_hi,
-                                      op->tgt_lo, m->d_status);
     CUDA_TRY(cudaGetLastError());
-    if (!op->dry_run && a.n_regions > 0) {
-        recycle_kernel<<<grid, block, 0, stream>>>(a, m->target, m->release, m->rel_off, m->ring,
-                                                   m->table, m->d_status);
-        allocate_kernel<<<grid, block, 0, stream>>>(a, m->target, m->alloc, m->alloc_off, m->ring,
-                                                    m->table, m->n_hi, m->n_lo, m->d_status);
-        finalize_kernel<<<1, 1, 0, stream>>>(m->counters, m->d_status);
-        CUDA_TRY(cudaGetLastError());
-    }
-    CUDA_TRY(cudaMemcpyAsync(m->h_status, m->d_status, sizeof(dev_status), cudaMemcpyDeviceToHost, stream));
     CUDA_TRY(cudaStreamSynchronize(stream));
-    const dev_status *s = m->h_status;
+    const volatile dev_status *s = m->h_map;
     op->head = (int64_t)s->head;
     op->tail = (int64_t)s->tail;
     op->total_alloc = s->total_alloc;
@@ -510,10 +537,10 @@ extern "C" mkv_status_t mkv_cuda_mm_step_demand(mkv_cuda_mm_t *m, int32_t n_slot
     CUDA_TRY(cudaSetDevice(m->device));
     CUDA_TRY(cudaMemset(m->d_status, 0, sizeof(dev_status)));
     if (n > 0) {
-        CUDA_TRY(cudaMemcpy(m->d_slots, slots, (size_t)n_slots * 4, cudaMemcpyHostToDevice));
+        CUDA_TRY(cudaMemcpy(m->d_args, slots, (size_t)n_slots * 4, cudaMemcpyHostToDevice));
         CUDA_TRY(cudaMemcpy(m->d_flags, lo_can_grow, (size_t)n_slots, cudaMemcpyHostToDevice));
         const int grid = grid_for(n, 256) < 1024 ? grid_for(n, 256) : 1024;
-        demand_kernel<<<grid, 256>>>(m->d_slots, m->d_flags, n, per_slot, m->n_hi, m->n_lo, g->tpp_hi,
+        demand_kernel<<<grid, 256>>>(m->d_args, m->d_flags, n, per_slot, m->n_hi, m->n_lo, g->tpp_hi,
                                      g->tpp_lo, m->d_status);
     }
     const mkv_status_t st = finish_reduction(m, err);
