@@ -22,6 +22,7 @@ static void work_free(mkv_mm_work_t *w)
     free(w->rel_off);
     free(w->slot_seen);
     free(w->new_len);
+    free(w->flags);
     free(w->chunk_alloc);
     free(w->chunk_rel);
     free(w->chunk_bad);
@@ -40,12 +41,13 @@ static mkv_status_t work_init(mkv_mm_work_t *w, const mkv_mm_geom_t *g, int32_t 
     w->rel_off = malloc(sections * sizeof(int32_t));
     w->slot_seen = calloc((size_t)g->max_seqs, sizeof(int32_t));
     w->new_len = malloc((size_t)g->max_seqs * sizeof(int32_t));
+    w->flags = malloc((size_t)g->max_seqs);
     w->n_chunks = n_threads;
     w->chunk_alloc = malloc((size_t)n_threads * sizeof(int64_t));
     w->chunk_rel = malloc((size_t)n_threads * sizeof(int64_t));
     w->chunk_bad = malloc((size_t)n_threads * sizeof(int64_t));
     if (!w->target || !w->alloc || !w->release || !w->alloc_off || !w->rel_off || !w->slot_seen ||
-        !w->new_len || !w->chunk_alloc || !w->chunk_rel || !w->chunk_bad) {
+        !w->new_len || !w->flags || !w->chunk_alloc || !w->chunk_rel || !w->chunk_bad) {
         work_free(w);
         return mkv_fail(err, MKV_STATUS_OUT_OF_MEMORY, "cannot allocate the step workspace");
     }
@@ -252,16 +254,17 @@ mkv_status_t mkv_cache_step_demand(mkv_cache_t *cache, int32_t n_slots, const in
     cache->err[0] = '\0';
     const mkv_mm_state_t *s = &cache->st;
     const mkv_mm_geom_t *g = &s->g;
-    if (!out_pages || (n_slots > 0 && !slots) || n_slots < 0)
+    if (!out_pages || (n_slots > 0 && !slots) || n_slots < 0 || n_slots > g->max_seqs)
         return mkv_fail(cache->err, MKV_STATUS_INVALID_ARGUMENT,
-                        "mkv_cache_step_demand: null pointer or negative n_slots");
+                        "mkv_cache_step_demand: null pointer, or n_slots %d outside [0, %d]", n_slots,
+                        g->max_seqs);
     for (int32_t j = 0; j < n_slots; j++)
         if (slots[j] < 0 || slots[j] >= g->max_seqs || !s->active[slots[j]])
             return mkv_fail(cache->err, MKV_STATUS_INVALID_ARGUMENT,
                             "slots[%d] = %d is not an active slot", j, slots[j]);
 #ifdef MKV_HAVE_CUDA
     if (cache->dev) {
-        uint8_t grow[n_slots > 0 ? n_slots : 1];
+        uint8_t *grow = cache->work.flags;
         for (int32_t j = 0; j < n_slots; j++) grow[j] = s->seq_len[slots[j]] >= g->window;
         return mkv_cuda_mm_step_demand(cache->dev, n_slots, slots, grow, out_pages, cache->err);
     }

@@ -21,6 +21,7 @@ typedef struct mkv_mm_work {
     int32_t *rel_off;   /* [2 * S * L * H] exclusive prefix sum of release within its chunk */
     int32_t *slot_seen; /* [S] call stamp, to refuse duplicate slots */
     int32_t *new_len;   /* [S] a resize's new N per listed slot */
+    uint8_t *flags;     /* [S] per listed slot (CUDA step demand: N >= W) */
     int32_t stamp;
     /* Per chunk of head-regions (one chunk per thread): totals, bases, first bad region. */
     int32_t n_chunks;

@@ -52,11 +52,23 @@ struct mkv_cuda_mm {
     uint8_t *d_flags;             /* [S] */
     int32_t *d_seq;               /* [S] */
     int32_t *own;                 /* [P] validate: how many places hold each page */
-    dev_status *d_status;
+    dev_status *d_status;  /* the calls' status (bad_region kept at ~0 between calls) */
+    dev_status *d_red;     /* reductions' own status (stats, step demand, validate) */
     /* pinned host staging */
     int32_t *h_seq;
     uint8_t *h_flags;
     dev_status *h_status;
+};
+
+/* Makes the cache's device current for one call and gives the caller back its own. */
+struct device_scope {
+    int prev;
+    explicit device_scope(int device)
+    {
+        if (cudaGetDevice(&prev) != cudaSuccess) prev = device;
+        if (prev != device) cudaSetDevice(device);
+    }
+    ~device_scope() { cudaSetDevice(prev); }
 };
 
 #define CUDA_TRY(expr)                                                                         \
@@ -352,6 +364,7 @@ static void free_all(mkv_cuda_mm_t *m)
     cudaFree(m->d_seq);
     cudaFree(m->own);
     cudaFree(m->d_status);
+    cudaFree(m->d_red);
     cudaFreeHost(m->h_args);
     cudaFreeHost(m->h_map);
     cudaFreeHost(m->h_seq);
@@ -364,7 +377,7 @@ static mkv_status_t create(mkv_cuda_mm_t *m, int64_t pool_bytes, char *err)
     const mkv_mm_geom_t *g = &m->g;
     const int64_t regions = mkv_mm_regions(g), sections = 2 * regions, S = g->max_seqs;
     const int64_t entries = regions * g->row_entries, P = g->pool_pages;
-    CUDA_TRY(cudaSetDevice(m->device));
+    device_scope scope(m->device);
     CUDA_TRY(cudaMalloc((void **)&m->ring, (size_t)P * 4));
     CUDA_TRY(cudaMalloc((void **)&m->table, (size_t)entries * 4));
     CUDA_TRY(cudaMalloc((void **)&m->n_hi, (size_t)regions * 4));
@@ -380,6 +393,7 @@ static mkv_status_t create(mkv_cuda_mm_t *m, int64_t pool_bytes, char *err)
     CUDA_TRY(cudaMalloc((void **)&m->d_seq, (size_t)S * 4));
     CUDA_TRY(cudaMalloc((void **)&m->own, (size_t)P * 4));
     CUDA_TRY(cudaMalloc((void **)&m->d_status, sizeof(dev_status)));
+    CUDA_TRY(cudaMalloc((void **)&m->d_red, sizeof(dev_status)));
     CUDA_TRY(cudaMallocHost((void **)&m->h_args, (size_t)(2 * S) * 4));
     CUDA_TRY(cudaHostAlloc((void **)&m->h_map, sizeof(dev_status), cudaHostAllocMapped));
     CUDA_TRY(cudaHostGetDevicePointer((void **)&m->d_map, m->h_map, 0));
@@ -417,12 +431,16 @@ extern "C" mkv_status_t mkv_cuda_mm_create(const mkv_mm_geom_t *g, int32_t devic
     if (!m) return mkv_fail(err, MKV_STATUS_OUT_OF_MEMORY, "cannot allocate the CUDA memory manager");
     m->g = *g;
     m->device = device;
+    device_scope scope(device);
     const mkv_status_t st = create(m, pool_bytes, err);
     if (st != MKV_STATUS_OK) {
         free_all(m);
         free(m);
         (void)cudaGetLastError();
-        return st == MKV_STATUS_CUDA_ERROR ? mkv_fail(err, MKV_STATUS_OUT_OF_MEMORY, "%s", err) : st;
+        if (st != MKV_STATUS_CUDA_ERROR) return st;
+        char why[MKV_ERR_LEN];
+        memcpy(why, err, sizeof why);
+        return mkv_fail(err, MKV_STATUS_OUT_OF_MEMORY, "%s", why); /* allocations failed */
     }
     *out = m;
     return MKV_STATUS_OK;
@@ -431,7 +449,7 @@ extern "C" mkv_status_t mkv_cuda_mm_create(const mkv_mm_geom_t *g, int32_t devic
 extern "C" void mkv_cuda_mm_destroy(mkv_cuda_mm_t *m)
 {
     if (!m) return;
-    cudaSetDevice(m->device);
+    device_scope scope(m->device);
     free_all(m);
     free(m);
 }
@@ -457,7 +475,7 @@ extern "C" mkv_status_t mkv_cuda_mm_apply(mkv_cuda_mm_t *m, mkv_cuda_op_t *op, v
     a.tgt_hi = op->tgt_hi;
     a.tgt_lo = op->tgt_lo;
     const int64_t blocks = (a.n_regions + PLAN_BLOCK - 1) / PLAN_BLOCK;
-    CUDA_TRY(cudaSetDevice(m->device));
+    device_scope scope(m->device);
     /* One copy carries the call's arguments; one sync at the end; between them, four kernels. */
     const int32_t n_args = op->kind == MKV_CUDA_OP_RESIZE ? 2 * op->n_slots : op->n_slots;
     memcpy(m->h_args, op->slots, (size_t)op->n_slots * 4);
@@ -494,7 +512,7 @@ extern "C" mkv_status_t mkv_cuda_mm_download(mkv_cuda_mm_t *m, mkv_mm_state_t *s
     const mkv_mm_geom_t *g = &m->g;
     const int64_t regions = mkv_mm_regions(g);
     u64 counters[2];
-    CUDA_TRY(cudaSetDevice(m->device));
+    device_scope scope(m->device);
     CUDA_TRY(cudaDeviceSynchronize());
     CUDA_TRY(cudaMemcpy(st->ring, m->ring, (size_t)g->pool_pages * 4, cudaMemcpyDeviceToHost));
     CUDA_TRY(cudaMemcpy(st->table, m->table, (size_t)(regions * g->row_entries) * 4, cudaMemcpyDeviceToHost));
@@ -506,11 +524,11 @@ extern "C" mkv_status_t mkv_cuda_mm_download(mkv_cuda_mm_t *m, mkv_mm_state_t *s
     return MKV_STATUS_OK;
 }
 
-/* Runs a reduction into d_status->sums and copies the status back. */
+/* Finishes a reduction into d_red->sums: copies it back. */
 static mkv_status_t finish_reduction(mkv_cuda_mm_t *m, char *err)
 {
     CUDA_TRY(cudaGetLastError());
-    CUDA_TRY(cudaMemcpy(m->h_status, m->d_status, sizeof(dev_status), cudaMemcpyDeviceToHost));
+    CUDA_TRY(cudaMemcpy(m->h_status, m->d_red, sizeof(dev_status), cudaMemcpyDeviceToHost));
     return MKV_STATUS_OK;
 }
 
@@ -519,10 +537,10 @@ extern "C" mkv_status_t mkv_cuda_mm_sums(mkv_cuda_mm_t *m, int32_t slot, int64_t
     const mkv_mm_geom_t *g = &m->g;
     const int64_t per_slot = (int64_t)g->n_layers * g->n_kv_heads;
     const int64_t r0 = slot >= 0 ? slot * per_slot : 0, n = slot >= 0 ? per_slot : mkv_mm_regions(g);
-    CUDA_TRY(cudaSetDevice(m->device));
-    CUDA_TRY(cudaMemset(m->d_status, 0, sizeof(dev_status)));
+    device_scope scope(m->device);
+    CUDA_TRY(cudaMemset(m->d_red, 0, sizeof(dev_status)));
     const int grid = grid_for(n, 256) < 1024 ? grid_for(n, 256) : 1024;
-    sums_kernel<<<grid, 256>>>(m->n_hi, m->n_lo, r0, n, g->tpp_hi, g->tpp_lo, m->d_status);
+    sums_kernel<<<grid, 256>>>(m->n_hi, m->n_lo, r0, n, g->tpp_hi, g->tpp_lo, m->d_red);
     const mkv_status_t st = finish_reduction(m, err);
     if (st != MKV_STATUS_OK) return st;
     for (int k = 0; k < 4; k++) out[k] = m->h_status->sums[k];
@@ -534,14 +552,14 @@ extern "C" mkv_status_t mkv_cuda_mm_step_demand(mkv_cuda_mm_t *m, int32_t n_slot
 {
     const mkv_mm_geom_t *g = &m->g;
     const int64_t per_slot = (int64_t)g->n_layers * g->n_kv_heads, n = n_slots * per_slot;
-    CUDA_TRY(cudaSetDevice(m->device));
-    CUDA_TRY(cudaMemset(m->d_status, 0, sizeof(dev_status)));
+    device_scope scope(m->device);
+    CUDA_TRY(cudaMemset(m->d_red, 0, sizeof(dev_status)));
     if (n > 0) {
         CUDA_TRY(cudaMemcpy(m->d_args, slots, (size_t)n_slots * 4, cudaMemcpyHostToDevice));
         CUDA_TRY(cudaMemcpy(m->d_flags, lo_can_grow, (size_t)n_slots, cudaMemcpyHostToDevice));
         const int grid = grid_for(n, 256) < 1024 ? grid_for(n, 256) : 1024;
         demand_kernel<<<grid, 256>>>(m->d_args, m->d_flags, n, per_slot, m->n_hi, m->n_lo, g->tpp_hi,
-                                     g->tpp_lo, m->d_status);
+                                     g->tpp_lo, m->d_red);
     }
     const mkv_status_t st = finish_reduction(m, err);
     if (st != MKV_STATUS_OK) return st;
@@ -554,18 +572,18 @@ extern "C" mkv_status_t mkv_cuda_mm_validate(mkv_cuda_mm_t *m, const uint8_t *ac
 {
     const mkv_mm_geom_t *g = &m->g;
     const int64_t regions = mkv_mm_regions(g), P = g->pool_pages;
-    CUDA_TRY(cudaSetDevice(m->device));
-    CUDA_TRY(cudaMemset(m->d_status, 0, sizeof(dev_status)));
+    device_scope scope(m->device);
+    CUDA_TRY(cudaMemset(m->d_red, 0, sizeof(dev_status)));
     CUDA_TRY(cudaMemset(m->own, 0, (size_t)P * 4));
     CUDA_TRY(cudaMemcpy(m->d_flags, active, (size_t)g->max_seqs, cudaMemcpyHostToDevice));
     CUDA_TRY(cudaMemcpy(m->d_seq, seq_len, (size_t)g->max_seqs * 4, cudaMemcpyHostToDevice));
     const int gp = grid_for(P, 256) < 1024 ? grid_for(P, 256) : 1024;
-    own_free_kernel<<<gp, 256>>>(m->ring, m->counters, P, m->own, m->d_status);
+    own_free_kernel<<<gp, 256>>>(m->ring, m->counters, P, m->own, m->d_red);
     own_rows_kernel<<<grid_for(regions, 128), 128>>>(m->table, m->n_hi, m->n_lo, m->d_flags, m->d_seq,
                                                      regions, (int64_t)g->n_layers * g->n_kv_heads,
                                                      g->row_entries, g->tpp_hi, g->tpp_lo, P, m->own,
-                                                     m->d_status);
-    own_check_kernel<<<gp, 256>>>(m->own, P, m->d_status);
+                                                     m->d_red);
+    own_check_kernel<<<gp, 256>>>(m->own, P, m->d_red);
     const mkv_status_t st = finish_reduction(m, err);
     if (st != MKV_STATUS_OK) return st;
     *violations = m->h_status->sums[0];

@@ -274,8 +274,8 @@ mkv_status_t mkv_cache_dump_json(mkv_cache_t *cache, const char *path)
     cache->err[0] = '\0';
     if (!path)
         return mkv_fail(cache->err, MKV_STATUS_INVALID_ARGUMENT, "mkv_cache_dump_json: null path");
-    char *text;
-    size_t len;
+    char *text = NULL;
+    size_t len = 0;
     mkv_status_t status = dump_string(cache, &text, &len);
     if (status != MKV_STATUS_OK) return status;
     const int to_stdout = strcmp(path, "-") == 0;
