@@ -107,7 +107,9 @@ mkv_status_t mkv_page_bytes_for(mkv_format_t format, int32_t head_dim, int32_t q
 
 typedef enum mkv_backend {
     MKV_BACKEND_CPU = 0,  /* plain C, host memory: the complete reference backend */
-    MKV_BACKEND_CUDA = 1, /* device-resident state; one CUDA device chosen by device_id */
+    MKV_BACKEND_CUDA = 1, /* device-resident state; one CUDA device chosen by device_id. The
+                             memory manager is complete; the token-data calls (prefill,
+                             decode, compress) return UNSUPPORTED until their kernels land */
 } mkv_backend_t;
 
 /* "cpu" or "cuda"; "?" for a value out of range. */
@@ -239,7 +241,8 @@ mkv_status_t mkv_cache_append(mkv_cache_t *cache, int32_t n_slots, const int32_t
                               void *stream);
 
 /* A batched change of section sizes, the memory-manager side of the compression policy.
- * Arrays live in host memory for the CPU backend (device memory for CUDA, from issue 5 on). */
+ * slots and seq_len are host arrays on both backends; n_hi and n_lo are host arrays for the
+ * CPU backend and device arrays for the CUDA backend (where the policy produces them). */
 typedef struct mkv_resize {
     int32_t n_slots;
     const int32_t *slots;   /* [n_slots] distinct active slots */

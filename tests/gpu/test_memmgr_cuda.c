@@ -589,13 +589,21 @@ Test(gpu_memmgr, step_demand_long_repeated_list, .timeout = 30)
     const int32_t s = both_admit(&p, 4), n = 4, hi[4] = {4, 4, 4, 4}, lo[4] = {0, 0, 0, 0};
     const mkv_resize_t rz = {1, &s, &n, hi, lo};
     both_resize(&p, &rz, "place");
+    /* Longer than the slot count: refused on both backends (it would overrun the staging). */
     enum { LONG = 1000 };
     static int32_t list[LONG];
     for (int i = 0; i < LONG; i++) list[i] = s;
     int64_t dc = -1, dg = -2;
-    expect_same(&p, "step_demand", mkv_cache_step_demand(p.cpu, LONG, list, &dc),
-                mkv_cache_step_demand(p.gpu, LONG, list, &dg));
-    cr_assert_eq(dc, dg, "step demand of %d repeats: CPU %lld, CUDA %lld", LONG, (long long)dc, (long long)dg);
+    const mkv_status_t lc = mkv_cache_step_demand(p.cpu, LONG, list, &dc);
+    const mkv_status_t lg = mkv_cache_step_demand(p.gpu, LONG, list, &dg);
+    expect_same(&p, "step_demand, too long", lc, lg);
+    cr_assert_eq(lc, MKV_STATUS_INVALID_ARGUMENT);
+    /* Within the slot count, repeats included: the same demand. */
+    const int32_t rep[4] = {s, s, s, s};
+    expect_same(&p, "step_demand, repeats", mkv_cache_step_demand(p.cpu, 4, rep, &dc),
+                mkv_cache_step_demand(p.gpu, 4, rep, &dg));
+    cr_assert_eq(dc, dg, "step demand of 4 repeats: CPU %lld, CUDA %lld", (long long)dc, (long long)dg);
+    cr_assert_gt(dc, 0);
     expect_same_details(&p, "after the long list");
     pair_destroy(&p);
 }
