@@ -1,0 +1,50 @@
+/*
+ * decode_cuda.h — decode attention on the GPU over mixed-precision pages (issue 6): the kernel
+ * family that mkv_attn_decode_region (attention/decode_ref.c) is the reference of. For each
+ * sequence and KV head: high pages, then low pages; dequantization fused into the dot products
+ * and the value accumulation; each page read once per GQA group; long sequences split across
+ * thread blocks and merged; every stored token's score gains its attention probability, the
+ * maximum over the group (race-free with splits). Any format of quant/format.h.
+ */
+#ifndef MKV_ATTENTION_DECODE_CUDA_H
+#define MKV_ATTENTION_DECODE_CUDA_H
+
+#include "quant/format.h"
+
+#include <stddef.h>
+#include <stdint.h>
+
+#ifdef __cplusplus
+extern "C" {
+#endif
+
+typedef struct mkv_cuda_decode {
+    uint8_t *pool;            /* device: page p at pool + (int64_t)p * page_bytes */
+    int64_t page_bytes;
+    mkv_page_layout_t lay_hi, lay_lo;
+    const int32_t *table;     /* device [regions][T] page-table rows (memmgr/state.h layout) */
+    const int32_t *n_hi;      /* device [regions] */
+    const int32_t *n_lo;      /* device [regions] */
+    int32_t row_entries;      /* T */
+    const int64_t *regions;   /* device [n_seq][H]: the head-region of sequence j, KV head h */
+    int32_t n_seq, n_heads, group_size, head_dim; /* H, G, d */
+    int32_t max_tokens;       /* an upper bound of n_hi + n_lo over the call (sizes splits) */
+    const float *q;           /* device [n_seq][H * G][d] */
+    float *out;               /* device [n_seq][H * G][d] */
+    float softmax_scale;
+    int32_t split_tokens;     /* tokens per thread block; 0: chosen from max_tokens */
+    void *workspace;          /* device, mkv_cuda_decode_workspace_size bytes */
+} mkv_cuda_decode_t;
+
+/* Workspace for a call with these sizes (partial results of split sequences, logits for the
+ * score write-back). */
+size_t mkv_cuda_decode_workspace_size(int32_t n_seq, int32_t n_heads, int32_t group_size,
+                                      int32_t head_dim, int32_t max_tokens, int32_t split_tokens);
+
+mkv_status_t mkv_cuda_decode(const mkv_cuda_decode_t *a, void *stream, char *err);
+
+#ifdef __cplusplus
+}
+#endif
+
+#endif /* MKV_ATTENTION_DECODE_CUDA_H */
