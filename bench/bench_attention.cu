@@ -1,0 +1,253 @@
+/*
+ * bench_attention.cu — decode attention on the GPU (attention/decode_cuda.h) over batch x length
+ * grids at Llama-3-8B's heads (32 query, 8 KV, d 128) for K16V16, K8V8, K8V4, K4V2 and a
+ * 20/50/30 high / low / pruned mix of K8V4 / K4V2: time (CUDA events, median of --reps after a
+ * warm-up, L2 flushed before every repetition), the bytes that must be read, the achieved
+ * bandwidth as a fraction of the device-to-device copy rate measured in the same run, and the
+ * speedup over K16V16. JSON (docs/results-schema.md, "mixkv-bench-attention") and a table.
+ *
+ * Pools are filled on the device with valid codes and metadata (the 32k x 256 grids hold tens of
+ * GiB, far too much to quantize on the host); timing does not depend on the values. Correctness
+ * is the GPU tests' business (tests/gpu/test_decode_cuda.c).
+ */
+#include "attention/decode_cuda.h"
+#include "quant/format.h"
+
+#include <cuda_runtime.h>
+
+#include <algorithm>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <vector>
+
+#define CK(x)                                                                                  \
+    do {                                                                                       \
+        cudaError_t e_ = (x);                                                                  \
+        if (e_ != cudaSuccess) {                                                               \
+            fprintf(stderr, "bench_attention: %s: %s\n", #x, cudaGetErrorString(e_));           \
+            exit(1);                                                                           \
+        }                                                                                      \
+    } while (0)
+
+static __global__ void fill_kernel(uint8_t *pool, int64_t bytes, uint32_t seed)
+{
+    for (int64_t i = blockIdx.x * (int64_t)blockDim.x + threadIdx.x; i < bytes / 4;
+         i += (int64_t)gridDim.x * blockDim.x) {
+        uint32_t x = (uint32_t)i * 2654435761u ^ seed;
+        x ^= x >> 15;
+        x *= 2246822519u;
+        x ^= x >> 13;
+        /* fp16 pairs in [0.0, 0.5): valid codes, and valid scales and zeros where metadata sits */
+        ((uint32_t *)pool)[i] = x & 0x37ff37ffu;
+    }
+}
+
+/* Rows for n_seq x H regions of n_hi + n_lo tokens: distinct pages, high from the left, low
+ * from the right (row_entries T). */
+static __global__ void rows_kernel(int32_t *table, int64_t regions, int32_t T, int32_t k_hi, int32_t k_lo)
+{
+    const int64_t r = blockIdx.x * (int64_t)blockDim.x + threadIdx.x;
+    if (r >= regions) return;
+    int32_t *row = table + r * T;
+    const int32_t base = (int32_t)(r * (k_hi + k_lo));
+    for (int32_t e = 0; e < T; e++) row[e] = -1;
+    for (int32_t k = 0; k < k_hi; k++) row[k] = base + k;
+    for (int32_t k = 0; k < k_lo; k++) row[T - 1 - k] = base + k_hi + k;
+}
+
+struct variant {
+    const char *name;
+    mkv_format_t hi, lo;
+    double frac_hi, frac_lo; /* of the sequence length */
+};
+
+static double median(std::vector<double> v)
+{
+    std::sort(v.begin(), v.end());
+    return v.size() % 2 ? v[v.size() / 2] : 0.5 * (v[v.size() / 2 - 1] + v[v.size() / 2]);
+}
+
+int main(int argc, char **argv)
+{
+    std::vector<int> batches = {1, 16, 64, 256}, lengths = {1024, 4096, 16384, 32768};
+    int reps = 10, H = 8, G = 4, d = 128;
+    const char *json_path = NULL;
+    double max_gib = 0.0;
+    for (int i = 1; i < argc; i++) {
+        if (!strcmp(argv[i], "--json") && i + 1 < argc) json_path = argv[++i];
+        else if (!strcmp(argv[i], "--reps") && i + 1 < argc) reps = atoi(argv[++i]);
+        else if (!strcmp(argv[i], "--max-gib") && i + 1 < argc) max_gib = atof(argv[++i]);
+        else if (!strcmp(argv[i], "--quick")) {
+            batches = {1, 64};
+            lengths = {1024, 8192};
+        } else {
+            fprintf(stderr,
+                    "usage: bench_attention [--reps N] [--json FILE] [--max-gib X] [--quick]\n"
+                    "Decode attention time over batch x length grids (32 query / 8 KV heads, d 128)\n"
+                    "for K16V16, K8V8, K8V4, K4V2 and a 20/50/30 high/low/pruned mix, against the\n"
+                    "device copy rate.\n");
+            return strcmp(argv[i], "-h") && strcmp(argv[i], "--help") ? 2 : 0;
+        }
+    }
+    cudaDeviceProp prop;
+    CK(cudaGetDeviceProperties(&prop, 0));
+    size_t free_b, total_b;
+    CK(cudaMemGetInfo(&free_b, &total_b));
+    if (max_gib <= 0) max_gib = 0.8 * (double)free_b / (1 << 30);
+    cudaStream_t stream;
+    CK(cudaStreamCreate(&stream));
+    cudaEvent_t e0, e1;
+    CK(cudaEventCreate(&e0));
+    CK(cudaEventCreate(&e1));
+
+    /* The device-to-device copy rate (read + write bytes per second) of a 2 GiB buffer. */
+    const size_t copy_bytes = (size_t)2 << 30;
+    void *ca, *cb;
+    CK(cudaMalloc(&ca, copy_bytes));
+    CK(cudaMalloc(&cb, copy_bytes));
+    std::vector<double> ct;
+    for (int r = 0; r < 12; r++) {
+        CK(cudaEventRecord(e0, stream));
+        CK(cudaMemcpyAsync(cb, ca, copy_bytes, cudaMemcpyDeviceToDevice, stream));
+        CK(cudaEventRecord(e1, stream));
+        CK(cudaEventSynchronize(e1));
+        float ms;
+        CK(cudaEventElapsedTime(&ms, e0, e1));
+        if (r >= 2) ct.push_back(ms * 1e-3);
+    }
+    const double copy_rate = 2.0 * (double)copy_bytes / median(ct);
+    CK(cudaFree(cb));
+    /* ca (2 GiB) is reused to flush the 50 MB L2 before every timed repetition. */
+    printf("%s: device copy rate %.0f GB/s (read + write)\n", prop.name, copy_rate / 1e9);
+
+    const variant variants[] = {
+        {"K16V16", MKV_FORMAT_K16V16, MKV_FORMAT_K16V16, 1.0, 0.0},
+        {"K8V8", MKV_FORMAT_K8V8, MKV_FORMAT_K8V8, 1.0, 0.0},
+        {"K8V4", MKV_FORMAT_K8V4, MKV_FORMAT_K8V4, 1.0, 0.0},
+        {"K4V2", MKV_FORMAT_K4V2, MKV_FORMAT_K4V2, 1.0, 0.0},
+        {"mix20/50/30", MKV_FORMAT_K8V4, MKV_FORMAT_K4V2, 0.2, 0.5},
+    };
+    FILE *jf = json_path ? (strcmp(json_path, "-") ? fopen(json_path, "w") : stdout) : NULL;
+    if (jf)
+        fprintf(jf, "{\"schema\": \"mixkv-bench-attention\", \"schema_version\": 1, \"device\": \"%s\", "
+                    "\"copy_rate_gbs\": %.1f, \"heads\": %d, \"group_size\": %d, \"head_dim\": %d, "
+                    "\"results\": [",
+                prop.name, copy_rate / 1e9, H, G, d);
+    printf("%-12s %6s %7s %10s %12s %9s %10s %9s\n", "format", "batch", "length", "time_us",
+           "bytes_read", "GB/s", "of_copy", "vs_fp16");
+    int first = 1;
+    for (int batch : batches) {
+        for (int len : lengths) {
+            double fp16_time = 0.0;
+            for (const variant &v : variants) {
+                char err[512];
+                mkv_page_layout_t lh, ll;
+                /* Each variant's default page: 32 tokens of its high format. */
+                int64_t page_bytes = 0;
+                if (mkv_page_bytes_for(v.hi, d, 1, 32, &page_bytes) != MKV_STATUS_OK ||
+                    mkv_page_layout(v.hi, d, 1, page_bytes, &lh, err) != MKV_STATUS_OK ||
+                    mkv_page_layout(v.lo, d, 1, page_bytes, &ll, err) != MKV_STATUS_OK) {
+                    fprintf(stderr, "%s\n", err);
+                    return 1;
+                }
+                const int32_t n_hi = (int32_t)(v.frac_hi * len), n_lo = (int32_t)(v.frac_lo * len);
+                const int32_t k_hi = (n_hi + lh.tokens - 1) / lh.tokens, k_lo = (n_lo + ll.tokens - 1) / ll.tokens;
+                const int64_t regions = (int64_t)batch * H, pages = regions * (k_hi + k_lo);
+                const double gib = (double)pages * page_bytes / (1 << 30);
+                if (gib > max_gib) {
+                    printf("%-12s %6d %7d   skipped: %.1f GiB of pages\n", v.name, batch, len, gib);
+                    continue;
+                }
+                const int32_t T = k_hi + k_lo + 1;
+                uint8_t *pool;
+                int32_t *table, *nh, *nl;
+                int64_t *reg;
+                float *q, *out;
+                CK(cudaMalloc((void **)&pool, (size_t)(pages * page_bytes)));
+                CK(cudaMalloc((void **)&table, (size_t)(regions * T) * 4));
+                CK(cudaMalloc((void **)&nh, (size_t)regions * 4));
+                CK(cudaMalloc((void **)&nl, (size_t)regions * 4));
+                CK(cudaMalloc((void **)&reg, (size_t)regions * 8));
+                CK(cudaMalloc((void **)&q, (size_t)(batch * H * G * d) * 4));
+                CK(cudaMalloc((void **)&out, (size_t)(batch * H * G * d) * 4));
+                fill_kernel<<<4096, 256, 0, stream>>>(pool, pages * page_bytes, 12345u);
+                rows_kernel<<<(int)((regions + 255) / 256), 256, 0, stream>>>(table, regions, T, k_hi, k_lo);
+                CK(cudaMemsetAsync(q, 0, (size_t)(batch * H * G * d) * 4, stream));
+                std::vector<int32_t> hv(regions, n_hi), lv(regions, n_lo);
+                std::vector<int64_t> rv(regions);
+                for (int64_t r = 0; r < regions; r++) rv[r] = r;
+                CK(cudaMemcpy(nh, hv.data(), (size_t)regions * 4, cudaMemcpyHostToDevice));
+                CK(cudaMemcpy(nl, lv.data(), (size_t)regions * 4, cudaMemcpyHostToDevice));
+                CK(cudaMemcpy(reg, rv.data(), (size_t)regions * 8, cudaMemcpyHostToDevice));
+                mkv_cuda_decode_t a;
+                memset(&a, 0, sizeof a);
+                a.pool = pool;
+                a.page_bytes = page_bytes;
+                a.lay_hi = lh;
+                a.lay_lo = ll;
+                a.table = table;
+                a.n_hi = nh;
+                a.n_lo = nl;
+                a.row_entries = T;
+                a.regions = reg;
+                a.n_seq = batch;
+                a.n_heads = H;
+                a.group_size = G;
+                a.head_dim = d;
+                a.max_tokens = n_hi + n_lo;
+                a.q = q;
+                a.out = out;
+                a.softmax_scale = 0.088388f;
+                const size_t ws = mkv_cuda_decode_workspace_size(batch, H, G, d, n_hi + n_lo, 0);
+                CK(cudaMalloc(&a.workspace, ws > 0 ? ws : 1));
+                std::vector<double> t;
+                for (int r = 0; r < reps + 2; r++) {
+                    CK(cudaMemsetAsync(ca, r, (size_t)256 << 20, stream)); /* flush L2 */
+                    CK(cudaEventRecord(e0, stream));
+                    if (mkv_cuda_decode(&a, stream, err) != MKV_STATUS_OK) {
+                        fprintf(stderr, "bench_attention: %s\n", err);
+                        return 1;
+                    }
+                    CK(cudaEventRecord(e1, stream));
+                    CK(cudaEventSynchronize(e1));
+                    float ms;
+                    CK(cudaEventElapsedTime(&ms, e0, e1));
+                    if (r >= 2) t.push_back(ms * 1e-3);
+                }
+                /* Bytes that must be read: codes and metadata of every stored token, plus the
+                 * score (read and written). */
+                const double per_hi = (double)(lh.bytes[0] + lh.bytes[1] + lh.bytes[2] + lh.bytes[3]) / lh.tokens;
+                const double per_lo = (double)(ll.bytes[0] + ll.bytes[1] + ll.bytes[2] + ll.bytes[3]) / ll.tokens;
+                const double bytes = (double)regions * (n_hi * (per_hi + 8.0) + n_lo * (per_lo + 8.0));
+                const double sec = median(t), rate = bytes / sec;
+                if (!strcmp(v.name, "K16V16")) fp16_time = sec;
+                printf("%-12s %6d %7d %10.1f %12.3e %9.0f %9.1f%% %8.2fx\n", v.name, batch, len, sec * 1e6,
+                       bytes, rate / 1e9, 100.0 * rate / copy_rate, fp16_time > 0 ? fp16_time / sec : 0.0);
+                fflush(stdout);
+                if (jf) {
+                    fprintf(jf, "%s\n  {\"format\": \"%s\", \"batch\": %d, \"length\": %d, \"tokens_hi\": %d, "
+                                "\"tokens_lo\": %d, \"time_us\": %.2f, \"bytes\": %.0f, \"gbs\": %.1f, "
+                                "\"fraction_of_copy\": %.4f, \"speedup_vs_k16v16\": %.3f}",
+                            first ? "" : ",", v.name, batch, len, n_hi, n_lo, sec * 1e6, bytes, rate / 1e9,
+                            rate / copy_rate, fp16_time > 0 ? fp16_time / sec : 0.0);
+                    first = 0;
+                }
+                cudaFree(a.workspace);
+                cudaFree(pool);
+                cudaFree(table);
+                cudaFree(nh);
+                cudaFree(nl);
+                cudaFree(reg);
+                cudaFree(q);
+                cudaFree(out);
+            }
+        }
+    }
+    if (jf) {
+        fprintf(jf, "\n]}\n");
+        if (jf != stdout) fclose(jf);
+    }
+    cudaFree(ca);
+    return 0;
+}
