@@ -1,0 +1,567 @@
+/*
+ * test_decode_cuda.c — the GPU decode attention (attention/decode_cuda.cu) against the CPU
+ * reference mkv_attn_decode_region (attention/decode_ref.c).
+ *
+ * A batch is n_seq sequences of H KV heads, each head-region with its own section lengths, in a
+ * pool built with the CPU quantizer the way the memory manager builds it: shuffled page ids,
+ * region rows in a shuffled order (regions[] is not the identity either), high pages from the
+ * left of each row and low pages from the right, -1 elsewhere, pages and whole rows the call
+ * never touches, the bytes of unused slots a pattern. out and the workspace are poisoned with
+ * NaN (0xFF bytes). After the call the whole device pool must equal the host pool that the
+ * reference updated, byte for byte, except the score slots of the attended tokens, which must
+ * agree within tolerance; a head-region with no tokens leaves its out untouched.
+ *
+ * Tolerances (GPU fp32 vs CPU fp32; both sum in different orders, the GPU with FMAs):
+ *   out     relative L2 error per output vector <= TOL_OUT. Dominated by the reference's own
+ *           sequential fp32 sum over the tokens, ~sqrt(n / 3) * 2.6e-8 relative: ~3e-6 at 32k.
+ *   scores  |got - want| <= TOL_SCORE_REL * |want| + TOL_SCORE_ABS.
+ * Split against unsplit runs: the same tolerances (logits and maxima are bit-identical, sums
+ * of exp are merged in a different order).
+ */
+#include "attention/attention.h"
+#include "attention/decode_cuda.h"
+#include "gpu_util.h"
+#include "quant/quant.h"
+
+#include <math.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#define TOL_OUT 1e-5
+#define TOL_SCORE_REL 1e-5
+#define TOL_SCORE_ABS 1e-6
+#define MAX_REPORT 5
+#define ERR_LEN 512
+
+/* ---- Reporting ---------------------------------------------------------------------------- */
+
+typedef struct stats {
+    const char *what;
+    int64_t checked, bad;
+    double max_err; /* relative L2 for outputs, absolute for scores */
+} stats_t;
+
+static void stats_note(stats_t *s, double err, int ok, const char *fmt, const char *ctx,
+                       long long i, long long k, double got, double want)
+{
+    s->checked++;
+    if (isnan(err) || err > s->max_err) s->max_err = isnan(err) ? INFINITY : err;
+    if (ok) return;
+    if (s->bad++ < MAX_REPORT) fprintf(stderr, fmt, ctx, s->what, i, k, got, want, err);
+}
+
+static void stats_expect(const stats_t *s, const char *test)
+{
+    cr_log_info("%s: %s: %lld checked, max error %.3g", test, s->what, (long long)s->checked,
+                s->max_err);
+    cr_assert_gt(s->checked, 0, "%s: %s checked nothing", test, s->what);
+    cr_assert_eq(s->bad, 0, "%s: %lld of %lld %s out of tolerance (first ones above)", test,
+                 (long long)s->bad, (long long)s->checked, s->what);
+}
+
+static float frand(uint64_t *r, double lo, double hi)
+{
+    return (float)(lo + (hi - lo) * ((double)(test_rand_next(r) >> 11) * 0x1p-53));
+}
+
+/* ---- A batch -------------------------------------------------------------------------------- */
+
+typedef struct spec {
+    mkv_format_t hi, lo;
+    int32_t d, G, groups, tpp; /* tpp: high tokens per page asked of mkv_page_bytes_for */
+    int32_t n_seq, H;
+    const int32_t *len;        /* [n_seq * H][2] n_hi, n_lo of listed head-region j * H + h */
+    uint64_t seed;
+} spec_t;
+
+typedef struct batch {
+    spec_t c;
+    char ctx[192];
+    mkv_page_layout_t lay_hi, lay_lo;
+    int64_t page_bytes, P;
+    size_t pool_bytes;
+    int32_t T, R, nl, max_n, max_tokens; /* nl = n_seq * H listed regions, R >= nl rows */
+    int32_t *table, *n_hi, *n_lo;        /* [R][T], [R], [R] */
+    int64_t *regions;                    /* [nl] */
+    uint8_t *pool;                       /* the call's input */
+    uint8_t *ref_pool;                   /* after the reference */
+    float *q, *ref_out;                  /* [n_seq][H * G][d] */
+    uint8_t *d_pool;
+    int32_t *d_table, *d_n_hi, *d_n_lo;
+    int64_t *d_regions;
+    float *d_q, *d_out;
+} batch_t;
+
+static void shuffle(int32_t *a, int64_t n, uint64_t *r)
+{
+    for (int64_t i = n - 1; i > 0; i--) {
+        const int64_t j = (int64_t)(test_rand_next(r) % (uint64_t)(i + 1));
+        const int32_t t = a[i];
+        a[i] = a[j], a[j] = t;
+    }
+}
+
+static int32_t pages_for(int32_t n, int32_t tpp) { return (n + tpp - 1) / tpp; }
+
+static const mkv_page_layout_t *lay_of(const batch_t *b, int32_t r, int32_t t)
+{
+    return t < b->n_hi[r] ? &b->lay_hi : &b->lay_lo;
+}
+
+/* Byte offset in the pool of token t (section order) of row r, and its slot. */
+static int64_t token_at(const batch_t *b, int32_t r, int32_t t, int32_t *slot)
+{
+    const int32_t *row = b->table + (int64_t)r * b->T;
+    int32_t entry;
+    if (t < b->n_hi[r]) {
+        entry = t / b->lay_hi.tokens, *slot = t % b->lay_hi.tokens;
+    } else {
+        const int32_t k = t - b->n_hi[r];
+        entry = b->T - 1 - k / b->lay_lo.tokens, *slot = k % b->lay_lo.tokens;
+    }
+    return (int64_t)row[entry] * b->page_bytes;
+}
+
+static void batch_build(batch_t *b, const spec_t *c)
+{
+    memset(b, 0, sizeof *b);
+    b->c = *c;
+    uint64_t r = c->seed;
+    const int32_t d = c->d;
+    char err[ERR_LEN] = "";
+    cr_assert_eq(mkv_page_bytes_for(c->hi, d, c->groups, c->tpp, &b->page_bytes), MKV_STATUS_OK);
+    cr_assert_eq(mkv_page_layout(c->hi, d, c->groups, b->page_bytes, &b->lay_hi, err),
+                 MKV_STATUS_OK, "%s", err);
+    cr_assert_eq(mkv_page_layout(c->lo, d, c->groups, b->page_bytes, &b->lay_lo, err),
+                 MKV_STATUS_OK, "%s", err);
+    const int32_t th = b->lay_hi.tokens, tl = b->lay_lo.tokens;
+    b->nl = c->n_seq * c->H;
+    b->R = b->nl + 2; /* two rows nobody lists */
+    int32_t most = 1;
+    int64_t used = 0;
+    for (int32_t i = 0; i < b->nl; i++) {
+        const int32_t np = pages_for(c->len[2 * i], th) + pages_for(c->len[2 * i + 1], tl);
+        most = np > most ? np : most;
+        used += np;
+        const int32_t n = c->len[2 * i] + c->len[2 * i + 1];
+        b->max_n = n > b->max_n ? n : b->max_n;
+    }
+    b->T = most + test_rand_range(&r, 0, 2);
+    b->P = used + test_rand_range(&r, 1, 4);
+    b->max_tokens = b->max_n + test_rand_range(&r, 0, 3);
+    snprintf(b->ctx, sizeof b->ctx, "%s/%s d=%d G=%d groups=%d tpp=%d/%d seqs=%d H=%d T=%d "
+             "max_n=%d seed=%llu", mkv_format_name(c->hi), mkv_format_name(c->lo), d, c->G,
+             c->groups, th, tl, c->n_seq, c->H, b->T, b->max_n, (unsigned long long)c->seed);
+
+    /* Rows in a shuffled order, pages from a shuffled permutation (never the identity). */
+    int32_t *rperm = malloc(sizeof(int32_t) * (size_t)b->R);
+    int32_t *perm = malloc(sizeof(int32_t) * (size_t)b->P);
+    b->table = malloc(sizeof(int32_t) * (size_t)b->R * (size_t)b->T);
+    b->n_hi = calloc((size_t)b->R, sizeof(int32_t));
+    b->n_lo = calloc((size_t)b->R, sizeof(int32_t));
+    b->regions = malloc(sizeof(int64_t) * (size_t)b->nl);
+    cr_assert(rperm && perm && b->table && b->n_hi && b->n_lo && b->regions);
+    for (int32_t i = 0; i < b->R; i++) rperm[i] = i;
+    for (int64_t i = 0; i < b->P; i++) perm[i] = (int32_t)i;
+    shuffle(rperm, b->R, &r);
+    shuffle(perm, b->P, &r);
+    if (b->P > 1 && perm[0] == 0) perm[0] = perm[1], perm[1] = 0;
+    for (int64_t i = 0; i < (int64_t)b->R * b->T; i++) b->table[i] = -1;
+
+    b->pool_bytes = (size_t)(b->P * b->page_bytes);
+    b->pool = malloc(b->pool_bytes);
+    b->ref_pool = malloc(b->pool_bytes);
+    const size_t nq = (size_t)b->nl * (size_t)c->G * (size_t)d;
+    b->q = malloc(sizeof(float) * nq);
+    b->ref_out = malloc(sizeof(float) * nq);
+    cr_assert(b->pool && b->ref_pool && b->q && b->ref_out);
+    for (size_t i = 0; i < b->pool_bytes; i++) b->pool[i] = (uint8_t)(i * 131u + 0x5b);
+    memset(b->ref_out, 0xff, sizeof(float) * nq);
+
+    float *k = malloc(sizeof(float) * (size_t)d), *v = malloc(sizeof(float) * (size_t)d);
+    cr_assert(k && v);
+    int64_t next = 0;
+    for (int32_t i = 0; i < b->nl; i++) {
+        const int32_t row = rperm[i];
+        b->regions[i] = row;
+        b->n_hi[row] = c->len[2 * i], b->n_lo[row] = c->len[2 * i + 1];
+        int32_t *tr = b->table + (int64_t)row * b->T;
+        for (int32_t e = 0; e < pages_for(b->n_hi[row], th); e++) tr[e] = perm[next++];
+        for (int32_t e = 0; e < pages_for(b->n_lo[row], tl); e++) tr[b->T - 1 - e] = perm[next++];
+        for (int32_t t = 0; t < b->n_hi[row] + b->n_lo[row]; t++) {
+            /* A per-token offset and spread, so that groups differ in range. */
+            const float ko = frand(&r, -1, 1), ka = frand(&r, 0.2, 2);
+            const float vo = frand(&r, -1, 1), va = frand(&r, 0.2, 2);
+            for (int32_t e = 0; e < d; e++) k[e] = ko + ka * frand(&r, -1, 1);
+            for (int32_t e = 0; e < d; e++) v[e] = vo + va * frand(&r, -1, 1);
+            int32_t slot;
+            const int64_t at = token_at(b, row, t, &slot);
+            cr_assert_eq(mkv_page_write_token(b->pool + at, lay_of(b, row, t), slot, k, v,
+                                              frand(&r, 0, 3), test_rand_range(&r, 0, 1 << 20)),
+                         0);
+        }
+    }
+    for (size_t i = 0; i < nq; i++) b->q[i] = frand(&r, -3, 3);
+    free(k), free(v), free(rperm), free(perm);
+
+    /* The reference, on a copy of the pool. */
+    memcpy(b->ref_pool, b->pool, b->pool_bytes);
+    const size_t scratch_n = (size_t)c->G * (size_t)(b->max_n + 1) + 2 * (size_t)d;
+    float *scratch = malloc(sizeof(float) * scratch_n);
+    cr_assert_not_null(scratch);
+    for (int32_t i = 0; i < b->nl; i++) {
+        const int32_t row = (int32_t)b->regions[i];
+        const mkv_region_pages_t reg = {
+            .pool = b->ref_pool, .page_bytes = b->page_bytes, .lay_hi = &b->lay_hi,
+            .lay_lo = &b->lay_lo, .row = b->table + (int64_t)row * b->T, .row_entries = b->T,
+            .n_hi = b->n_hi[row], .n_lo = b->n_lo[row]};
+        const size_t at = (size_t)i * (size_t)c->G * (size_t)d;
+        mkv_attn_decode_region(&reg, c->G, d, b->q + at, (float)(1.0 / sqrt((double)d)),
+                               b->ref_out + at, scratch);
+    }
+    free(scratch);
+
+    /* Device copies of everything but the pool (uploaded afresh by each run). */
+    const size_t tb = sizeof(int32_t) * (size_t)b->R * (size_t)b->T;
+    CUDA_CHECK(cudaMalloc((void **)&b->d_pool, b->pool_bytes));
+    CUDA_CHECK(cudaMalloc((void **)&b->d_table, tb));
+    CUDA_CHECK(cudaMalloc((void **)&b->d_n_hi, sizeof(int32_t) * (size_t)b->R));
+    CUDA_CHECK(cudaMalloc((void **)&b->d_n_lo, sizeof(int32_t) * (size_t)b->R));
+    CUDA_CHECK(cudaMalloc((void **)&b->d_regions, sizeof(int64_t) * (size_t)b->nl));
+    CUDA_CHECK(cudaMalloc((void **)&b->d_q, sizeof(float) * nq));
+    CUDA_CHECK(cudaMalloc((void **)&b->d_out, sizeof(float) * nq));
+    CUDA_CHECK(cudaMemcpy(b->d_table, b->table, tb, cudaMemcpyHostToDevice));
+    const size_t rb = sizeof(int32_t) * (size_t)b->R;
+    CUDA_CHECK(cudaMemcpy(b->d_n_hi, b->n_hi, rb, cudaMemcpyHostToDevice));
+    CUDA_CHECK(cudaMemcpy(b->d_n_lo, b->n_lo, rb, cudaMemcpyHostToDevice));
+    CUDA_CHECK(cudaMemcpy(b->d_regions, b->regions, sizeof(int64_t) * (size_t)b->nl,
+                          cudaMemcpyHostToDevice));
+    CUDA_CHECK(cudaMemcpy(b->d_q, b->q, sizeof(float) * nq, cudaMemcpyHostToDevice));
+}
+
+static void batch_free(batch_t *b)
+{
+    cudaFree(b->d_pool), cudaFree(b->d_table), cudaFree(b->d_n_hi), cudaFree(b->d_n_lo);
+    cudaFree(b->d_regions), cudaFree(b->d_q), cudaFree(b->d_out);
+    free(b->table), free(b->n_hi), free(b->n_lo), free(b->regions), free(b->pool);
+    free(b->ref_pool), free(b->q), free(b->ref_out);
+}
+
+static size_t batch_out_floats(const batch_t *b) { return (size_t)b->nl * b->c.G * b->c.d; }
+
+/* One GPU call on a fresh copy of the input pool; out and pool come back into got_*. */
+static void batch_gpu(batch_t *b, int32_t split, float *got_out, uint8_t *got_pool)
+{
+    const spec_t *c = &b->c;
+    const size_t nq = batch_out_floats(b);
+    const size_t ws = mkv_cuda_decode_workspace_size(c->n_seq, c->H, c->G, c->d, b->max_tokens,
+                                                     split);
+    cr_assert_gt(ws, 0, "%s: workspace size 0", b->ctx);
+    void *d_ws;
+    CUDA_CHECK(cudaMalloc(&d_ws, ws));
+    CUDA_CHECK(cudaMemset(d_ws, 0xff, ws));
+    CUDA_CHECK(cudaMemset(b->d_out, 0xff, sizeof(float) * nq));
+    CUDA_CHECK(cudaMemcpy(b->d_pool, b->pool, b->pool_bytes, cudaMemcpyHostToDevice));
+    const mkv_cuda_decode_t a = {
+        .pool = b->d_pool, .page_bytes = b->page_bytes, .lay_hi = b->lay_hi, .lay_lo = b->lay_lo,
+        .table = b->d_table, .n_hi = b->d_n_hi, .n_lo = b->d_n_lo, .row_entries = b->T,
+        .regions = b->d_regions, .n_seq = c->n_seq, .n_heads = c->H, .group_size = c->G,
+        .head_dim = c->d, .max_tokens = b->max_tokens, .q = b->d_q, .out = b->d_out,
+        .softmax_scale = (float)(1.0 / sqrt((double)c->d)), .split_tokens = split,
+        .workspace = d_ws};
+    char err[ERR_LEN] = "";
+    const mkv_status_t st = mkv_cuda_decode(&a, NULL, err);
+    cr_assert_eq(st, MKV_STATUS_OK, "%s split=%d: %s (%s)", b->ctx, split, mkv_status_string(st),
+                 err);
+    CUDA_CHECK(cudaDeviceSynchronize());
+    CUDA_CHECK(cudaMemcpy(got_out, b->d_out, sizeof(float) * nq, cudaMemcpyDeviceToHost));
+    CUDA_CHECK(cudaMemcpy(got_pool, b->d_pool, b->pool_bytes, cudaMemcpyDeviceToHost));
+    CUDA_CHECK(cudaFree(d_ws));
+}
+
+/* Every output vector within TOL_OUT (relative L2); a region without tokens leaves its
+ * vectors as they were (0xFF bytes, in got and want alike). */
+static void check_out(const batch_t *b, const char *ctx, const float *got, const float *want,
+                      stats_t *s)
+{
+    const int32_t G = b->c.G, d = b->c.d;
+    for (int32_t i = 0; i < b->nl; i++) {
+        const int32_t row = (int32_t)b->regions[i];
+        const int empty = b->n_hi[row] + b->n_lo[row] == 0;
+        for (int32_t g = 0; g < G; g++) {
+            const float *x = got + ((size_t)i * G + g) * d, *y = want + ((size_t)i * G + g) * d;
+            if (empty) {
+                uint8_t poison[256 * sizeof(float)];
+                memset(poison, 0xff, sizeof poison);
+                cr_assert_eq(memcmp(x, poison, sizeof(float) * (size_t)d), 0,
+                             "%s: out of empty region %d head %d was written", ctx, i, g);
+                continue;
+            }
+            double num = 0.0, den = 0.0;
+            for (int32_t e = 0; e < d; e++) {
+                num += ((double)x[e] - y[e]) * ((double)x[e] - y[e]);
+                den += (double)y[e] * y[e];
+            }
+            const double rel = sqrt(num) / (den > 0.0 ? sqrt(den) : 1.0);
+            stats_note(s, rel, rel <= TOL_OUT, "%s: %s of region %lld head %lld: got[0] %.9g, "
+                       "want[0] %.9g, relative L2 error %.3g\n", ctx, i, g, x[0], y[0]);
+        }
+    }
+}
+
+/* The whole pool: attended tokens' scores within tolerance, every other byte identical. */
+static void check_pool(const batch_t *b, const char *ctx, const uint8_t *got, const uint8_t *want,
+                       stats_t *s)
+{
+    uint8_t *copy = malloc(b->pool_bytes);
+    cr_assert_not_null(copy);
+    memcpy(copy, got, b->pool_bytes);
+    for (int32_t i = 0; i < b->nl; i++) {
+        const int32_t row = (int32_t)b->regions[i];
+        for (int32_t t = 0; t < b->n_hi[row] + b->n_lo[row]; t++) {
+            int32_t slot;
+            const int64_t at = token_at(b, row, t, &slot) +
+                               mkv_score_offset(lay_of(b, row, t), slot);
+            float x, y;
+            memcpy(&x, got + at, 4), memcpy(&y, want + at, 4);
+            const double err = fabs((double)x - y);
+            stats_note(s, err, err <= TOL_SCORE_REL * fabs(y) + TOL_SCORE_ABS,
+                       "%s: %s of region %lld token %lld: got %.9g, want %.9g (error %.3g)\n",
+                       ctx, i, t, x, y);
+            memcpy(copy + at, want + at, 4);
+        }
+    }
+    for (size_t i = 0; i < b->pool_bytes; i++)
+        if (copy[i] != want[i])
+            cr_assert_fail("%s: pool byte %zu (page %lld, offset %lld) is %d, want %d: only the "
+                           "attended tokens' scores may change", ctx, i,
+                           (long long)(i / (size_t)b->page_bytes),
+                           (long long)(i % (size_t)b->page_bytes), copy[i], want[i]);
+    free(copy);
+}
+
+/* Runs the batch on the GPU with each split and compares with the reference; with two or more
+ * splits, the later runs are also compared with the first (split against unsplit). */
+static void batch_check_splits(batch_t *b, const int32_t *splits, int n_splits, stats_t *ck_out,
+                               stats_t *ck_score, stats_t *ck_vs_out, stats_t *ck_vs_score)
+{
+    const size_t nq = batch_out_floats(b);
+    float *out0 = malloc(sizeof(float) * nq), *out = malloc(sizeof(float) * nq);
+    uint8_t *pool0 = malloc(b->pool_bytes), *pool = malloc(b->pool_bytes);
+    cr_assert(out0 && out && pool0 && pool);
+    char ctx[256];
+    for (int k = 0; k < n_splits; k++) {
+        snprintf(ctx, sizeof ctx, "%s split=%d", b->ctx, splits[k]);
+        batch_gpu(b, splits[k], k == 0 ? out0 : out, k == 0 ? pool0 : pool);
+        check_out(b, ctx, k == 0 ? out0 : out, b->ref_out, ck_out);
+        check_pool(b, ctx, k == 0 ? pool0 : pool, b->ref_pool, ck_score);
+        if (k > 0 && ck_vs_out) {
+            snprintf(ctx, sizeof ctx, "%s split=%d vs split=%d", b->ctx, splits[k], splits[0]);
+            check_out(b, ctx, out, out0, ck_vs_out);
+            check_pool(b, ctx, pool, pool0, ck_vs_score);
+        }
+    }
+    free(out0), free(out), free(pool0), free(pool);
+}
+
+/* ---- Tests -------------------------------------------------------------------------------- */
+
+static const mkv_format_t k_pairs[][2] = {
+    {MKV_FORMAT_K16V16, MKV_FORMAT_K16V16}, {MKV_FORMAT_K8V8, MKV_FORMAT_K4V4},
+    {MKV_FORMAT_K8V4, MKV_FORMAT_K4V2},     {MKV_FORMAT_K4V8, MKV_FORMAT_K2V4},
+    {MKV_FORMAT_K8V2, MKV_FORMAT_K4V2},
+};
+static const int32_t k_dims[] = {16, 32, 64, 128, 256};
+static const int32_t k_groups[] = {1, 2, 4, 8};
+
+static int32_t tokens_per_page(mkv_format_t fmt, mkv_format_t hi, int32_t d, int32_t groups,
+                               int32_t tpp)
+{
+    int64_t bytes;
+    int32_t tokens;
+    cr_assert_eq(mkv_page_bytes_for(hi, d, groups, tpp, &bytes), MKV_STATUS_OK);
+    cr_assert_eq(mkv_tokens_per_page(fmt, d, groups, bytes, &tokens), MKV_STATUS_OK);
+    return tokens;
+}
+
+/* Section lengths of pattern p for pages of th / tl tokens: one token in either section,
+ * one section empty with the other not a whole number of pages, partly filled last pages,
+ * a long region, random, and an empty region. */
+static void pattern_lengths(int p, int32_t th, int32_t tl, uint64_t *r, int32_t *len)
+{
+    switch (p % 8) {
+    case 0: len[0] = 0, len[1] = 1; break;
+    case 1: len[0] = 1, len[1] = 0; break;
+    case 2: len[0] = 2 * th + 1, len[1] = 0; break;
+    case 3: len[0] = 0, len[1] = 3 * tl - 1 > 0 ? 3 * tl - 1 : 2; break;
+    case 4:
+        len[0] = th + test_rand_range(r, 1, th);
+        len[1] = 2 * tl + test_rand_range(r, 0, tl - 1);
+        break;
+    case 5: len[0] = test_rand_range(r, 100, 300), len[1] = test_rand_range(r, 100, 300); break;
+    case 6: len[0] = test_rand_range(r, 0, 3 * th), len[1] = test_rand_range(r, 0, 3 * tl); break;
+    default: len[0] = 0, len[1] = 0; break;
+    }
+}
+
+Test(decode_cuda, every_format_dim_and_group)
+{
+    GPU_REQUIRE();
+    static const int32_t tpps[] = {1, 3, 5, 2};
+    static const int32_t qgroups[] = {1, 2, 4};
+    static const int32_t splits[] = {0, 7, 32, 0, 100};
+    stats_t ck_out = {.what = "out"}, ck_score = {.what = "score"};
+    uint64_t r = 0xdec0de;
+    int n_case = 0;
+    for (int pr = 0; pr < 5; pr++)
+        for (int di = 0; di < 5; di++)
+            for (int gi = 0; gi < 4; gi++, n_case++) {
+                spec_t c = {.hi = k_pairs[pr][0], .lo = k_pairs[pr][1], .d = k_dims[di],
+                            .G = k_groups[gi], .groups = qgroups[n_case % 3],
+                            .tpp = tpps[n_case % 4], .n_seq = 3, .H = 2,
+                            .seed = test_rand_next(&r)};
+                const int32_t th = tokens_per_page(c.hi, c.hi, c.d, c.groups, c.tpp);
+                const int32_t tl = tokens_per_page(c.lo, c.hi, c.d, c.groups, c.tpp);
+                int32_t len[6 * 2];
+                for (int i = 0; i < 6; i++) pattern_lengths(n_case + i, th, tl, &r, len + 2 * i);
+                c.len = len;
+                batch_t b;
+                batch_build(&b, &c);
+                const int32_t split = splits[n_case % 5];
+                batch_check_splits(&b, &split, 1, &ck_out, &ck_score, NULL, NULL);
+                batch_free(&b);
+            }
+    stats_expect(&ck_out, "every_format_dim_and_group");
+    stats_expect(&ck_score, "every_format_dim_and_group");
+}
+
+Test(decode_cuda, long_sequences_with_splits, .timeout = 600)
+{
+    GPU_REQUIRE();
+    static const int32_t lens[] = {1, 777, 4097, 32768};
+    static const int32_t splits[] = {64, 0};
+    static const mkv_format_t pairs[][2] = {{MKV_FORMAT_K8V4, MKV_FORMAT_K4V2},
+                                            {MKV_FORMAT_K16V16, MKV_FORMAT_K16V16}};
+    stats_t ck_out = {.what = "out"}, ck_score = {.what = "score"};
+    stats_t ck_vs_out = {.what = "out split 0 vs 64"};
+    stats_t ck_vs_score = {.what = "score split 0 vs 64"};
+    uint64_t r = 0x10ad;
+    for (int pr = 0; pr < 2; pr++) {
+        const int32_t H = 3;
+        int32_t len[4 * 3 * 2];
+        for (int j = 0; j < 4; j++)
+            for (int h = 0; h < H; h++) { /* each head its own split between the sections */
+                const int32_t n = lens[j], hi = test_rand_range(&r, 0, n);
+                len[2 * (j * H + h)] = hi, len[2 * (j * H + h) + 1] = n - hi;
+            }
+        const spec_t c = {.hi = pairs[pr][0], .lo = pairs[pr][1], .d = 128, .G = 4, .groups = 1,
+                          .tpp = 32, .n_seq = 4, .H = H, .len = len, .seed = test_rand_next(&r)};
+        batch_t b;
+        batch_build(&b, &c);
+        batch_check_splits(&b, splits, 2, &ck_out, &ck_score, &ck_vs_out, &ck_vs_score);
+        batch_free(&b);
+    }
+    stats_expect(&ck_out, "long_sequences_with_splits");
+    stats_expect(&ck_score, "long_sequences_with_splits");
+    stats_expect(&ck_vs_out, "long_sequences_with_splits");
+    stats_expect(&ck_vs_score, "long_sequences_with_splits");
+}
+
+/* The first run has one split per region (split_tokens = max_tokens); the others must agree
+ * with it. Includes G = 12, more query heads than one register tile of the kernel. */
+Test(decode_cuda, split_matches_unsplit)
+{
+    GPU_REQUIRE();
+    stats_t ck_out = {.what = "out"}, ck_score = {.what = "score"};
+    stats_t ck_vs_out = {.what = "out split vs unsplit"};
+    stats_t ck_vs_score = {.what = "score split vs unsplit"};
+    static const struct { mkv_format_t hi, lo; int32_t d, G, groups, tpp; } cases[] = {
+        {MKV_FORMAT_K8V4, MKV_FORMAT_K4V2, 64, 8, 1, 16},
+        {MKV_FORMAT_K4V8, MKV_FORMAT_K2V4, 32, 12, 2, 3},
+        {MKV_FORMAT_K16V16, MKV_FORMAT_K8V2, 256, 2, 4, 7},
+    };
+    uint64_t r = 0x5b1;
+    for (int ci = 0; ci < 3; ci++) {
+        static const int32_t lens[] = {5, 300, 1500, 2049};
+        int32_t len[4 * 3 * 2];
+        for (int i = 0; i < 12; i++) {
+            const int32_t n = lens[i / 3], hi = test_rand_range(&r, 0, n);
+            len[2 * i] = hi, len[2 * i + 1] = n - hi;
+        }
+        const spec_t c = {.hi = cases[ci].hi, .lo = cases[ci].lo, .d = cases[ci].d,
+                          .G = cases[ci].G, .groups = cases[ci].groups, .tpp = cases[ci].tpp,
+                          .n_seq = 4, .H = 3, .len = len, .seed = test_rand_next(&r)};
+        batch_t b;
+        batch_build(&b, &c);
+        const int32_t splits[] = {b.max_tokens, 16, 100, 0, 1};
+        batch_check_splits(&b, splits, 5, &ck_out, &ck_score, &ck_vs_out, &ck_vs_score);
+        batch_free(&b);
+    }
+    stats_expect(&ck_out, "split_matches_unsplit");
+    stats_expect(&ck_score, "split_matches_unsplit");
+    stats_expect(&ck_vs_out, "split_matches_unsplit");
+    stats_expect(&ck_vs_score, "split_matches_unsplit");
+}
+
+/* Argument checks only: no pointer is dereferenced, so this runs without a device too. */
+Test(decode_cuda, bad_arguments)
+{
+    static _Alignas(16) uint8_t fake[64];
+    mkv_page_layout_t hi, lo;
+    int64_t page_bytes;
+    char err[ERR_LEN];
+    cr_assert_eq(mkv_page_bytes_for(MKV_FORMAT_K8V4, 128, 1, 32, &page_bytes), MKV_STATUS_OK);
+    cr_assert_eq(mkv_page_layout(MKV_FORMAT_K8V4, 128, 1, page_bytes, &hi, err), MKV_STATUS_OK);
+    cr_assert_eq(mkv_page_layout(MKV_FORMAT_K4V2, 128, 1, page_bytes, &lo, err), MKV_STATUS_OK);
+    /* n_seq = 0: valid, and a call with nothing to do touches no pointer. */
+    const mkv_cuda_decode_t good = {
+        .pool = fake, .page_bytes = page_bytes, .lay_hi = hi, .lay_lo = lo,
+        .table = (const int32_t *)fake, .n_hi = (const int32_t *)fake,
+        .n_lo = (const int32_t *)fake, .row_entries = 8, .regions = (const int64_t *)fake,
+        .n_seq = 0, .n_heads = 8, .group_size = 4, .head_dim = 128, .max_tokens = 100,
+        .q = (const float *)fake, .out = (float *)fake, .softmax_scale = 0.1f,
+        .split_tokens = 0, .workspace = fake};
+    cr_assert_eq(mkv_cuda_decode(&good, NULL, err), MKV_STATUS_OK, "%s", err);
+
+    mkv_cuda_decode_t bad[24];
+    int n = 0;
+    for (int i = 0; i < 24; i++) bad[i] = good;
+    bad[n++].pool = NULL;
+    bad[n++].table = NULL;
+    bad[n++].n_hi = NULL;
+    bad[n++].n_lo = NULL;
+    bad[n++].regions = NULL;
+    bad[n++].q = NULL;
+    bad[n++].out = NULL;
+    bad[n++].workspace = NULL;
+    bad[n++].group_size = 0;
+    bad[n++].group_size = -3;
+    bad[n++].n_heads = 0;
+    bad[n++].n_seq = -1;
+    bad[n++].head_dim = 48;
+    bad[n++].head_dim = 64;      /* the layouts are for d = 128 */
+    bad[n++].lay_lo.head_dim = 64; /* hi and lo disagree */
+    bad[n++].lay_lo.key.vec_bytes = 32;
+    bad[n++].lay_hi.tokens = 0;
+    bad[n++].max_tokens = -1;
+    bad[n++].split_tokens = -2;
+    bad[n++].page_bytes = page_bytes + 8;    /* not a multiple of 16 */
+    bad[n++].page_bytes = hi.used_bytes - 16; /* smaller than the layout */
+    bad[n++].row_entries = 0;
+    bad[n++].pool = fake + 4;                 /* not 16-byte aligned */
+    for (int i = 0; i < n; i++) {
+        err[0] = '\0';
+        cr_assert_eq(mkv_cuda_decode(&bad[i], NULL, err), MKV_STATUS_INVALID_ARGUMENT,
+                     "bad argument set %d accepted", i);
+        cr_assert_neq(err[0], '\0', "bad argument set %d: no message", i);
+        cr_assert_eq(mkv_cuda_decode(&bad[i], NULL, NULL), MKV_STATUS_INVALID_ARGUMENT);
+    }
+    cr_assert_eq(mkv_cuda_decode(NULL, NULL, err), MKV_STATUS_INVALID_ARGUMENT);
+
+    cr_assert_eq(mkv_cuda_decode_workspace_size(1, 8, 0, 128, 100, 0), 0);
+    cr_assert_eq(mkv_cuda_decode_workspace_size(1, 8, 4, 48, 100, 0), 0);
+    cr_assert_eq(mkv_cuda_decode_workspace_size(1, 8, 4, 128, -1, 0), 0);
+    cr_assert_geq(mkv_cuda_decode_workspace_size(2, 8, 4, 128, 100, 0),
+                  sizeof(float) * 2 * 8 * 4 * 100, "the logits alone need this much");
+}
