@@ -141,10 +141,10 @@ __device__ void write_vector(uint8_t *page, const mkv_page_layout_t *lay, int wh
             scale_h = group_scale(hi, zero_h, v->bits);
             const float zero_f = mkv_f16_to_f32(zero_h), scale_f = mkv_f16_to_f32(scale_h);
             for (int32_t i = lane; i < n; i += 32) {
-                /* x >= lo >= zero and scale > 0, so the quotient is finite and >= 0; clamping
-                 * the int is clamping quant.c's float (__float2int_rn saturates). */
+                /* scale > 0, so the quotient is finite; clamping the int is clamping quant.c's
+                 * float, as __float2int_rn saturates (and x >= zero keeps it >= 0 anyway). */
                 const int c = __float2int_rn(__fdiv_rn(__fsub_rn(xg[i], zero_f), scale_f));
-                qg[i] = (uint8_t)(c > qmax ? qmax : c);
+                qg[i] = (uint8_t)(c < 0 ? 0 : c > qmax ? qmax : c);
             }
         }
         if (lane == 0) {
