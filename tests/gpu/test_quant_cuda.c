@@ -52,10 +52,42 @@ static uint16_t rand_finite(uint64_t *rng, int bf16)
     return (uint16_t)(s | test_rand_range(rng, 1, 29) << 10 | test_rand_range(rng, 0, 1023));
 }
 
-/* One group of n elements of a vector stored at `bits`, in one of eight shapes. */
+/* Whether quant.c's scale for a group of fp16 min `zero` and max hi needs the exact check's
+ * step up (the fp32 quotient rounded twice landed one fp16 ulp low): a restatement used only
+ * to choose inputs that reach that rare branch. */
+static int scale_steps_up(float zero, float hi, int32_t bits)
+{
+    const float m = (float)((1 << bits) - 1), want = (hi - zero) / m;
+    uint16_t s = mkv_f32_to_f16(want);
+    if (mkv_f16_to_f32(s) < want) s++; /* want > 0: one ulp up is + 1 */
+    return (double)(m * mkv_f16_to_f32(s)) + (double)zero < (double)hi;
+}
+
+/* A group whose min and max are far apart in magnitude and need the scale's step up (about 1
+ * in 40 such pairs at 2 bits, 1 in 200 at 4, 1 in 3000 at 8; capped at 20000 tries). bf16:
+ * values of 8 significant bits, which fp16 and bf16 hold alike. */
+static void fill_step_up(uint16_t *out, int32_t n, int32_t bits, int bf16, uint64_t *rng)
+{
+    float lo = 0.0f, hi = 1.0f;
+    for (int tries = 0; tries < 20000; tries++) {
+        const uint16_t keep = bf16 ? 0xfff8u : 0xffffu;
+        const uint16_t a = (uint16_t)((rand_sign(rng) | test_rand_range(rng, 1, 9) << 10 |
+                                       test_rand_range(rng, 0, 1023)) & keep);
+        const uint16_t b = (uint16_t)((rand_sign(rng) | test_rand_range(rng, 20, 30) << 10 |
+                                       test_rand_range(rng, 0, 1023)) & keep);
+        const float fa = mkv_f16_to_f32(a), fb = mkv_f16_to_f32(b);
+        lo = fa < fb ? fa : fb, hi = fa < fb ? fb : fa;
+        if (scale_steps_up(lo, hi, bits)) break;
+    }
+    for (int32_t i = 0; i < n; i++) out[i] = f32_to_in(lo + (hi - lo) * (0.5f + 0.5f * rand_unit(rng)), bf16);
+    const int32_t p = test_rand_range(rng, 0, n - 1), q = (p + test_rand_range(rng, 1, n - 1)) % n;
+    out[p] = f32_to_in(lo, bf16), out[q] = f32_to_in(hi, bf16);
+}
+
+/* One group of n elements of a vector stored at `bits`, in one of nine shapes. */
 static void fill_group(uint16_t *out, int32_t n, int32_t bits, int bf16, uint64_t *rng)
 {
-    switch (test_rand_range(rng, 0, 7)) {
+    switch (test_rand_range(rng, 0, 8)) {
     case 0: { /* plain random values of one magnitude */
         const float s = ldexpf(1.0f, test_rand_range(rng, -12, 12));
         for (int32_t i = 0; i < n; i++) out[i] = f32_to_in(rand_unit(rng) * s, bf16);
@@ -101,6 +133,12 @@ static void fill_group(uint16_t *out, int32_t n, int32_t bits, int bf16, uint64_
         for (int32_t i = 0; i < n; i++) out[i] = (uint16_t)(b + test_rand_range(rng, 0, 3));
         break;
     }
+    case 7: /* the scale's exact check steps up */
+        if (bits != 16) {
+            fill_step_up(out, n, bits, bf16, rng);
+            break;
+        }
+        /* fall through */
     default: /* independent random bits of every exponent */
         for (int32_t i = 0; i < n; i++) out[i] = rand_finite(rng, bf16);
         break;
