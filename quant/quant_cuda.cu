@@ -176,8 +176,8 @@ __device__ void read_vector(const uint8_t *page, const mkv_page_layout_t *lay, i
             e = mkv_f16_to_f32((uint16_t)get_bytes(page + packed_byte(lay, which, slot, 2 * i), 2));
         } else {
             const int32_t bit = i * v->bits;
-            const uint32_t code =
-                (page[packed_byte(lay, which, slot, bit / 8)] >> (bit % 8)) & ((1u << v->bits) - 1u);
+            const uint32_t mask = (1u << v->bits) - 1u;
+            const uint32_t code = (page[packed_byte(lay, which, slot, bit / 8)] >> (bit % 8)) & mask;
             const uint8_t *meta = page + mkv_meta_offset(lay, which, slot, i / v->group_elems);
             const float s = mkv_f16_to_f32((uint16_t)get_bytes(meta, 2));
             const float z = mkv_f16_to_f32((uint16_t)get_bytes(meta + 2, 2));
@@ -211,7 +211,8 @@ append_kernel(const __grid_constant__ mkv_cuda_append_t a, int64_t n_jobs)
             const uint16_t *src = (which ? a.v : a.k) + j * d;
             for (int32_t i = lane; i < d; i += 32) {
                 /* bf16 -> fp32 is the bits shifted up; fp16 -> fp32 is exact */
-                const float e = a.is_bf16 ? mkv_bits_f32((uint32_t)src[i] << 16) : mkv_f16_to_f32(src[i]);
+                const float e = a.is_bf16 ? mkv_bits_f32((uint32_t)src[i] << 16)
+                                          : mkv_f16_to_f32(src[i]);
                 xs[warp][i] = sanitize(e);
             }
             __syncwarp();
@@ -232,7 +233,8 @@ struct demote_args {
     const int32_t *src_page, *src_slot, *dst_page, *dst_slot; /* [n] */
 };
 
-static __global__ void __launch_bounds__(QC_WARPS * 32) demote_kernel(const __grid_constant__ demote_args a)
+static __global__ void __launch_bounds__(QC_WARPS * 32)
+demote_kernel(const __grid_constant__ demote_args a)
 {
     __shared__ float xs[QC_WARPS][QC_MAX_D];
     __shared__ uint8_t qs[QC_WARPS][QC_MAX_D];
@@ -305,9 +307,10 @@ static mkv_status_t check_layout(const mkv_page_layout_t *lay, int64_t page_byte
                                  const char *what, char *err)
 {
     int f = 0;
-    while (f < MKV_FORMAT_COUNT && (mkv_format_desc((mkv_format_t)f)->key_bits != lay->key.bits ||
-                                    mkv_format_desc((mkv_format_t)f)->value_bits != lay->value.bits))
-        f++;
+    for (; f < MKV_FORMAT_COUNT; f++) {
+        const mkv_format_desc_t *fd = mkv_format_desc((mkv_format_t)f);
+        if (fd->key_bits == lay->key.bits && fd->value_bits == lay->value.bits) break;
+    }
     if (f == MKV_FORMAT_COUNT)
         return mkv_fail(err, MKV_STATUS_INVALID_ARGUMENT,
                         "%s: no format has %d-bit keys and %d-bit values", what, lay->key.bits,
@@ -330,7 +333,8 @@ static mkv_status_t check_layout(const mkv_page_layout_t *lay, int64_t page_byte
         return mkv_fail(err, MKV_STATUS_INVALID_ARGUMENT,
                         "%s: the layout is not mkv_page_layout(%s, d = %d, groups = %d, "
                         "page_bytes = %lld) (groups or head dims mismatching?)",
-                        what, mkv_format_name(format), lay->head_dim, groups, (long long)page_bytes);
+                        what, mkv_format_name(format), lay->head_dim, groups,
+                        (long long)page_bytes);
     return MKV_STATUS_OK;
 }
 

@@ -4,8 +4,9 @@
  * mkv_page_write_token (or demoted by mkv_page_demote_token) on the host and by the kernels on
  * the device, then every byte of the two pools compared, unused slots and pages included.
  * Inputs are fresh random fp16 or bf16 bits of many shapes (tiny and subnormal, near 65504,
- * constant vectors and groups, signed zeros, exact rounding ties, adjacent values, non-finite
- * and beyond fp16's range), placed at shuffled (page, slot) pairs of pages of a few tokens.
+ * constant vectors and groups, signed zeros, exact rounding ties, adjacent values, scales that
+ * need the exact check's step up, non-finite and beyond fp16's range), placed at shuffled
+ * (page, slot) pairs of pages of a few tokens.
  * Every test but the argument checks skips without a GPU.
  */
 #include "gpu_util.h"
