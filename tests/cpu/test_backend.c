@@ -54,13 +54,6 @@ typedef struct reg {
     float sum[2][MAXLEN];
 } reg_t;
 
-static void *xcalloc(size_t n, size_t sz)
-{
-    void *p = calloc(n ? n : 1, sz);
-    cr_assert_not_null(p);
-    return p;
-}
-
 static void fill(tu_rng_t *r, float *x, int64_t n, float scale)
 {
     for (int64_t i = 0; i < n; i++)
@@ -94,9 +87,9 @@ static void bk_init(bk_t *b, const geom_t *g, uint64_t seed)
     cr_assert_eq(b->lay[0].tokens, g->tpp);
     b->rng.s = seed;
     const size_t n = (size_t)g->S * g->max_len * g->L * g->H * g->d;
-    b->hk = xcalloc(n, sizeof(float));
-    b->hv = xcalloc(n, sizeof(float));
-    b->page = xcalloc((size_t)b->page_bytes, 1);
+    b->hk = tu_xcalloc(n, sizeof(float));
+    b->hv = tu_xcalloc(n, sizeof(float));
+    b->page = tu_xcalloc((size_t)b->page_bytes, 1);
 }
 
 static void bk_free(bk_t *b)
@@ -222,9 +215,9 @@ static void bk_prefill(bk_t *b, int32_t s, int check, double *sig)
 {
     const int32_t n = b->plen[s], H = b->g.H, G = b->g.G, d = b->g.d;
     const int64_t nq = (int64_t)n * H * G * d, nk = (int64_t)n * H * d;
-    float *q = xcalloc((size_t)(2 * nq + 2 * nk), sizeof(float)), *out = q + nq;
+    float *q = tu_xcalloc((size_t)(2 * nq + 2 * nk), sizeof(float)), *out = q + nq;
     float *k = out + nq, *v = k + nk;
-    double *K = xcalloc((size_t)(2 * n * d + 2 * n), sizeof(double)), *V = K + n * d;
+    double *K = tu_xcalloc((size_t)(2 * n * d + 2 * n), sizeof(double)), *V = K + n * d;
     double *p = V + n * d, *pm = p + n, o[MAXD];
     const int32_t first = b->g.obs > 0 ? n - b->g.obs : 0;
     for (int32_t l = 0; l < b->g.L; l++) {
@@ -260,9 +253,9 @@ static mkv_status_t bk_step(bk_t *b, int32_t n, const int32_t *slots, int check)
     if (st != MKV_STATUS_OK) return st;
     const int32_t H = b->g.H, G = b->g.G, d = b->g.d;
     const int64_t nq = (int64_t)n * H * G * d, nk = (int64_t)n * H * d;
-    float *q = xcalloc((size_t)(2 * nq + 2 * nk), sizeof(float)), *out = q + nq;
+    float *q = tu_xcalloc((size_t)(2 * nq + 2 * nk), sizeof(float)), *out = q + nq;
     float *k = out + nq, *v = k + nk;
-    double *K = xcalloc((size_t)(2 * MAXLEN * d), sizeof(double)), *V = K + MAXLEN * d;
+    double *K = tu_xcalloc((size_t)(2 * MAXLEN * d), sizeof(double)), *V = K + MAXLEN * d;
     double p[MAXLEN], o[MAXD];
     for (int32_t l = 0; l < b->g.L; l++) {
         fill(&b->rng, q, nq, 4.0f), fill(&b->rng, k, nk, 1.0f), fill(&b->rng, v, nk, 1.0f);
@@ -552,7 +545,7 @@ static void prompt_case(const geom_t *g, uint64_t seed, int32_t n, int64_t cnt[3
     bk_t b;
     bk_init(&b, g, seed);
     const int32_t s = bk_admit(&b, n, 0);
-    double *sig = xcalloc((size_t)g->L * g->H * n, sizeof(double));
+    double *sig = tu_xcalloc((size_t)g->L * g->H * n, sizeof(double));
     bk_prefill(&b, s, 0, sig);
     TU_COK(b.c, mkv_cache_commit_prompt(b.c, 1, &s, NULL));
     tu_expect_valid(b.c, "commit");
@@ -650,7 +643,7 @@ Test(backend, random_long_run, .timeout = 60)
     bk_t b;
     bk_init(&b, &g, 4242);
     const size_t pool_bytes = (size_t)(g.pool_pages * b.page_bytes);
-    uint8_t *pool = xcalloc(pool_bytes, 1);
+    uint8_t *pool = tu_xcalloc(pool_bytes, 1);
     int32_t run[MAXS], nrun = 0; /* running slots, oldest first */
     int64_t admits = 0, releases = 0, finished = 0, preempt[2] = {0, 0}, lows = 0;
     for (int32_t step = 0; step < 2000; step++) {
@@ -725,7 +718,7 @@ Test(backend, random_long_run, .timeout = 60)
     do {                                                                                         \
         char *d0_ = NULL, *d1_ = NULL;                                                           \
         const size_t n_ = (c)->pool ? (size_t)((c)->cfg.pool_pages * (c)->cfg.page_bytes) : 0;  \
-        uint8_t *p_ = xcalloc(n_, 1);                                                            \
+        uint8_t *p_ = tu_xcalloc(n_, 1);                                                            \
         if (n_) memcpy(p_, (c)->pool, n_);                                                       \
         TU_COK((c), mkv_cache_dump_json_string((c), &d0_));                                      \
         const mkv_status_t got_ = (call);                                                        \

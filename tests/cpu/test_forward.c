@@ -10,6 +10,8 @@
 #include "quant/half.h"
 
 #include <cjson/cJSON.h>
+#include "testutil.h"
+
 #include <criterion/criterion.h>
 
 #include <math.h>
@@ -37,22 +39,6 @@
 #define TOL_PREFILL 1e-4
 #define TOL_DECODE 1e-4
 #define TOL_FULL 3e-3
-
-static void *xcalloc(size_t n, size_t sz)
-{
-    void *p = calloc(n ? n : 1, sz);
-    cr_assert_not_null(p);
-    return p;
-}
-
-static mkv_model_t *load_ok(const char *dir)
-{
-    char err[MKV_ERR_LEN];
-    mkv_model_t *m = NULL;
-    mkv_status_t st = mkv_model_load(dir, &m, err);
-    cr_assert_eq(st, MKV_STATUS_OK, "load %s: %s (%s)", dir, mkv_status_string(st), err);
-    return m;
-}
 
 /* ---------------------------------------------------------------------------------------- */
 /* The float64 reference                                                                    */
@@ -97,10 +83,10 @@ static void ref_forward(const mkv_model_t *m, const int32_t *tok, int n, int kv1
     const mkv_model_config_t *c = &m->cfg;
     const int D = c->hidden, H = c->n_heads, KV = c->n_kv_heads, hd = c->head_dim;
     const int I = c->intermediate, G = H / KV;
-    double *x = xcalloc((size_t)n * D, 8), *a = xcalloc(D, 8), *q = xcalloc((size_t)n * H * hd, 8);
-    double *k = xcalloc((size_t)n * KV * hd, 8), *v = xcalloc((size_t)n * KV * hd, 8);
-    double *o = xcalloc(H * hd, 8), *p = xcalloc(n, 8), *y = xcalloc(D, 8);
-    double *g = xcalloc(I, 8), *u = xcalloc(I, 8);
+    double *x = tu_xcalloc((size_t)n * D, 8), *a = tu_xcalloc(D, 8), *q = tu_xcalloc((size_t)n * H * hd, 8);
+    double *k = tu_xcalloc((size_t)n * KV * hd, 8), *v = tu_xcalloc((size_t)n * KV * hd, 8);
+    double *o = tu_xcalloc(H * hd, 8), *p = tu_xcalloc(n, 8), *y = tu_xcalloc(D, 8);
+    double *g = tu_xcalloc(I, 8), *u = tu_xcalloc(I, 8);
     for (int t = 0; t < n; t++)
         for (int i = 0; i < D; i++) x[t * D + i] = m->embed[(size_t)tok[t] * D + i];
     for (int l = 0; l < c->n_layers; l++) {
@@ -218,13 +204,13 @@ static const int32_t STEPS[5] = {1030, 94, 12, 1999, 2};
 Test(model_forward, prefill_and_decode_vs_float64)
 {
     REQUIRE_MODEL();
-    mkv_model_t *m = load_ok(MODEL_DIR);
+    mkv_model_t *m = tu_model_load(MODEL_DIR);
     const int V = m->cfg.vocab, NP = 40, NS = 5;
     mkv_cache_t *c = make_cache(m, 0, 1);
     mkv_forward_ws_t *ws = NULL;
     char err[MKV_ERR_LEN];
     cr_assert_eq(mkv_forward_ws_create(m, NP, &ws, err), MKV_STATUS_OK, "%s", err);
-    float *lg = xcalloc((size_t)NP * V, 4), *last = xcalloc(V, 4);
+    float *lg = tu_xcalloc((size_t)NP * V, 4), *last = tu_xcalloc(V, 4);
     int32_t slot = admit(c, NP);
     cr_assert_eq(mkv_model_prefill(m, c, slot, PROMPT, NP, lg, last, ws), MKV_STATUS_OK, "%s",
                  mkv_last_error());
@@ -233,7 +219,7 @@ Test(model_forward, prefill_and_decode_vs_float64)
     int32_t all[45];
     memcpy(all, PROMPT, sizeof PROMPT);
     memcpy(all + NP, STEPS, sizeof STEPS);
-    double *ref = xcalloc((size_t)(NP + NS) * V, 8);
+    double *ref = tu_xcalloc((size_t)(NP + NS) * V, 8);
     ref_forward(m, all, NP, 0, ref);
     double worst = 0;
     for (int t = 0; t < NP; t++) worst = fmax(worst, rel_err(lg + (size_t)t * V, ref + (size_t)t * V, V));
@@ -284,13 +270,13 @@ static char *detok(const int32_t *ids, int n)
     fseek(f, 0, SEEK_END);
     const long size = ftell(f);
     fseek(f, 0, SEEK_SET);
-    char *text = xcalloc((size_t)size + 1, 1);
+    char *text = tu_xcalloc((size_t)size + 1, 1);
     cr_assert_eq(fread(text, 1, (size_t)size, f), (size_t)size);
     fclose(f);
     cJSON *root = cJSON_Parse(text);
     cr_assert_not_null(root);
     const cJSON *vocab = cJSON_GetObjectItem(cJSON_GetObjectItem(root, "model"), "vocab");
-    char *out = xcalloc(4096, 1);
+    char *out = tu_xcalloc(4096, 1);
     size_t at = 0;
     for (int i = 0; i < n; i++) {
         const char *piece = NULL;
@@ -312,12 +298,12 @@ static char *detok(const int32_t *ids, int n)
 Test(model_forward, greedy_once_upon_a_time)
 {
     REQUIRE_MODEL();
-    mkv_model_t *m = load_ok(MODEL_DIR);
+    mkv_model_t *m = tu_model_load(MODEL_DIR);
     const int V = m->cfg.vocab;
     mkv_cache_t *c = make_cache(m, 0, 1);
     mkv_forward_ws_t *ws = NULL;
     cr_assert_eq(mkv_forward_ws_create(m, 8, &ws, NULL), MKV_STATUS_OK, "%s", mkv_last_error());
-    float *lg = xcalloc(V, 4);
+    float *lg = tu_xcalloc(V, 4);
     int32_t ids[36];
     memcpy(ids, ONCE, sizeof ONCE);
     int32_t slot = admit(c, 6);
@@ -346,14 +332,14 @@ Test(model_forward, greedy_once_upon_a_time)
 Test(model_forward, mixkv_uncompressed_is_bit_identical)
 {
     REQUIRE_MODEL();
-    mkv_model_t *m = load_ok(MODEL_DIR);
+    mkv_model_t *m = tu_model_load(MODEL_DIR);
     const int V = m->cfg.vocab, STEPS_N = 12;
     const int32_t len[2] = {40, 6};
     const int32_t *prompt[2] = {PROMPT, ONCE};
     mkv_cache_t *a = make_cache(m, 0, 2), *b = make_cache(m, 1, 2);
     mkv_forward_ws_t *ws = NULL;
     cr_assert_eq(mkv_forward_ws_create(m, 40, &ws, NULL), MKV_STATUS_OK);
-    float *la = xcalloc((size_t)2 * V, 4), *lb = xcalloc((size_t)2 * V, 4);
+    float *la = tu_xcalloc((size_t)2 * V, 4), *lb = tu_xcalloc((size_t)2 * V, 4);
     int32_t sa[2], sb[2], tok[2];
     for (int j = 0; j < 2; j++) {
         sa[j] = admit(a, len[j]), sb[j] = admit(b, len[j]);
@@ -383,11 +369,11 @@ Test(model_forward, mixkv_uncompressed_is_bit_identical)
 Test(model_forward, refusals)
 {
     REQUIRE_MODEL();
-    mkv_model_t *m = load_ok(MODEL_DIR);
+    mkv_model_t *m = tu_model_load(MODEL_DIR);
     mkv_cache_t *c = make_cache(m, 0, 2);
     mkv_forward_ws_t *ws = NULL;
     cr_assert_eq(mkv_forward_ws_create(m, 6, &ws, NULL), MKV_STATUS_OK);
-    float *lg = xcalloc((size_t)m->cfg.vocab * 8, 4);
+    float *lg = tu_xcalloc((size_t)m->cfg.vocab * 8, 4);
     const int32_t bad[6] = {1, 80, 147, 2048, 282, 57};
     int32_t slot = admit(c, 6);
 #define REFUSED(call, want, needle)                                                            \

@@ -10,6 +10,8 @@
 #include "quant/half.h"
 
 #include <cjson/cJSON.h>
+#include "testutil.h"
+
 #include <criterion/criterion.h>
 
 #include <math.h>
@@ -28,22 +30,6 @@
         if (access(MODEL_DIR "/config.json", R_OK) != 0)                                       \
             cr_skip_test("bundled model not found at " MODEL_DIR);                             \
     } while (0)
-
-static void *xcalloc(size_t n, size_t sz)
-{
-    void *p = calloc(n ? n : 1, sz);
-    cr_assert_not_null(p);
-    return p;
-}
-
-static mkv_model_t *load_ok(const char *dir)
-{
-    char err[MKV_ERR_LEN];
-    mkv_model_t *m = NULL;
-    mkv_status_t st = mkv_model_load(dir, &m, err);
-    cr_assert_eq(st, MKV_STATUS_OK, "load %s: %s (%s)", dir, mkv_status_string(st), err);
-    return m;
-}
 
 static void expect_load_fails(const char *dir, mkv_status_t want, const char *needle)
 {
@@ -95,7 +81,7 @@ static void write_st(const char *path, const wt_t *t, int n)
     cJSON_AddItemToObject(h, "__metadata__", cJSON_Parse("{\"format\": \"pt\"}"));
     char *js = cJSON_PrintUnformatted(h);
     const size_t jl = strlen(js), hl = (jl + 7) / 8 * 8; /* padded with spaces, as HF does */
-    uint8_t *buf = xcalloc(8 + hl + (size_t)off, 1);
+    uint8_t *buf = tu_xcalloc(8 + hl + (size_t)off, 1);
     for (int i = 0; i < 8; i++) buf[i] = (uint8_t)((uint64_t)hl >> (8 * i));
     memset(buf + 8, ' ', hl);
     memcpy(buf + 8, js, jl);
@@ -119,7 +105,7 @@ static void add_f32(wt_t *t, int *n, const char *name, int32_t ndim, int64_t a, 
     strcpy(w->dtype, "F32");
     w->ndim = ndim, w->shape[0] = a, w->shape[1] = b;
     const int64_t cnt = ndim == 1 ? a : a * b;
-    float *d = xcalloc((size_t)cnt, sizeof(float));
+    float *d = tu_xcalloc((size_t)cnt, sizeof(float));
     for (int64_t i = 0; i < cnt; i++) {
         *seed = *seed * 6364136223846793005ull + 1442695040888963407ull;
         d[i] = (float)((double)(*seed >> 40) / (double)(1 << 24) - 0.5);
@@ -204,7 +190,7 @@ static void tiny_write(const char *dir, const wt_t *t, int n)
 Test(model_load, bundled_config_and_tensors)
 {
     REQUIRE_MODEL();
-    mkv_model_t *m = load_ok(MODEL_DIR);
+    mkv_model_t *m = tu_model_load(MODEL_DIR);
     const mkv_model_config_t *c = &m->cfg;
     cr_expect_eq(c->hidden, 128);
     cr_expect_eq(c->n_layers, 2);
@@ -227,7 +213,7 @@ Test(model_load, bundled_config_and_tensors)
     fseek(f, 0, SEEK_END);
     const long size = ftell(f);
     fseek(f, 0, SEEK_SET);
-    uint8_t *b = xcalloc((size_t)size, 1);
+    uint8_t *b = tu_xcalloc((size_t)size, 1);
     cr_assert_eq(fread(b, 1, (size_t)size, f), (size_t)size);
     fclose(f);
     uint64_t hl = 0;
@@ -288,7 +274,7 @@ Test(model_load, tiny_defaults)
     const int n = tiny_tensors(t);
     tiny_folder(dir, sizeof dir, "defaults", "MistralForCausalLM", "\"sliding_window\": 32,");
     tiny_write(dir, t, n);
-    mkv_model_t *m = load_ok(dir);
+    mkv_model_t *m = tu_model_load(dir);
     cr_expect_eq(m->cfg.head_dim, 8, "hidden / heads");
     cr_expect_eq(m->cfg.rope_theta, 10000.0f);
     cr_expect_eq(m->cfg.eos, 3, "first of a list");
@@ -401,12 +387,12 @@ Test(model_load, f16_bf16_unaligned_f32)
     strcpy(t[0].name, "extra.scale");
     strcpy(t[0].dtype, "F16");
     t[0].ndim = 1, t[0].shape[0] = 1, t[0].nbytes = 2;
-    t[0].data = xcalloc(1, 2);
+    t[0].data = tu_xcalloc(1, 2);
 
     wt_t *up = find_wt(t, n, "model.layers.0.mlp.up_proj.weight");
     wt_t *gate = find_wt(t, n, "model.layers.1.mlp.gate_proj.weight");
     const int cnt = TI * TD;
-    uint16_t *h16 = xcalloc(cnt, 2), *hb = xcalloc(cnt, 2);
+    uint16_t *h16 = tu_xcalloc(cnt, 2), *hb = tu_xcalloc(cnt, 2);
     uint64_t s = 11;
     for (int i = 0; i < cnt; i++) {
         s = s * 6364136223846793005ull + 1442695040888963407ull;
@@ -425,7 +411,7 @@ Test(model_load, f16_bf16_unaligned_f32)
     tiny_folder(dir, sizeof dir, "conv", "LlamaForCausalLM", "");
     tiny_write(dir, t, n);
 
-    mkv_model_t *m = load_ok(dir);
+    mkv_model_t *m = tu_model_load(dir);
     for (int i = 0; i < cnt; i++) {
         cr_assert_eq((double)m->layers[0].w_up[i], f16_value(h16[i]), "F16 %d: 0x%04x", i, h16[i]);
         const uint32_t bits = (uint32_t)hb[i] << 16;
@@ -446,7 +432,7 @@ Test(model_load, f16_bf16_unaligned_f32)
 Test(model_load, sharded_equals_single)
 {
     REQUIRE_MODEL();
-    mkv_model_t *one = load_ok(MODEL_DIR);
+    mkv_model_t *one = tu_model_load(MODEL_DIR);
     char dir[256], path[600];
     tiny_folder(dir, sizeof dir, "sharded", "LlamaForCausalLM", "");
     /* The same tensors, from the loaded model, alternately into two shards. */
@@ -464,7 +450,7 @@ Test(model_load, sharded_equals_single)
         strcpy(w_->dtype, "F32");                                                               \
         w_->ndim = (b) ? 2 : 1, w_->shape[0] = a, w_->shape[1] = b;                               \
         w_->nbytes = 4 * (int64_t)(a) * ((b) ? (b) : 1);                                         \
-        w_->data = xcalloc((size_t)w_->nbytes, 1);                                               \
+        w_->data = tu_xcalloc((size_t)w_->nbytes, 1);                                               \
         memcpy(w_->data, ptr, (size_t)w_->nbytes);                                               \
         cJSON_AddStringToObject(wm, nm, shard[k % 2]);                                         \
         k++;                                                                                   \
@@ -502,7 +488,7 @@ Test(model_load, sharded_equals_single)
     snprintf(cmd, sizeof cmd, "cp '%s/config.json' '%s/config.json'", MODEL_DIR, dir);
     cr_assert_eq(system(cmd), 0);
 
-    mkv_model_t *sh = load_ok(dir);
+    mkv_model_t *sh = tu_model_load(dir);
     cr_expect(memcmp(sh->embed, one->embed, 2048 * 128 * 4) == 0);
     cr_expect_eq(sh->lm_head, sh->embed);
     cr_expect(memcmp(sh->final_norm, one->final_norm, 128 * 4) == 0);

@@ -665,3 +665,19 @@ mkv_status_t tu_op_apply_model(tu_model_t *m, const tu_op_t *op, int32_t *out_sl
     }
     return MKV_STATUS_INTERNAL;
 }
+
+void *tu_xcalloc(size_t n, size_t sz)
+{
+    void *p = calloc(n ? n : 1, sz);
+    cr_assert_not_null(p);
+    return p;
+}
+
+mkv_model_t *tu_model_load(const char *dir)
+{
+    char err[MKV_ERR_LEN];
+    mkv_model_t *m = NULL;
+    mkv_status_t st = mkv_model_load(dir, &m, err);
+    cr_assert_eq(st, MKV_STATUS_OK, "load %s: %s (%s)", dir, mkv_status_string(st), err);
+    return m;
+}

@@ -11,6 +11,7 @@
 #ifndef MKV_TESTS_CPU_TESTUTIL_H
 #define MKV_TESTS_CPU_TESTUTIL_H
 
+#include "engine/model.h"
 #include "memmgr/cache.h"
 #include "mixkv.h"
 
@@ -180,5 +181,11 @@ void tu_op_random(tu_rng_t *r, const tu_model_t *m, tu_op_t *op);
 mkv_status_t tu_op_apply_cache(mkv_cache_t *c, const tu_op_t *op, int32_t *out_slot);
 mkv_status_t tu_op_apply_model(tu_model_t *m, const tu_op_t *op, int32_t *out_slot,
                                int *also_short);
+
+/* calloc that asserts success (n may be 0). */
+void *tu_xcalloc(size_t n, size_t sz);
+
+/* Loads a model folder, asserting success (the message names the folder and the reason). */
+mkv_model_t *tu_model_load(const char *dir);
 
 #endif /* MKV_TESTS_CPU_TESTUTIL_H */
