@@ -22,6 +22,7 @@
  */
 #include "attention/decode_cuda.h"
 
+#include "attention/decode_fast.h"
 #include "common/error.h"
 
 #include <cuda_fp16.h>
@@ -551,12 +552,118 @@ static bool sizes_ok(int32_t n_seq, int32_t H, int32_t G, int32_t d, int32_t max
            valid_dim(d) && max_tokens >= 0 && split_tokens >= 0;
 }
 
+/* ---------------------------------------------------------------------------------------- */
+/* The tensor-core path (decode_fast.h)                                                     */
+/* ---------------------------------------------------------------------------------------- */
+
+struct fast_plan {
+    int32_t item_tokens, sec_items;
+    size_t off_logits, off_part_o, off_part_ml, bytes;
+};
+
+static int32_t sm_count(void)
+{
+    int dev = 0, n = 0;
+    if (cudaGetDevice(&dev) != cudaSuccess ||
+        cudaDeviceGetAttribute(&n, cudaDevAttrMultiProcessorCount, dev) != cudaSuccess) {
+        (void)cudaGetLastError();
+        return 132;
+    }
+    return n;
+}
+
+static fast_plan plan_fast(int32_t n_seq, int32_t H, int32_t G, int32_t d, int32_t max_tokens,
+                           int32_t split_tokens)
+{
+    fast_plan w;
+    w.item_tokens = split_tokens > 0 ? (int32_t)mkv_align_up64(split_tokens, MKV_FAST_MIN_ITEM)
+                                     : mkv_fast_item_tokens(n_seq, H, max_tokens, sm_count());
+    w.sec_items = (int32_t)(((int64_t)max_tokens + w.item_tokens - 1) / w.item_tokens);
+    const size_t rg = (size_t)n_seq * (size_t)H * (size_t)G;
+    const size_t slots = rg * 2 * (size_t)w.sec_items; /* (region, item slot, head) */
+    size_t off = 0;
+    w.off_logits = off;
+    off += mkv_align_up64((int64_t)(rg * (size_t)max_tokens * sizeof(float)), WS_ALIGN);
+    w.off_part_o = off;
+    off += mkv_align_up64((int64_t)(slots * (size_t)d * sizeof(float)), WS_ALIGN);
+    w.off_part_ml = off;
+    off += mkv_align_up64((int64_t)(slots * 2 * sizeof(float)), WS_ALIGN);
+    w.bytes = off;
+    return w;
+}
+
+static bool fast_layout(const mkv_page_layout_t *l)
+{
+    return l->key.groups == 1 && l->value.groups == 1;
+}
+
+extern "C" int mkv_cuda_decode_uses_tensor(const mkv_page_layout_t *lay_hi,
+                                           const mkv_page_layout_t *lay_lo, int32_t group_size,
+                                           int32_t head_dim)
+{
+    return group_size >= 1 && group_size <= MKV_FAST_MAX_G && fast_layout(lay_hi) &&
+           fast_layout(lay_lo) &&
+           mkv_fast_lookup(lay_hi->key.bits, lay_hi->value.bits, head_dim) != nullptr &&
+           mkv_fast_lookup(lay_lo->key.bits, lay_lo->value.bits, head_dim) != nullptr;
+}
+
+static fast_section section_of(const mkv_page_layout_t &l)
+{
+    fast_section s;
+    s.tpp = l.tokens;
+    s.off_key = l.offset[MKV_SEG_KEY], s.off_key_meta = l.offset[MKV_SEG_KEY_META];
+    s.off_value = l.offset[MKV_SEG_VALUE], s.off_value_meta = l.offset[MKV_SEG_VALUE_META];
+    s.off_score = l.offset[MKV_SEG_SCORE];
+    return s;
+}
+
+static mkv_status_t launch_fast(const mkv_cuda_decode_t *a, cudaStream_t stream, char *err)
+{
+    const fast_plan w = plan_fast(a->n_seq, a->n_heads, a->group_size, a->head_dim,
+                                  a->max_tokens, a->split_tokens);
+    uint8_t *ws = static_cast<uint8_t *>(a->workspace);
+    fast_args f;
+    f.pool = a->pool, f.page_bytes = a->page_bytes, f.table = a->table;
+    f.n_hi = a->n_hi, f.n_lo = a->n_lo, f.T = a->row_entries, f.regions = a->regions;
+    f.H = a->n_heads, f.G = a->group_size, f.max_tokens = a->max_tokens;
+    f.item_tokens = w.item_tokens, f.sec_items = w.sec_items;
+    f.sec[0] = section_of(a->lay_hi), f.sec[1] = section_of(a->lay_lo);
+    f.q = a->q, f.out = a->out, f.softmax_scale = a->softmax_scale;
+    f.logits = reinterpret_cast<float *>(ws + w.off_logits);
+    f.part_o = reinterpret_cast<float *>(ws + w.off_part_o);
+    f.part_ml = reinterpret_cast<float *>(ws + w.off_part_ml);
+    f.blocks_per_sec = (w.sec_items + MKV_FAST_WARPS - 1) / MKV_FAST_WARPS;
+    const fast_launch_fn fh = mkv_fast_lookup(a->lay_hi.key.bits, a->lay_hi.value.bits, a->head_dim);
+    const fast_launch_fn fl = mkv_fast_lookup(a->lay_lo.key.bits, a->lay_lo.value.bits, a->head_dim);
+    const dim3 grid((unsigned)f.blocks_per_sec, (unsigned)a->n_heads, (unsigned)a->n_seq);
+    mkv_status_t st;
+    if (fh == fl) { /* one launch covers both sections */
+        f.sec_mask = 3;
+        const dim3 g2(grid.x * 2, grid.y, grid.z);
+        fh(f, g2, stream);
+        if ((st = launched("tensor-core decode kernel", err)) != MKV_STATUS_OK) return st;
+    } else {
+        f.sec_mask = 1;
+        fh(f, grid, stream);
+        if ((st = launched("tensor-core decode kernel (high)", err)) != MKV_STATUS_OK) return st;
+        f.sec_mask = 2;
+        fl(f, grid, stream);
+        if ((st = launched("tensor-core decode kernel (low)", err)) != MKV_STATUS_OK) return st;
+    }
+    mkv_fast_finalize(f, a->head_dim, a->n_seq, stream);
+    return launched("finalize_kernel", err);
+}
+
 extern "C" size_t mkv_cuda_decode_workspace_size(int32_t n_seq, int32_t n_heads,
                                                  int32_t group_size, int32_t head_dim,
                                                  int32_t max_tokens, int32_t split_tokens)
 {
     if (!sizes_ok(n_seq, n_heads, group_size, head_dim, max_tokens, split_tokens)) return 0;
-    return plan_workspace(n_seq, n_heads, group_size, head_dim, max_tokens, split_tokens).bytes;
+    const size_t generic =
+        plan_workspace(n_seq, n_heads, group_size, head_dim, max_tokens, split_tokens).bytes;
+    if (head_dim != 64 && head_dim != 128) return generic;
+    const size_t fast = plan_fast(n_seq, n_heads, group_size, head_dim, max_tokens, split_tokens).bytes;
+    return fast > generic ? fast : generic;
 }
 
 extern "C" mkv_status_t mkv_cuda_decode(const mkv_cuda_decode_t *a, void *stream, char *err)
@@ -584,7 +691,23 @@ extern "C" mkv_status_t mkv_cuda_decode(const mkv_cuda_decode_t *a, void *stream
         return bad(err, "the page layouts (head_dim %d/%d) do not match head_dim %d and "
                         "page_bytes %lld", a->lay_hi.head_dim, a->lay_lo.head_dim, a->head_dim,
                    (long long)a->page_bytes);
+    if (a->kernel < MKV_DECODE_KERNEL_AUTO || a->kernel > MKV_DECODE_KERNEL_TENSOR)
+        return bad(err, "kernel %d (0 auto, 1 generic, 2 tensor)", a->kernel);
+    const bool tensor = a->kernel != MKV_DECODE_KERNEL_GENERIC &&
+                        mkv_cuda_decode_uses_tensor(&a->lay_hi, &a->lay_lo, a->group_size,
+                                                    a->head_dim);
+    if (a->kernel == MKV_DECODE_KERNEL_TENSOR && !tensor) {
+        if (err)
+            mkv_fail(err, MKV_STATUS_UNSUPPORTED, "mkv_cuda_decode: no tensor-core kernel for "
+                     "K%dV%d / K%dV%d, head_dim %d, group_size %d, quantization groups %d/%d "
+                     "(needs head_dim 64 or 128, group_size <= 8, one group, instantiated "
+                     "formats)", a->lay_hi.key.bits, a->lay_hi.value.bits, a->lay_lo.key.bits,
+                     a->lay_lo.value.bits, a->head_dim, a->group_size, a->lay_hi.key.groups,
+                     a->lay_lo.key.groups);
+        return MKV_STATUS_UNSUPPORTED;
+    }
     if (a->n_seq == 0 || a->max_tokens == 0) return MKV_STATUS_OK;
+    if (tensor) return launch_fast(a, static_cast<cudaStream_t>(stream), err);
 
     const ws_plan w = plan_workspace(a->n_seq, a->n_heads, a->group_size, a->head_dim,
                                      a->max_tokens, a->split_tokens);

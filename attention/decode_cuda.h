@@ -32,9 +32,24 @@ typedef struct mkv_cuda_decode {
     const float *q;           /* device [n_seq][H * G][d] */
     float *out;               /* device [n_seq][H * G][d] */
     float softmax_scale;
-    int32_t split_tokens;     /* tokens per thread block; 0: chosen from max_tokens */
+    int32_t split_tokens;     /* tokens per thread block (per warp item on the tensor-core
+                                 path, rounded up to a multiple of 64); 0: chosen */
     void *workspace;          /* device, mkv_cuda_decode_workspace_size bytes */
+    int32_t kernel;           /* mkv_cuda_decode_kernel_t */
 } mkv_cuda_decode_t;
+
+/* Which kernels a call uses. AUTO takes the tensor-core kernels where they apply (head_dim 64
+ * or 128, G <= 8, one quantization group, both formats instantiated: docs/decode-kernel.md)
+ * and the generic fp32 kernels elsewhere; TENSOR fails with UNSUPPORTED where they do not. */
+typedef enum mkv_cuda_decode_kernel {
+    MKV_DECODE_KERNEL_AUTO = 0,
+    MKV_DECODE_KERNEL_GENERIC = 1,
+    MKV_DECODE_KERNEL_TENSOR = 2,
+} mkv_cuda_decode_kernel_t;
+
+/* Whether a call with these layouts and sizes takes the tensor-core kernels under AUTO. */
+int mkv_cuda_decode_uses_tensor(const mkv_page_layout_t *lay_hi, const mkv_page_layout_t *lay_lo,
+                                int32_t group_size, int32_t head_dim);
 
 /* Workspace for a call with these sizes (partial results of split sequences, logits for the
  * score write-back). */

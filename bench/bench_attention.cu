@@ -43,6 +43,19 @@ static __global__ void fill_kernel(uint8_t *pool, int64_t bytes, uint32_t seed)
     }
 }
 
+/* q in [-1, 1): logits that vary, so the running maxima move as in real use. */
+static __global__ void q_kernel(float *q, int64_t n, uint32_t seed)
+{
+    for (int64_t i = blockIdx.x * (int64_t)blockDim.x + threadIdx.x; i < n;
+         i += (int64_t)gridDim.x * blockDim.x) {
+        uint32_t x = (uint32_t)i * 2654435761u ^ seed;
+        x ^= x >> 15;
+        x *= 2246822519u;
+        x ^= x >> 13;
+        q[i] = (float)(x >> 8) * (2.0f / 16777216.0f) - 1.0f;
+    }
+}
+
 /* Rows for n_seq x H regions of n_hi + n_lo tokens: distinct pages, high from the left, low
  * from the right (row_entries T). */
 static __global__ void rows_kernel(int32_t *table, int64_t regions, int32_t T, int32_t k_hi, int32_t k_lo)
@@ -74,16 +87,33 @@ int main(int argc, char **argv)
     int reps = 10, H = 8, G = 4, d = 128;
     const char *json_path = NULL;
     double max_gib = 0.0;
+    int kernel = MKV_DECODE_KERNEL_AUTO;
+    const char *only = NULL;
     for (int i = 1; i < argc; i++) {
         if (!strcmp(argv[i], "--json") && i + 1 < argc) json_path = argv[++i];
         else if (!strcmp(argv[i], "--reps") && i + 1 < argc) reps = atoi(argv[++i]);
         else if (!strcmp(argv[i], "--max-gib") && i + 1 < argc) max_gib = atof(argv[++i]);
+        else if (!strcmp(argv[i], "--kernel") && i + 1 < argc) {
+            const char *k = argv[++i];
+            kernel = !strcmp(k, "generic") ? MKV_DECODE_KERNEL_GENERIC
+                     : !strcmp(k, "tensor") ? MKV_DECODE_KERNEL_TENSOR
+                     : !strcmp(k, "auto")   ? MKV_DECODE_KERNEL_AUTO
+                                            : -1;
+            if (kernel < 0) {
+                fprintf(stderr, "bench_attention: --kernel auto, generic or tensor\n");
+                return 2;
+            }
+        } else if (!strcmp(argv[i], "--batch") && i + 1 < argc) batches = {atoi(argv[++i])};
+        else if (!strcmp(argv[i], "--length") && i + 1 < argc) lengths = {atoi(argv[++i])};
+        else if (!strcmp(argv[i], "--format") && i + 1 < argc) only = argv[++i];
         else if (!strcmp(argv[i], "--quick")) {
             batches = {1, 64};
             lengths = {1024, 8192};
         } else {
             fprintf(stderr,
                     "usage: bench_attention [--reps N] [--json FILE] [--max-gib X] [--quick]\n"
+                    "                       [--kernel auto|generic|tensor] [--batch B] [--length N]\n"
+                    "                       [--format NAME]\n"
                     "Decode attention time over batch x length grids (32 query / 8 KV heads, d 128)\n"
                     "for K16V16, K8V8, K8V4, K4V2 and a 20/50/30 high/low/pruned mix, against the\n"
                     "device copy rate.\n");
@@ -132,8 +162,10 @@ int main(int argc, char **argv)
     if (jf)
         fprintf(jf, "{\"schema\": \"mixkv-bench-attention\", \"schema_version\": 1, \"device\": \"%s\", "
                     "\"copy_rate_gbs\": %.1f, \"heads\": %d, \"group_size\": %d, \"head_dim\": %d, "
+                    "\"kernel\": \"%s\", "
                     "\"results\": [",
-                prop.name, copy_rate / 1e9, H, G, d);
+                prop.name, copy_rate / 1e9, H, G, d,
+                kernel == MKV_DECODE_KERNEL_GENERIC ? "generic" : kernel == MKV_DECODE_KERNEL_TENSOR ? "tensor" : "auto");
     printf("%-12s %6s %7s %10s %12s %9s %10s %9s\n", "format", "batch", "length", "time_us",
            "bytes_read", "GB/s", "of_copy", "vs_fp16");
     int first = 1;
@@ -141,6 +173,7 @@ int main(int argc, char **argv)
         for (int len : lengths) {
             double fp16_time = 0.0;
             for (const variant &v : variants) {
+                if (only && strcmp(only, v.name) && strcmp(v.name, "K16V16")) continue;
                 char err[512];
                 mkv_page_layout_t lh, ll;
                 /* Each variant's default page: 32 tokens of its high format. */
@@ -173,7 +206,7 @@ int main(int argc, char **argv)
                 CK(cudaMalloc((void **)&out, (size_t)(batch * H * G * d) * 4));
                 fill_kernel<<<4096, 256, 0, stream>>>(pool, pages * page_bytes, 12345u);
                 rows_kernel<<<(int)((regions + 255) / 256), 256, 0, stream>>>(table, regions, T, k_hi, k_lo);
-                CK(cudaMemsetAsync(q, 0, (size_t)(batch * H * G * d) * 4, stream));
+                q_kernel<<<64, 256, 0, stream>>>(q, (int64_t)batch * H * G * d, 777u);
                 std::vector<int32_t> hv(regions, n_hi), lv(regions, n_lo);
                 std::vector<int64_t> rv(regions);
                 for (int64_t r = 0; r < regions; r++) rv[r] = r;
@@ -199,6 +232,7 @@ int main(int argc, char **argv)
                 a.q = q;
                 a.out = out;
                 a.softmax_scale = 0.088388f;
+                a.kernel = kernel;
                 const size_t ws = mkv_cuda_decode_workspace_size(batch, H, G, d, n_hi + n_lo, 0);
                 CK(cudaMalloc(&a.workspace, ws > 0 ? ws : 1));
                 std::vector<double> t;

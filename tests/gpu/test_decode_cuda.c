@@ -11,12 +11,17 @@
  * reference updated, byte for byte, except the score slots of the attended tokens, which must
  * agree within tolerance; a head-region with no tokens leaves its out untouched.
  *
- * Tolerances (GPU fp32 vs CPU fp32; both sum in different orders, the GPU with FMAs):
- *   out     relative L2 error per output vector <= TOL_OUT. Dominated by the reference's own
- *           sequential fp32 sum over the tokens, ~sqrt(n / 3) * 2.6e-8 relative: ~3e-6 at 32k.
- *   scores  |got - want| <= TOL_SCORE_REL * |want| + TOL_SCORE_ABS.
- * Split against unsplit runs: the same tolerances (logits and maxima are bit-identical, sums
- * of exp are merged in a different order).
+ * Both kernel families run: the generic fp32 kernels (every shape) and the tensor-core ones
+ * (head_dim 64 and 128, G <= 8, one quantization group), which AUTO picks where they apply.
+ * Tolerances:
+ *   out     relative L2 error per output vector <= TOL_OUT for the generic kernels (GPU fp32 vs
+ *           CPU fp32, different summation orders: dominated by the reference's own sequential
+ *           fp32 sum, ~sqrt(n / 3) * 2.6e-8 relative, ~3e-6 at 32k), TOL_OUT_TENSOR for the
+ *           tensor-core kernels, whose value products are fp16 (code * scale rounded once, the
+ *           probability rounded once: about 2^-12 relative per term, docs/decode-kernel.md).
+ *   scores  |got - want| <= TOL_SCORE_REL * |want| + TOL_SCORE_ABS for both (the tensor-core
+ *           logits are fp32-grade: exact integer codes times q split into two fp16 halves).
+ * Split against unsplit runs: the same tolerances (sums of exp are merged in another order).
  */
 #include "attention/attention.h"
 #include "attention/decode_cuda.h"
@@ -29,6 +34,7 @@
 #include <string.h>
 
 #define TOL_OUT 1e-5
+#define TOL_OUT_TENSOR 2e-3
 #define TOL_SCORE_REL 1e-5
 #define TOL_SCORE_ABS 1e-6
 #define MAX_REPORT 5
@@ -73,6 +79,7 @@ typedef struct spec {
     int32_t n_seq, H;
     const int32_t *len;        /* [n_seq * H][2] n_hi, n_lo of listed head-region j * H + h */
     uint64_t seed;
+    float vamp;                /* value amplitude (0: 1); large ones give scales above 64 */
 } spec_t;
 
 typedef struct batch {
@@ -176,7 +183,8 @@ static void batch_build(batch_t *b, const spec_t *c)
     b->q = malloc(sizeof(float) * nq);
     b->ref_out = malloc(sizeof(float) * nq);
     cr_assert(b->pool && b->ref_pool && b->q && b->ref_out);
-    for (size_t i = 0; i < b->pool_bytes; i++) b->pool[i] = (uint8_t)(i * 131u + 0x5b);
+    /* Unused slots and pages are NaN (0xFF bytes: NaN as fp16 and as fp32 alike). */
+    memset(b->pool, 0xff, b->pool_bytes);
     memset(b->ref_out, 0xff, sizeof(float) * nq);
 
     float *k = malloc(sizeof(float) * (size_t)d), *v = malloc(sizeof(float) * (size_t)d);
@@ -192,7 +200,8 @@ static void batch_build(batch_t *b, const spec_t *c)
         for (int32_t t = 0; t < b->n_hi[row] + b->n_lo[row]; t++) {
             /* A per-token offset and spread, so that groups differ in range. */
             const float ko = frand(&r, -1, 1), ka = frand(&r, 0.2, 2);
-            const float vo = frand(&r, -1, 1), va = frand(&r, 0.2, 2);
+            const float vm = c->vamp > 0 ? c->vamp : 1.0f;
+            const float vo = vm * frand(&r, -1, 1), va = vm * frand(&r, 0.2, 2);
             for (int32_t e = 0; e < d; e++) k[e] = ko + ka * frand(&r, -1, 1);
             for (int32_t e = 0; e < d; e++) v[e] = vo + va * frand(&r, -1, 1);
             int32_t slot;
@@ -251,7 +260,8 @@ static void batch_free(batch_t *b)
 static size_t batch_out_floats(const batch_t *b) { return (size_t)b->nl * b->c.G * b->c.d; }
 
 /* One GPU call on a fresh copy of the input pool; out and pool come back into got_*. */
-static void batch_gpu(batch_t *b, int32_t split, float *got_out, uint8_t *got_pool)
+static void batch_gpu(batch_t *b, int32_t kernel, int32_t split, float *got_out,
+                      uint8_t *got_pool)
 {
     const spec_t *c = &b->c;
     const size_t nq = batch_out_floats(b);
@@ -269,7 +279,7 @@ static void batch_gpu(batch_t *b, int32_t split, float *got_out, uint8_t *got_po
         .regions = b->d_regions, .n_seq = c->n_seq, .n_heads = c->H, .group_size = c->G,
         .head_dim = c->d, .max_tokens = b->max_tokens, .q = b->d_q, .out = b->d_out,
         .softmax_scale = (float)(1.0 / sqrt((double)c->d)), .split_tokens = split,
-        .workspace = d_ws};
+        .workspace = d_ws, .kernel = kernel};
     char err[ERR_LEN] = "";
     const mkv_status_t st = mkv_cuda_decode(&a, NULL, err);
     cr_assert_eq(st, MKV_STATUS_OK, "%s split=%d: %s (%s)", b->ctx, split, mkv_status_string(st),
@@ -283,7 +293,7 @@ static void batch_gpu(batch_t *b, int32_t split, float *got_out, uint8_t *got_po
 /* Every output vector within TOL_OUT (relative L2); a region without tokens leaves its
  * vectors as they were (0xFF bytes, in got and want alike). */
 static void check_out(const batch_t *b, const char *ctx, const float *got, const float *want,
-                      stats_t *s)
+                      double tol, stats_t *s)
 {
     const int32_t G = b->c.G, d = b->c.d;
     for (int32_t i = 0; i < b->nl; i++) {
@@ -304,7 +314,7 @@ static void check_out(const batch_t *b, const char *ctx, const float *got, const
                 den += (double)y[e] * y[e];
             }
             const double rel = sqrt(num) / (den > 0.0 ? sqrt(den) : 1.0);
-            stats_note(s, rel, rel <= TOL_OUT, "%s: %s of region %lld head %lld: got[0] %.9g, "
+            stats_note(s, rel, rel <= tol, "%s: %s of region %lld head %lld: got[0] %.9g, "
                        "want[0] %.9g, relative L2 error %.3g\n", ctx, i, g, x[0], y[0]);
         }
     }
@@ -341,24 +351,35 @@ static void check_pool(const batch_t *b, const char *ctx, const uint8_t *got, co
     free(copy);
 }
 
+static int batch_uses_tensor(const batch_t *b, int32_t kernel)
+{
+    return kernel != MKV_DECODE_KERNEL_GENERIC &&
+           mkv_cuda_decode_uses_tensor(&b->lay_hi, &b->lay_lo, b->c.G, b->c.d);
+}
+
 /* Runs the batch on the GPU with each split and compares with the reference; with two or more
  * splits, the later runs are also compared with the first (split against unsplit). */
-static void batch_check_splits(batch_t *b, const int32_t *splits, int n_splits, stats_t *ck_out,
-                               stats_t *ck_score, stats_t *ck_vs_out, stats_t *ck_vs_score)
+static void batch_check_splits(batch_t *b, int32_t kernel, const int32_t *splits, int n_splits,
+                               stats_t *ck_out, stats_t *ck_score, stats_t *ck_vs_out,
+                               stats_t *ck_vs_score)
 {
+    const int tensor = batch_uses_tensor(b, kernel);
+    cr_assert(kernel != MKV_DECODE_KERNEL_TENSOR || tensor, "%s: no tensor-core kernel", b->ctx);
+    const double tol = tensor ? TOL_OUT_TENSOR : TOL_OUT;
     const size_t nq = batch_out_floats(b);
     float *out0 = malloc(sizeof(float) * nq), *out = malloc(sizeof(float) * nq);
     uint8_t *pool0 = malloc(b->pool_bytes), *pool = malloc(b->pool_bytes);
     cr_assert(out0 && out && pool0 && pool);
     char ctx[256];
     for (int k = 0; k < n_splits; k++) {
-        snprintf(ctx, sizeof ctx, "%s split=%d", b->ctx, splits[k]);
-        batch_gpu(b, splits[k], k == 0 ? out0 : out, k == 0 ? pool0 : pool);
-        check_out(b, ctx, k == 0 ? out0 : out, b->ref_out, ck_out);
+        snprintf(ctx, sizeof ctx, "%s %s split=%d", b->ctx, tensor ? "tensor" : "generic",
+                 splits[k]);
+        batch_gpu(b, kernel, splits[k], k == 0 ? out0 : out, k == 0 ? pool0 : pool);
+        check_out(b, ctx, k == 0 ? out0 : out, b->ref_out, tol, ck_out);
         check_pool(b, ctx, k == 0 ? pool0 : pool, b->ref_pool, ck_score);
         if (k > 0 && ck_vs_out) {
             snprintf(ctx, sizeof ctx, "%s split=%d vs split=%d", b->ctx, splits[k], splits[0]);
-            check_out(b, ctx, out, out0, ck_vs_out);
+            check_out(b, ctx, out, out0, tol, ck_vs_out);
             check_pool(b, ctx, pool, pool0, ck_vs_score);
         }
     }
@@ -412,6 +433,8 @@ Test(decode_cuda, every_format_dim_and_group)
     static const int32_t qgroups[] = {1, 2, 4};
     static const int32_t splits[] = {0, 7, 32, 0, 100};
     stats_t ck_out = {.what = "out"}, ck_score = {.what = "score"};
+    stats_t ck_out_t = {.what = "out (auto: tensor-core kernels)"};
+    stats_t ck_score_t = {.what = "score (auto: tensor-core kernels)"};
     uint64_t r = 0xdec0de;
     int n_case = 0;
     for (int pr = 0; pr < 5; pr++)
@@ -429,11 +452,17 @@ Test(decode_cuda, every_format_dim_and_group)
                 batch_t b;
                 batch_build(&b, &c);
                 const int32_t split = splits[n_case % 5];
-                batch_check_splits(&b, &split, 1, &ck_out, &ck_score, NULL, NULL);
+                batch_check_splits(&b, MKV_DECODE_KERNEL_GENERIC, &split, 1, &ck_out, &ck_score,
+                                   NULL, NULL);
+                if (batch_uses_tensor(&b, MKV_DECODE_KERNEL_AUTO))
+                    batch_check_splits(&b, MKV_DECODE_KERNEL_AUTO, &split, 1, &ck_out_t,
+                                       &ck_score_t, NULL, NULL);
                 batch_free(&b);
             }
     stats_expect(&ck_out, "every_format_dim_and_group");
     stats_expect(&ck_score, "every_format_dim_and_group");
+    stats_expect(&ck_out_t, "every_format_dim_and_group");
+    stats_expect(&ck_score_t, "every_format_dim_and_group");
 }
 
 Test(decode_cuda, long_sequences_with_splits, .timeout = 600)
@@ -446,6 +475,9 @@ Test(decode_cuda, long_sequences_with_splits, .timeout = 600)
     stats_t ck_out = {.what = "out"}, ck_score = {.what = "score"};
     stats_t ck_vs_out = {.what = "out split 0 vs 64"};
     stats_t ck_vs_score = {.what = "score split 0 vs 64"};
+    stats_t ck_out_g = {.what = "out (generic)"}, ck_score_g = {.what = "score (generic)"};
+    stats_t ck_vs_out_g = {.what = "out split 0 vs 64 (generic)"};
+    stats_t ck_vs_score_g = {.what = "score split 0 vs 64 (generic)"};
     uint64_t r = 0x10ad;
     for (int pr = 0; pr < 2; pr++) {
         const int32_t H = 3;
@@ -459,13 +491,21 @@ Test(decode_cuda, long_sequences_with_splits, .timeout = 600)
                           .tpp = 32, .n_seq = 4, .H = H, .len = len, .seed = test_rand_next(&r)};
         batch_t b;
         batch_build(&b, &c);
-        batch_check_splits(&b, splits, 2, &ck_out, &ck_score, &ck_vs_out, &ck_vs_score);
+        cr_assert(batch_uses_tensor(&b, MKV_DECODE_KERNEL_AUTO));
+        batch_check_splits(&b, MKV_DECODE_KERNEL_AUTO, splits, 2, &ck_out, &ck_score, &ck_vs_out,
+                           &ck_vs_score);
+        batch_check_splits(&b, MKV_DECODE_KERNEL_GENERIC, splits, 2, &ck_out_g, &ck_score_g,
+                           &ck_vs_out_g, &ck_vs_score_g);
         batch_free(&b);
     }
     stats_expect(&ck_out, "long_sequences_with_splits");
     stats_expect(&ck_score, "long_sequences_with_splits");
     stats_expect(&ck_vs_out, "long_sequences_with_splits");
     stats_expect(&ck_vs_score, "long_sequences_with_splits");
+    stats_expect(&ck_out_g, "long_sequences_with_splits");
+    stats_expect(&ck_score_g, "long_sequences_with_splits");
+    stats_expect(&ck_vs_out_g, "long_sequences_with_splits");
+    stats_expect(&ck_vs_score_g, "long_sequences_with_splits");
 }
 
 /* The first run has one split per region (split_tokens = max_tokens); the others must agree
@@ -495,13 +535,55 @@ Test(decode_cuda, split_matches_unsplit)
         batch_t b;
         batch_build(&b, &c);
         const int32_t splits[] = {b.max_tokens, 16, 100, 0, 1};
-        batch_check_splits(&b, splits, 5, &ck_out, &ck_score, &ck_vs_out, &ck_vs_score);
+        batch_check_splits(&b, MKV_DECODE_KERNEL_AUTO, splits, 5, &ck_out, &ck_score,
+                           &ck_vs_out, &ck_vs_score);
         batch_free(&b);
     }
     stats_expect(&ck_out, "split_matches_unsplit");
     stats_expect(&ck_score, "split_matches_unsplit");
     stats_expect(&ck_vs_out, "split_matches_unsplit");
     stats_expect(&ck_vs_score, "split_matches_unsplit");
+}
+
+/* The tensor-core kernels on their own: every format in either section, d 64 and 128, G 1, 2,
+ * 4 and 8, pages of 1 to 32 high tokens, mixed batches, item sizes from 64 up, and values
+ * large enough (some cases) that scales pass 64 and the unfused dequantization runs. */
+Test(decode_cuda, tensor_every_format, .timeout = 300)
+{
+    GPU_REQUIRE();
+    static const mkv_format_t fmts[] = {MKV_FORMAT_K16V16, MKV_FORMAT_K8V8, MKV_FORMAT_K8V4,
+                                        MKV_FORMAT_K4V4,   MKV_FORMAT_K8V2, MKV_FORMAT_K4V2,
+                                        MKV_FORMAT_K4V8,   MKV_FORMAT_K2V4};
+    static const int32_t tpps[] = {32, 1, 3, 12, 17};
+    static const int32_t gs[] = {1, 2, 4, 8};
+    stats_t ck_out = {.what = "out"}, ck_score = {.what = "score"};
+    stats_t ck_vs_out = {.what = "out split vs unsplit"};
+    stats_t ck_vs_score = {.what = "score split vs unsplit"};
+    uint64_t r = 0x7e50;
+    int n_case = 0;
+    for (int fh = 0; fh < 8; fh++)
+        for (int di = 0; di < 2; di++)
+            for (int gi = 0; gi < 4; gi++, n_case++) {
+                int32_t len[6 * 2];
+                spec_t c = {.hi = fmts[fh], .lo = fmts[(fh + 1 + n_case) % 8],
+                            .d = di ? 128 : 64, .G = gs[gi], .groups = 1,
+                            .tpp = tpps[n_case % 5], .n_seq = 3, .H = 2, .len = len,
+                            .seed = test_rand_next(&r), .vamp = n_case % 3 == 2 ? 150.0f : 0.0f};
+                const int32_t th = tokens_per_page(c.hi, c.hi, c.d, c.groups, c.tpp);
+                const int32_t tl = tokens_per_page(c.lo, c.hi, c.d, c.groups, c.tpp);
+                for (int i = 0; i < 6; i++) pattern_lengths(n_case + i, th, tl, &r, len + 2 * i);
+                len[10] = test_rand_range(&r, 300, 700), len[11] = test_rand_range(&r, 1, 90);
+                batch_t b;
+                batch_build(&b, &c);
+                const int32_t splits[] = {b.max_tokens, 64, 100, 0};
+                batch_check_splits(&b, MKV_DECODE_KERNEL_TENSOR, splits, 4, &ck_out, &ck_score,
+                                   &ck_vs_out, &ck_vs_score);
+                batch_free(&b);
+            }
+    stats_expect(&ck_out, "tensor_every_format");
+    stats_expect(&ck_score, "tensor_every_format");
+    stats_expect(&ck_vs_out, "tensor_every_format");
+    stats_expect(&ck_vs_score, "tensor_every_format");
 }
 
 /* Argument checks only: no pointer is dereferenced, so this runs without a device too. */
@@ -524,9 +606,9 @@ Test(decode_cuda, bad_arguments)
         .split_tokens = 0, .workspace = fake};
     cr_assert_eq(mkv_cuda_decode(&good, NULL, err), MKV_STATUS_OK, "%s", err);
 
-    mkv_cuda_decode_t bad[24];
+    mkv_cuda_decode_t bad[32];
     int n = 0;
-    for (int i = 0; i < 24; i++) bad[i] = good;
+    for (int i = 0; i < 32; i++) bad[i] = good;
     bad[n++].pool = NULL;
     bad[n++].table = NULL;
     bad[n++].n_hi = NULL;
@@ -550,6 +632,8 @@ Test(decode_cuda, bad_arguments)
     bad[n++].page_bytes = hi.used_bytes - 16; /* smaller than the layout */
     bad[n++].row_entries = 0;
     bad[n++].pool = fake + 4;                 /* not 16-byte aligned */
+    bad[n++].kernel = 3;
+    bad[n++].kernel = -1;
     for (int i = 0; i < n; i++) {
         err[0] = '\0';
         cr_assert_eq(mkv_cuda_decode(&bad[i], NULL, err), MKV_STATUS_INVALID_ARGUMENT,
@@ -558,6 +642,23 @@ Test(decode_cuda, bad_arguments)
         cr_assert_eq(mkv_cuda_decode(&bad[i], NULL, NULL), MKV_STATUS_INVALID_ARGUMENT);
     }
     cr_assert_eq(mkv_cuda_decode(NULL, NULL, err), MKV_STATUS_INVALID_ARGUMENT);
+
+    /* The tensor-core kernels asked for where they do not apply: UNSUPPORTED, with a reason. */
+    mkv_cuda_decode_t t = good;
+    t.kernel = MKV_DECODE_KERNEL_TENSOR;
+    cr_assert_eq(mkv_cuda_decode(&t, NULL, err), MKV_STATUS_OK, "%s", err);
+    cr_assert(mkv_cuda_decode_uses_tensor(&hi, &lo, 4, 128));
+    t.group_size = 12;
+    cr_assert_eq(mkv_cuda_decode(&t, NULL, err), MKV_STATUS_UNSUPPORTED);
+    cr_assert_neq(strstr(err, "group_size 12"), NULL, "%s", err);
+    mkv_page_layout_t hi2;
+    cr_assert_eq(mkv_page_layout(MKV_FORMAT_K8V4, 128, 2, page_bytes, &hi2, err), MKV_STATUS_OK);
+    t = good;
+    t.kernel = MKV_DECODE_KERNEL_TENSOR;
+    t.lay_hi = hi2;
+    t.lay_lo = hi2;
+    cr_assert_eq(mkv_cuda_decode(&t, NULL, err), MKV_STATUS_UNSUPPORTED);
+    cr_assert_not(mkv_cuda_decode_uses_tensor(&hi2, &hi2, 4, 128));
 
     cr_assert_eq(mkv_cuda_decode_workspace_size(1, 8, 0, 128, 100, 0), 0);
     cr_assert_eq(mkv_cuda_decode_workspace_size(1, 8, 4, 48, 100, 0), 0);
