@@ -237,39 +237,77 @@ __device__ __forceinline__ void unpack_values(const uint32_t (&a)[WORDS], const 
 /* The kernel                                                                               */
 /* ---------------------------------------------------------------------------------------- */
 
-/* 16-token subtiles per loop iteration: about 8 KB of codes in flight per warp. */
-template <int KB, int VB, int D>
-__host__ __device__ constexpr int subtiles()
+/* cp.async of 4, 8 or 16 bytes into shared memory; src_bytes 0 writes zeros and reads nothing. */
+template <int BYTES>
+__device__ __forceinline__ void cp_async(uint32_t dst, const void *src, bool read)
 {
-    return 8192 / (2 * (KB + VB) * D) >= 4 ? 4 : 8192 / (2 * (KB + VB) * D) >= 2 ? 2 : 1;
+    const int n = read ? BYTES : 0;
+    if constexpr (BYTES == 16)
+        asm volatile("cp.async.cg.shared.global [%0], [%1], 16, %2;" ::"r"(dst), "l"(src), "r"(n)
+                     : "memory");
+    else
+        asm volatile("cp.async.ca.shared.global [%0], [%1], %2, %3;" ::"r"(dst), "l"(src),
+                     "n"(BYTES), "r"(n)
+                     : "memory");
 }
 
-struct token_loc {
-    const uint8_t *page;
-    int32_t slot;
+__device__ __forceinline__ void cp_async_commit() { asm volatile("cp.async.commit_group;" ::: "memory"); }
+
+template <int N>
+__device__ __forceinline__ void cp_async_wait() { asm volatile("cp.async.wait_group %0;" ::"n"(N) : "memory"); }
+
+/* What one thread stages for one 16-token subtile, in 32-bit words, each block 16-byte aligned:
+ * the key runs of its two tokens (gr, gr + 8), their key and value metadata, the value runs of
+ * its four tokens (2tc, 2tc + 1, 2tc + 8, 2tc + 9) and their value metadata. */
+template <int KB, int VB, int D>
+struct stage_layout {
+    static constexpr int KBYTES = D / 4 * KB / 8, VBYTES_RAW = D / 8 * VB / 8;
+    static constexpr int VBYTES = VBYTES_RAW < 4 ? 4 : VBYTES_RAW; /* 2-byte runs: a word */
+    static constexpr int KW = KBYTES / 4, VW = VBYTES / 4;
+    static constexpr bool KQ = KB < 16, VQ = VB < 16;
+    static constexpr int up4(int x) { return (x + 3) / 4 * 4; }
+    static constexpr int K = 0;
+    static constexpr int KM = up4(K + 2 * KW);
+    static constexpr int VZ = KM + (KQ ? 2 : 0);
+    static constexpr int V = up4(VZ + (VQ ? 2 : 0));
+    static constexpr int VS = V + up4(4 * VW) / 4 * 4;
+    static constexpr int END = up4(VS + (VQ ? 4 : 0));
+    /* Words per thread, an odd number of 16-byte units: LDS.128 without bank conflicts. */
+    static constexpr int WORDS = (END / 4) % 2 ? END : END + 4;
+    static constexpr int BYTES_PER_SUBTILE = 32 * WORDS * 4; /* per warp */
+    static constexpr int NT = BYTES_PER_SUBTILE <= 3072 ? 2 : 1; /* subtiles per stage */
+    static constexpr int STAGES = 3;
+    static constexpr int WARP_BYTES = STAGES * NT * BYTES_PER_SUBTILE;
 };
 
-/* Page and slot of the token `o` places after the warp's current position (page index pi0,
- * slot s0) in a section; high pages fill the row from the left, low from the right. */
-__device__ __forceinline__ token_loc locate(const fast_args &a, const int32_t *row, int sec,
-                                            int32_t tpp, int32_t pi0, int32_t s0, int32_t o)
-{
-    int32_t slot = s0 + o, pi = pi0;
-    while (slot >= tpp) slot -= tpp, pi++;
-    const int32_t page = __ldg(row + (sec ? a.T - 1 - pi : pi));
-    // NOTE: int32 page id, widen before the multiply (pools exceed 2 GiB).
-    return {a.pool + (int64_t)page * a.page_bytes, slot};
-}
+template <int KB, int VB, int D>
+constexpr int smem_bytes() { return MKV_FAST_WARPS * stage_layout<KB, VB, D>::WARP_BYTES; }
+
+/* The warp's walk over its item, one subtile at a time: a subtile is up to 16 consecutive
+ * tokens of one page (it ends at the page's end or the item's), so that a thread's token is
+ * just slot + offset. Warp-uniform. */
+struct walker {
+    int32_t t, pidx, slot; /* section token, page index in the row, slot in the page */
+    __device__ __forceinline__ int32_t count(int32_t tb, int32_t tpp) const
+    {
+        return max(0, min(16, min(tpp - slot, tb - t)));
+    }
+    __device__ __forceinline__ void advance(int32_t n, int32_t tpp)
+    {
+        t += n, slot += n;
+        if (slot == tpp) slot = 0, pidx++;
+    }
+};
 
 template <int KB, int VB, int D>
 __global__ void __launch_bounds__(MKV_FAST_WARPS * 32) decode_kernel(const fast_args a)
 {
-    constexpr int NT = subtiles<KB, VB, D>();
+    using SL = stage_layout<KB, VB, D>;
+    constexpr int NT = SL::NT, S = SL::STAGES;
     constexpr int KRUN = D / 4, KPAIRS = KRUN / 2, KSTEPS = D / 16;
     constexpr int VRUN = D / 8, MTILES = D / 16;
-    using KT = run_traits<KB, KRUN>;
-    using VT = run_traits<VB, VRUN>;
-    constexpr bool KQ = KB < 16, VQ = VB < 16; /* quantized: metadata present */
+    constexpr bool KQ = SL::KQ, VQ = SL::VQ;
+    extern __shared__ __align__(16) uint8_t smem[];
 
     const int32_t warp = threadIdx.x >> 5, lane = threadIdx.x & 31, gr = lane >> 2, tc = lane & 3;
     int32_t bx = blockIdx.x, sec;
@@ -345,50 +383,104 @@ __global__ void __launch_bounds__(MKV_FAST_WARPS * 32) decode_kernel(const fast_
     float m[2] = {-INFINITY, -INFINITY}, lsum[2] = {0.0f, 0.0f}, zsum[2] = {0.0f, 0.0f};
     float *lg = a.logits + (rs * a.max_tokens + base) * G;
 
-    int32_t pi0 = ta / L.tpp, s0 = ta - pi0 * L.tpp;
-    for (int32_t t0 = ta; t0 < tb; t0 += 16 * NT) {
-        /* Loads for NT subtiles: keys (and both metadata words) of tokens gr and gr + 8,
-         * values of tokens 2tc, 2tc + 1, 2tc + 8 and 2tc + 9. */
-        uint32_t kw[NT][2][KT::WORDS], km[NT][2], vz[NT][2];
-        uint32_t vw[NT][4][VT::WORDS], vs[NT][4];
+    /* This thread's staging area: [stage][subtile][lane][WORDS]. */
+    const uint32_t my_smem = (uint32_t)__cvta_generic_to_shared(smem) +
+                             warp * SL::WARP_BYTES + lane * SL::WORDS * 4;
+    const uint8_t *my_gen = smem + warp * SL::WARP_BYTES + lane * SL::WORDS * 4;
+    /* Byte offsets of this thread's runs in a page (chunk-major segments, quant/format.h). */
+    const int32_t krun = tc * SL::KBYTES, vrun = gr * SL::VBYTES_RAW;
+    const int64_t koff = L.off_key + (int64_t)(krun / 16) * stride + krun % 16;
+    const int64_t voff = L.off_value + (int64_t)(vrun / 16) * stride + (vrun % 16) / 4 * 4;
+
+    walker P = {ta, ta / L.tpp, ta % L.tpp}; /* producer: what to load next */
+    walker C = P;                            /* consumer: what to compute next */
+    int32_t cur_pidx = -1;
+    const uint8_t *page = a.pool;
+
+    /* Issues the cp.async of one stage (NT subtiles) and commits it (possibly empty). */
+    auto produce = [&](int32_t stage) {
 #pragma unroll
         for (int st = 0; st < NT; st++) {
+            const int32_t cnt = P.count(tb, L.tpp);
+            if (cnt == 0) break; /* warp-uniform: nothing left to load */
+            if (P.pidx != cur_pidx) {
+                cur_pidx = P.pidx;
+                const int32_t pid = __ldg(row + (sec ? a.T - 1 - cur_pidx : cur_pidx));
+                // NOTE: int32 page id, widen before the multiply (pools exceed 2 GiB).
+                page = a.pool + (int64_t)pid * a.page_bytes;
+            }
+            const uint32_t dst = my_smem + (stage * NT + st) * SL::BYTES_PER_SUBTILE;
 #pragma unroll
             for (int r = 0; r < 2; r++) {
-                const int32_t off = st * 16 + gr + 8 * r;
+                const int32_t off = gr + 8 * r;
+                const bool ok = off < cnt;
+                const int32_t slot = ok ? P.slot + off : 0;
+                const uint8_t *kp = ok ? page + koff + slot * 16 : a.pool;
+                if constexpr (SL::KBYTES >= 16) {
 #pragma unroll
-                for (int i = 0; i < KT::WORDS; i++) kw[st][r][i] = 0u;
-                km[st][r] = vz[st][r] = 0u;
-                if (t0 + off < tb) {
-                    const token_loc t = locate(a, row, sec, L.tpp, pi0, s0, off);
-                    load_run<KT::BYTES>(t.page + L.off_key, tc, t.slot, stride, kw[st][r]);
-                    if (KQ) km[st][r] = __ldg(reinterpret_cast<const unsigned int *>(
-                                t.page + L.off_key_meta + t.slot * 4));
-                    if (VQ) vz[st][r] = __ldg(reinterpret_cast<const unsigned int *>(
-                                t.page + L.off_value_meta + t.slot * 4));
+                    for (int i = 0; i < SL::KBYTES / 16; i++)
+                        cp_async<16>(dst + (SL::K + r * SL::KW) * 4 + i * 16,
+                                     ok ? kp + (int64_t)i * stride : kp, ok);
+                } else {
+                    cp_async<SL::KBYTES>(dst + (SL::K + r * SL::KW) * 4, kp, ok);
                 }
+                if constexpr (KQ)
+                    cp_async<4>(dst + (SL::KM + r) * 4,
+                                ok ? page + L.off_key_meta + slot * 4 : a.pool, ok);
+                if constexpr (VQ)
+                    cp_async<4>(dst + (SL::VZ + r) * 4,
+                                ok ? page + L.off_value_meta + slot * 4 : a.pool, ok);
             }
 #pragma unroll
             for (int r = 0; r < 4; r++) {
-                const int32_t off = st * 16 + 2 * tc + (r & 1) + 8 * (r >> 1);
+                const int32_t off = 2 * tc + (r & 1) + 8 * (r >> 1);
+                const bool ok = off < cnt;
+                const int32_t slot = ok ? P.slot + off : 0;
+                const uint8_t *vp = ok ? page + voff + slot * 16 : a.pool;
+                if constexpr (SL::VBYTES >= 16) {
 #pragma unroll
-                for (int i = 0; i < VT::WORDS; i++) vw[st][r][i] = 0u;
-                vs[st][r] = 0u;
-                if (t0 + off < tb) {
-                    const token_loc t = locate(a, row, sec, L.tpp, pi0, s0, off);
-                    load_run<VT::BYTES>(t.page + L.off_value, gr, t.slot, stride, vw[st][r]);
-                    if (VQ) vs[st][r] = __ldg(reinterpret_cast<const unsigned int *>(
-                                t.page + L.off_value_meta + t.slot * 4));
+                    for (int i = 0; i < SL::VBYTES / 16; i++)
+                        cp_async<16>(dst + (SL::V + r * SL::VW) * 4 + i * 16,
+                                     ok ? vp + (int64_t)i * stride : vp, ok);
+                } else {
+                    cp_async<SL::VBYTES>(dst + (SL::V + r * SL::VW) * 4, vp, ok);
                 }
+                if constexpr (VQ)
+                    cp_async<4>(dst + (SL::VS + r) * 4,
+                                ok ? page + L.off_value_meta + slot * 4 : a.pool, ok);
             }
+            P.advance(cnt, L.tpp);
         }
+        cp_async_commit();
+    };
 
 #pragma unroll
+    for (int s = 0; s < S - 1; s++) produce(s);
+
+    for (int32_t k = 0; C.t < tb; k++) {
+        produce((k + S - 1) % S);
+        cp_async_wait<S - 1>(); /* this thread's copies of stage k % S have landed */
+        const uint8_t *stage = my_gen + (k % S) * NT * SL::BYTES_PER_SUBTILE;
+#pragma unroll
         for (int st = 0; st < NT; st++) {
+            const int32_t cnt = C.count(tb, L.tpp), t0 = C.t;
+            C.advance(cnt, L.tpp);
+            if (cnt == 0) break; /* warp-uniform: the item is done */
+            uint32_t w[SL::END];
+            const uint8_t *src = stage + st * SL::BYTES_PER_SUBTILE;
+#pragma unroll
+            for (int i = 0; i < SL::END; i += 4) {
+                const uint4 v = *reinterpret_cast<const uint4 *>(src + i * 4);
+                w[i] = v.x, w[i + 1] = v.y, w[i + 2] = v.z, w[i + 3] = v.w;
+            }
+            uint32_t kw0[SL::KW], kw1[SL::KW];
+#pragma unroll
+            for (int i = 0; i < SL::KW; i++) kw0[i] = w[SL::K + i], kw1[i] = w[SL::K + SL::KW + i];
+
             /* Logits of tokens gr, gr + 8 (rows) for heads 2tc, 2tc + 1 (columns). */
             uint32_t k0[KPAIRS], k1[KPAIRS];
-            unpack_key<KB>(kw[st][0], k0);
-            unpack_key<KB>(kw[st][1], k1);
+            unpack_key<KB>(kw0, k0);
+            unpack_key<KB>(kw1, k1);
             float c[4] = {0.0f, 0.0f, 0.0f, 0.0f};
 #pragma unroll
             for (int ks = 0; ks < KSTEPS; ks++) {
@@ -398,16 +490,24 @@ __global__ void __launch_bounds__(MKV_FAST_WARPS * 32) decode_kernel(const fast_
                     qlo[2 * ks + 1]);
             }
             float l[2][2];
-            const int32_t tok0 = t0 + st * 16 + gr; /* section index of row 0's token */
 #pragma unroll
             for (int r = 0; r < 2; r++) {
-                const bool valid = tok0 + 8 * r < tb;
+                const int32_t off = gr + 8 * r;
+                const bool valid = off < cnt;
 #pragma unroll
                 for (int i = 0; i < 2; i++) {
                     float raw = c[2 * r + i];
-                    if (KQ) raw = fmaf(lo_f(km[st][r]), raw, hi_f(km[st][r]) * qsum[i]);
+                    if constexpr (KQ) raw = fmaf(lo_f(w[SL::KM + r]), raw, hi_f(w[SL::KM + r]) * qsum[i]);
                     l[r][i] = valid ? fac[i] * raw : -INFINITY;
-                    if (valid && 2 * tc + i < G) lg[(int64_t)(tok0 + 8 * r) * G + 2 * tc + i] = l[r][i];
+                }
+                if (valid && 2 * tc < G) {
+                    float *dst = lg + (int64_t)(t0 + off) * G + 2 * tc;
+                    if (2 * tc + 1 < G) {
+                        if (G % 2 == 0) *reinterpret_cast<float2 *>(dst) = make_float2(l[r][0], l[r][1]);
+                        else dst[0] = l[r][0], dst[1] = l[r][1];
+                    } else {
+                        dst[0] = l[r][0];
+                    }
                 }
             }
             /* Online softmax per head (columns 2tc, 2tc + 1: a reduction over gr). */
@@ -438,40 +538,46 @@ __global__ void __launch_bounds__(MKV_FAST_WARPS * 32) decode_kernel(const fast_
                 for (int i = 0; i < 2; i++) {
                     p[r][i] = exp2f(l[r][i] - m[i]);
                     lsum[i] += p[r][i];
-                    if (VQ) zsum[i] = fmaf(p[r][i], hi_f(vz[st][r]), zsum[i]);
+                    if constexpr (VQ) zsum[i] = fmaf(p[r][i], hi_f(w[SL::VZ + r]), zsum[i]);
                 }
             const uint32_t b0 = transpose8x8(pack_h2(p[0][0], p[0][1]));
             const uint32_t b1 = transpose8x8(pack_h2(p[1][0], p[1][1]));
 
             /* Values of tokens (2tc, 2tc + 1) and (2tc + 8, 2tc + 9), run gr. */
+            uint32_t vw[4][SL::VW];
+#pragma unroll
+            for (int r = 0; r < 4; r++)
+#pragma unroll
+                for (int i = 0; i < SL::VW; i++) {
+                    vw[r][i] = w[SL::V + r * SL::VW + i];
+                    if (SL::VBYTES_RAW == 2 && (gr & 1)) vw[r][i] >>= 16; /* odd 2-byte run */
+                }
             uint32_t v01[VRUN], v23[VRUN];
-            if (VQ) {
-                const uint32_t s01 = __byte_perm(vs[st][0], vs[st][1], 0x5410);
-                const uint32_t s23 = __byte_perm(vs[st][2], vs[st][3], 0x5410);
+            if constexpr (VQ) {
+                const uint32_t s01 = __byte_perm(w[SL::VS], w[SL::VS + 1], 0x5410);
+                const uint32_t s23 = __byte_perm(w[SL::VS + 2], w[SL::VS + 3], 0x5410);
                 /* 1024 * scale must stay finite in fp16: scales up to 63.97 (0x53FF). */
                 bool small = true;
 #pragma unroll
-                for (int r = 0; r < 4; r++) small = small && (vs[st][r] & 0x7fffu) <= 0x53FFu;
+                for (int r = 0; r < 4; r++) small = small && (w[SL::VS + r] & 0x7fffu) <= 0x53FFu;
                 if (__all_sync(0xffffffffu, small)) {
                     const uint32_t n01 = hmul2(s01, 0xE400E400u), n23 = hmul2(s23, 0xE400E400u);
-                    unpack_values<VB, true>(vw[st][0], vw[st][1], s01, n01, v01);
-                    unpack_values<VB, true>(vw[st][2], vw[st][3], s23, n23, v23);
+                    unpack_values<VB, true>(vw[0], vw[1], s01, n01, v01);
+                    unpack_values<VB, true>(vw[2], vw[3], s23, n23, v23);
                 } else {
-                    unpack_values<VB, false>(vw[st][0], vw[st][1], s01, 0u, v01);
-                    unpack_values<VB, false>(vw[st][2], vw[st][3], s23, 0u, v23);
+                    unpack_values<VB, false>(vw[0], vw[1], s01, 0u, v01);
+                    unpack_values<VB, false>(vw[2], vw[3], s23, 0u, v23);
                 }
             } else {
-                unpack_values<VB, false>(vw[st][0], vw[st][1], 0u, 0u, v01);
-                unpack_values<VB, false>(vw[st][2], vw[st][3], 0u, 0u, v23);
+                unpack_values<VB, false>(vw[0], vw[1], 0u, 0u, v01);
+                unpack_values<VB, false>(vw[2], vw[3], 0u, 0u, v23);
             }
 #pragma unroll
             for (int t = 0; t < MTILES; t++)
                 mma(o[t], v01[2 * t], v01[2 * t + 1], v23[2 * t], v23[2 * t + 1], b0, b1);
         }
-
-        s0 += 16 * NT;
-        while (s0 >= L.tpp) s0 -= L.tpp, pi0++;
     }
+    cp_async_wait<0>();
 
     /* The item's partial result: sums over the rows (gr), then O + z * sum(p) per head. */
 #pragma unroll
@@ -503,7 +609,12 @@ __global__ void __launch_bounds__(MKV_FAST_WARPS * 32) decode_kernel(const fast_
     cudaError_t mkv_fast_launch_K##KB##V##VB##_d##D(const fast_args &a, dim3 grid,            \
                                                     cudaStream_t stream)                      \
     {                                                                                          \
-        mkv_fast::decode_kernel<KB, VB, D><<<grid, MKV_FAST_WARPS * 32, 0, stream>>>(a);        \
+        constexpr int smem = mkv_fast::smem_bytes<KB, VB, D>();                                \
+        /* The opt-in above 48 KB (per device: set on every call, it is cheap). */             \
+        const cudaError_t e = cudaFuncSetAttribute(mkv_fast::decode_kernel<KB, VB, D>,         \
+                                  cudaFuncAttributeMaxDynamicSharedMemorySize, smem);          \
+        if (e != cudaSuccess) return e;                                                        \
+        mkv_fast::decode_kernel<KB, VB, D><<<grid, MKV_FAST_WARPS * 32, smem, stream>>>(a);     \
         return cudaGetLastError();                                                             \
     }
 

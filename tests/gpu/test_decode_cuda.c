@@ -569,6 +569,13 @@ Test(decode_cuda, tensor_every_format, .timeout = 300)
                             .d = di ? 128 : 64, .G = gs[gi], .groups = 1,
                             .tpp = tpps[n_case % 5], .n_seq = 3, .H = 2, .len = len,
                             .seed = test_rand_next(&r), .vamp = n_case % 3 == 2 ? 150.0f : 0.0f};
+                for (;; c.tpp++) { /* pages big enough for one token of the low format */
+                    int64_t bytes;
+                    int32_t fit = 0;
+                    cr_assert_eq(mkv_page_bytes_for(c.hi, c.d, 1, c.tpp, &bytes), MKV_STATUS_OK);
+                    if (mkv_tokens_per_page(c.lo, c.d, 1, bytes, &fit) == MKV_STATUS_OK && fit > 0)
+                        break;
+                }
                 const int32_t th = tokens_per_page(c.hi, c.hi, c.d, c.groups, c.tpp);
                 const int32_t tl = tokens_per_page(c.lo, c.hi, c.d, c.groups, c.tpp);
                 for (int i = 0; i < 6; i++) pattern_lengths(n_case + i, th, tl, &r, len + 2 * i);
