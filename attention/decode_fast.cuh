@@ -237,12 +237,14 @@ __device__ __forceinline__ void unpack_values(const uint32_t (&a)[WORDS], const 
 /* The kernel                                                                               */
 /* ---------------------------------------------------------------------------------------- */
 
-/* cp.async of 4, 8 or 16 bytes into shared memory; src_bytes 0 writes zeros and reads nothing. */
-template <int BYTES>
+/* cp.async of 4, 8 or 16 bytes into shared memory; read false writes zeros and reads
+ * nothing. L1: whether to allocate in L1 (value runs: a warp's instruction reads half of each
+ * 32-byte sector, the next instruction the other half). */
+template <int BYTES, bool L1 = false>
 __device__ __forceinline__ void cp_async(uint32_t dst, const void *src, bool read)
 {
     const int n = read ? BYTES : 0;
-    if constexpr (BYTES == 16)
+    if constexpr (BYTES == 16 && !L1)
         asm volatile("cp.async.cg.shared.global [%0], [%1], 16, %2;" ::"r"(dst), "l"(src), "r"(n)
                      : "memory");
     else
@@ -276,7 +278,8 @@ struct stage_layout {
     static constexpr int WORDS = (END / 4) % 2 ? END : END + 4;
     static constexpr int BYTES_PER_SUBTILE = 32 * WORDS * 4; /* per warp */
     static constexpr int NT = BYTES_PER_SUBTILE <= 3072 ? 2 : 1; /* subtiles per stage */
-    static constexpr int STAGES = 3;
+    /* Three stages, two for the largest subtiles (K16V16 at d 128) so that 12 warps fit an SM. */
+    static constexpr int STAGES = BYTES_PER_SUBTILE > 6144 ? 2 : 3;
     static constexpr int WARP_BYTES = STAGES * NT * BYTES_PER_SUBTILE;
 };
 
@@ -396,6 +399,10 @@ __global__ void __launch_bounds__(MKV_FAST_WARPS * 32) decode_kernel(const fast_
     walker C = P;                            /* consumer: what to compute next */
     int32_t cur_pidx = -1;
     const uint8_t *page = a.pool;
+    /* Page ids 32 at a time: lane i holds the id of page win + i of the section (one load per
+     * 32 pages, then a shuffle per page, instead of a dependent load per page). */
+    const int32_t sec_pages = (sec_n + L.tpp - 1) / L.tpp;
+    int32_t win = INT32_MIN / 2, win_id = -1;
 
     /* Issues the cp.async of one stage (NT subtiles) and commits it (possibly empty). */
     auto produce = [&](int32_t stage) {
@@ -405,7 +412,12 @@ __global__ void __launch_bounds__(MKV_FAST_WARPS * 32) decode_kernel(const fast_
             if (cnt == 0) break; /* warp-uniform: nothing left to load */
             if (P.pidx != cur_pidx) {
                 cur_pidx = P.pidx;
-                const int32_t pid = __ldg(row + (sec ? a.T - 1 - cur_pidx : cur_pidx));
+                if ((uint32_t)(cur_pidx - win) >= 32u) {
+                    win = cur_pidx;
+                    const int32_t e = win + lane;
+                    win_id = e < sec_pages ? __ldg(row + (sec ? a.T - 1 - e : e)) : 0;
+                }
+                const int32_t pid = __shfl_sync(0xffffffffu, win_id, cur_pidx - win);
                 // NOTE: int32 page id, widen before the multiply (pools exceed 2 GiB).
                 page = a.pool + (int64_t)pid * a.page_bytes;
             }
@@ -440,10 +452,10 @@ __global__ void __launch_bounds__(MKV_FAST_WARPS * 32) decode_kernel(const fast_
                 if constexpr (SL::VBYTES >= 16) {
 #pragma unroll
                     for (int i = 0; i < SL::VBYTES / 16; i++)
-                        cp_async<16>(dst + (SL::V + r * SL::VW) * 4 + i * 16,
-                                     ok ? vp + (int64_t)i * stride : vp, ok);
+                        cp_async<16, true>(dst + (SL::V + r * SL::VW) * 4 + i * 16,
+                                           ok ? vp + (int64_t)i * stride : vp, ok);
                 } else {
-                    cp_async<SL::VBYTES>(dst + (SL::V + r * SL::VW) * 4, vp, ok);
+                    cp_async<SL::VBYTES, true>(dst + (SL::V + r * SL::VW) * 4, vp, ok);
                 }
                 if constexpr (VQ)
                     cp_async<4>(dst + (SL::VS + r) * 4,
@@ -481,14 +493,19 @@ __global__ void __launch_bounds__(MKV_FAST_WARPS * 32) decode_kernel(const fast_
             uint32_t k0[KPAIRS], k1[KPAIRS];
             unpack_key<KB>(kw0, k0);
             unpack_key<KB>(kw1, k1);
-            float c[4] = {0.0f, 0.0f, 0.0f, 0.0f};
+            /* Four independent accumulator chains (even and odd k-steps, hi and lo q): the
+             * mma latency is paid KSTEPS / 2 times, not 2 KSTEPS times. */
+            float cc[4][4] = {};
 #pragma unroll
             for (int ks = 0; ks < KSTEPS; ks++) {
-                mma(c, k0[2 * ks], k1[2 * ks], k0[2 * ks + 1], k1[2 * ks + 1], qhi[2 * ks],
-                    qhi[2 * ks + 1]);
-                mma(c, k0[2 * ks], k1[2 * ks], k0[2 * ks + 1], k1[2 * ks + 1], qlo[2 * ks],
-                    qlo[2 * ks + 1]);
+                mma(cc[ks % 2], k0[2 * ks], k1[2 * ks], k0[2 * ks + 1], k1[2 * ks + 1],
+                    qhi[2 * ks], qhi[2 * ks + 1]);
+                mma(cc[2 + ks % 2], k0[2 * ks], k1[2 * ks], k0[2 * ks + 1], k1[2 * ks + 1],
+                    qlo[2 * ks], qlo[2 * ks + 1]);
             }
+            float c[4];
+#pragma unroll
+            for (int i = 0; i < 4; i++) c[i] = (cc[0][i] + cc[1][i]) + (cc[2][i] + cc[3][i]);
             float l[2][2];
 #pragma unroll
             for (int r = 0; r < 2; r++) {
