@@ -602,6 +602,7 @@ extern "C" int mkv_cuda_decode_uses_tensor(const mkv_page_layout_t *lay_hi,
                                            int32_t head_dim)
 {
     return group_size >= 1 && group_size <= MKV_FAST_MAX_G && fast_layout(lay_hi) &&
+           lay_hi->used_bytes < INT32_MAX / 2 && lay_lo->used_bytes < INT32_MAX / 2 &&
            fast_layout(lay_lo) &&
            mkv_fast_lookup(lay_hi->key.bits, lay_hi->value.bits, head_dim) != nullptr &&
            mkv_fast_lookup(lay_lo->key.bits, lay_lo->value.bits, head_dim) != nullptr;

@@ -390,10 +390,12 @@ __global__ void __launch_bounds__(MKV_FAST_WARPS * 32) decode_kernel(const fast_
     const uint32_t my_smem = (uint32_t)__cvta_generic_to_shared(smem) +
                              warp * SL::WARP_BYTES + lane * SL::WORDS * 4;
     const uint8_t *my_gen = smem + warp * SL::WARP_BYTES + lane * SL::WORDS * 4;
-    /* Byte offsets of this thread's runs in a page (chunk-major segments, quant/format.h). */
+    /* Byte offsets of this thread's runs in a page (chunk-major segments, quant/format.h);
+     * 32-bit: the tensor-core path takes pages under 2 GiB. */
     const int32_t krun = tc * SL::KBYTES, vrun = gr * SL::VBYTES_RAW;
-    const int64_t koff = L.off_key + (int64_t)(krun / 16) * stride + krun % 16;
-    const int64_t voff = L.off_value + (int64_t)(vrun / 16) * stride + (vrun % 16) / 4 * 4;
+    const int32_t koff = (int32_t)L.off_key + krun / 16 * stride + krun % 16;
+    const int32_t voff = (int32_t)L.off_value + vrun / 16 * stride + (vrun % 16) / 4 * 4;
+    const int32_t kmoff = (int32_t)L.off_key_meta, vmoff = (int32_t)L.off_value_meta;
 
     walker P = {ta, ta / L.tpp, ta % L.tpp}; /* producer: what to load next */
     walker C = P;                            /* consumer: what to compute next */
@@ -422,44 +424,40 @@ __global__ void __launch_bounds__(MKV_FAST_WARPS * 32) decode_kernel(const fast_
                 page = a.pool + (int64_t)pid * a.page_bytes;
             }
             const uint32_t dst = my_smem + (stage * NT + st) * SL::BYTES_PER_SUBTILE;
+            /* A masked token (past the subtile's end) copies nothing (source size 0, zeros
+             * written) from an in-page address: the subtile's first slot. */
 #pragma unroll
             for (int r = 0; r < 2; r++) {
                 const int32_t off = gr + 8 * r;
                 const bool ok = off < cnt;
-                const int32_t slot = ok ? P.slot + off : 0;
-                const uint8_t *kp = ok ? page + koff + slot * 16 : a.pool;
+                const int32_t slot = P.slot + (ok ? off : 0);
+                const int32_t ko = koff + slot * 16;
                 if constexpr (SL::KBYTES >= 16) {
 #pragma unroll
                     for (int i = 0; i < SL::KBYTES / 16; i++)
                         cp_async<16>(dst + (SL::K + r * SL::KW) * 4 + i * 16,
-                                     ok ? kp + (int64_t)i * stride : kp, ok);
+                                     page + (ko + i * stride), ok);
                 } else {
-                    cp_async<SL::KBYTES>(dst + (SL::K + r * SL::KW) * 4, kp, ok);
+                    cp_async<SL::KBYTES>(dst + (SL::K + r * SL::KW) * 4, page + ko, ok);
                 }
-                if constexpr (KQ)
-                    cp_async<4>(dst + (SL::KM + r) * 4,
-                                ok ? page + L.off_key_meta + slot * 4 : a.pool, ok);
-                if constexpr (VQ)
-                    cp_async<4>(dst + (SL::VZ + r) * 4,
-                                ok ? page + L.off_value_meta + slot * 4 : a.pool, ok);
+                if constexpr (KQ) cp_async<4>(dst + (SL::KM + r) * 4, page + (kmoff + slot * 4), ok);
+                if constexpr (VQ) cp_async<4>(dst + (SL::VZ + r) * 4, page + (vmoff + slot * 4), ok);
             }
 #pragma unroll
             for (int r = 0; r < 4; r++) {
                 const int32_t off = 2 * tc + (r & 1) + 8 * (r >> 1);
                 const bool ok = off < cnt;
-                const int32_t slot = ok ? P.slot + off : 0;
-                const uint8_t *vp = ok ? page + voff + slot * 16 : a.pool;
+                const int32_t slot = P.slot + (ok ? off : 0);
+                const int32_t vo = voff + slot * 16;
                 if constexpr (SL::VBYTES >= 16) {
 #pragma unroll
                     for (int i = 0; i < SL::VBYTES / 16; i++)
                         cp_async<16, true>(dst + (SL::V + r * SL::VW) * 4 + i * 16,
-                                           ok ? vp + (int64_t)i * stride : vp, ok);
+                                           page + (vo + i * stride), ok);
                 } else {
-                    cp_async<SL::VBYTES, true>(dst + (SL::V + r * SL::VW) * 4, vp, ok);
+                    cp_async<SL::VBYTES, true>(dst + (SL::V + r * SL::VW) * 4, page + vo, ok);
                 }
-                if constexpr (VQ)
-                    cp_async<4>(dst + (SL::VS + r) * 4,
-                                ok ? page + L.off_value_meta + slot * 4 : a.pool, ok);
+                if constexpr (VQ) cp_async<4>(dst + (SL::VS + r) * 4, page + (vmoff + slot * 4), ok);
             }
             P.advance(cnt, L.tpp);
         }
@@ -469,10 +467,13 @@ __global__ void __launch_bounds__(MKV_FAST_WARPS * 32) decode_kernel(const fast_
 #pragma unroll
     for (int s = 0; s < S - 1; s++) produce(s);
 
-    for (int32_t k = 0; C.t < tb; k++) {
-        produce((k + S - 1) % S);
-        cp_async_wait<S - 1>(); /* this thread's copies of stage k % S have landed */
-        const uint8_t *stage = my_gen + (k % S) * NT * SL::BYTES_PER_SUBTILE;
+    int32_t ps = S - 1, cs = 0; /* the stages being filled and computed */
+    while (C.t < tb) {
+        produce(ps);
+        ps = ps + 1 == S ? 0 : ps + 1;
+        cp_async_wait<S - 1>(); /* this thread's copies of stage cs have landed */
+        const uint8_t *stage = my_gen + cs * NT * SL::BYTES_PER_SUBTILE;
+        cs = cs + 1 == S ? 0 : cs + 1;
 #pragma unroll
         for (int st = 0; st < NT; st++) {
             const int32_t cnt = C.count(tb, L.tpp), t0 = C.t;
