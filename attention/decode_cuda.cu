@@ -470,9 +470,10 @@ static __global__ void __launch_bounds__(SCORE_THREADS) score_kernel(dec_args a)
 /* Launcher                                                                                 */
 /* ---------------------------------------------------------------------------------------- */
 
-static mkv_status_t launched(const char *what, char *err)
+/* e: what a launcher returned (cudaSuccess for a bare <<<>>> launch, which is then checked). */
+static mkv_status_t launched(const char *what, char *err, cudaError_t e = cudaSuccess)
 {
-    const cudaError_t e = cudaGetLastError();
+    if (e == cudaSuccess) e = cudaGetLastError();
     if (e == cudaSuccess) return MKV_STATUS_OK;
     if (err) mkv_fail(err, MKV_STATUS_CUDA_ERROR, "mkv_cuda_decode: %s launch: %s", what,
                       cudaGetErrorString(e));
@@ -618,15 +619,6 @@ static fast_section section_of(const mkv_page_layout_t &l)
     return s;
 }
 
-static mkv_status_t fast_launched(cudaError_t e, const char *what, char *err)
-{
-    if (e == cudaSuccess) e = cudaGetLastError();
-    if (e == cudaSuccess) return MKV_STATUS_OK;
-    if (err) mkv_fail(err, MKV_STATUS_CUDA_ERROR, "mkv_cuda_decode: %s launch: %s", what,
-                      cudaGetErrorString(e));
-    return MKV_STATUS_CUDA_ERROR;
-}
-
 static mkv_status_t launch_fast(const mkv_cuda_decode_t *a, cudaStream_t stream, char *err)
 {
     const fast_plan w = plan_fast(a->n_seq, a->n_heads, a->group_size, a->head_dim,
@@ -650,20 +642,19 @@ static mkv_status_t launch_fast(const mkv_cuda_decode_t *a, cudaStream_t stream,
     if (fh == fl) { /* one launch covers both sections */
         f.sec_mask = 3;
         const dim3 g2(grid.x * 2, grid.y, grid.z);
-        if ((st = fast_launched(fh(f, g2, stream), "tensor-core decode kernel", err)) != MKV_STATUS_OK)
+        if ((st = launched("tensor-core decode kernel", err, fh(f, g2, stream))) != MKV_STATUS_OK)
             return st;
     } else {
         f.sec_mask = 1;
-        if ((st = fast_launched(fh(f, grid, stream), "tensor-core decode kernel (high)", err)) !=
+        if ((st = launched("tensor-core decode kernel (high)", err, fh(f, grid, stream))) !=
             MKV_STATUS_OK)
             return st;
         f.sec_mask = 2;
-        if ((st = fast_launched(fl(f, grid, stream), "tensor-core decode kernel (low)", err)) !=
+        if ((st = launched("tensor-core decode kernel (low)", err, fl(f, grid, stream))) !=
             MKV_STATUS_OK)
             return st;
     }
-    return fast_launched(mkv_fast_finalize(f, a->head_dim, a->n_seq, stream), "finalize_kernel",
-                         err);
+    return launched("finalize_kernel", err, mkv_fast_finalize(f, a->head_dim, a->n_seq, stream));
 }
 
 extern "C" size_t mkv_cuda_decode_workspace_size(int32_t n_seq, int32_t n_heads,

@@ -3,8 +3,9 @@
  * and numerics in docs/decode-kernel.md, "Version 2"). Included only by the generated
  * per-format translation units, each instantiating one (key bits, value bits, head_dim).
  *
- * A warp takes 16 tokens at a time (NT such subtiles per loop iteration, loads first) for the
- * G <= 8 query heads of its group, with two m16n8k16 mma products per subtile:
+ * A warp walks its item 16 tokens (a subtile) at a time, staged in shared memory by cp.async
+ * two or three stages ahead, for the G <= 8 query heads of its group, with two m16n8k16 mma
+ * products per subtile:
  *
  *   logits: S[token][head] = K[token][:] . Q[head][:]. A = key codes as exact fp16 integers
  *           (thread (gr, tc) holds tokens gr and gr + 8, a contiguous run of d/4 elements each:
@@ -88,47 +89,6 @@ __device__ __forceinline__ uint32_t transpose8x8(uint32_t x)
     uint32_t y;
     asm("movmatrix.sync.aligned.m8n8.trans.b16 %0, %1;" : "=r"(y) : "r"(x));
     return y;
-}
-
-/* ---------------------------------------------------------------------------------------- */
-/* Runs: which bytes of a token's vector a thread reads                                      */
-/* ---------------------------------------------------------------------------------------- */
-
-/* Thread (gr, tc) reads a run of RUN consecutive elements of a vector: keys, run tc of d/4
- * elements; values, run gr of d/8. BYTES of them, as WORDS 32-bit words (a 2-byte run sits in
- * the low half of word 0). */
-template <int BITS, int RUN>
-struct run_traits {
-    static constexpr int BYTES = RUN * BITS / 8;
-    static constexpr int WORDS = BYTES >= 4 ? BYTES / 4 : 1;
-};
-
-/* Loads run `run` of a token's vector from its code segment: chunk-major layout, 16-byte
- * chunks ([chunk][token][16], quant/format.h). seg: the segment; stride: tokens per page * 16. */
-template <int BYTES, int WORDS>
-__device__ __forceinline__ void load_run(const uint8_t *seg, int32_t run, int32_t slot,
-                                         int32_t stride, uint32_t (&w)[WORDS])
-{
-    const int32_t first = run * BYTES; /* byte offset in the vector */
-    if constexpr (BYTES >= 16) {
-#pragma unroll
-        for (int i = 0; i < BYTES / 16; i++) {
-            const uint4 v = __ldg(reinterpret_cast<const uint4 *>(
-                seg + (int64_t)(first / 16 + i) * stride + slot * 16));
-            w[4 * i] = v.x, w[4 * i + 1] = v.y, w[4 * i + 2] = v.z, w[4 * i + 3] = v.w;
-        }
-    } else {
-        const uint8_t *p = seg + (int64_t)(first / 16) * stride + slot * 16 + first % 16;
-        if constexpr (BYTES == 8) {
-            const uint2 v = __ldg(reinterpret_cast<const uint2 *>(p));
-            w[0] = v.x, w[1] = v.y;
-        } else if constexpr (BYTES == 4) {
-            w[0] = __ldg(reinterpret_cast<const unsigned int *>(p));
-        } else {
-            static_assert(BYTES == 2, "runs are 2, 4, 8 or a multiple of 16 bytes");
-            w[0] = __ldg(reinterpret_cast<const unsigned short *>(p));
-        }
-    }
 }
 
 /* ---------------------------------------------------------------------------------------- */

@@ -56,10 +56,9 @@ static __global__ void __launch_bounds__(FIN_THREADS) finalize_kernel(const fast
 
     __shared__ float M_s[MKV_FAST_MAX_G], S_s[MKV_FAST_MAX_G];
     if (tid < G) {
-        float M = -INFINITY;
-        for (int32_t s = 0; s < items_hi; s++) M = fmaxf(M, a.part_ml[((part + s) * G + tid) * 2]);
-        for (int32_t s = 0; s < items_lo; s++)
-            M = fmaxf(M, a.part_ml[((part + items_hi + s) * G + tid) * 2]);
+        float M = -INFINITY; /* the low items' slots follow the high ones' */
+        for (int32_t s = 0; s < items_hi + items_lo; s++)
+            M = fmaxf(M, a.part_ml[((part + s) * G + tid) * 2]);
         float S = 0.0f;
         for (int32_t s = 0; s < items_hi + items_lo; s++) {
             const float *ml = a.part_ml + ((part + s) * G + tid) * 2;

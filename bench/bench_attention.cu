@@ -30,14 +30,20 @@
         }                                                                                      \
     } while (0)
 
+/* A hash of the element index: pseudo-random fill without a generator state. */
+static __device__ uint32_t mix32(int64_t i, uint32_t seed)
+{
+    uint32_t x = (uint32_t)i * 2654435761u ^ seed;
+    x ^= x >> 15;
+    x *= 2246822519u;
+    return x ^ (x >> 13);
+}
+
 static __global__ void fill_kernel(uint8_t *pool, int64_t bytes, uint32_t seed)
 {
     for (int64_t i = blockIdx.x * (int64_t)blockDim.x + threadIdx.x; i < bytes / 4;
          i += (int64_t)gridDim.x * blockDim.x) {
-        uint32_t x = (uint32_t)i * 2654435761u ^ seed;
-        x ^= x >> 15;
-        x *= 2246822519u;
-        x ^= x >> 13;
+        const uint32_t x = mix32(i, seed);
         /* fp16 pairs in [0.0, 0.5): valid codes, and valid scales and zeros where metadata sits */
         ((uint32_t *)pool)[i] = x & 0x37ff37ffu;
     }
@@ -48,10 +54,7 @@ static __global__ void q_kernel(float *q, int64_t n, uint32_t seed)
 {
     for (int64_t i = blockIdx.x * (int64_t)blockDim.x + threadIdx.x; i < n;
          i += (int64_t)gridDim.x * blockDim.x) {
-        uint32_t x = (uint32_t)i * 2654435761u ^ seed;
-        x ^= x >> 15;
-        x *= 2246822519u;
-        x ^= x >> 13;
+        const uint32_t x = mix32(i, seed);
         q[i] = (float)(x >> 8) * (2.0f / 16777216.0f) - 1.0f;
     }
 }
