@@ -33,28 +33,6 @@
 
 namespace mkv_fast {
 
-constexpr uint32_t H2_1024 = 0x64006400u; /* fp16 1024 in both halves: the magic base */
-
-__device__ __forceinline__ uint32_t hsub2(uint32_t a, uint32_t b)
-{
-    uint32_t d;
-    asm("sub.rn.f16x2 %0, %1, %2;" : "=r"(d) : "r"(a), "r"(b));
-    return d;
-}
-
-__device__ __forceinline__ uint32_t hmul2(uint32_t a, uint32_t b)
-{
-    uint32_t d;
-    asm("mul.rn.f16x2 %0, %1, %2;" : "=r"(d) : "r"(a), "r"(b));
-    return d;
-}
-
-__device__ __forceinline__ uint32_t hfma2(uint32_t a, uint32_t b, uint32_t c)
-{
-    uint32_t d;
-    asm("fma.rn.f16x2 %0, %1, %2, %3;" : "=r"(d) : "r"(a), "r"(b), "r"(c));
-    return d;
-}
 
 __device__ __forceinline__ uint32_t pack_h2(float lo, float hi)
 {
@@ -91,104 +69,80 @@ __device__ __forceinline__ uint32_t transpose8x8(uint32_t x)
     return y;
 }
 
+/* D += A B, m16n8k32, A unsigned 8-bit, B signed 8-bit, s32 accumulators (exact). */
+__device__ __forceinline__ void mma_u8s8(int (&c)[4], uint32_t a0, uint32_t a1, uint32_t a2,
+                                         uint32_t a3, uint32_t b0, uint32_t b1)
+{
+    asm("mma.sync.aligned.m16n8k32.row.col.s32.u8.s8.s32 {%0, %1, %2, %3}, "
+        "{%4, %5, %6, %7}, {%8, %9}, {%0, %1, %2, %3};"
+        : "+r"(c[0]), "+r"(c[1]), "+r"(c[2]), "+r"(c[3])
+        : "r"(a0), "r"(a1), "r"(a2), "r"(a3), "r"(b0), "r"(b1));
+}
+
 /* ---------------------------------------------------------------------------------------- */
-/* Keys: a token's run as fp16 pairs of exact integer codes                                 */
+/* Keys: a token's run as bytes of exact codes (8-bit integer mma) or as fp16 (16-bit keys)  */
 /* ---------------------------------------------------------------------------------------- */
 
-/* The run elements in the low and high half of pair p (what unpack_key produces). */
+/* Quantized keys become a stream of bytes, one code each: unpack_key_bytes's byte b holds
+ * run element key_byte_elem(b) (q's digits follow the same map). */
 template <int KB>
-__host__ __device__ constexpr int key_pair_lo(int p)
+__host__ __device__ constexpr int key_byte_elem(int b)
 {
-    return KB >= 8 ? 2 * p : KB == 4 ? 8 * (p / 4) + p % 4 : 16 * (p / 8) + p % 8;
+    return KB == 8 ? b
+         : KB == 4 ? 8 * (b / 8) + 2 * (b % 4) + (b / 4) % 2
+                   : 16 * (b / 16) + 4 * (b % 4) + (b / 4) % 4;
 }
 
-template <int KB>
-__host__ __device__ constexpr int key_pair_hi(int p)
+template <int KB, int WORDS, int BWORDS>
+__device__ __forceinline__ void unpack_key_bytes(const uint32_t (&w)[WORDS], uint32_t (&kb)[BWORDS])
 {
-    return KB >= 8 ? 2 * p + 1 : KB == 4 ? 8 * (p / 4) + 4 + p % 4 : 16 * (p / 8) + 8 + p % 8;
-}
-
-/* Position k of a 2-bit word (bits 2k of each half; k >= 5 after a shift by 10): the code
- * times 4^k over the base 1024, brought back to the code by one exact fp16 fma. */
-template <int SHIFT>
-__device__ __forceinline__ uint32_t codes_at(uint32_t x, uint32_t mask)
-{
-    const uint32_t v = (x & (mask << SHIFT)) | H2_1024;
-    if constexpr (SHIFT == 0) return hsub2(v, H2_1024);
-    else if constexpr (SHIFT == 2) return hfma2(v, 0x34003400u, 0xDC00DC00u); /* 1/4, -256 */
-    else if constexpr (SHIFT == 4) return hfma2(v, 0x2C002C00u, 0xD400D400u); /* 1/16, -64 */
-    else if constexpr (SHIFT == 6) return hfma2(v, 0x24002400u, 0xCC00CC00u); /* 1/64, -16 */
-    else {
-        static_assert(SHIFT == 8, "bits 0 to 9 of each half");
-        return hfma2(v, 0x1C001C00u, 0xC400C400u); /* 1/256, -4 */
-    }
-}
-
-template <int KB, int WORDS, int PAIRS>
-__device__ __forceinline__ void unpack_key(const uint32_t (&w)[WORDS], uint32_t (&kp)[PAIRS])
-{
-    if constexpr (KB == 16) {
+    static_assert(BWORDS == WORDS * 8 / KB, "one byte per code");
 #pragma unroll
-        for (int p = 0; p < PAIRS; p++) kp[p] = w[p];
-    } else if constexpr (KB == 8) {
+    for (int i = 0; i < WORDS; i++) {
+        if constexpr (KB == 8) {
+            kb[i] = w[i];
+        } else if constexpr (KB == 4) {
+            kb[2 * i] = w[i] & 0x0F0F0F0Fu;
+            kb[2 * i + 1] = (w[i] >> 4) & 0x0F0F0F0Fu;
+        } else {
+            static_assert(KB == 2, "quantized key bits 8, 4 or 2");
 #pragma unroll
-        for (int i = 0; i < WORDS; i++) {
-            kp[2 * i] = hsub2(__byte_perm(w[i], 0x64646464u, 0x4140), H2_1024);
-            kp[2 * i + 1] = hsub2(__byte_perm(w[i], 0x64646464u, 0x4342), H2_1024);
-        }
-    } else if constexpr (KB == 4) {
-#pragma unroll
-        for (int i = 0; i < WORDS; i++) {
-            const uint32_t hi = w[i] >> 8;
-            kp[4 * i] = codes_at<0>(w[i], 0x000F000Fu);
-            kp[4 * i + 1] = codes_at<4>(w[i], 0x000F000Fu);
-            kp[4 * i + 2] = codes_at<0>(hi, 0x000F000Fu);
-            kp[4 * i + 3] = codes_at<4>(hi, 0x000F000Fu);
-        }
-    } else {
-        static_assert(KB == 2, "key bits 16, 8, 4 or 2");
-#pragma unroll
-        for (int i = 0; i < WORDS; i++) {
-            const uint32_t hi = w[i] >> 10;
-            kp[8 * i] = codes_at<0>(w[i], 0x00030003u);
-            kp[8 * i + 1] = codes_at<2>(w[i], 0x00030003u);
-            kp[8 * i + 2] = codes_at<4>(w[i], 0x00030003u);
-            kp[8 * i + 3] = codes_at<6>(w[i], 0x00030003u);
-            kp[8 * i + 4] = codes_at<8>(w[i], 0x00030003u);
-            kp[8 * i + 5] = codes_at<0>(hi, 0x00030003u);
-            kp[8 * i + 6] = codes_at<2>(hi, 0x00030003u);
-            kp[8 * i + 7] = codes_at<4>(hi, 0x00030003u);
+            for (int k = 0; k < 4; k++) kb[4 * i + k] = (w[i] >> (2 * k)) & 0x03030303u;
         }
     }
 }
 
 /* ---------------------------------------------------------------------------------------- */
-/* Values: two tokens' runs as fp16 pairs (token a, token b) of code * scale, per element   */
+/* Values: two tokens' runs as fp16 pairs (token a, token b), one pair per run element       */
 /* ---------------------------------------------------------------------------------------- */
 
-/* vp[u] = (a[u], b[u]) for run element u: raw fp16 for 16-bit values, else the code times the
- * token's scale (s2 = scale a, scale b), one rounding. FUSED: one fma from the magic base
- * (needs 1024 * scale finite in fp16); else an exact subtraction, then the product. */
-template <int VB, bool FUSED, int WORDS, int RUN>
+/* Quantized values enter the mma as fp16 subnormals, f(u) * code * 2^-24, exact and one AND per
+ * pair: the code stays at its bit position (bits 0 to 9) inside a byte, so element u carries
+ * the factor f(u) = 2^(bits * (u % codes per byte)), undone with the 2^24 on the output row at
+ * the end (the token's scale is folded into its probability, the zero into z * sum p). */
+template <int VB>
+__host__ __device__ constexpr float value_factor(int u)
+{
+    return VB >= 8 ? 1.0f : (float)(1u << (VB * (u % (8 / VB))));
+}
+
+template <int VB, int WORDS, int RUN>
 __device__ __forceinline__ void unpack_values(const uint32_t (&a)[WORDS], const uint32_t (&b)[WORDS],
-                                              uint32_t s2, uint32_t ns2, uint32_t (&vp)[RUN])
+                                              uint32_t (&vp)[RUN])
 {
     if constexpr (VB == 16) {
 #pragma unroll
         for (int u = 0; u < RUN; u++)
             vp[u] = __byte_perm(a[u / 2], b[u / 2], u % 2 ? 0x7632 : 0x5410);
     } else {
-        constexpr int EPH = 16 / VB; /* elements per 16-bit half */
-        constexpr uint32_t MASK = ((1u << VB) - 1u) * 0x00010001u;
+        constexpr int EPB = 8 / VB; /* codes per byte */
 #pragma unroll
-        for (int u0 = 0; u0 < RUN; u0 += EPH) {
-            const int wi = u0 / (2 * EPH), hw = (u0 / EPH) % 2;
-            const uint32_t y = __byte_perm(a[wi], b[wi], hw ? 0x7632 : 0x5410);
+        for (int q = 0; q < RUN / EPB; q++) {
+            /* byte q % 4 of a into byte 0, of b into byte 2; bytes 1 and 3 are masked off */
+            const uint32_t y = __byte_perm(a[q / 4], b[q / 4], (q % 4) | ((4 + q % 4) << 8));
 #pragma unroll
-            for (int k = 0; k < EPH; k++) {
-                const uint32_t x = ((y >> (VB * k)) & MASK) | H2_1024;
-                vp[u0 + k] = FUSED ? hfma2(x, s2, ns2) : hmul2(hsub2(x, H2_1024), s2);
-            }
+            for (int k = 0; k < EPB; k++)
+                vp[q * EPB + k] = y & (((1u << VB) - 1u) << (VB * k)) * 0x00010001u;
         }
     }
 }
@@ -218,29 +172,37 @@ __device__ __forceinline__ void cp_async_commit() { asm volatile("cp.async.commi
 template <int N>
 __device__ __forceinline__ void cp_async_wait() { asm volatile("cp.async.wait_group %0;" ::"n"(N) : "memory"); }
 
-/* What one thread stages for one 16-token subtile, in 32-bit words, each block 16-byte aligned:
- * the key runs of its two tokens (gr, gr + 8), their key and value metadata, the value runs of
- * its four tokens (2tc, 2tc + 1, 2tc + 8, 2tc + 9) and their value metadata. */
+/* A warp's staged subtile: the page segments of its (up to) 16 tokens as the page holds them,
+ * copied by the whole warp in 16-byte units (every sector read whole, once). Key chunks, then
+ * value chunks, each chunk a row of 16 tokens x 16 bytes, then the key and value metadata
+ * (16 words each). Inside a chunk row, token t sits at unit t ^ swizzle(chunk), so that the
+ * fragment reads (thread (gr, tc): key run tc of tokens gr, gr + 8; value run gr of tokens 2tc,
+ * 2tc + 1, 2tc + 8, 2tc + 9) hit distinct banks within each phase of a warp's load. */
 template <int KB, int VB, int D>
 struct stage_layout {
-    static constexpr int KBYTES = D / 4 * KB / 8, VBYTES_RAW = D / 8 * VB / 8;
+    static constexpr int KBYTES = D / 4 * KB / 8, VBYTES_RAW = D / 8 * VB / 8; /* runs */
     static constexpr int VBYTES = VBYTES_RAW < 4 ? 4 : VBYTES_RAW; /* 2-byte runs: a word */
     static constexpr int KW = KBYTES / 4, VW = VBYTES / 4;
     static constexpr bool KQ = KB < 16, VQ = VB < 16;
-    static constexpr int up4(int x) { return (x + 3) / 4 * 4; }
-    static constexpr int K = 0;
-    static constexpr int KM = up4(K + 2 * KW);
-    static constexpr int VZ = KM + (KQ ? 2 : 0);
-    static constexpr int V = up4(VZ + (VQ ? 2 : 0));
-    static constexpr int VS = V + up4(4 * VW) / 4 * 4;
-    static constexpr int END = up4(VS + (VQ ? 4 : 0));
-    /* Words per thread, an odd number of 16-byte units: LDS.128 without bank conflicts. */
-    static constexpr int WORDS = (END / 4) % 2 ? END : END + 4;
-    static constexpr int BYTES_PER_SUBTILE = 32 * WORDS * 4; /* per warp */
+    static constexpr int KC = D * KB / 128, VC = D * VB / 128; /* 16-byte chunks per token */
+    static constexpr int ROUNDS = (KC + VC + 1) / 2;            /* copy rounds (2 chunks each) */
+    static constexpr int META = (KC + VC) * 256;
+    static constexpr int BYTES_PER_SUBTILE = META + (KQ || VQ ? 128 : 0); /* per warp */
     static constexpr int NT = BYTES_PER_SUBTILE <= 3072 ? 2 : 1; /* subtiles per stage */
     /* Three stages, two for the largest subtiles (K16V16 at d 128) so that 12 warps fit an SM. */
     static constexpr int STAGES = BYTES_PER_SUBTILE > 6144 ? 2 : 3;
     static constexpr int WARP_BYTES = STAGES * NT * BYTES_PER_SUBTILE;
+    /* Byte offset of token t of key chunk c, of value chunk c. */
+    __device__ static __forceinline__ int key_at(int c, int t)
+    {
+        const int x = KBYTES >= 16 ? (2 * (c / (KBYTES / 16))) & 7 : KBYTES == 8 ? 4 * c : 0;
+        return (c * 16 + (t ^ x)) * 16;
+    }
+    __device__ static __forceinline__ int value_at(int c, int t)
+    {
+        const int y = (c / (VBYTES_RAW >= 16 ? VBYTES_RAW / 16 : 1)) & 1;
+        return ((KC + c) * 16 + (t ^ y)) * 16;
+    }
 };
 
 template <int KB, int VB, int D>
@@ -267,7 +229,7 @@ __global__ void __launch_bounds__(MKV_FAST_WARPS * 32) decode_kernel(const fast_
 {
     using SL = stage_layout<KB, VB, D>;
     constexpr int NT = SL::NT, S = SL::STAGES;
-    constexpr int KRUN = D / 4, KPAIRS = KRUN / 2, KSTEPS = D / 16;
+    constexpr int KRUN = D / 4; /* key elements per thread and token */
     constexpr int VRUN = D / 8, MTILES = D / 16;
     constexpr bool KQ = SL::KQ, VQ = SL::VQ;
     extern __shared__ __align__(16) uint8_t smem[];
@@ -297,8 +259,11 @@ __global__ void __launch_bounds__(MKV_FAST_WARPS * 32) decode_kernel(const fast_
     const int32_t stride = L.tpp * 16;
     const int G = a.G;
 
-    /* q of head gr, run tc, scaled by 2^E (max |q| in [2^14, 2^15)) and split hi + lo. */
-    uint32_t qhi[KPAIRS], qlo[KPAIRS];
+    /* q of head gr, run tc. 16-bit keys: q scaled by 2^E (max |q| in [2^14, 2^15)) and split
+     * into fp16 hi + lo. Quantized keys: q scaled to integers (max |q| in [2^21, 2^22)) and cut
+     * into three signed 8-bit digits, q = d0 + 256 d1 + 65536 d2, in key_byte_elem order. */
+    constexpr int QWORDS = KQ ? KRUN / 4 : KRUN / 2; /* per hi / lo or per digit */
+    uint32_t qw[KQ ? 3 : 2][QWORDS];
     float fac[2], qsum[2];
     {
         float qv[KRUN];
@@ -316,20 +281,43 @@ __global__ void __launch_bounds__(MKV_FAST_WARPS * 32) decode_kernel(const fast_
         mx = fmaxf(mx, __shfl_xor_sync(0xffffffffu, mx, 2));
         int ex = 0;
         if (mx > 0.0f) frexpf(mx, &ex);
-        const int E = mx > 0.0f ? 15 - ex : 0;
+        const int E = mx > 0.0f ? (KQ ? 22 : 15) - ex : 0;
         float s = 0.0f;
+        if constexpr (KQ) {
+            int qi[KRUN], is = 0;
 #pragma unroll
-        for (int u = 0; u < KRUN; u++) {
-            qv[u] = ldexpf(qv[u], E);
-            s += qv[u];
-        }
-        s += __shfl_xor_sync(0xffffffffu, s, 1);
-        s += __shfl_xor_sync(0xffffffffu, s, 2);
+            for (int u = 0; u < KRUN; u++) {
+                qi[u] = __float2int_rn(ldexpf(qv[u], E));
+                is += qi[u];
+            }
 #pragma unroll
-        for (int p = 0; p < KPAIRS; p++) {
-            const float x = qv[key_pair_lo<KB>(p)], y = qv[key_pair_hi<KB>(p)];
-            qhi[p] = pack_h2(x, y);
-            qlo[p] = pack_h2(x - lo_f(qhi[p]), y - hi_f(qhi[p]));
+            for (int i = 0; i < QWORDS; i++) qw[0][i] = qw[1][i] = qw[2][i] = 0u;
+#pragma unroll
+            for (int bb = 0; bb < KRUN; bb++) {
+                const int x = qi[key_byte_elem<KB>(bb)];
+                const int d0 = (int)(int8_t)(x & 0xff), x1 = (x - d0) >> 8;
+                const int d1 = (int)(int8_t)(x1 & 0xff), d2 = (x1 - d1) >> 8;
+                qw[0][bb / 4] |= (uint32_t)(d0 & 0xff) << (8 * (bb % 4));
+                qw[1][bb / 4] |= (uint32_t)(d1 & 0xff) << (8 * (bb % 4));
+                qw[2][bb / 4] |= (uint32_t)(d2 & 0xff) << (8 * (bb % 4));
+            }
+            is += __shfl_xor_sync(0xffffffffu, is, 1);
+            is += __shfl_xor_sync(0xffffffffu, is, 2);
+            s = (float)is;
+        } else {
+#pragma unroll
+            for (int u = 0; u < KRUN; u++) {
+                qv[u] = ldexpf(qv[u], E);
+                s += qv[u];
+            }
+            s += __shfl_xor_sync(0xffffffffu, s, 1);
+            s += __shfl_xor_sync(0xffffffffu, s, 2);
+#pragma unroll
+            for (int pp = 0; pp < QWORDS; pp++) {
+                const float x = qv[2 * pp], y = qv[2 * pp + 1];
+                qw[0][pp] = pack_h2(x, y);
+                qw[1][pp] = pack_h2(x - lo_f(qw[0][pp]), y - hi_f(qw[0][pp]));
+            }
         }
         /* Logits in log2 units: l2 = scale * log2(e) * 2^-E * (s * S + z * sum q). */
         const float f = gr < G ? ldexpf(a.softmax_scale * 1.4426950408889634f, -E) : 0.0f;
@@ -346,16 +334,16 @@ __global__ void __launch_bounds__(MKV_FAST_WARPS * 32) decode_kernel(const fast_
     float m[2] = {-INFINITY, -INFINITY}, lsum[2] = {0.0f, 0.0f}, zsum[2] = {0.0f, 0.0f};
     float *lg = a.logits + (rs * a.max_tokens + base) * G;
 
-    /* This thread's staging area: [stage][subtile][lane][WORDS]. */
-    const uint32_t my_smem = (uint32_t)__cvta_generic_to_shared(smem) +
-                             warp * SL::WARP_BYTES + lane * SL::WORDS * 4;
-    const uint8_t *my_gen = smem + warp * SL::WARP_BYTES + lane * SL::WORDS * 4;
-    /* Byte offsets of this thread's runs in a page (chunk-major segments, quant/format.h);
+    /* The warp's staging area: [stage][subtile][BYTES_PER_SUBTILE]. */
+    const uint32_t warp_smem = (uint32_t)__cvta_generic_to_shared(smem) + warp * SL::WARP_BYTES;
+    const uint8_t *warp_gen = smem + warp * SL::WARP_BYTES;
+    /* The copy: lane (tl, half) moves token tl's units of chunks 2k + half (keys, then values)
+     * and, where the format has them, its key (half 0) or value (half 1) metadata. Offsets are
      * 32-bit: the tensor-core path takes pages under 2 GiB. */
-    const int32_t krun = tc * SL::KBYTES, vrun = gr * SL::VBYTES_RAW;
-    const int32_t koff = (int32_t)L.off_key + krun / 16 * stride + krun % 16;
-    const int32_t voff = (int32_t)L.off_value + vrun / 16 * stride + (vrun % 16) / 4 * 4;
-    const int32_t kmoff = (int32_t)L.off_key_meta, vmoff = (int32_t)L.off_value_meta;
+    const int32_t tl = lane & 15, half = lane >> 4;
+    const int32_t koff = (int32_t)L.off_key, voff = (int32_t)L.off_value;
+    const int32_t moff = half ? (int32_t)L.off_value_meta : (int32_t)L.off_key_meta;
+    const bool meta_lane = half ? VQ : KQ;
 
     walker P = {ta, ta / L.tpp, ta % L.tpp}; /* producer: what to load next */
     walker C = P;                            /* consumer: what to compute next */
@@ -383,42 +371,25 @@ __global__ void __launch_bounds__(MKV_FAST_WARPS * 32) decode_kernel(const fast_
                 // NOTE: int32 page id, widen before the multiply (pools exceed 2 GiB).
                 page = a.pool + (int64_t)pid * a.page_bytes;
             }
-            const uint32_t dst = my_smem + (stage * NT + st) * SL::BYTES_PER_SUBTILE;
-            /* A masked token (past the subtile's end) copies nothing (source size 0, zeros
-             * written) from an in-page address: the subtile's first slot. */
+            const uint32_t dst = warp_smem + (stage * NT + st) * SL::BYTES_PER_SUBTILE;
+            /* Tokens past the subtile's end copy nothing (source size 0, zeros written) from an
+             * in-page address: the subtile's first slot. */
+            const bool ok = tl < cnt;
+            const int32_t slot = P.slot + (ok ? tl : 0);
+            const uint8_t *tok = page + slot * 16;
 #pragma unroll
-            for (int r = 0; r < 2; r++) {
-                const int32_t off = gr + 8 * r;
-                const bool ok = off < cnt;
-                const int32_t slot = P.slot + (ok ? off : 0);
-                const int32_t ko = koff + slot * 16;
-                if constexpr (SL::KBYTES >= 16) {
-#pragma unroll
-                    for (int i = 0; i < SL::KBYTES / 16; i++)
-                        cp_async<16>(dst + (SL::K + r * SL::KW) * 4 + i * 16,
-                                     page + (ko + i * stride), ok);
-                } else {
-                    cp_async<SL::KBYTES>(dst + (SL::K + r * SL::KW) * 4, page + ko, ok);
+            for (int k = 0; k < SL::ROUNDS; k++) {
+                const int32_t c = 2 * k + half;
+                if (2 * k + 1 < SL::KC || (2 * k < SL::KC && half == 0)) {
+                    cp_async<16>(dst + SL::key_at(c, tl), tok + (koff + c * stride), ok);
+                } else if (c - SL::KC < SL::VC) {
+                    const int32_t cv = c - SL::KC;
+                    cp_async<16>(dst + SL::value_at(cv, tl), tok + (voff + cv * stride), ok);
                 }
-                if constexpr (KQ) cp_async<4>(dst + (SL::KM + r) * 4, page + (kmoff + slot * 4), ok);
-                if constexpr (VQ) cp_async<4>(dst + (SL::VZ + r) * 4, page + (vmoff + slot * 4), ok);
             }
-#pragma unroll
-            for (int r = 0; r < 4; r++) {
-                const int32_t off = 2 * tc + (r & 1) + 8 * (r >> 1);
-                const bool ok = off < cnt;
-                const int32_t slot = P.slot + (ok ? off : 0);
-                const int32_t vo = voff + slot * 16;
-                if constexpr (SL::VBYTES >= 16) {
-#pragma unroll
-                    for (int i = 0; i < SL::VBYTES / 16; i++)
-                        cp_async<16, true>(dst + (SL::V + r * SL::VW) * 4 + i * 16,
-                                           page + (vo + i * stride), ok);
-                } else {
-                    cp_async<SL::VBYTES, true>(dst + (SL::V + r * SL::VW) * 4, page + vo, ok);
-                }
-                if constexpr (VQ) cp_async<4>(dst + (SL::VS + r) * 4, page + (vmoff + slot * 4), ok);
-            }
+            if constexpr (KQ || VQ)
+                if (meta_lane)
+                    cp_async<4>(dst + SL::META + half * 64 + tl * 4, page + (moff + slot * 4), ok);
             P.advance(cnt, L.tpp);
         }
         cp_async_commit();
@@ -432,41 +403,71 @@ __global__ void __launch_bounds__(MKV_FAST_WARPS * 32) decode_kernel(const fast_
         produce(ps);
         ps = ps + 1 == S ? 0 : ps + 1;
         cp_async_wait<S - 1>(); /* this thread's copies of stage cs have landed */
-        const uint8_t *stage = my_gen + cs * NT * SL::BYTES_PER_SUBTILE;
+        const uint8_t *stage = warp_gen + cs * NT * SL::BYTES_PER_SUBTILE;
         cs = cs + 1 == S ? 0 : cs + 1;
 #pragma unroll
         for (int st = 0; st < NT; st++) {
             const int32_t cnt = C.count(tb, L.tpp), t0 = C.t;
             C.advance(cnt, L.tpp);
             if (cnt == 0) break; /* warp-uniform: the item is done */
-            uint32_t w[SL::END];
-            const uint8_t *src = stage + st * SL::BYTES_PER_SUBTILE;
+            const uint8_t *sub = stage + st * SL::BYTES_PER_SUBTILE;
+            /* Key runs tc of tokens gr and gr + 8, metadata of both. */
+            uint32_t kw[2][SL::KW], km[2] = {0u, 0u}, vm[2] = {0u, 0u};
 #pragma unroll
-            for (int i = 0; i < SL::END; i += 4) {
-                const uint4 v = *reinterpret_cast<const uint4 *>(src + i * 4);
-                w[i] = v.x, w[i + 1] = v.y, w[i + 2] = v.z, w[i + 3] = v.w;
+            for (int r = 0; r < 2; r++) {
+                const int t = gr + 8 * r;
+                if constexpr (SL::KBYTES >= 16) {
+#pragma unroll
+                    for (int i = 0; i < SL::KBYTES / 16; i++) {
+                        const uint4 v = *reinterpret_cast<const uint4 *>(
+                            sub + SL::key_at(tc * (SL::KBYTES / 16) + i, t));
+                        kw[r][4 * i] = v.x, kw[r][4 * i + 1] = v.y, kw[r][4 * i + 2] = v.z,
+                        kw[r][4 * i + 3] = v.w;
+                    }
+                } else if constexpr (SL::KBYTES == 8) {
+                    const uint2 v = *reinterpret_cast<const uint2 *>(sub + SL::key_at(tc / 2, t) + tc % 2 * 8);
+                    kw[r][0] = v.x, kw[r][1] = v.y;
+                } else {
+                    kw[r][0] = *reinterpret_cast<const uint32_t *>(sub + SL::key_at(0, t) + tc * 4);
+                }
+                if constexpr (KQ) km[r] = *reinterpret_cast<const uint32_t *>(sub + SL::META + t * 4);
+                if constexpr (VQ) vm[r] = *reinterpret_cast<const uint32_t *>(sub + SL::META + 64 + t * 4);
             }
-            uint32_t kw0[SL::KW], kw1[SL::KW];
-#pragma unroll
-            for (int i = 0; i < SL::KW; i++) kw0[i] = w[SL::K + i], kw1[i] = w[SL::K + SL::KW + i];
+            const uint32_t(&kw0)[SL::KW] = kw[0];
+            const uint32_t(&kw1)[SL::KW] = kw[1];
 
             /* Logits of tokens gr, gr + 8 (rows) for heads 2tc, 2tc + 1 (columns). */
-            uint32_t k0[KPAIRS], k1[KPAIRS];
-            unpack_key<KB>(kw0, k0);
-            unpack_key<KB>(kw1, k1);
-            /* Four independent accumulator chains (even and odd k-steps, hi and lo q): the
-             * mma latency is paid KSTEPS / 2 times, not 2 KSTEPS times. */
-            float cc[4][4] = {};
-#pragma unroll
-            for (int ks = 0; ks < KSTEPS; ks++) {
-                mma(cc[ks % 2], k0[2 * ks], k1[2 * ks], k0[2 * ks + 1], k1[2 * ks + 1],
-                    qhi[2 * ks], qhi[2 * ks + 1]);
-                mma(cc[2 + ks % 2], k0[2 * ks], k1[2 * ks], k0[2 * ks + 1], k1[2 * ks + 1],
-                    qlo[2 * ks], qlo[2 * ks + 1]);
-            }
             float c[4];
+            if constexpr (KQ) {
+                /* One exact integer chain per digit of q, then S = c0 + 256 c1 + 65536 c2. */
+                constexpr int BW = KRUN / 4;
+                uint32_t k0[BW], k1[BW];
+                unpack_key_bytes<KB>(kw0, k0);
+                unpack_key_bytes<KB>(kw1, k1);
+                int cc[3][4] = {};
 #pragma unroll
-            for (int i = 0; i < 4; i++) c[i] = (cc[0][i] + cc[1][i]) + (cc[2][i] + cc[3][i]);
+                for (int ks = 0; ks < BW / 2; ks++)
+#pragma unroll
+                    for (int dg = 0; dg < 3; dg++)
+                        mma_u8s8(cc[dg], k0[2 * ks], k1[2 * ks], k0[2 * ks + 1], k1[2 * ks + 1],
+                                 qw[dg][2 * ks], qw[dg][2 * ks + 1]);
+#pragma unroll
+                for (int i = 0; i < 4; i++)
+                    c[i] = fmaf(65536.0f, (float)cc[2][i], fmaf(256.0f, (float)cc[1][i], (float)cc[0][i]));
+            } else {
+                /* Four independent chains (even and odd k-steps, hi and lo q). */
+                constexpr int KSTEPS = D / 16;
+                float cc[4][4] = {};
+#pragma unroll
+                for (int ks = 0; ks < KSTEPS; ks++) {
+                    mma(cc[ks % 2], kw0[2 * ks], kw1[2 * ks], kw0[2 * ks + 1], kw1[2 * ks + 1],
+                        qw[0][2 * ks], qw[0][2 * ks + 1]);
+                    mma(cc[2 + ks % 2], kw0[2 * ks], kw1[2 * ks], kw0[2 * ks + 1], kw1[2 * ks + 1],
+                        qw[1][2 * ks], qw[1][2 * ks + 1]);
+                }
+#pragma unroll
+                for (int i = 0; i < 4; i++) c[i] = (cc[0][i] + cc[1][i]) + (cc[2][i] + cc[3][i]);
+            }
             float l[2][2];
 #pragma unroll
             for (int r = 0; r < 2; r++) {
@@ -475,7 +476,7 @@ __global__ void __launch_bounds__(MKV_FAST_WARPS * 32) decode_kernel(const fast_
 #pragma unroll
                 for (int i = 0; i < 2; i++) {
                     float raw = c[2 * r + i];
-                    if constexpr (KQ) raw = fmaf(lo_f(w[SL::KM + r]), raw, hi_f(w[SL::KM + r]) * qsum[i]);
+                    if constexpr (KQ) raw = fmaf(lo_f(km[r]), raw, hi_f(km[r]) * qsum[i]);
                     l[r][i] = valid ? fac[i] * raw : -INFINITY;
                 }
                 if (valid && 2 * tc < G) {
@@ -488,7 +489,18 @@ __global__ void __launch_bounds__(MKV_FAST_WARPS * 32) decode_kernel(const fast_
                     }
                 }
             }
-            /* Online softmax per head (columns 2tc, 2tc + 1: a reduction over gr). */
+            /* Online softmax per head (columns 2tc, 2tc + 1: a reduction over gr). Quantized
+             * values: the running maximum m is raised by sh = log2(max scale) - 14.5, so that
+             * p' = 2^(l - m) times the token's value scale stays below 2^14.5 in fp16 (o, lsum,
+             * and zsum all carry the same factor, which the merge cancels). */
+            float sh = 0.0f;
+            if constexpr (VQ) {
+                float ms = fmaxf(fabsf(lo_f(vm[0])), fabsf(lo_f(vm[1])));
+                ms = fmaxf(ms, __shfl_xor_sync(0xffffffffu, ms, 4));
+                ms = fmaxf(ms, __shfl_xor_sync(0xffffffffu, ms, 8));
+                ms = fmaxf(ms, __shfl_xor_sync(0xffffffffu, ms, 16));
+                sh = fmaxf(__log2f(ms) - 14.5f, -60.0f);
+            }
             float alpha[2];
 #pragma unroll
             for (int i = 0; i < 2; i++) {
@@ -496,7 +508,7 @@ __global__ void __launch_bounds__(MKV_FAST_WARPS * 32) decode_kernel(const fast_
                 mx = fmaxf(mx, __shfl_xor_sync(0xffffffffu, mx, 4));
                 mx = fmaxf(mx, __shfl_xor_sync(0xffffffffu, mx, 8));
                 mx = fmaxf(mx, __shfl_xor_sync(0xffffffffu, mx, 16));
-                const float mn = fmaxf(m[i], mx);
+                const float mn = fmaxf(m[i], mx + sh);
                 alpha[i] = exp2f(m[i] - mn);
                 m[i] = mn;
             }
@@ -509,47 +521,53 @@ __global__ void __launch_bounds__(MKV_FAST_WARPS * 32) decode_kernel(const fast_
                     for (int t = 0; t < MTILES; t++) o[t][i] *= alpha[i], o[t][2 + i] *= alpha[i];
                 }
             }
-            float p[2][2];
+            uint32_t pw[2];
 #pragma unroll
-            for (int r = 0; r < 2; r++)
+            for (int r = 0; r < 2; r++) {
+                float p[2];
 #pragma unroll
                 for (int i = 0; i < 2; i++) {
-                    p[r][i] = exp2f(l[r][i] - m[i]);
-                    lsum[i] += p[r][i];
-                    if constexpr (VQ) zsum[i] = fmaf(p[r][i], hi_f(w[SL::VZ + r]), zsum[i]);
+                    p[i] = exp2f(l[r][i] - m[i]);
+                    lsum[i] += p[i];
+                    if constexpr (VQ) zsum[i] = fmaf(p[i], hi_f(vm[r]), zsum[i]);
                 }
-            const uint32_t b0 = transpose8x8(pack_h2(p[0][0], p[0][1]));
-            const uint32_t b1 = transpose8x8(pack_h2(p[1][0], p[1][1]));
+                if constexpr (VQ) {
+                    /* The mma's weights: p' times the value scale, one fp16 rounding. */
+                    const float vs = lo_f(vm[r]);
+                    pw[r] = pack_h2(p[0] * vs, p[1] * vs);
+                } else {
+                    pw[r] = pack_h2(p[0], p[1]);
+                }
+            }
+            const uint32_t b0 = transpose8x8(pw[0]);
+            const uint32_t b1 = transpose8x8(pw[1]);
 
             /* Values of tokens (2tc, 2tc + 1) and (2tc + 8, 2tc + 9), run gr. */
             uint32_t vw[4][SL::VW];
 #pragma unroll
-            for (int r = 0; r < 4; r++)
+            for (int r = 0; r < 4; r++) {
+                const int t = 2 * tc + (r & 1) + 8 * (r >> 1);
+                if constexpr (SL::VBYTES_RAW >= 16) {
 #pragma unroll
-                for (int i = 0; i < SL::VW; i++) {
-                    vw[r][i] = w[SL::V + r * SL::VW + i];
-                    if (SL::VBYTES_RAW == 2 && (gr & 1)) vw[r][i] >>= 16; /* odd 2-byte run */
+                    for (int i = 0; i < SL::VBYTES_RAW / 16; i++) {
+                        const uint4 v = *reinterpret_cast<const uint4 *>(
+                            sub + SL::value_at(gr * (SL::VBYTES_RAW / 16) + i, t));
+                        vw[r][4 * i] = v.x, vw[r][4 * i + 1] = v.y, vw[r][4 * i + 2] = v.z,
+                        vw[r][4 * i + 3] = v.w;
+                    }
+                } else if constexpr (SL::VBYTES_RAW == 8) {
+                    const uint2 v = *reinterpret_cast<const uint2 *>(sub + SL::value_at(gr / 2, t) + gr % 2 * 8);
+                    vw[r][0] = v.x, vw[r][1] = v.y;
+                } else if constexpr (SL::VBYTES_RAW == 4) {
+                    vw[r][0] = *reinterpret_cast<const uint32_t *>(sub + SL::value_at(gr / 4, t) + gr % 4 * 4);
+                } else { /* 2-byte runs: the word holding run gr, shifted down for odd gr */
+                    vw[r][0] = *reinterpret_cast<const uint32_t *>(sub + SL::value_at(0, t) + gr / 2 * 4) >>
+                               (16 * (gr & 1));
                 }
-            uint32_t v01[VRUN], v23[VRUN];
-            if constexpr (VQ) {
-                const uint32_t s01 = __byte_perm(w[SL::VS], w[SL::VS + 1], 0x5410);
-                const uint32_t s23 = __byte_perm(w[SL::VS + 2], w[SL::VS + 3], 0x5410);
-                /* 1024 * scale must stay finite in fp16: scales up to 63.97 (0x53FF). */
-                bool small = true;
-#pragma unroll
-                for (int r = 0; r < 4; r++) small = small && (w[SL::VS + r] & 0x7fffu) <= 0x53FFu;
-                if (__all_sync(0xffffffffu, small)) {
-                    const uint32_t n01 = hmul2(s01, 0xE400E400u), n23 = hmul2(s23, 0xE400E400u);
-                    unpack_values<VB, true>(vw[0], vw[1], s01, n01, v01);
-                    unpack_values<VB, true>(vw[2], vw[3], s23, n23, v23);
-                } else {
-                    unpack_values<VB, false>(vw[0], vw[1], s01, 0u, v01);
-                    unpack_values<VB, false>(vw[2], vw[3], s23, 0u, v23);
-                }
-            } else {
-                unpack_values<VB, false>(vw[0], vw[1], 0u, 0u, v01);
-                unpack_values<VB, false>(vw[2], vw[3], 0u, 0u, v23);
             }
+            uint32_t v01[VRUN], v23[VRUN];
+            unpack_values<VB>(vw[0], vw[1], v01);
+            unpack_values<VB>(vw[2], vw[3], v23);
 #pragma unroll
             for (int t = 0; t < MTILES; t++)
                 mma(o[t], v01[2 * t], v01[2 * t + 1], v23[2 * t], v23[2 * t + 1], b0, b1);
@@ -557,7 +575,8 @@ __global__ void __launch_bounds__(MKV_FAST_WARPS * 32) decode_kernel(const fast_
     }
     cp_async_wait<0>();
 
-    /* The item's partial result: sums over the rows (gr), then O + z * sum(p) per head. */
+    /* The item's partial result: sums over the rows (gr), then per head O + z * sum(p'), where
+     * quantized values first give back their 2^-24 and factor f(u). */
 #pragma unroll
     for (int i = 0; i < 2; i++)
 #pragma unroll
@@ -572,9 +591,14 @@ __global__ void __launch_bounds__(MKV_FAST_WARPS * 32) decode_kernel(const fast_
         if (h >= G) continue;
         float *po = a.part_o + (part + h) * D + gr * VRUN;
 #pragma unroll
-        for (int t = 0; t < MTILES; t++)
-            *reinterpret_cast<float2 *>(po + 2 * t) = make_float2(o[t][i] + zsum[i],
-                                                                  o[t][2 + i] + zsum[i]);
+        for (int t = 0; t < MTILES; t++) {
+            float2 r = make_float2(o[t][i], o[t][2 + i]);
+            if constexpr (VQ) {
+                r.x = fmaf(r.x, 16777216.0f / value_factor<VB>(2 * t), zsum[i]);
+                r.y = fmaf(r.y, 16777216.0f / value_factor<VB>(2 * t + 1), zsum[i]);
+            }
+            *reinterpret_cast<float2 *>(po + 2 * t) = r;
+        }
         if (gr == 0)
             *reinterpret_cast<float2 *>(a.part_ml + (part + h) * 2) = make_float2(m[i], lsum[i]);
     }
