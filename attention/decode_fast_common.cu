@@ -35,9 +35,11 @@ int32_t mkv_fast_item_tokens(int32_t n_seq, int32_t H, int32_t max_tokens, int32
 }
 
 #define FIN_THREADS 256
+#define FIN_TOKENS 8 /* tokens per thread in the score blocks, independent of each other */
 
-/* Block x = 0: out = merged items; block x >= 1: scores of tokens [(x - 1) * 256, x * 256).
- * Each block first finds the final max M and sum S of every query head from the items. */
+/* Block x = 0: out = merged items; block x >= 1: scores of tokens [(x - 1) * 2048, x * 2048),
+ * FIN_TOKENS per thread, FIN_THREADS apart (coalesced). Each block first finds the final max M
+ * and sum S of every query head from the items. */
 static __global__ void __launch_bounds__(FIN_THREADS) finalize_kernel(const fast_args a, int32_t d)
 {
     const int32_t h = blockIdx.y, j = blockIdx.z, tid = threadIdx.x;
@@ -49,22 +51,27 @@ static __global__ void __launch_bounds__(FIN_THREADS) finalize_kernel(const fast
     const int32_t hi = (int32_t)min(nh, (int64_t)n);
     const int32_t I = a.item_tokens;
     const int32_t items_hi = (hi + I - 1) / I, items_lo = (n - hi + I - 1) / I;
-    const int32_t first = blockIdx.x == 0 ? 0 : (blockIdx.x - 1) * FIN_THREADS;
+    const int32_t first = blockIdx.x == 0 ? 0 : (blockIdx.x - 1) * FIN_THREADS * FIN_TOKENS;
     if (first >= n) return;
     const int32_t G = a.G;
     const int64_t part = rs * 2 * a.sec_items; /* item slots of this head-region */
 
-    __shared__ float M_s[MKV_FAST_MAX_G], S_s[MKV_FAST_MAX_G];
-    if (tid < G) {
-        float M = -INFINITY; /* the low items' slots follow the high ones' */
-        for (int32_t s = 0; s < items_hi + items_lo; s++)
-            M = fmaxf(M, a.part_ml[((part + s) * G + tid) * 2]);
+    /* Warp g finds head g's M and S, its lanes taking every 32nd item slot (the low items'
+     * slots follow the high ones'). */
+    static_assert(FIN_THREADS / 32 >= MKV_FAST_MAX_G, "a warp per query head");
+    __shared__ float M_s[MKV_FAST_MAX_G], S_s[MKV_FAST_MAX_G], LSE_s[MKV_FAST_MAX_G];
+    const int32_t warp = tid >> 5, lane = tid & 31, slots = items_hi + items_lo;
+    if (warp < G) {
+        float M = -INFINITY;
+        for (int32_t s = lane; s < slots; s += 32) M = fmaxf(M, a.part_ml[((part + s) * G + warp) * 2]);
+        for (int x = 16; x > 0; x >>= 1) M = fmaxf(M, __shfl_xor_sync(0xffffffffu, M, x));
         float S = 0.0f;
-        for (int32_t s = 0; s < items_hi + items_lo; s++) {
-            const float *ml = a.part_ml + ((part + s) * G + tid) * 2;
+        for (int32_t s = lane; s < slots; s += 32) {
+            const float *ml = a.part_ml + ((part + s) * G + warp) * 2;
             S = fmaf(ml[1], exp2f(ml[0] - M), S);
         }
-        M_s[tid] = M, S_s[tid] = S;
+        for (int x = 16; x > 0; x >>= 1) S += __shfl_xor_sync(0xffffffffu, S, x);
+        if (lane == 0) M_s[warp] = M, S_s[warp] = S, LSE_s[warp] = M + log2f(S);
     }
     __syncthreads();
 
@@ -81,24 +88,46 @@ static __global__ void __launch_bounds__(FIN_THREADS) finalize_kernel(const fast
         return;
     }
 
-    const int32_t t = first + tid;
-    if (t >= n) return;
-    const float *lg = a.logits + (rs * a.max_tokens + t) * G;
-    float pmax = 0.0f;
-    for (int32_t g = 0; g < G; g++) pmax = fmaxf(pmax, exp2f(lg[g] - M_s[g]) / S_s[g]);
-    const int sec = t >= hi;
-    const fast_section &L = a.sec[sec];
-    const int32_t k = sec ? t - hi : t, pi = k / L.tpp, slot = k - pi * L.tpp;
-    const int32_t page = a.table[region * a.T + (sec ? a.T - 1 - pi : pi)];
-    // NOTE: int32 page id, widen before the multiply (pools exceed 2 GiB).
-    float *score = reinterpret_cast<float *>(const_cast<uint8_t *>(a.pool) +
+    /* All loads of the FIN_TOKENS tokens first (logits and page ids), then the scores' reads,
+     * then their writes: independent chains instead of one dependent chain per token. */
+    float pmax[FIN_TOKENS];
+    float *score[FIN_TOKENS];
+    const float inv_tpp[2] = {1.0f / (float)a.sec[0].tpp, 1.0f / (float)a.sec[1].tpp};
+#pragma unroll
+    for (int u = 0; u < FIN_TOKENS; u++) {
+        const int32_t t = first + u * FIN_THREADS + tid;
+        pmax[u] = 0.0f;
+        score[u] = nullptr;
+        if (t >= n) continue;
+        const float *lg = a.logits + (rs * a.max_tokens + t) * G;
+        /* p = 2^(l - M) / S = 2^(l - lse), lse = M + log2 S (its rounding moves p by ~1e-7). */
+        for (int32_t g = 0; g < G; g++) pmax[u] = fmaxf(pmax[u], exp2f(__ldg(lg + g) - LSE_s[g]));
+        const int sec = t >= hi;
+        const fast_section &L = a.sec[sec];
+        /* page and slot: k / tpp through a float reciprocal, exact after one correction
+         * (k < 2^24; an integer division beyond). */
+        const int32_t k = sec ? t - hi : t;
+        int32_t pi = k < (1 << 24) ? __float2int_rz((float)k * inv_tpp[sec]) : k / L.tpp;
+        int32_t slot = k - pi * L.tpp;
+        if (slot < 0) pi--, slot += L.tpp;
+        else if (slot >= L.tpp) pi++, slot -= L.tpp;
+        const int32_t page = __ldg(a.table + region * a.T + (sec ? a.T - 1 - pi : pi));
+        // NOTE: int32 page id, widen before the multiply (pools exceed 2 GiB).
+        score[u] = reinterpret_cast<float *>(const_cast<uint8_t *>(a.pool) +
                                              (int64_t)page * a.page_bytes + L.off_score) + slot;
-    *score += pmax;
+    }
+    float old[FIN_TOKENS];
+#pragma unroll
+    for (int u = 0; u < FIN_TOKENS; u++) old[u] = score[u] ? *score[u] : 0.0f;
+#pragma unroll
+    for (int u = 0; u < FIN_TOKENS; u++)
+        if (score[u]) *score[u] = old[u] + pmax[u];
 }
 
 cudaError_t mkv_fast_finalize(const fast_args &a, int32_t d, int32_t n_seq, cudaStream_t stream)
 {
-    const unsigned bx = 1u + (unsigned)((a.max_tokens + FIN_THREADS - 1) / FIN_THREADS);
+    const int32_t per_block = FIN_THREADS * FIN_TOKENS;
+    const unsigned bx = 1u + (unsigned)((a.max_tokens + per_block - 1) / per_block);
     finalize_kernel<<<dim3(bx, (unsigned)a.H, (unsigned)n_seq), FIN_THREADS, 0, stream>>>(a, d);
     return cudaGetLastError();
 }
