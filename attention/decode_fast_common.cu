@@ -101,7 +101,15 @@ static __global__ void __launch_bounds__(FIN_THREADS) finalize_kernel(const fast
         if (t >= n) continue;
         const float *lg = a.logits + (rs * a.max_tokens + t) * G;
         /* p = 2^(l - M) / S = 2^(l - lse), lse = M + log2 S (its rounding moves p by ~1e-7). */
-        for (int32_t g = 0; g < G; g++) pmax[u] = fmaxf(pmax[u], exp2f(__ldg(lg + g) - LSE_s[g]));
+        if (G % 4 == 0) { /* 16-byte loads: rows of G % 4 == 0 logits are 16-byte aligned */
+            for (int32_t g = 0; g < G; g += 4) {
+                const float4 v = __ldg(reinterpret_cast<const float4 *>(lg + g));
+                pmax[u] = fmaxf(pmax[u], fmaxf(fmaxf(exp2f(v.x - LSE_s[g]), exp2f(v.y - LSE_s[g + 1])),
+                                               fmaxf(exp2f(v.z - LSE_s[g + 2]), exp2f(v.w - LSE_s[g + 3]))));
+            }
+        } else {
+            for (int32_t g = 0; g < G; g++) pmax[u] = fmaxf(pmax[u], exp2f(__ldg(lg + g) - LSE_s[g]));
+        }
         const int sec = t >= hi;
         const fast_section &L = a.sec[sec];
         /* page and slot: k / tpp through a float reciprocal, exact after one correction
