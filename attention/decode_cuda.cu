@@ -562,17 +562,16 @@ struct fast_plan {
     size_t off_logits, off_part_o, off_part_ml, bytes;
 };
 
-static int32_t device_attr(cudaDeviceAttr attr, int32_t fallback)
+static int32_t sm_count(void)
 {
     int dev = 0, n = 0;
-    if (cudaGetDevice(&dev) != cudaSuccess || cudaDeviceGetAttribute(&n, attr, dev) != cudaSuccess) {
+    if (cudaGetDevice(&dev) != cudaSuccess ||
+        cudaDeviceGetAttribute(&n, cudaDevAttrMultiProcessorCount, dev) != cudaSuccess) {
         (void)cudaGetLastError();
-        return fallback;
+        return 132;
     }
     return n;
 }
-
-static int32_t sm_count(void) { return device_attr(cudaDevAttrMultiProcessorCount, 132); }
 
 static fast_plan plan_fast(int32_t n_seq, int32_t H, int32_t G, int32_t d, int32_t max_tokens,
                            int32_t split_tokens)
@@ -620,38 +619,7 @@ static fast_section section_of(const mkv_page_layout_t &l)
     return s;
 }
 
-/* The cluster form (decode_fast.h): C blocks of 4 warps per head-region, C in 2, 4, 8, 16,
- * the smallest whose warps' runs of logits fit shared memory with three blocks per SM (for a
- * forced call, with one). AUTO also wants enough blocks to fill the GPU three times over and
- * leaves explicit split_tokens to the split form. */
-struct cluster_plan {
-    int32_t C, cap;
-};
-
-static bool plan_cluster(const mkv_cuda_decode_t *a, const fast_kernel *k, bool forced,
-                         cluster_plan *p)
-{
-    if (!forced && a->split_tokens > 0) return false;
-    const int64_t per_sm = device_attr(cudaDevAttrMaxSharedMemoryPerMultiprocessor, 0);
-    const int64_t per_block = device_attr(cudaDevAttrMaxSharedMemoryPerBlockOptin, 0);
-    const int64_t reserve = 1024 + 128; /* the runtime's per-block share, the static arrays */
-    for (int pass = 0; pass < (forced ? 2 : 1); pass++) {
-        const int64_t budget = pass == 0 ? per_sm / 3 - reserve : per_block - 128;
-        for (int32_t C = 2; C <= 16; C *= 2) {
-            const int32_t W = MKV_FAST_WARPS * C;
-            const int32_t cap = (int32_t)(((int64_t)a->max_tokens + W - 3) / (W - 2));
-            if (mkv_fast_cluster_smem(k->staging_bytes, a->group_size, a->head_dim, cap) > budget)
-                continue;
-            if (!forced && (int64_t)a->n_seq * a->n_heads * C < 3 * (int64_t)sm_count()) return false;
-            p->C = C, p->cap = cap;
-            return true;
-        }
-    }
-    return false;
-}
-
-static mkv_status_t launch_fast(const mkv_cuda_decode_t *a, bool cluster_forced, cudaStream_t stream,
-                                char *err)
+static mkv_status_t launch_fast(const mkv_cuda_decode_t *a, cudaStream_t stream, char *err)
 {
     const fast_plan w = plan_fast(a->n_seq, a->n_heads, a->group_size, a->head_dim,
                                   a->max_tokens, a->split_tokens);
@@ -667,37 +635,22 @@ static mkv_status_t launch_fast(const mkv_cuda_decode_t *a, bool cluster_forced,
     f.part_o = reinterpret_cast<float *>(ws + w.off_part_o);
     f.part_ml = reinterpret_cast<float *>(ws + w.off_part_ml);
     f.blocks_per_sec = (w.sec_items + MKV_FAST_WARPS - 1) / MKV_FAST_WARPS;
-    f.cluster = 0, f.logit_cap = 0;
-    const fast_kernel *kh = mkv_fast_lookup(a->lay_hi.key.bits, a->lay_hi.value.bits, a->head_dim);
-    const fast_kernel *kl = mkv_fast_lookup(a->lay_lo.key.bits, a->lay_lo.value.bits, a->head_dim);
-    mkv_status_t st;
-    cluster_plan cp;
-    if (kh == kl && plan_cluster(a, kh, cluster_forced, &cp)) {
-        f.sec_mask = 3, f.cluster = cp.C, f.logit_cap = cp.cap;
-        const dim3 grid((unsigned)cp.C, (unsigned)a->n_heads, (unsigned)a->n_seq);
-        return launched("tensor-core decode kernel (cluster form)", err, kh->launch(f, grid, stream));
-    }
-    if (cluster_forced) {
-        if (err)
-            mkv_fail(err, MKV_STATUS_UNSUPPORTED, "mkv_cuda_decode: the cluster form needs one "
-                     "format in both sections (K%dV%d / K%dV%d) and %d tokens per head-region "
-                     "to fit 16 blocks' shared memory", a->lay_hi.key.bits, a->lay_hi.value.bits,
-                     a->lay_lo.key.bits, a->lay_lo.value.bits, a->max_tokens);
-        return MKV_STATUS_UNSUPPORTED;
-    }
+    const fast_launch_fn fh = mkv_fast_lookup(a->lay_hi.key.bits, a->lay_hi.value.bits, a->head_dim);
+    const fast_launch_fn fl = mkv_fast_lookup(a->lay_lo.key.bits, a->lay_lo.value.bits, a->head_dim);
     const dim3 grid((unsigned)f.blocks_per_sec, (unsigned)a->n_heads, (unsigned)a->n_seq);
-    if (kh == kl) { /* one launch covers both sections */
+    mkv_status_t st;
+    if (fh == fl) { /* one launch covers both sections */
         f.sec_mask = 3;
         const dim3 g2(grid.x * 2, grid.y, grid.z);
-        if ((st = launched("tensor-core decode kernel", err, kh->launch(f, g2, stream))) != MKV_STATUS_OK)
+        if ((st = launched("tensor-core decode kernel", err, fh(f, g2, stream))) != MKV_STATUS_OK)
             return st;
     } else {
         f.sec_mask = 1;
-        if ((st = launched("tensor-core decode kernel (high)", err, kh->launch(f, grid, stream))) !=
+        if ((st = launched("tensor-core decode kernel (high)", err, fh(f, grid, stream))) !=
             MKV_STATUS_OK)
             return st;
         f.sec_mask = 2;
-        if ((st = launched("tensor-core decode kernel (low)", err, kl->launch(f, grid, stream))) !=
+        if ((st = launched("tensor-core decode kernel (low)", err, fl(f, grid, stream))) !=
             MKV_STATUS_OK)
             return st;
     }
@@ -741,12 +694,12 @@ extern "C" mkv_status_t mkv_cuda_decode(const mkv_cuda_decode_t *a, void *stream
         return bad(err, "the page layouts (head_dim %d/%d) do not match head_dim %d and "
                         "page_bytes %lld", a->lay_hi.head_dim, a->lay_lo.head_dim, a->head_dim,
                    (long long)a->page_bytes);
-    if (a->kernel < MKV_DECODE_KERNEL_AUTO || a->kernel > MKV_DECODE_KERNEL_CLUSTER)
-        return bad(err, "kernel %d (0 auto, 1 generic, 2 tensor, 3 cluster)", a->kernel);
+    if (a->kernel < MKV_DECODE_KERNEL_AUTO || a->kernel > MKV_DECODE_KERNEL_TENSOR)
+        return bad(err, "kernel %d (0 auto, 1 generic, 2 tensor)", a->kernel);
     const bool tensor = a->kernel != MKV_DECODE_KERNEL_GENERIC &&
                         mkv_cuda_decode_uses_tensor(&a->lay_hi, &a->lay_lo, a->group_size,
                                                     a->head_dim);
-    if ((a->kernel == MKV_DECODE_KERNEL_TENSOR || a->kernel == MKV_DECODE_KERNEL_CLUSTER) && !tensor) {
+    if (a->kernel == MKV_DECODE_KERNEL_TENSOR && !tensor) {
         if (err)
             mkv_fail(err, MKV_STATUS_UNSUPPORTED, "mkv_cuda_decode: no tensor-core kernel for "
                      "K%dV%d / K%dV%d, head_dim %d, group_size %d, quantization groups %d/%d "
@@ -757,8 +710,7 @@ extern "C" mkv_status_t mkv_cuda_decode(const mkv_cuda_decode_t *a, void *stream
         return MKV_STATUS_UNSUPPORTED;
     }
     if (a->n_seq == 0 || a->max_tokens == 0) return MKV_STATUS_OK;
-    if (tensor)
-        return launch_fast(a, a->kernel == MKV_DECODE_KERNEL_CLUSTER, static_cast<cudaStream_t>(stream), err);
+    if (tensor) return launch_fast(a, static_cast<cudaStream_t>(stream), err);
 
     const ws_plan w = plan_workspace(a->n_seq, a->n_heads, a->group_size, a->head_dim,
                                      a->max_tokens, a->split_tokens);

@@ -40,17 +40,11 @@ typedef struct mkv_cuda_decode {
 
 /* Which kernels a call uses. AUTO takes the tensor-core kernels where they apply (head_dim 64
  * or 128, G <= 8, one quantization group, both formats instantiated: docs/decode-kernel.md)
- * and the generic fp32 kernels elsewhere; among the tensor-core kernels it takes the cluster
- * form (one thread-block cluster per head-region, logits kept on chip, no finalize pass) where
- * both sections have one format, the longest sequence fits the clusters' shared memory and the
- * call has enough head-regions to fill the GPU. TENSOR forces the tensor-core kernels in their
- * split form, CLUSTER in their cluster form; each fails with UNSUPPORTED where it does not
- * apply (for CLUSTER whatever the call's size). */
+ * and the generic fp32 kernels elsewhere; TENSOR fails with UNSUPPORTED where they do not. */
 typedef enum mkv_cuda_decode_kernel {
     MKV_DECODE_KERNEL_AUTO = 0,
     MKV_DECODE_KERNEL_GENERIC = 1,
     MKV_DECODE_KERNEL_TENSOR = 2,
-    MKV_DECODE_KERNEL_CLUSTER = 3,
 } mkv_cuda_decode_kernel_t;
 
 /* Whether a call with these layouts and sizes takes the tensor-core kernels under AUTO. */

@@ -27,7 +27,6 @@
 
 #include "attention/decode_fast.h"
 
-#include <cooperative_groups.h>
 #include <cuda_fp16.h>
 
 #include <math.h>
@@ -225,7 +224,7 @@ struct walker {
     }
 };
 
-template <int KB, int VB, int D, bool CL>
+template <int KB, int VB, int D>
 __global__ void __launch_bounds__(MKV_FAST_WARPS * 32) decode_kernel(const fast_args a)
 {
     using SL = stage_layout<KB, VB, D>;
@@ -236,41 +235,25 @@ __global__ void __launch_bounds__(MKV_FAST_WARPS * 32) decode_kernel(const fast_
     extern __shared__ __align__(16) uint8_t smem[];
 
     const int32_t warp = threadIdx.x >> 5, lane = threadIdx.x & 31, gr = lane >> 2, tc = lane & 3;
+    int32_t bx = blockIdx.x, sec;
+    if (a.sec_mask == 3) {
+        sec = bx >= a.blocks_per_sec;
+        bx -= sec * a.blocks_per_sec;
+    } else {
+        sec = a.sec_mask == 2;
+    }
+    const int32_t item = bx * MKV_FAST_WARPS + warp; /* within the section */
     const int32_t hh = blockIdx.y, j = blockIdx.z;
     const int64_t rs = (int64_t)j * a.H + hh; /* (sequence, KV head) */
     const int64_t region = a.regions[rs];
     const int64_t nh = max(a.n_hi[region], 0), nl = max(a.n_lo[region], 0);
     const int32_t n = (int32_t)min(nh + nl, (int64_t)a.max_tokens);
     const int32_t hi = (int32_t)min(nh, (int64_t)n);
-    int32_t sec, ta, tb, slot_id = 0;
-    if constexpr (CL) {
-        /* The cluster's 4C warps share the region: runs of `per` tokens, the high section's
-         * first (per is at most logit_cap: the host sized it so). A warp with nothing to do
-         * walks nothing but still takes part in the merge. */
-        const int32_t W = MKV_FAST_WARPS * a.cluster, wi = blockIdx.x * MKV_FAST_WARPS + warp;
-        const int32_t per = n == 0 ? 1 : (n + (hi > 0 && hi < n ? W - 2 : W) - 1) / (hi > 0 && hi < n ? W - 2 : W);
-        const int32_t wh = (hi + per - 1) / per;
-        sec = wi >= wh;
-        ta = (sec ? wi - wh : wi) * per;
-        const int32_t sec_n = sec ? n - hi : hi;
-        ta = min(ta, sec_n);
-        tb = min(ta + per, sec_n);
-    } else {
-        int32_t bx = blockIdx.x;
-        if (a.sec_mask == 3) {
-            sec = bx >= a.blocks_per_sec;
-            bx -= sec * a.blocks_per_sec;
-        } else {
-            sec = a.sec_mask == 2;
-        }
-        const int32_t item = bx * MKV_FAST_WARPS + warp; /* within the section */
-        const int32_t sec_n = sec ? n - hi : hi;
-        ta = item * a.item_tokens;
-        if (ta >= sec_n) return; /* warp-uniform */
-        tb = min(ta + a.item_tokens, sec_n);
-        slot_id = sec ? (hi + a.item_tokens - 1) / a.item_tokens + item : item;
-    }
-    const int32_t base = sec ? hi : 0, sec_n = sec ? n - hi : hi;
+    const int32_t sec_n = sec ? n - hi : hi, base = sec ? hi : 0;
+    const int32_t ta = item * a.item_tokens;
+    if (ta >= sec_n) return; /* warp-uniform */
+    const int32_t tb = min(ta + a.item_tokens, sec_n);
+    const int32_t slot_id = sec ? (hi + a.item_tokens - 1) / a.item_tokens + item : item;
     const fast_section L = a.sec[sec];
     const int32_t *row = a.table + region * a.T;
     const int32_t stride = L.tpp * 16;
@@ -349,12 +332,7 @@ __global__ void __launch_bounds__(MKV_FAST_WARPS * 32) decode_kernel(const fast_
 #pragma unroll
     for (int i = 0; i < MTILES; i++) o[i][0] = o[i][1] = o[i][2] = o[i][3] = 0.0f;
     float m[2] = {-INFINITY, -INFINITY}, lsum[2] = {0.0f, 0.0f}, zsum[2] = {0.0f, 0.0f};
-    /* Logits: the workspace's row of the region (split form) or the warp's run in shared
-     * memory (cluster form), [token][G]. */
-    float *lg;
-    if constexpr (CL) lg = reinterpret_cast<float *>(smem + MKV_FAST_WARPS * SL::WARP_BYTES) +
-                           (int64_t)warp * a.logit_cap * G - (int64_t)ta * G;
-    else lg = a.logits + (rs * a.max_tokens + base) * G;
+    float *lg = a.logits + (rs * a.max_tokens + base) * G;
 
     /* The warp's staging area: [stage][subtile][BYTES_PER_SUBTILE]. */
     const uint32_t warp_smem = (uint32_t)__cvta_generic_to_shared(smem) + warp * SL::WARP_BYTES;
@@ -606,162 +584,40 @@ __global__ void __launch_bounds__(MKV_FAST_WARPS * 32) decode_kernel(const fast_
             lsum[i] += __shfl_xor_sync(0xffffffffu, lsum[i], x);
             zsum[i] += __shfl_xor_sync(0xffffffffu, zsum[i], x);
         }
-    if constexpr (!CL) {
-        const int64_t part = (rs * 2 * a.sec_items + slot_id) * G;
+    const int64_t part = (rs * 2 * a.sec_items + slot_id) * G;
 #pragma unroll
-        for (int i = 0; i < 2; i++) {
-            const int32_t h = 2 * tc + i;
-            if (h >= G) continue;
-            float *po = a.part_o + (part + h) * D + gr * VRUN;
+    for (int i = 0; i < 2; i++) {
+        const int32_t h = 2 * tc + i;
+        if (h >= G) continue;
+        float *po = a.part_o + (part + h) * D + gr * VRUN;
 #pragma unroll
-            for (int t = 0; t < MTILES; t++) {
-                float2 r = make_float2(o[t][i], o[t][2 + i]);
-                if constexpr (VQ) {
-                    r.x = fmaf(r.x, 16777216.0f / value_factor<VB>(2 * t), zsum[i]);
-                    r.y = fmaf(r.y, 16777216.0f / value_factor<VB>(2 * t + 1), zsum[i]);
-                }
-                *reinterpret_cast<float2 *>(po + 2 * t) = r;
+        for (int t = 0; t < MTILES; t++) {
+            float2 r = make_float2(o[t][i], o[t][2 + i]);
+            if constexpr (VQ) {
+                r.x = fmaf(r.x, 16777216.0f / value_factor<VB>(2 * t), zsum[i]);
+                r.y = fmaf(r.y, 16777216.0f / value_factor<VB>(2 * t + 1), zsum[i]);
             }
-            if (gr == 0)
-                *reinterpret_cast<float2 *>(a.part_ml + (part + h) * 2) = make_float2(m[i], lsum[i]);
+            *reinterpret_cast<float2 *>(po + 2 * t) = r;
         }
-    } else {
-        /* Cluster form. 1: each warp leaves its partial result ([G][D] outputs, then [G] max
-         * and sum) in its own staging area, which its copies no longer use. */
-        static_assert(SL::WARP_BYTES >= (MKV_FAST_MAX_G * D + 2 * MKV_FAST_MAX_G) * 4,
-                      "a warp's partial result fits its staging area");
-        namespace cg = cooperative_groups;
-        const cg::cluster_group cluster = cg::this_cluster();
-        __syncwarp();
-        float *wp = reinterpret_cast<float *>(smem + warp * SL::WARP_BYTES);
-#pragma unroll
-        for (int i = 0; i < 2; i++) {
-            const int32_t h = 2 * tc + i;
-            if (h >= G) continue;
-#pragma unroll
-            for (int t = 0; t < MTILES; t++) {
-                float2 r = make_float2(o[t][i], o[t][2 + i]);
-                if constexpr (VQ) {
-                    r.x = fmaf(r.x, 16777216.0f / value_factor<VB>(2 * t), zsum[i]);
-                    r.y = fmaf(r.y, 16777216.0f / value_factor<VB>(2 * t + 1), zsum[i]);
-                }
-                *reinterpret_cast<float2 *>(wp + h * D + gr * VRUN + 2 * t) = r;
-            }
-            if (gr == 0) wp[G * D + 2 * h] = m[i], wp[G * D + 2 * h + 1] = lsum[i];
-        }
-        __syncthreads();
-        /* 2: the block merges its warps into pub ([G] max and sum, then [G][D] outputs) for the
-         * cluster to read. An idle warp has max -inf and weighs nothing. */
-        float *pub = reinterpret_cast<float *>(smem + MKV_FAST_WARPS * SL::WARP_BYTES +
-                                               (size_t)MKV_FAST_WARPS * a.logit_cap * G * 4);
-        const int32_t tid = threadIdx.x;
-        for (int32_t i = tid; i < G * D + G; i += MKV_FAST_WARPS * 32) {
-            const int32_t h = i < G ? i : (i - G) / D;
-            float M = -INFINITY;
-#pragma unroll
-            for (int w = 0; w < MKV_FAST_WARPS; w++)
-                M = fmaxf(M, reinterpret_cast<const float *>(smem + w * SL::WARP_BYTES)[G * D + 2 * h]);
-            float acc = 0.0f;
-#pragma unroll
-            for (int w = 0; w < MKV_FAST_WARPS; w++) {
-                const float *pw = reinterpret_cast<const float *>(smem + w * SL::WARP_BYTES);
-                const float mw = pw[G * D + 2 * h];
-                if (mw != -INFINITY) acc = fmaf(i < G ? pw[G * D + 2 * h + 1] : pw[i - G], exp2f(mw - M), acc);
-            }
-            if (i < G) pub[2 * h] = M, pub[2 * h + 1] = acc;
-            else pub[2 * G + (i - G)] = acc;
-        }
-        /* 3: every block of the cluster reads every block's max and sum (distributed shared
-         * memory) and forms each head's log-sum-exp; block 0 also merges the outputs. */
-        cluster.sync();
-        __shared__ float M_s[MKV_FAST_MAX_G], S_s[MKV_FAST_MAX_G], lse_s[MKV_FAST_MAX_G];
-        if (tid < G) {
-            float M = -INFINITY, Ssum = 0.0f;
-            for (int32_t c = 0; c < a.cluster; c++) M = fmaxf(M, cluster.map_shared_rank(pub, c)[2 * tid]);
-            for (int32_t c = 0; c < a.cluster; c++) {
-                const float *pc = cluster.map_shared_rank(pub, c);
-                if (pc[2 * tid] != -INFINITY) Ssum = fmaf(pc[2 * tid + 1], exp2f(pc[2 * tid] - M), Ssum);
-            }
-            M_s[tid] = M, S_s[tid] = Ssum, lse_s[tid] = M + log2f(Ssum);
-        }
-        __syncthreads();
-        if (blockIdx.x == 0 && n > 0) { /* n == 0: out untouched, as in the reference */
-            for (int32_t i = tid; i < G * D; i += MKV_FAST_WARPS * 32) {
-                const int32_t h = i / D;
-                float acc = 0.0f;
-                for (int32_t c = 0; c < a.cluster; c++) {
-                    const float *pc = cluster.map_shared_rank(pub, c);
-                    if (pc[2 * h] != -INFINITY) acc = fmaf(pc[2 * G + i], exp2f(pc[2 * h] - M_s[h]), acc);
-                }
-                a.out[(rs * G + h) * D + i % D] = acc / S_s[h];
-            }
-        }
-        cluster.sync(); /* no block leaves while another still reads its pub */
-        /* 4: the scores of the warp's run, from its logits: max over the group of 2^(l - lse),
-         * one writer per slot. */
-        constexpr int U = 8; /* tokens per lane per round: independent loads, not a chain */
-        const float inv_tpp = 1.0f / (float)L.tpp;
-        for (int32_t t0 = ta; t0 < tb; t0 += 32 * U) {
-            float pm[U];
-            float *score[U];
-#pragma unroll
-            for (int u = 0; u < U; u++) {
-                const int32_t t = t0 + u * 32 + lane;
-                pm[u] = 0.0f, score[u] = nullptr;
-                if (t >= tb) continue;
-                for (int32_t h = 0; h < G; h++) pm[u] = fmaxf(pm[u], exp2f(lg[(int64_t)t * G + h] - lse_s[h]));
-                int32_t pi = t < (1 << 24) ? __float2int_rz((float)t * inv_tpp) : t / L.tpp;
-                int32_t sl = t - pi * L.tpp;
-                if (sl < 0) pi--, sl += L.tpp;
-                else if (sl >= L.tpp) pi++, sl -= L.tpp;
-                const int32_t pid = __ldg(row + (sec ? a.T - 1 - pi : pi));
-                // NOTE: int32 page id, widen before the multiply (pools exceed 2 GiB).
-                score[u] = reinterpret_cast<float *>(const_cast<uint8_t *>(a.pool) +
-                                                     (int64_t)pid * a.page_bytes + L.off_score) + sl;
-            }
-            float old[U];
-#pragma unroll
-            for (int u = 0; u < U; u++) old[u] = score[u] ? *score[u] : 0.0f;
-#pragma unroll
-            for (int u = 0; u < U; u++)
-                if (score[u]) *score[u] = old[u] + pm[u];
-        }
+        if (gr == 0)
+            *reinterpret_cast<float2 *>(a.part_ml + (part + h) * 2) = make_float2(m[i], lsum[i]);
     }
 }
 
 } // namespace mkv_fast
 
-/* One instantiation per translation unit (generated by CMake): the split and the cluster form,
- * and their descriptor. The shared-memory opt-in is set on every call (it is cheap). */
+/* One instantiation per translation unit (generated by CMake). */
 #define MKV_DECODE_FAST_INSTANCE(KB, VB, D)                                                    \
-    static cudaError_t mkv_fast_launch_K##KB##V##VB##_d##D(const fast_args &a, dim3 grid,     \
-                                                           cudaStream_t stream)               \
+    cudaError_t mkv_fast_launch_K##KB##V##VB##_d##D(const fast_args &a, dim3 grid,            \
+                                                    cudaStream_t stream)                      \
     {                                                                                          \
-        constexpr int staging = mkv_fast::smem_bytes<KB, VB, D>();                             \
-        if (a.cluster > 0) {                                                                   \
-            const auto kern = mkv_fast::decode_kernel<KB, VB, D, true>;                        \
-            const int smem = (int)mkv_fast_cluster_smem(staging, a.G, D, a.logit_cap);        \
-            cudaError_t e = cudaFuncSetAttribute(kern, cudaFuncAttributeMaxDynamicSharedMemorySize, smem); \
-            if (e == cudaSuccess && a.cluster > 8)                                             \
-                e = cudaFuncSetAttribute(kern, cudaFuncAttributeNonPortableClusterSizeAllowed, 1); \
-            if (e != cudaSuccess) return e;                                                    \
-            cudaLaunchConfig_t cfg = {};                                                       \
-            cfg.gridDim = grid, cfg.blockDim = dim3(MKV_FAST_WARPS * 32);                      \
-            cfg.dynamicSmemBytes = (size_t)smem, cfg.stream = stream;                          \
-            cudaLaunchAttribute attr[1];                                                       \
-            attr[0].id = cudaLaunchAttributeClusterDimension;                                  \
-            attr[0].val.clusterDim.x = (unsigned)a.cluster;                                    \
-            attr[0].val.clusterDim.y = 1, attr[0].val.clusterDim.z = 1;                        \
-            cfg.attrs = attr, cfg.numAttrs = 1;                                                \
-            return cudaLaunchKernelEx(&cfg, kern, a);                                          \
-        }                                                                                      \
-        const auto kern = mkv_fast::decode_kernel<KB, VB, D, false>;                           \
-        const cudaError_t e = cudaFuncSetAttribute(kern, cudaFuncAttributeMaxDynamicSharedMemorySize, staging); \
+        constexpr int smem = mkv_fast::smem_bytes<KB, VB, D>();                                \
+        /* The opt-in above 48 KB (per device: set on every call, it is cheap). */             \
+        const cudaError_t e = cudaFuncSetAttribute(mkv_fast::decode_kernel<KB, VB, D>,         \
+                                  cudaFuncAttributeMaxDynamicSharedMemorySize, smem);          \
         if (e != cudaSuccess) return e;                                                        \
-        kern<<<grid, MKV_FAST_WARPS * 32, staging, stream>>>(a);                               \
+        mkv_fast::decode_kernel<KB, VB, D><<<grid, MKV_FAST_WARPS * 32, smem, stream>>>(a);     \
         return cudaGetLastError();                                                             \
-    }                                                                                          \
-    extern const fast_kernel mkv_fast_kernel_K##KB##V##VB##_d##D = {                           \
-        mkv_fast_launch_K##KB##V##VB##_d##D, mkv_fast::smem_bytes<KB, VB, D>()};
+    }
 
 #endif /* MKV_ATTENTION_DECODE_FAST_CUH */

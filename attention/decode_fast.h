@@ -52,29 +52,12 @@ struct fast_args {
     /* Per launch: which sections this launch covers (1 high, 2 low, 3 both) and the blocks of
      * one section along grid x. */
     int32_t sec_mask, blocks_per_sec;
-    /* Cluster form (cluster > 0): grid (cluster, H, n_seq), one cluster per head-region, each
-     * warp a contiguous run of at most logit_cap tokens of one section, logits in shared
-     * memory; no finalize. */
-    int32_t cluster, logit_cap;
 };
 
 typedef cudaError_t (*fast_launch_fn)(const fast_args &a, dim3 grid, cudaStream_t stream);
 
-/* One instantiated (key bits, value bits, head_dim). */
-struct fast_kernel {
-    fast_launch_fn launch; /* the split form, or the cluster form where a.cluster > 0 */
-    int32_t staging_bytes; /* shared memory of a block's copy stages */
-};
-
 /* The instantiated kernel for a format and head_dim, or NULL. */
-const fast_kernel *mkv_fast_lookup(int32_t key_bits, int32_t value_bits, int32_t head_dim);
-
-/* Dynamic shared memory of the cluster form: the copy stages, the warps' logits, and the
- * block's published partial result (max and sum per head, then the output). */
-inline int64_t mkv_fast_cluster_smem(int32_t staging_bytes, int32_t G, int32_t d, int32_t logit_cap)
-{
-    return staging_bytes + (int64_t)MKV_FAST_WARPS * logit_cap * G * 4 + (int64_t)G * (2 + d) * 4;
-}
+fast_launch_fn mkv_fast_lookup(int32_t key_bits, int32_t value_bits, int32_t head_dim);
 
 /* Merge and score write-back after the item kernels; head_dim d. */
 cudaError_t mkv_fast_finalize(const fast_args &a, int32_t d, int32_t n_seq, cudaStream_t stream);

@@ -100,11 +100,10 @@ int main(int argc, char **argv)
             const char *k = argv[++i];
             kernel = !strcmp(k, "generic") ? MKV_DECODE_KERNEL_GENERIC
                      : !strcmp(k, "tensor") ? MKV_DECODE_KERNEL_TENSOR
-                     : !strcmp(k, "cluster") ? MKV_DECODE_KERNEL_CLUSTER
                      : !strcmp(k, "auto")   ? MKV_DECODE_KERNEL_AUTO
                                             : -1;
             if (kernel < 0) {
-                fprintf(stderr, "bench_attention: --kernel auto, generic, tensor or cluster\n");
+                fprintf(stderr, "bench_attention: --kernel auto, generic or tensor\n");
                 return 2;
             }
         } else if (!strcmp(argv[i], "--batch") && i + 1 < argc) batches = {atoi(argv[++i])};
@@ -116,7 +115,7 @@ int main(int argc, char **argv)
         } else {
             fprintf(stderr,
                     "usage: bench_attention [--reps N] [--json FILE] [--max-gib X] [--quick]\n"
-                    "                       [--kernel auto|generic|tensor|cluster] [--batch B] [--length N]\n"
+                    "                       [--kernel auto|generic|tensor] [--batch B] [--length N]\n"
                     "                       [--format NAME]\n"
                     "Decode attention time over batch x length grids (32 query / 8 KV heads, d 128)\n"
                     "for K16V16, K8V8, K8V4, K4V2 and a 20/50/30 high/low/pruned mix, against the\n"
@@ -169,10 +168,7 @@ int main(int argc, char **argv)
                     "\"kernel\": \"%s\", "
                     "\"results\": [",
                 prop.name, copy_rate / 1e9, H, G, d,
-                kernel == MKV_DECODE_KERNEL_GENERIC  ? "generic"
-                : kernel == MKV_DECODE_KERNEL_TENSOR ? "tensor"
-                : kernel == MKV_DECODE_KERNEL_CLUSTER ? "cluster"
-                                                      : "auto");
+                kernel == MKV_DECODE_KERNEL_GENERIC ? "generic" : kernel == MKV_DECODE_KERNEL_TENSOR ? "tensor" : "auto");
     printf("%-12s %6s %7s %10s %12s %9s %10s %9s\n", "format", "batch", "length", "time_us",
            "bytes_read", "GB/s", "of_copy", "vs_fp16");
     int first = 1;

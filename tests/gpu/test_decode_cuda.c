@@ -478,7 +478,6 @@ Test(decode_cuda, long_sequences_with_splits, .timeout = 600)
     stats_t ck_out_g = {.what = "out (generic)"}, ck_score_g = {.what = "score (generic)"};
     stats_t ck_vs_out_g = {.what = "out split 0 vs 64 (generic)"};
     stats_t ck_vs_score_g = {.what = "score split 0 vs 64 (generic)"};
-    stats_t ck_out_c = {.what = "out (cluster form)"}, ck_score_c = {.what = "score (cluster form)"};
     uint64_t r = 0x10ad;
     for (int pr = 0; pr < 2; pr++) {
         const int32_t H = 3;
@@ -497,13 +496,8 @@ Test(decode_cuda, long_sequences_with_splits, .timeout = 600)
                            &ck_vs_score);
         batch_check_splits(&b, MKV_DECODE_KERNEL_GENERIC, splits, 2, &ck_out_g, &ck_score_g,
                            &ck_vs_out_g, &ck_vs_score_g);
-        if (pairs[pr][0] == pairs[pr][1]) /* the cluster form: one format in both sections */
-            batch_check_splits(&b, MKV_DECODE_KERNEL_CLUSTER, splits + 1, 1, &ck_out_c, &ck_score_c,
-                               NULL, NULL);
         batch_free(&b);
     }
-    stats_expect(&ck_out_c, "long_sequences_with_splits");
-    stats_expect(&ck_score_c, "long_sequences_with_splits");
     stats_expect(&ck_out, "long_sequences_with_splits");
     stats_expect(&ck_score, "long_sequences_with_splits");
     stats_expect(&ck_vs_out, "long_sequences_with_splits");
@@ -599,62 +593,6 @@ Test(decode_cuda, tensor_every_format, .timeout = 300)
     stats_expect(&ck_vs_score, "tensor_every_format");
 }
 
-/* The cluster form (one thread-block cluster per head-region, logits kept in shared memory, no
- * finalize pass): every format, the same in both sections as the form requires, d 64 and 128,
- * G 1, 2, 4 and 8, pages of 1 to 32 high tokens, empty, one-token and partly filled regions,
- * and a region of thousands of tokens so that clusters of up to 16 blocks run; then two
- * regions of 32k tokens. */
-Test(decode_cuda, cluster_every_format, .timeout = 300)
-{
-    GPU_REQUIRE();
-    static const mkv_format_t fmts[] = {MKV_FORMAT_K16V16, MKV_FORMAT_K8V8, MKV_FORMAT_K8V4,
-                                        MKV_FORMAT_K4V4,   MKV_FORMAT_K8V2, MKV_FORMAT_K4V2,
-                                        MKV_FORMAT_K4V8,   MKV_FORMAT_K2V4};
-    static const int32_t tpps[] = {32, 1, 3, 12, 17};
-    static const int32_t gs[] = {1, 2, 4, 8};
-    stats_t ck_out = {.what = "out"}, ck_score = {.what = "score"};
-    uint64_t r = 0xc105;
-    int n_case = 0;
-    for (int fh = 0; fh < 8; fh++)
-        for (int di = 0; di < 2; di++)
-            for (int gi = 0; gi < 4; gi++, n_case++) {
-                int32_t len[6 * 2];
-                const spec_t c = {.hi = fmts[fh], .lo = fmts[fh], .d = di ? 128 : 64, .G = gs[gi],
-                                  .groups = 1, .tpp = tpps[n_case % 5], .n_seq = 3, .H = 2,
-                                  .len = len, .seed = test_rand_next(&r),
-                                  .vamp = n_case % 3 == 2 ? 150.0f : 0.0f};
-                const int32_t t = tokens_per_page(c.hi, c.hi, c.d, c.groups, c.tpp);
-                for (int i = 0; i < 5; i++) pattern_lengths(n_case + i, t, t, &r, len + 2 * i);
-                len[10] = test_rand_range(&r, 1000, 6000), len[11] = test_rand_range(&r, 1, 900);
-                batch_t b;
-                batch_build(&b, &c);
-                const int32_t split = 0;
-                batch_check_splits(&b, MKV_DECODE_KERNEL_CLUSTER, &split, 1, &ck_out, &ck_score,
-                                   NULL, NULL);
-                batch_free(&b);
-            }
-    static const struct { mkv_format_t f; int32_t d, G; } longs[] = {
-        {MKV_FORMAT_K8V4, 128, 4}, {MKV_FORMAT_K4V2, 64, 8}};
-    for (int i = 0; i < 2; i++) {
-        int32_t len[4];
-        for (int k = 0; k < 2; k++) {
-            const int32_t n = 32768 - 1000 * k, hi = test_rand_range(&r, 0, n);
-            len[2 * k] = hi, len[2 * k + 1] = n - hi;
-        }
-        const spec_t c = {.hi = longs[i].f, .lo = longs[i].f, .d = longs[i].d, .G = longs[i].G,
-                          .groups = 1, .tpp = 32, .n_seq = 1, .H = 2, .len = len,
-                          .seed = test_rand_next(&r)};
-        batch_t b;
-        batch_build(&b, &c);
-        const int32_t split = 0;
-        batch_check_splits(&b, MKV_DECODE_KERNEL_CLUSTER, &split, 1, &ck_out, &ck_score, NULL,
-                           NULL);
-        batch_free(&b);
-    }
-    stats_expect(&ck_out, "cluster_every_format");
-    stats_expect(&ck_score, "cluster_every_format");
-}
-
 /* Argument checks only: no pointer is dereferenced, so this runs without a device too. */
 Test(decode_cuda, bad_arguments)
 {
@@ -701,7 +639,7 @@ Test(decode_cuda, bad_arguments)
     bad[n++].page_bytes = hi.used_bytes - 16; /* smaller than the layout */
     bad[n++].row_entries = 0;
     bad[n++].pool = fake + 4;                 /* not 16-byte aligned */
-    bad[n++].kernel = 4;
+    bad[n++].kernel = 3;
     bad[n++].kernel = -1;
     for (int i = 0; i < n; i++) {
         err[0] = '\0';
