@@ -559,7 +559,7 @@ static bool sizes_ok(int32_t n_seq, int32_t H, int32_t G, int32_t d, int32_t max
 
 struct fast_plan {
     int32_t item_tokens, sec_items;
-    size_t off_logits, off_part_o, off_part_ml, off_done, bytes;
+    size_t off_logits, off_part_o, off_part_ml, bytes;
 };
 
 static int32_t sm_count(void)
@@ -589,8 +589,6 @@ static fast_plan plan_fast(int32_t n_seq, int32_t H, int32_t G, int32_t d, int32
     off += mkv_align_up64((int64_t)(slots * (size_t)d * sizeof(float)), WS_ALIGN);
     w.off_part_ml = off;
     off += mkv_align_up64((int64_t)(slots * 2 * sizeof(float)), WS_ALIGN);
-    w.off_done = off; /* blocks finished per head-region */
-    off += mkv_align_up64((int64_t)((size_t)n_seq * (size_t)H * sizeof(int32_t)), WS_ALIGN);
     w.bytes = off;
     return w;
 }
@@ -637,9 +635,6 @@ static mkv_status_t launch_fast(const mkv_cuda_decode_t *a, cudaStream_t stream,
     f.part_o = reinterpret_cast<float *>(ws + w.off_part_o);
     f.part_ml = reinterpret_cast<float *>(ws + w.off_part_ml);
     f.blocks_per_sec = (w.sec_items + MKV_FAST_WARPS - 1) / MKV_FAST_WARPS;
-    f.done = reinterpret_cast<int32_t *>(ws + w.off_done);
-    const cudaError_t me = cudaMemsetAsync(f.done, 0, sizeof(int32_t) * (size_t)a->n_seq * (size_t)a->n_heads, stream);
-    if (me != cudaSuccess) return launched("completion counters' reset", err, me);
     const fast_launch_fn fh = mkv_fast_lookup(a->lay_hi.key.bits, a->lay_hi.value.bits, a->head_dim);
     const fast_launch_fn fl = mkv_fast_lookup(a->lay_lo.key.bits, a->lay_lo.value.bits, a->head_dim);
     const dim3 grid((unsigned)f.blocks_per_sec, (unsigned)a->n_heads, (unsigned)a->n_seq);
@@ -659,7 +654,7 @@ static mkv_status_t launch_fast(const mkv_cuda_decode_t *a, cudaStream_t stream,
             MKV_STATUS_OK)
             return st;
     }
-    return MKV_STATUS_OK;
+    return launched("finalize_kernel", err, mkv_fast_finalize(f, a->head_dim, a->n_seq, stream));
 }
 
 extern "C" size_t mkv_cuda_decode_workspace_size(int32_t n_seq, int32_t n_heads,

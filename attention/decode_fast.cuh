@@ -224,89 +224,6 @@ struct walker {
     }
 };
 
-/* The end of a head-region, run by the block that completes it (all MKV_FAST_WARPS warps):
- * each query head's final max M and sum S over the region's items, out = the items' partial
- * outputs merged, and each token's probability, the maximum over the group of 2^(l - lse),
- * added to its score slot (one writer per slot). Data other blocks wrote in this launch is
- * read through L2 (__ldcg), never a stale L1 or the read-only path. */
-template <int D>
-__device__ __forceinline__ void finish_region(const fast_args &a, int64_t rs, int64_t region,
-                                              int32_t n, int32_t hi)
-{
-    constexpr int NTH = MKV_FAST_WARPS * 32, U = 8; /* U tokens per thread per round */
-    const int32_t G = a.G, tid = threadIdx.x, warp = tid >> 5, lane = tid & 31;
-    const int32_t I = a.item_tokens, slots = (hi + I - 1) / I + (n - hi + I - 1) / I;
-    const int64_t part = rs * 2 * a.sec_items; /* the low items' slots follow the high ones' */
-    __shared__ float M_s[MKV_FAST_MAX_G], S_s[MKV_FAST_MAX_G], lse_s[MKV_FAST_MAX_G];
-    for (int32_t h = warp; h < G; h += MKV_FAST_WARPS) {
-        float M = -INFINITY, S = 0.0f; /* online over the lane's slots, then across lanes */
-        for (int32_t s = lane; s < slots; s += 32) {
-            const float2 ml = __ldcg(reinterpret_cast<const float2 *>(a.part_ml + ((part + s) * G + h) * 2));
-            const float mn = fmaxf(M, ml.x);
-            S = S * exp2f(M - mn) + ml.y * exp2f(ml.x - mn);
-            M = mn;
-        }
-        for (int x = 16; x > 0; x >>= 1) {
-            const float Mo = __shfl_xor_sync(0xffffffffu, M, x), So = __shfl_xor_sync(0xffffffffu, S, x);
-            const float mn = fmaxf(M, Mo);
-            S = (S > 0.0f ? S * exp2f(M - mn) : 0.0f) + (So > 0.0f ? So * exp2f(Mo - mn) : 0.0f);
-            M = mn;
-        }
-        if (lane == 0) M_s[h] = M, S_s[h] = S, lse_s[h] = M + log2f(S);
-    }
-    __syncthreads();
-    for (int32_t i = tid; i < G * D; i += NTH) {
-        const int32_t h = i / D, e = i % D;
-        float o = 0.0f;
-        for (int32_t s = 0; s < slots; s++) {
-            const float w = exp2f(__ldcg(a.part_ml + ((part + s) * G + h) * 2) - M_s[h]);
-            o = fmaf(__ldcg(a.part_o + ((part + s) * G + h) * D + e), w, o);
-        }
-        a.out[(rs * G + h) * D + e] = o / S_s[h];
-    }
-    const float *lg = a.logits + rs * a.max_tokens * G;
-    const float inv_hi = 1.0f / (float)a.sec[0].tpp, inv_lo = 1.0f / (float)a.sec[1].tpp;
-    for (int32_t t0 = 0; t0 < n; t0 += NTH * U) {
-        float pm[U];
-        float *score[U];
-#pragma unroll
-        for (int u = 0; u < U; u++) {
-            const int32_t t = t0 + u * NTH + tid;
-            pm[u] = 0.0f, score[u] = nullptr;
-            if (t >= n) continue;
-            const float *l = lg + (int64_t)t * G;
-            if (G % 4 == 0) {
-                for (int32_t h = 0; h < G; h += 4) {
-                    const float4 v = __ldcg(reinterpret_cast<const float4 *>(l + h));
-                    pm[u] = fmaxf(pm[u], fmaxf(fmaxf(exp2f(v.x - lse_s[h]), exp2f(v.y - lse_s[h + 1])),
-                                               fmaxf(exp2f(v.z - lse_s[h + 2]), exp2f(v.w - lse_s[h + 3]))));
-                }
-            } else {
-                for (int32_t h = 0; h < G; h++) pm[u] = fmaxf(pm[u], exp2f(__ldcg(l + h) - lse_s[h]));
-            }
-            const int sec = t >= hi;
-            const fast_section &L = a.sec[sec];
-            /* page and slot: k / tpp through a float reciprocal, exact after one correction
-             * (k < 2^24; an integer division beyond) */
-            const int32_t k = sec ? t - hi : t;
-            int32_t pi = k < (1 << 24) ? __float2int_rz((float)k * (sec ? inv_lo : inv_hi)) : k / L.tpp;
-            int32_t slot = k - pi * L.tpp;
-            if (slot < 0) pi--, slot += L.tpp;
-            else if (slot >= L.tpp) pi++, slot -= L.tpp;
-            const int32_t page = __ldg(a.table + region * a.T + (sec ? a.T - 1 - pi : pi));
-            // NOTE: int32 page id, widen before the multiply (pools exceed 2 GiB).
-            score[u] = reinterpret_cast<float *>(const_cast<uint8_t *>(a.pool) +
-                                                 (int64_t)page * a.page_bytes + L.off_score) + slot;
-        }
-        float old[U];
-#pragma unroll
-        for (int u = 0; u < U; u++) old[u] = score[u] ? *score[u] : 0.0f;
-#pragma unroll
-        for (int u = 0; u < U; u++)
-            if (score[u]) *score[u] = old[u] + pm[u];
-    }
-}
-
 template <int KB, int VB, int D>
 __global__ void __launch_bounds__(MKV_FAST_WARPS * 32) decode_kernel(const fast_args a)
 {
@@ -334,11 +251,7 @@ __global__ void __launch_bounds__(MKV_FAST_WARPS * 32) decode_kernel(const fast_
     const int32_t hi = (int32_t)min(nh, (int64_t)n);
     const int32_t sec_n = sec ? n - hi : hi, base = sec ? hi : 0;
     const int32_t ta = item * a.item_tokens;
-    /* A block whose first item lies past the section's end has nothing to do (and does not
-     * count towards the region's completion); inside a block, warps past it just walk
-     * nothing. */
-    if ((bx * MKV_FAST_WARPS) * a.item_tokens >= sec_n) return; /* block-uniform */
-    const bool active = ta < sec_n;
+    if (ta >= sec_n) return; /* warp-uniform */
     const int32_t tb = min(ta + a.item_tokens, sec_n);
     const int32_t slot_id = sec ? (hi + a.item_tokens - 1) / a.item_tokens + item : item;
     const fast_section L = a.sec[sec];
@@ -675,7 +588,7 @@ __global__ void __launch_bounds__(MKV_FAST_WARPS * 32) decode_kernel(const fast_
 #pragma unroll
     for (int i = 0; i < 2; i++) {
         const int32_t h = 2 * tc + i;
-        if (!active || h >= G) continue;
+        if (h >= G) continue;
         float *po = a.part_o + (part + h) * D + gr * VRUN;
 #pragma unroll
         for (int t = 0; t < MTILES; t++) {
@@ -689,22 +602,6 @@ __global__ void __launch_bounds__(MKV_FAST_WARPS * 32) decode_kernel(const fast_
         if (gr == 0)
             *reinterpret_cast<float2 *>(a.part_ml + (part + h) * 2) = make_float2(m[i], lsum[i]);
     }
-
-    /* The region's last block to finish merges it and writes its scores back. Release: every
-     * thread's writes (logits, partial results) are made visible before the block counts
-     * itself done; acquire: the last block fences again before reading the others'. */
-    __threadfence();
-    __syncthreads();
-    __shared__ int last_s;
-    if (threadIdx.x == 0) {
-        const int32_t I = a.item_tokens, WB = MKV_FAST_WARPS;
-        const int32_t blocks = ((hi + I - 1) / I + WB - 1) / WB + ((n - hi + I - 1) / I + WB - 1) / WB;
-        last_s = atomicAdd(a.done + rs, 1) == blocks - 1;
-    }
-    __syncthreads();
-    if (!last_s) return;
-    __threadfence();
-    finish_region<D>(a, rs, region, n, hi);
 }
 
 } // namespace mkv_fast

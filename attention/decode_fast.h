@@ -8,9 +8,8 @@
  * A warp takes one item: up to item_tokens consecutive tokens of one section (high or low) of
  * one head-region, for all G <= 8 query heads of the group at once, and writes the item's
  * unnormalised partial output, running max and sum to the workspace together with every
- * token's logits. The last block of a head-region to finish (a counter per region) then merges
- * the region's items into out and adds each token's probability (the maximum over the group)
- * to its score slot.
+ * token's logits. fast_finalize then merges the items of each head-region into out and adds
+ * each token's probability (the maximum over the group) to its score slot.
  */
 #ifndef MKV_ATTENTION_DECODE_FAST_H
 #define MKV_ATTENTION_DECODE_FAST_H
@@ -53,13 +52,15 @@ struct fast_args {
     /* Per launch: which sections this launch covers (1 high, 2 low, 3 both) and the blocks of
      * one section along grid x. */
     int32_t sec_mask, blocks_per_sec;
-    int32_t *done; /* [n_seq * H] blocks finished per head-region, zero before the first launch */
 };
 
 typedef cudaError_t (*fast_launch_fn)(const fast_args &a, dim3 grid, cudaStream_t stream);
 
 /* The instantiated kernel for a format and head_dim, or NULL. */
 fast_launch_fn mkv_fast_lookup(int32_t key_bits, int32_t value_bits, int32_t head_dim);
+
+/* Merge and score write-back after the item kernels; head_dim d. */
+cudaError_t mkv_fast_finalize(const fast_args &a, int32_t d, int32_t n_seq, cudaStream_t stream);
 
 /* Tokens per item for a call of this size on a GPU of sm_count multiprocessors (enough items
  * to fill it several times over). */

@@ -1,6 +1,7 @@
 /*
  * decode_fast_common.cu — the format-independent parts of the tensor-core decode path
- * (decode_fast.h): the table of instantiated kernels and the item size.
+ * (decode_fast.h): the table of instantiated kernels, the item size, and the finalize kernel
+ * that merges each head-region's items and writes the scores back.
  */
 #include "attention/decode_fast.h"
 
@@ -31,4 +32,116 @@ int32_t mkv_fast_item_tokens(int32_t n_seq, int32_t H, int32_t max_tokens, int32
     int32_t item = MKV_FAST_MIN_ITEM;
     while (item < MKV_FAST_MAX_ITEM && total / item > target) item *= 2;
     return item;
+}
+
+#define FIN_THREADS 256
+#define FIN_TOKENS 8 /* tokens per thread in the score blocks, independent of each other */
+
+/* Block x = 0: out = merged items; block x >= 1: scores of tokens [(x - 1) * 2048, x * 2048),
+ * FIN_TOKENS per thread, FIN_THREADS apart (coalesced). Each block first finds the final max M
+ * and sum S of every query head from the items. */
+static __global__ void __launch_bounds__(FIN_THREADS) finalize_kernel(const fast_args a, int32_t d)
+{
+    const int32_t h = blockIdx.y, j = blockIdx.z, tid = threadIdx.x;
+    const int64_t rs = (int64_t)j * a.H + h;
+    const int64_t region = a.regions[rs];
+    const int64_t nh = max(a.n_hi[region], 0), nl = max(a.n_lo[region], 0);
+    const int32_t n = (int32_t)min(nh + nl, (int64_t)a.max_tokens);
+    if (n == 0) return; /* out untouched, as in the reference */
+    const int32_t hi = (int32_t)min(nh, (int64_t)n);
+    const int32_t I = a.item_tokens;
+    const int32_t items_hi = (hi + I - 1) / I, items_lo = (n - hi + I - 1) / I;
+    const int32_t first = blockIdx.x == 0 ? 0 : (blockIdx.x - 1) * FIN_THREADS * FIN_TOKENS;
+    if (first >= n) return;
+    const int32_t G = a.G;
+    const int64_t part = rs * 2 * a.sec_items; /* item slots of this head-region */
+
+    /* Warp g finds head g's M and S, its lanes taking every 32nd item slot (the low items'
+     * slots follow the high ones'). */
+    static_assert(FIN_THREADS / 32 >= MKV_FAST_MAX_G, "a warp per query head");
+    __shared__ float M_s[MKV_FAST_MAX_G], S_s[MKV_FAST_MAX_G], LSE_s[MKV_FAST_MAX_G];
+    const int32_t warp = tid >> 5, lane = tid & 31, slots = items_hi + items_lo;
+    if (warp < G) {
+        /* One pass, online: each lane keeps its max and the sum scaled to it, then the warp
+         * merges the lanes' pairs. */
+        float M = -INFINITY, S = 0.0f;
+        for (int32_t s = lane; s < slots; s += 32) {
+            const float2 ml = *reinterpret_cast<const float2 *>(a.part_ml + ((part + s) * G + warp) * 2);
+            const float mn = fmaxf(M, ml.x);
+            S = S * exp2f(M - mn) + ml.y * exp2f(ml.x - mn);
+            M = mn;
+        }
+        for (int x = 16; x > 0; x >>= 1) {
+            const float Mo = __shfl_xor_sync(0xffffffffu, M, x), So = __shfl_xor_sync(0xffffffffu, S, x);
+            const float mn = fmaxf(M, Mo);
+            S = (S > 0.0f ? S * exp2f(M - mn) : 0.0f) + (So > 0.0f ? So * exp2f(Mo - mn) : 0.0f);
+            M = mn;
+        }
+        if (lane == 0) M_s[warp] = M, S_s[warp] = S, LSE_s[warp] = M + log2f(S);
+    }
+    __syncthreads();
+
+    if (blockIdx.x == 0) {
+        for (int32_t i = tid; i < G * d; i += FIN_THREADS) {
+            const int32_t g = i / d, e = i % d;
+            float o = 0.0f;
+            for (int32_t s = 0; s < items_hi + items_lo; s++) {
+                const float w = exp2f(a.part_ml[((part + s) * G + g) * 2] - M_s[g]);
+                o = fmaf(a.part_o[((part + s) * G + g) * d + e], w, o);
+            }
+            a.out[(rs * G + g) * d + e] = o / S_s[g];
+        }
+        return;
+    }
+
+    /* All loads of the FIN_TOKENS tokens first (logits and page ids), then the scores' reads,
+     * then their writes: independent chains instead of one dependent chain per token. */
+    float pmax[FIN_TOKENS];
+    float *score[FIN_TOKENS];
+    const float inv_tpp[2] = {1.0f / (float)a.sec[0].tpp, 1.0f / (float)a.sec[1].tpp};
+#pragma unroll
+    for (int u = 0; u < FIN_TOKENS; u++) {
+        const int32_t t = first + u * FIN_THREADS + tid;
+        pmax[u] = 0.0f;
+        score[u] = nullptr;
+        if (t >= n) continue;
+        const float *lg = a.logits + (rs * a.max_tokens + t) * G;
+        /* p = 2^(l - M) / S = 2^(l - lse), lse = M + log2 S (its rounding moves p by ~1e-7). */
+        if (G % 4 == 0) { /* 16-byte loads: rows of G % 4 == 0 logits are 16-byte aligned */
+            for (int32_t g = 0; g < G; g += 4) {
+                const float4 v = __ldg(reinterpret_cast<const float4 *>(lg + g));
+                pmax[u] = fmaxf(pmax[u], fmaxf(fmaxf(exp2f(v.x - LSE_s[g]), exp2f(v.y - LSE_s[g + 1])),
+                                               fmaxf(exp2f(v.z - LSE_s[g + 2]), exp2f(v.w - LSE_s[g + 3]))));
+            }
+        } else {
+            for (int32_t g = 0; g < G; g++) pmax[u] = fmaxf(pmax[u], exp2f(__ldg(lg + g) - LSE_s[g]));
+        }
+        const int sec = t >= hi;
+        const fast_section &L = a.sec[sec];
+        /* page and slot: k / tpp through a float reciprocal, exact after one correction
+         * (k < 2^24; an integer division beyond). */
+        const int32_t k = sec ? t - hi : t;
+        int32_t pi = k < (1 << 24) ? __float2int_rz((float)k * inv_tpp[sec]) : k / L.tpp;
+        int32_t slot = k - pi * L.tpp;
+        if (slot < 0) pi--, slot += L.tpp;
+        else if (slot >= L.tpp) pi++, slot -= L.tpp;
+        const int32_t page = __ldg(a.table + region * a.T + (sec ? a.T - 1 - pi : pi));
+        // NOTE: int32 page id, widen before the multiply (pools exceed 2 GiB).
+        score[u] = reinterpret_cast<float *>(const_cast<uint8_t *>(a.pool) +
+                                             (int64_t)page * a.page_bytes + L.off_score) + slot;
+    }
+    float old[FIN_TOKENS];
+#pragma unroll
+    for (int u = 0; u < FIN_TOKENS; u++) old[u] = score[u] ? *score[u] : 0.0f;
+#pragma unroll
+    for (int u = 0; u < FIN_TOKENS; u++)
+        if (score[u]) *score[u] = old[u] + pmax[u];
+}
+
+cudaError_t mkv_fast_finalize(const fast_args &a, int32_t d, int32_t n_seq, cudaStream_t stream)
+{
+    const int32_t per_block = FIN_THREADS * FIN_TOKENS;
+    const unsigned bx = 1u + (unsigned)((a.max_tokens + per_block - 1) / per_block);
+    finalize_kernel<<<dim3(bx, (unsigned)a.H, (unsigned)n_seq), FIN_THREADS, 0, stream>>>(a, d);
+    return cudaGetLastError();
 }
