@@ -4,23 +4,24 @@
  * per-format translation units, each instantiating one (key bits, value bits, head_dim).
  *
  * A warp walks its item 16 tokens (a subtile) at a time, staged in shared memory by cp.async
- * two or three stages ahead, for the G <= 8 query heads of its group, with two m16n8k16 mma
- * products per subtile:
+ * two or three stages ahead (the whole warp copies the subtile's page segments in 16-byte units;
+ * every sector is read once), for the G <= 8 query heads of its group, with two mma products:
  *
- *   logits: S[token][head] = K[token][:] . Q[head][:]. A = key codes as exact fp16 integers
- *           (thread (gr, tc) holds tokens gr and gr + 8, a contiguous run of d/4 elements each:
- *           16-byte loads), B = q scaled by a power of two and split into fp16 hi + lo (two
- *           mma), fp32 accumulation. Then logit = scale * (s * S + z * sum(q)) per token:
- *           fp32-grade logits, so that the score write-back meets 1e-5.
- *   output: O^T[elem][head] += V^T[elem][token] . P^T[token][head]. A = value codes times their
- *           token's scale in fp16 (one rounding, exact codes), B = the probabilities in fp16,
- *           moved from the logits' accumulator layout by movmatrix.trans. The zeros add
- *           z * sum(p) per head in fp32.
+ *   logits: S[token][head] = K[token][:] . Q[head][:]. Quantized keys: m16n8k32 u8 x s8 with
+ *           the codes as they are (8-bit) or masked into bytes (4- and 2-bit), and q scaled to
+ *           integers and cut into three signed 8-bit digits (three exact s32 chains). 16-bit
+ *           keys: m16n8k16 with q split into fp16 hi + lo. Then logit = scale * (s * S + z *
+ *           sum(q)) per token in fp32: fp32-grade logits, so that the scores meet 1e-5.
+ *   output: O^T[elem][head] += V^T[elem][token] . P^T[token][head], m16n8k16. A = quantized
+ *           value codes as exact fp16 subnormals (one AND per pair of tokens: a code keeps its
+ *           bit position, the factor 2^(bits * position) and 2^-24 are undone per output row),
+ *           or raw fp16 values. B = the probabilities times the token's value scale in fp16,
+ *           moved from the logits' accumulator layout by movmatrix.trans; the running max is
+ *           raised so that these weights stay below 2^14.5. The zeros add z * sum(p) per head.
  *
  * Element order inside a thread's run is permuted (the dot products do not care; q and the
- * output use the same maps), so that unpacking a 32-bit word of codes takes one or two
- * instructions per pair of halves. Tokens past the item's end are masked: zero codes, zero
- * metadata and a -inf logit, so that NaN-poisoned slots never reach an mma.
+ * output use the same maps). Tokens past the item's end are masked: zero codes, zero metadata
+ * and a -inf logit, so that NaN-poisoned slots never reach an mma.
  */
 #ifndef MKV_ATTENTION_DECODE_FAST_CUH
 #define MKV_ATTENTION_DECODE_FAST_CUH
