@@ -401,9 +401,14 @@ __global__ void __launch_bounds__(MKV_FAST_WARPS * 32) decode_kernel(const fast_
 
     int32_t ps = S - 1, cs = 0; /* the stages being filled and computed */
     while (C.t < tb) {
+        /* Lanes read each other's copies: every lane is done with the stage refilled next
+         * (read in the previous round) before any lane copies into it, and every lane's copies
+         * of stage cs have landed before any lane reads them. */
+        __syncwarp();
         produce(ps);
         ps = ps + 1 == S ? 0 : ps + 1;
-        cp_async_wait<S - 1>(); /* this thread's copies of stage cs have landed */
+        cp_async_wait<S - 1>(); /* this lane's copies of stage cs have landed */
+        __syncwarp();
         const uint8_t *stage = warp_gen + cs * NT * SL::BYTES_PER_SUBTILE;
         cs = cs + 1 == S ? 0 : cs + 1;
 #pragma unroll
