@@ -209,6 +209,29 @@ struct stage_layout {
 template <int KB, int VB, int D>
 constexpr int smem_bytes() { return MKV_FAST_WARPS * stage_layout<KB, VB, D>::WARP_BYTES; }
 
+/* Run R (BYTES bytes: run R of a vector is its bytes [R * BYTES, (R + 1) * BYTES)) of staged
+ * token t, where at(c, t) is the byte offset of token t's unit in chunk row c. 2-byte runs: the
+ * word holding the run, shifted down for odd R. */
+template <int BYTES, int W, typename At>
+__device__ __forceinline__ void load_run(const uint8_t *sub, At at, int R, int t, uint32_t (&w)[W])
+{
+    if constexpr (BYTES >= 16) {
+#pragma unroll
+        for (int i = 0; i < BYTES / 16; i++) {
+            const uint4 v = *reinterpret_cast<const uint4 *>(sub + at(R * (BYTES / 16) + i, t));
+            w[4 * i] = v.x, w[4 * i + 1] = v.y, w[4 * i + 2] = v.z, w[4 * i + 3] = v.w;
+        }
+    } else if constexpr (BYTES == 8) {
+        const uint2 v = *reinterpret_cast<const uint2 *>(sub + at(R / 2, t) + R % 2 * 8);
+        w[0] = v.x, w[1] = v.y;
+    } else if constexpr (BYTES == 4) {
+        w[0] = *reinterpret_cast<const uint32_t *>(sub + at(R / 4, t) + R % 4 * 4);
+    } else {
+        static_assert(BYTES == 2, "runs of 2 to 16n bytes");
+        w[0] = *reinterpret_cast<const uint32_t *>(sub + at(R / 8, t) + R % 8 / 2 * 4) >> (16 * (R & 1));
+    }
+}
+
 /* The warp's walk over its item, one subtile at a time: a subtile is up to 16 consecutive
  * tokens of one page (it ends at the page's end or the item's), so that a thread's token is
  * just slot + offset. Warp-uniform. */
@@ -419,23 +442,12 @@ __global__ void __launch_bounds__(MKV_FAST_WARPS * 32) decode_kernel(const fast_
             const uint8_t *sub = stage + st * SL::BYTES_PER_SUBTILE;
             /* Key runs tc of tokens gr and gr + 8, metadata of both. */
             uint32_t kw[2][SL::KW], km[2] = {0u, 0u}, vm[2] = {0u, 0u};
+            const auto key_at = [](int c, int t) { return SL::key_at(c, t); };
+            const auto value_at = [](int c, int t) { return SL::value_at(c, t); };
 #pragma unroll
             for (int r = 0; r < 2; r++) {
                 const int t = gr + 8 * r;
-                if constexpr (SL::KBYTES >= 16) {
-#pragma unroll
-                    for (int i = 0; i < SL::KBYTES / 16; i++) {
-                        const uint4 v = *reinterpret_cast<const uint4 *>(
-                            sub + SL::key_at(tc * (SL::KBYTES / 16) + i, t));
-                        kw[r][4 * i] = v.x, kw[r][4 * i + 1] = v.y, kw[r][4 * i + 2] = v.z,
-                        kw[r][4 * i + 3] = v.w;
-                    }
-                } else if constexpr (SL::KBYTES == 8) {
-                    const uint2 v = *reinterpret_cast<const uint2 *>(sub + SL::key_at(tc / 2, t) + tc % 2 * 8);
-                    kw[r][0] = v.x, kw[r][1] = v.y;
-                } else {
-                    kw[r][0] = *reinterpret_cast<const uint32_t *>(sub + SL::key_at(0, t) + tc * 4);
-                }
+                load_run<SL::KBYTES>(sub, key_at, tc, t, kw[r]);
                 if constexpr (KQ) km[r] = *reinterpret_cast<const uint32_t *>(sub + SL::META + t * 4);
                 if constexpr (VQ) vm[r] = *reinterpret_cast<const uint32_t *>(sub + SL::META + 64 + t * 4);
             }
@@ -551,26 +563,8 @@ __global__ void __launch_bounds__(MKV_FAST_WARPS * 32) decode_kernel(const fast_
             /* Values of tokens (2tc, 2tc + 1) and (2tc + 8, 2tc + 9), run gr. */
             uint32_t vw[4][SL::VW];
 #pragma unroll
-            for (int r = 0; r < 4; r++) {
-                const int t = 2 * tc + (r & 1) + 8 * (r >> 1);
-                if constexpr (SL::VBYTES_RAW >= 16) {
-#pragma unroll
-                    for (int i = 0; i < SL::VBYTES_RAW / 16; i++) {
-                        const uint4 v = *reinterpret_cast<const uint4 *>(
-                            sub + SL::value_at(gr * (SL::VBYTES_RAW / 16) + i, t));
-                        vw[r][4 * i] = v.x, vw[r][4 * i + 1] = v.y, vw[r][4 * i + 2] = v.z,
-                        vw[r][4 * i + 3] = v.w;
-                    }
-                } else if constexpr (SL::VBYTES_RAW == 8) {
-                    const uint2 v = *reinterpret_cast<const uint2 *>(sub + SL::value_at(gr / 2, t) + gr % 2 * 8);
-                    vw[r][0] = v.x, vw[r][1] = v.y;
-                } else if constexpr (SL::VBYTES_RAW == 4) {
-                    vw[r][0] = *reinterpret_cast<const uint32_t *>(sub + SL::value_at(gr / 4, t) + gr % 4 * 4);
-                } else { /* 2-byte runs: the word holding run gr, shifted down for odd gr */
-                    vw[r][0] = *reinterpret_cast<const uint32_t *>(sub + SL::value_at(0, t) + gr / 2 * 4) >>
-                               (16 * (gr & 1));
-                }
-            }
+            for (int r = 0; r < 4; r++)
+                load_run<SL::VBYTES_RAW>(sub, value_at, gr, 2 * tc + (r & 1) + 8 * (r >> 1), vw[r]);
             uint32_t v01[VRUN], v23[VRUN];
             unpack_values<VB>(vw[0], vw[1], v01);
             unpack_values<VB>(vw[2], vw[3], v23);
