@@ -559,36 +559,53 @@ static bool sizes_ok(int32_t n_seq, int32_t H, int32_t G, int32_t d, int32_t max
 
 struct fast_plan {
     int32_t item_tokens, sec_items;
-    size_t off_logits, off_part_o, off_part_ml, bytes;
+    int64_t total_ids; /* decode blocks of a one-launch call: 2 * blocks per section * regions */
+    size_t off_logits, off_part_o, off_part_ml, off_counters, bytes;
 };
 
-static int32_t sm_count(void)
+static int32_t device_attr(cudaDeviceAttr attr, int32_t fallback)
 {
     int dev = 0, n = 0;
-    if (cudaGetDevice(&dev) != cudaSuccess ||
-        cudaDeviceGetAttribute(&n, cudaDevAttrMultiProcessorCount, dev) != cudaSuccess) {
+    if (cudaGetDevice(&dev) != cudaSuccess || cudaDeviceGetAttribute(&n, attr, dev) != cudaSuccess ||
+        n <= 0) {
         (void)cudaGetLastError();
-        return 132;
+        return fallback;
     }
     return n;
 }
 
 static fast_plan plan_fast(int32_t n_seq, int32_t H, int32_t G, int32_t d, int32_t max_tokens,
-                           int32_t split_tokens)
+                           int32_t split_tokens, bool fused)
 {
     fast_plan w;
-    w.item_tokens = split_tokens > 0 ? (int32_t)mkv_align_up64(split_tokens, MKV_FAST_MIN_ITEM)
-                                     : mkv_fast_item_tokens(n_seq, H, max_tokens, sm_count());
+    const int32_t sms = device_attr(cudaDevAttrMultiProcessorCount, 132);
+    if (split_tokens > 0) {
+        w.item_tokens = (int32_t)mkv_align_up64(split_tokens, MKV_FAST_MIN_ITEM);
+    } else {
+        w.item_tokens = mkv_fast_item_tokens(n_seq, H, max_tokens, sms);
+        /* The fused score write-back reads each item's logits back from L2: the logits of all
+         * resident items (at most 16 warps per multiprocessor) should fill at most half of it.
+         * And at most 256 items per section. */
+        const int64_t l2 = device_attr(cudaDevAttrL2CacheSize, 50 << 20);
+        while (fused && w.item_tokens > MKV_FAST_MIN_ITEM &&
+               (int64_t)sms * 16 * w.item_tokens * G * 4 > l2 / 2 &&
+               ((int64_t)max_tokens + w.item_tokens / 2 - 1) / (w.item_tokens / 2) <= 256)
+            w.item_tokens /= 2;
+    }
     w.sec_items = (int32_t)(((int64_t)max_tokens + w.item_tokens - 1) / w.item_tokens);
-    const size_t rg = (size_t)n_seq * (size_t)H * (size_t)G;
+    const size_t rs = (size_t)n_seq * (size_t)H, rg = rs * (size_t)G;
     const size_t slots = rg * 2 * (size_t)w.sec_items; /* (region, item slot, head) */
     size_t off = 0;
-    w.off_logits = off;
-    off += mkv_align_up64((int64_t)(rg * (size_t)max_tokens * sizeof(float)), WS_ALIGN);
+    w.off_logits = off; /* WS_ALIGN-aligned rows of item_tokens * G floats (a multiple of 256 B) */
+    off += mkv_align_up64((int64_t)(rg * ((size_t)w.sec_items + 1) * (size_t)w.item_tokens *
+                                    sizeof(float)), WS_ALIGN);
     w.off_part_o = off;
     off += mkv_align_up64((int64_t)(slots * (size_t)d * sizeof(float)), WS_ALIGN);
     w.off_part_ml = off;
     off += mkv_align_up64((int64_t)(slots * 2 * sizeof(float)), WS_ALIGN);
+    w.total_ids = 2 * (int64_t)((w.sec_items + MKV_FAST_WARPS - 1) / MKV_FAST_WARPS) * (int64_t)rs;
+    w.off_counters = off;
+    off += mkv_align_up64((int64_t)((rs + 4 + (size_t)w.total_ids) * sizeof(int32_t)), WS_ALIGN);
     w.bytes = off;
     return w;
 }
@@ -605,8 +622,8 @@ extern "C" int mkv_cuda_decode_uses_tensor(const mkv_page_layout_t *lay_hi,
     return group_size >= 1 && group_size <= MKV_FAST_MAX_G && fast_layout(lay_hi) &&
            lay_hi->used_bytes < INT32_MAX / 2 && lay_lo->used_bytes < INT32_MAX / 2 &&
            fast_layout(lay_lo) &&
-           mkv_fast_lookup(lay_hi->key.bits, lay_hi->value.bits, head_dim) != nullptr &&
-           mkv_fast_lookup(lay_lo->key.bits, lay_lo->value.bits, head_dim) != nullptr;
+           mkv_fast_lookup(lay_hi->key.bits, lay_hi->value.bits, head_dim).launch != nullptr &&
+           mkv_fast_lookup(lay_lo->key.bits, lay_lo->value.bits, head_dim).launch != nullptr;
 }
 
 static fast_section section_of(const mkv_page_layout_t &l)
@@ -619,10 +636,53 @@ static fast_section section_of(const mkv_page_layout_t &l)
     return s;
 }
 
+/* Whether a tensor-core call writes its scores back inside the decode kernel (plan w made
+ * for it): one launch for both sections (one format), block ids that fit an int32, and asked
+ * for (FUSED), or under AUTO for 16-bit keys and values: measured faster there, slower for the
+ * quantized formats (docs/decode-kernel.md, "Score write-back inside the kernel"). */
+static bool fast_fuses(const mkv_cuda_decode_t *a, const fast_plan &w, const fast_kernel &fh,
+                       const fast_kernel &fl)
+{
+    if (a->scores == MKV_DECODE_SCORES_SEPARATE || fh.launch != fl.launch ||
+        w.total_ids >= INT32_MAX / 2)
+        return false;
+    return a->scores == MKV_DECODE_SCORES_FUSED ||
+           (a->lay_hi.key.bits == 16 && a->lay_hi.value.bits == 16);
+}
+
+static fast_plan plan_for(const mkv_cuda_decode_t *a, bool fused)
+{
+    return plan_fast(a->n_seq, a->n_heads, a->group_size, a->head_dim, a->max_tokens,
+                     a->split_tokens, fused);
+}
+
+/* The plan of a tensor-core call, and whether it fuses the score write-back. */
+static fast_plan plan_call(const mkv_cuda_decode_t *a, const fast_kernel &fh,
+                           const fast_kernel &fl, bool *fused)
+{
+    const fast_plan w = plan_for(a, true);
+    *fused = fast_fuses(a, w, fh, fl);
+    return *fused ? w : plan_for(a, false);
+}
+
+extern "C" int mkv_cuda_decode_fuses_scores(const mkv_cuda_decode_t *a)
+{
+    if (!a || a->kernel == MKV_DECODE_KERNEL_GENERIC ||
+        !sizes_ok(a->n_seq, a->n_heads, a->group_size, a->head_dim, a->max_tokens, a->split_tokens) ||
+        !mkv_cuda_decode_uses_tensor(&a->lay_hi, &a->lay_lo, a->group_size, a->head_dim))
+        return 0;
+    bool fused;
+    (void)plan_call(a, mkv_fast_lookup(a->lay_hi.key.bits, a->lay_hi.value.bits, a->head_dim),
+                    mkv_fast_lookup(a->lay_lo.key.bits, a->lay_lo.value.bits, a->head_dim), &fused);
+    return fused;
+}
+
 static mkv_status_t launch_fast(const mkv_cuda_decode_t *a, cudaStream_t stream, char *err)
 {
-    const fast_plan w = plan_fast(a->n_seq, a->n_heads, a->group_size, a->head_dim,
-                                  a->max_tokens, a->split_tokens);
+    const fast_kernel fh = mkv_fast_lookup(a->lay_hi.key.bits, a->lay_hi.value.bits, a->head_dim);
+    const fast_kernel fl = mkv_fast_lookup(a->lay_lo.key.bits, a->lay_lo.value.bits, a->head_dim);
+    bool fused;
+    const fast_plan w = plan_call(a, fh, fl, &fused);
     uint8_t *ws = static_cast<uint8_t *>(a->workspace);
     fast_args f;
     f.pool = a->pool, f.page_bytes = a->page_bytes, f.table = a->table;
@@ -635,22 +695,41 @@ static mkv_status_t launch_fast(const mkv_cuda_decode_t *a, cudaStream_t stream,
     f.part_o = reinterpret_cast<float *>(ws + w.off_part_o);
     f.part_ml = reinterpret_cast<float *>(ws + w.off_part_ml);
     f.blocks_per_sec = (w.sec_items + MKV_FAST_WARPS - 1) / MKV_FAST_WARPS;
-    const fast_launch_fn fh = mkv_fast_lookup(a->lay_hi.key.bits, a->lay_hi.value.bits, a->head_dim);
-    const fast_launch_fn fl = mkv_fast_lookup(a->lay_lo.key.bits, a->lay_lo.value.bits, a->head_dim);
+    f.n_rs = a->n_seq * a->n_heads;
+    f.counters = reinterpret_cast<int32_t *>(ws + w.off_counters);
+    f.fused = 0, f.discard = 0;
+    f.grid_x = 2 * f.blocks_per_sec;
+    f.total_ids = (int32_t)w.total_ids;
     const dim3 grid((unsigned)f.blocks_per_sec, (unsigned)a->n_heads, (unsigned)a->n_seq);
     mkv_status_t st;
-    if (fh == fl) { /* one launch covers both sections */
+    if (fh.launch == fl.launch) { /* one launch covers both sections */
         f.sec_mask = 3;
+        if (fused) {
+            f.fused = 1;
+            f.discard = (uintptr_t)f.logits % 128 == 0;
+            /* Counters to zero, score jobs to -1; a persistent grid of what the GPU holds. */
+            if ((st = launched("cudaMemsetAsync (decode counters)", err,
+                               cudaMemsetAsync(f.counters, 0, ((size_t)f.n_rs + 4) * sizeof(int32_t),
+                                               stream))) != MKV_STATUS_OK ||
+                (st = launched("cudaMemsetAsync (decode score jobs)", err,
+                               cudaMemsetAsync(f.counters + f.n_rs + 4, 0xff,
+                                               (size_t)f.total_ids * sizeof(int32_t), stream))) !=
+                    MKV_STATUS_OK)
+                return st;
+            const int64_t resident = (int64_t)fh.blocks_per_sm() * device_attr(cudaDevAttrMultiProcessorCount, 1);
+            const dim3 gp((unsigned)(resident > 0 && resident < f.total_ids ? resident : f.total_ids));
+            return launched("tensor-core decode kernel (fused scores)", err, fh.launch(f, gp, stream));
+        }
         const dim3 g2(grid.x * 2, grid.y, grid.z);
-        if ((st = launched("tensor-core decode kernel", err, fh(f, g2, stream))) != MKV_STATUS_OK)
+        if ((st = launched("tensor-core decode kernel", err, fh.launch(f, g2, stream))) != MKV_STATUS_OK)
             return st;
     } else {
         f.sec_mask = 1;
-        if ((st = launched("tensor-core decode kernel (high)", err, fh(f, grid, stream))) !=
+        if ((st = launched("tensor-core decode kernel (high)", err, fh.launch(f, grid, stream))) !=
             MKV_STATUS_OK)
             return st;
         f.sec_mask = 2;
-        if ((st = launched("tensor-core decode kernel (low)", err, fl(f, grid, stream))) !=
+        if ((st = launched("tensor-core decode kernel (low)", err, fl.launch(f, grid, stream))) !=
             MKV_STATUS_OK)
             return st;
     }
@@ -665,7 +744,10 @@ extern "C" size_t mkv_cuda_decode_workspace_size(int32_t n_seq, int32_t n_heads,
     const size_t generic =
         plan_workspace(n_seq, n_heads, group_size, head_dim, max_tokens, split_tokens).bytes;
     if (head_dim != 64 && head_dim != 128) return generic;
-    const size_t fast = plan_fast(n_seq, n_heads, group_size, head_dim, max_tokens, split_tokens).bytes;
+    /* Either tensor-core plan (the fused one has smaller items, so more of them). */
+    const size_t f0 = plan_fast(n_seq, n_heads, group_size, head_dim, max_tokens, split_tokens, false).bytes;
+    const size_t f1 = plan_fast(n_seq, n_heads, group_size, head_dim, max_tokens, split_tokens, true).bytes;
+    const size_t fast = f0 > f1 ? f0 : f1;
     return fast > generic ? fast : generic;
 }
 
@@ -696,6 +778,8 @@ extern "C" mkv_status_t mkv_cuda_decode(const mkv_cuda_decode_t *a, void *stream
                    (long long)a->page_bytes);
     if (a->kernel < MKV_DECODE_KERNEL_AUTO || a->kernel > MKV_DECODE_KERNEL_TENSOR)
         return bad(err, "kernel %d (0 auto, 1 generic, 2 tensor)", a->kernel);
+    if (a->scores < MKV_DECODE_SCORES_AUTO || a->scores > MKV_DECODE_SCORES_FUSED)
+        return bad(err, "scores %d (0 auto, 1 separate, 2 fused)", a->scores);
     const bool tensor = a->kernel != MKV_DECODE_KERNEL_GENERIC &&
                         mkv_cuda_decode_uses_tensor(&a->lay_hi, &a->lay_lo, a->group_size,
                                                     a->head_dim);

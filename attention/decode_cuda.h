@@ -36,6 +36,7 @@ typedef struct mkv_cuda_decode {
                                  path, rounded up to a multiple of 64); 0: chosen */
     void *workspace;          /* device, mkv_cuda_decode_workspace_size bytes */
     int32_t kernel;           /* mkv_cuda_decode_kernel_t */
+    int32_t scores;           /* mkv_cuda_decode_scores_t (tensor-core path) */
 } mkv_cuda_decode_t;
 
 /* Which kernels a call uses. AUTO takes the tensor-core kernels where they apply (head_dim 64
@@ -47,9 +48,25 @@ typedef enum mkv_cuda_decode_kernel {
     MKV_DECODE_KERNEL_TENSOR = 2,
 } mkv_cuda_decode_kernel_t;
 
+/* How the tensor-core path writes the scores back. SEPARATE: a second kernel reads every
+ * token's logits back from the workspace once the decode kernel is done. FUSED (where one
+ * launch covers the call: both sections of one format): inside the decode kernel, a persistent
+ * grid whose blocks also take "score jobs" for head-regions that are complete, reading their
+ * logits back from L2. AUTO: FUSED for 16-bit keys and values, where it is measured faster,
+ * SEPARATE elsewhere (docs/decode-kernel.md). */
+typedef enum mkv_cuda_decode_scores {
+    MKV_DECODE_SCORES_AUTO = 0,
+    MKV_DECODE_SCORES_SEPARATE = 1,
+    MKV_DECODE_SCORES_FUSED = 2,
+} mkv_cuda_decode_scores_t;
+
 /* Whether a call with these layouts and sizes takes the tensor-core kernels under AUTO. */
 int mkv_cuda_decode_uses_tensor(const mkv_page_layout_t *lay_hi, const mkv_page_layout_t *lay_lo,
                                 int32_t group_size, int32_t head_dim);
+
+/* Whether a call with these arguments (pointers unused) writes its scores back inside the
+ * decode kernel (mkv_cuda_decode_scores_t above). */
+int mkv_cuda_decode_fuses_scores(const mkv_cuda_decode_t *a);
 
 /* Workspace for a call with these sizes (partial results of split sequences, logits for the
  * score write-back). */

@@ -152,20 +152,72 @@ __device__ __forceinline__ void unpack_values(const uint32_t (&a)[WORDS], const 
 /* The kernel                                                                               */
 /* ---------------------------------------------------------------------------------------- */
 
-/* cp.async of 4, 8 or 16 bytes into shared memory; read false writes zeros and reads
- * nothing. L1: whether to allocate in L1 (value runs: a warp's instruction reads half of each
- * 32-byte sector, the next instruction the other half). */
-template <int BYTES, bool L1 = false>
+/* L2 eviction policies (createpolicy): evict_last for logits that the kernel reads back
+ * itself, evict_normal for the others. */
+__device__ __forceinline__ uint64_t policy_evict_normal()
+{
+    uint64_t p;
+    asm("createpolicy.fractional.L2::evict_normal.b64 %0, 1.0;" : "=l"(p));
+    return p;
+}
+
+__device__ __forceinline__ uint64_t policy_evict_last()
+{
+    uint64_t p;
+    asm("createpolicy.fractional.L2::evict_last.b64 %0, 1.0;" : "=l"(p));
+    return p;
+}
+
+/* cp.async of 4, 8 or 16 bytes into shared memory under L2 policy pol; read false writes zeros
+ * and reads nothing. */
+template <int BYTES>
 __device__ __forceinline__ void cp_async(uint32_t dst, const void *src, bool read)
 {
     const int n = read ? BYTES : 0;
-    if constexpr (BYTES == 16 && !L1)
+    if constexpr (BYTES == 16)
         asm volatile("cp.async.cg.shared.global [%0], [%1], 16, %2;" ::"r"(dst), "l"(src), "r"(n)
                      : "memory");
     else
         asm volatile("cp.async.ca.shared.global [%0], [%1], %2, %3;" ::"r"(dst), "l"(src),
-                     "n"(BYTES), "r"(n)
-                     : "memory");
+                     "n"(BYTES), "r"(n) : "memory");
+}
+
+/* Stores of logits under L2 policy pol. */
+__device__ __forceinline__ void st_keep(float *p, float x, uint64_t pol)
+{
+    asm volatile("st.global.L2::cache_hint.f32 [%0], %1, %2;" ::"l"(p), "f"(x), "l"(pol) : "memory");
+}
+
+__device__ __forceinline__ void st_keep(float *p, float x, float y, uint64_t pol)
+{
+    asm volatile("st.global.L2::cache_hint.v2.f32 [%0], {%1, %2}, %3;" ::"l"(p), "f"(x), "f"(y),
+                 "l"(pol) : "memory");
+}
+
+/* Drops the 128-byte line at p (128-aligned) from L2 without writing it back: for workspace
+ * that has been read for the last time. */
+__device__ __forceinline__ void discard_line(const void *p)
+{
+    asm volatile("discard.global.L2 [%0], 128;" ::"l"(p) : "memory");
+}
+
+__device__ __forceinline__ int32_t ld_relaxed(const int32_t *p)
+{
+    int32_t v;
+    asm volatile("ld.relaxed.gpu.global.s32 %0, [%1];" : "=r"(v) : "l"(p) : "memory");
+    return v;
+}
+
+__device__ __forceinline__ void st_release(int32_t *p, int32_t v)
+{
+    asm volatile("st.release.gpu.global.s32 [%0], %1;" ::"l"(p), "r"(v) : "memory");
+}
+
+__device__ __forceinline__ int32_t ld_acquire(const int32_t *p)
+{
+    int32_t v;
+    asm volatile("ld.acquire.gpu.global.s32 %0, [%1];" : "=r"(v) : "l"(p) : "memory");
+    return v;
 }
 
 __device__ __forceinline__ void cp_async_commit() { asm volatile("cp.async.commit_group;" ::: "memory"); }
@@ -206,8 +258,15 @@ struct stage_layout {
     }
 };
 
+/* The block's scalars, after the staging areas (which start the dynamic shared memory, so that
+ * their swizzle keeps its bank pattern). */
+struct block_shared {
+    int32_t cmd, arg, last;
+    float M[MKV_FAST_MAX_G], S[MKV_FAST_MAX_G], lse[MKV_FAST_MAX_G];
+};
+
 template <int KB, int VB, int D>
-constexpr int smem_bytes() { return MKV_FAST_WARPS * stage_layout<KB, VB, D>::WARP_BYTES; }
+constexpr int smem_bytes() { return MKV_FAST_WARPS * stage_layout<KB, VB, D>::WARP_BYTES + (int)sizeof(block_shared); }
 
 /* Run R (BYTES bytes: run R of a vector is its bytes [R * BYTES, (R + 1) * BYTES)) of staged
  * token t, where at(c, t) is the byte offset of token t's unit in chunk row c. 2-byte runs: the
@@ -248,40 +307,34 @@ struct walker {
     }
 };
 
+/* Where a warp's item sits: the section's tokens [ta, tb) of head-region rs, item slot slot_id
+ * (the row of its partial result and of its logits in the workspace). */
+struct item_pos {
+    int64_t rs, region;
+    int32_t sec, sec_n, ta, tb, slot_id; /* sec_n: the section's token count */
+};
+
+/* One warp's item: the logits of its tokens (to the workspace), and its unnormalised partial
+ * output, running max and sum. keep: the L2 policy of the logits' stores (evict_last where the
+ * kernel reads them back itself). */
 template <int KB, int VB, int D>
-__global__ void __launch_bounds__(MKV_FAST_WARPS * 32) decode_kernel(const fast_args a)
+__device__ __forceinline__ void run_item(const fast_args &a, uint8_t *smem, const item_pos &ip,
+                                         uint64_t keep)
 {
     using SL = stage_layout<KB, VB, D>;
     constexpr int NT = SL::NT, S = SL::STAGES;
     constexpr int KRUN = D / 4; /* key elements per thread and token */
     constexpr int VRUN = D / 8, MTILES = D / 16;
     constexpr bool KQ = SL::KQ, VQ = SL::VQ;
-    extern __shared__ __align__(16) uint8_t smem[];
 
     const int32_t warp = threadIdx.x >> 5, lane = threadIdx.x & 31, gr = lane >> 2, tc = lane & 3;
-    int32_t bx = blockIdx.x, sec;
-    if (a.sec_mask == 3) {
-        sec = bx >= a.blocks_per_sec;
-        bx -= sec * a.blocks_per_sec;
-    } else {
-        sec = a.sec_mask == 2;
-    }
-    const int32_t item = bx * MKV_FAST_WARPS + warp; /* within the section */
-    const int32_t hh = blockIdx.y, j = blockIdx.z;
-    const int64_t rs = (int64_t)j * a.H + hh; /* (sequence, KV head) */
-    const int64_t region = a.regions[rs];
-    const int64_t nh = max(a.n_hi[region], 0), nl = max(a.n_lo[region], 0);
-    const int32_t n = (int32_t)min(nh + nl, (int64_t)a.max_tokens);
-    const int32_t hi = (int32_t)min(nh, (int64_t)n);
-    const int32_t sec_n = sec ? n - hi : hi, base = sec ? hi : 0;
-    const int32_t ta = item * a.item_tokens;
-    if (ta >= sec_n) return; /* warp-uniform */
-    const int32_t tb = min(ta + a.item_tokens, sec_n);
-    const int32_t slot_id = sec ? (hi + a.item_tokens - 1) / a.item_tokens + item : item;
+    const int64_t rs = ip.rs, region = ip.region;
+    const int32_t sec = ip.sec, ta = ip.ta, tb = ip.tb;
     const fast_section L = a.sec[sec];
     const int32_t *row = a.table + region * a.T;
     const int32_t stride = L.tpp * 16;
     const int G = a.G;
+    const int32_t sec_n = ip.sec_n;
 
     /* q of head gr, run tc. 16-bit keys: q scaled by 2^E (max |q| in [2^14, 2^15)) and split
      * into fp16 hi + lo. Quantized keys: q scaled to integers (max |q| in [2^21, 2^22)) and cut
@@ -356,7 +409,7 @@ __global__ void __launch_bounds__(MKV_FAST_WARPS * 32) decode_kernel(const fast_
 #pragma unroll
     for (int i = 0; i < MTILES; i++) o[i][0] = o[i][1] = o[i][2] = o[i][3] = 0.0f;
     float m[2] = {-INFINITY, -INFINITY}, lsum[2] = {0.0f, 0.0f}, zsum[2] = {0.0f, 0.0f};
-    float *lg = a.logits + (rs * a.max_tokens + base) * G;
+    float *lg = a.logits + (rs * (a.sec_items + 1) + ip.slot_id) * a.item_tokens * G; /* token ta */
 
     /* The warp's staging area: [stage][subtile][BYTES_PER_SUBTILE]. */
     const uint32_t warp_smem = (uint32_t)__cvta_generic_to_shared(smem) + warp * SL::WARP_BYTES;
@@ -498,12 +551,12 @@ __global__ void __launch_bounds__(MKV_FAST_WARPS * 32) decode_kernel(const fast_
                     l[r][i] = valid ? fac[i] * raw : -INFINITY;
                 }
                 if (valid && 2 * tc < G) {
-                    float *dst = lg + (int64_t)(t0 + off) * G + 2 * tc;
+                    float *dst = lg + (t0 + off - ta) * G + 2 * tc;
                     if (2 * tc + 1 < G) {
-                        if (G % 2 == 0) *reinterpret_cast<float2 *>(dst) = make_float2(l[r][0], l[r][1]);
-                        else dst[0] = l[r][0], dst[1] = l[r][1];
+                        if (G % 2 == 0) st_keep(dst, l[r][0], l[r][1], keep);
+                        else st_keep(dst, l[r][0], keep), st_keep(dst + 1, l[r][1], keep);
                     } else {
-                        dst[0] = l[r][0];
+                        st_keep(dst, l[r][0], keep);
                     }
                 }
             }
@@ -584,7 +637,7 @@ __global__ void __launch_bounds__(MKV_FAST_WARPS * 32) decode_kernel(const fast_
             lsum[i] += __shfl_xor_sync(0xffffffffu, lsum[i], x);
             zsum[i] += __shfl_xor_sync(0xffffffffu, zsum[i], x);
         }
-    const int64_t part = (rs * 2 * a.sec_items + slot_id) * G;
+    const int64_t part = (rs * 2 * a.sec_items + ip.slot_id) * G;
 #pragma unroll
     for (int i = 0; i < 2; i++) {
         const int32_t h = 2 * tc + i;
@@ -604,6 +657,265 @@ __global__ void __launch_bounds__(MKV_FAST_WARPS * 32) decode_kernel(const fast_
     }
 }
 
+
+/* The score write-back of one warp's item, once every item of its head-region is done: each
+ * token's probability, the maximum over the group of 2^(l - lse), added to its score slot,
+ * then the item's logits dropped from L2. lse: smem, the final log2-sum-exp of each head. */
+__device__ __forceinline__ void score_item(const fast_args &a, const item_pos &ip, const float *lse)
+{
+    const int32_t lane = threadIdx.x & 31, G = a.G;
+    const float *lg = a.logits + (ip.rs * (a.sec_items + 1) + ip.slot_id) * a.item_tokens * G;
+    const fast_section &L = a.sec[ip.sec];
+    const int32_t *row = a.table + ip.region * a.T;
+    const float inv_tpp = 1.0f / (float)L.tpp;
+    const int32_t cnt = ip.tb - ip.ta;
+    float ls[MKV_FAST_MAX_G];
+#pragma unroll
+    for (int g = 0; g < MKV_FAST_MAX_G; g++) ls[g] = g < G ? lse[g] : 0.0f;
+    constexpr int U = 4; /* tokens per lane in flight */
+    for (int32_t k0 = 0; k0 < cnt; k0 += 32 * U) {
+        float pmax[U];
+        float *score[U];
+#pragma unroll
+        for (int u = 0; u < U; u++) {
+            const int32_t k = k0 + u * 32 + lane;
+            pmax[u] = 0.0f;
+            score[u] = nullptr;
+            if (k >= cnt) continue;
+            const float *l = lg + (int64_t)k * G;
+            if (G % 4 == 0) {
+#pragma unroll
+                for (int g = 0; g < MKV_FAST_MAX_G; g += 4) {
+                    if (g >= G) break;
+                    const float4 v = __ldcg(reinterpret_cast<const float4 *>(l + g));
+                    pmax[u] = fmaxf(pmax[u], fmaxf(fmaxf(exp2f(v.x - ls[g]), exp2f(v.y - ls[g + 1])),
+                                                   fmaxf(exp2f(v.z - ls[g + 2]), exp2f(v.w - ls[g + 3]))));
+                }
+            } else {
+#pragma unroll
+                for (int g = 0; g < MKV_FAST_MAX_G; g++)
+                    if (g < G) pmax[u] = fmaxf(pmax[u], exp2f(__ldcg(l + g) - ls[g]));
+            }
+            /* page and slot of section token t */
+            int32_t slot;
+            const int32_t pi = div_rcp(ip.ta + k, L.tpp, inv_tpp, slot);
+            const int32_t page = __ldg(row + (ip.sec ? a.T - 1 - pi : pi));
+            // NOTE: int32 page id, widen before the multiply (pools exceed 2 GiB).
+            score[u] = reinterpret_cast<float *>(const_cast<uint8_t *>(a.pool) +
+                                                 (int64_t)page * a.page_bytes + L.off_score) + slot;
+        }
+#pragma unroll
+        for (int u = 0; u < U; u++)
+            if (score[u]) red_add(score[u], pmax[u]);
+    }
+    if (a.discard) {
+        __syncwarp(); /* every lane has read its logits */
+        const int32_t lines = (cnt * G * 4 + 127) / 128; /* the item's rows start 128-aligned */
+        for (int32_t i = lane; i < lines; i += 32)
+            discard_line(reinterpret_cast<const uint8_t *>(lg) + (int64_t)i * 128);
+    }
+}
+
+/* The final max M and sum S (log2 units) of head g over the n_items item slots from part:
+ * one online pass, a slot per lane, then a warp merge. Reads through L2 (other blocks wrote). */
+__device__ __forceinline__ float2 head_ms(const fast_args &a, int64_t part, int32_t n_items, int32_t g)
+{
+    const int32_t lane = threadIdx.x & 31;
+    float M = -INFINITY, S = 0.0f;
+    for (int32_t s = lane; s < n_items; s += 32) {
+        const float2 ml = __ldcg(reinterpret_cast<const float2 *>(a.part_ml + ((part + s) * a.G + g) * 2));
+        const float mn = fmaxf(M, ml.x);
+        S = S * exp2f(M - mn) + ml.y * exp2f(ml.x - mn);
+        M = mn;
+    }
+    for (int x = 16; x > 0; x >>= 1) {
+        const float Mo = __shfl_xor_sync(0xffffffffu, M, x), So = __shfl_xor_sync(0xffffffffu, S, x);
+        const float mn = fmaxf(M, Mo);
+        S = (S > 0.0f ? S * exp2f(M - mn) : 0.0f) + (So > 0.0f ? So * exp2f(Mo - mn) : 0.0f);
+        M = mn;
+    }
+    return make_float2(M, S);
+}
+
+/* Where block id's warp warp works: block id = (sequence j, KV head h, x) with x fastest,
+ * x < blocks_per_sec the high section's blocks, then the low section's (sec_mask 3), each
+ * block MKV_FAST_WARPS consecutive items. any: whether the block has an item at all; n_items:
+ * the region's items, high then low (its item slots). */
+struct block_pos {
+    item_pos ip;
+    bool work, any;
+    int32_t items_hi, n_items;
+};
+
+__device__ __forceinline__ block_pos locate(const fast_args &a, int32_t bx, int32_t hh, int32_t j)
+{
+    block_pos b;
+    const int32_t warp = threadIdx.x >> 5;
+    int32_t sec;
+    if (a.sec_mask == 3) {
+        sec = bx >= a.blocks_per_sec;
+        bx -= sec * a.blocks_per_sec;
+    } else {
+        sec = a.sec_mask == 2;
+    }
+    item_pos &ip = b.ip;
+    ip.rs = (int64_t)j * a.H + hh; /* (sequence, KV head) */
+    ip.region = a.regions[ip.rs];
+    const int64_t nh = max(a.n_hi[ip.region], 0), nl = max(a.n_lo[ip.region], 0);
+    const int32_t n = (int32_t)min(nh + nl, (int64_t)a.max_tokens);
+    const int32_t hi = (int32_t)min(nh, (int64_t)n), I = a.item_tokens;
+    ip.sec = sec;
+    ip.sec_n = sec ? n - hi : hi;
+    const int32_t item = bx * MKV_FAST_WARPS + warp; /* within the section */
+    b.items_hi = (hi + I - 1) / I;
+    b.n_items = b.items_hi + (n - hi + I - 1) / I;
+    ip.ta = item * I;
+    ip.tb = min(ip.ta + I, ip.sec_n);
+    ip.slot_id = sec ? b.items_hi + item : item;
+    b.work = ip.ta < ip.sec_n; /* warp-uniform */
+    b.any = (int64_t)bx * MKV_FAST_WARPS * I < ip.sec_n; /* block-uniform */
+    return b;
+}
+
+/* The final M, S and lse of every head of the region into bs (warp w takes heads w,
+ * w + MKV_FAST_WARPS); block-wide, ends with a barrier. */
+__device__ __forceinline__ void region_ms(const fast_args &a, const block_pos &b, block_shared &bs)
+{
+    const int32_t warp = threadIdx.x >> 5, lane = threadIdx.x & 31;
+    const int64_t part = b.ip.rs * 2 * a.sec_items;
+    for (int32_t g = warp; g < a.G; g += MKV_FAST_WARPS) {
+        const float2 ms = head_ms(a, part, b.n_items, g);
+        if (lane == 0) bs.M[g] = ms.x, bs.S[g] = ms.y, bs.lse[g] = ms.x + log2f(ms.y);
+    }
+    __syncthreads();
+}
+
+/*
+ * Separate score pass (a.fused 0): grid (blocks of both sections, H, n_seq); a block runs its
+ * items and ends; fast_finalize then merges and writes the scores back.
+ *
+ * Fused (a.fused 1, one launch covering both sections): a persistent grid. Each block loops
+ * over two kinds of work, taken from counters in the workspace:
+ *   - score jobs (first, so that logits leave L2 soon): a block id whose region is complete;
+ *     each warp adds its item's probabilities to the score slots from the logits, still in L2
+ *     (stored evict_last), then discards them;
+ *   - decode blocks, in id order: the items' logits and partial results, then an arrival at the
+ *     region's counter. The region's last block to arrive merges the items into out and
+ *     publishes the region's blocks as score jobs.
+ * Nobody waits for another block's work except to end: a block leaves once every id is done
+ * and every score job taken.
+ */
+template <int KB, int VB, int D>
+__global__ void __launch_bounds__(MKV_FAST_WARPS * 32) decode_kernel(const fast_args a)
+{
+    extern __shared__ __align__(16) uint8_t smem[];
+    block_shared &bs = *reinterpret_cast<block_shared *>(smem + MKV_FAST_WARPS * stage_layout<KB, VB, D>::WARP_BYTES);
+    const int32_t tid = threadIdx.x;
+
+    if (!a.fused) {
+        const block_pos b = locate(a, blockIdx.x, blockIdx.y, blockIdx.z);
+        if (b.work) run_item<KB, VB, D>(a, smem, b.ip, policy_evict_normal());
+        return;
+    }
+
+    const uint64_t keep = policy_evict_last();
+    int32_t *const next_id = a.counters + a.n_rs, *const sq_head = next_id + 1;
+    int32_t *const sq_tail = next_id + 2, *const finished = next_id + 3, *const jobs = next_id + 4;
+    const int32_t gx = a.grid_x, total = a.total_ids;
+    /* Thread 0's: every decode id has been taken; the score job ticket it holds (-1: none). */
+    bool exhausted = false;
+    int32_t owed = -1;
+    enum { EXIT, RETRY, DECODE, SCORE };
+    for (;;) {
+        if (tid == 0) {
+            int32_t cmd = RETRY, arg = 0;
+            /* A ticket when jobs seem to be waiting; it may name a job published later. */
+            if (owed < 0 && ld_relaxed(sq_head) < ld_relaxed(sq_tail)) {
+                owed = atomicAdd(sq_head, 1);
+                if (owed >= total) owed = -1; /* past any job there can be */
+            }
+            if (owed >= 0 && (arg = ld_acquire(jobs + owed)) >= 0) {
+                cmd = SCORE, owed = -1;
+            } else if (!exhausted) {
+                arg = atomicAdd(next_id, 1);
+                if (arg < total) cmd = DECODE;
+                else exhausted = true;
+            } else if (ld_acquire(finished) == total) { /* every job is published */
+                const int32_t tail = ld_relaxed(sq_tail);
+                if (owed >= tail) owed = -1; /* a ticket past the last job */
+                if (owed >= 0) {
+                    while ((arg = ld_acquire(jobs + owed)) < 0) __nanosleep(32);
+                    cmd = SCORE, owed = -1;
+                } else if (ld_relaxed(sq_head) >= tail) {
+                    cmd = EXIT;
+                }
+            } else {
+                __nanosleep(256);
+            }
+            bs.cmd = cmd, bs.arg = arg;
+        }
+        __syncthreads();
+        const int32_t cmd = bs.cmd, id = bs.arg;
+        __syncthreads(); /* bs.cmd is rewritten in the next round */
+        if (cmd == EXIT) break;
+        if (cmd == RETRY) continue;
+        const int32_t r = id / gx, bx = id - r * gx;
+        const block_pos b = locate(a, bx, r % a.H, r / a.H);
+
+        if (cmd == SCORE) {
+            region_ms(a, b, bs);
+            if (b.work) score_item(a, b.ip, bs.lse);
+            continue;
+        }
+
+        /* DECODE */
+        if (b.any) {
+            if (b.work) run_item<KB, VB, D>(a, smem, b.ip, keep);
+            /* Arrive (release: every thread's results are ordered before the increment). */
+            __threadfence();
+            __syncthreads();
+            if (tid == 0) {
+                const int32_t arrivals = (b.items_hi + MKV_FAST_WARPS - 1) / MKV_FAST_WARPS +
+                                         (b.n_items - b.items_hi + MKV_FAST_WARPS - 1) / MKV_FAST_WARPS;
+                const int32_t before = atomicAdd(a.counters + b.ip.rs, 1);
+                bs.last = before == arrivals - 1;
+                __threadfence(); /* acquire, for the last one */
+                if (bs.last) {
+                    bs.arg = atomicAdd(sq_tail, arrivals); /* the region's score jobs */
+                    bs.cmd = arrivals;
+                }
+            }
+            __syncthreads();
+            if (bs.last) {
+                const int32_t pos = bs.arg, n_jobs = bs.cmd;
+                /* Its blocks: high x in [0, ceil(items_hi / W)), low from blocks_per_sec. */
+                const int32_t bh = (b.items_hi + MKV_FAST_WARPS - 1) / MKV_FAST_WARPS;
+                for (int32_t i = tid; i < n_jobs; i += MKV_FAST_WARPS * 32)
+                    st_release(jobs + pos + i, r * gx + (i < bh ? i : a.blocks_per_sec + i - bh));
+                region_ms(a, b, bs);
+                /* out = the items' outputs, each weighted by 2^(m - M), over S. */
+                const int64_t part = b.ip.rs * 2 * a.sec_items;
+                const int32_t G = a.G;
+                for (int32_t i = tid; i < G * D; i += MKV_FAST_WARPS * 32) {
+                    const int32_t g = i / D, e = i - g * D;
+                    float o = 0.0f;
+#pragma unroll 4
+                    for (int32_t s = 0; s < b.n_items; s++) {
+                        const float w = exp2f(__ldcg(a.part_ml + ((part + s) * G + g) * 2) - bs.M[g]);
+                        o = fmaf(__ldcg(a.part_o + ((part + s) * G + g) * D + e), w, o);
+                    }
+                    a.out[(b.ip.rs * G + g) * D + e] = o / bs.S[g];
+                }
+            }
+        }
+        __syncthreads(); /* bs is reused */
+        if (tid == 0) {
+            __threadfence();
+            atomicAdd(finished, 1);
+        }
+    }
+}
+
 } // namespace mkv_fast
 
 /* One instantiation per translation unit (generated by CMake). */
@@ -618,6 +930,19 @@ __global__ void __launch_bounds__(MKV_FAST_WARPS * 32) decode_kernel(const fast_
         if (e != cudaSuccess) return e;                                                        \
         mkv_fast::decode_kernel<KB, VB, D><<<grid, MKV_FAST_WARPS * 32, smem, stream>>>(a);     \
         return cudaGetLastError();                                                             \
+    }                                                                                          \
+    int mkv_fast_blocks_per_sm_K##KB##V##VB##_d##D(void)                                       \
+    {                                                                                          \
+        constexpr int smem = mkv_fast::smem_bytes<KB, VB, D>();                                \
+        int n = 0;                                                                             \
+        if (cudaFuncSetAttribute(mkv_fast::decode_kernel<KB, VB, D>,                           \
+                                 cudaFuncAttributeMaxDynamicSharedMemorySize, smem) != cudaSuccess || \
+            cudaOccupancyMaxActiveBlocksPerMultiprocessor(&n, mkv_fast::decode_kernel<KB, VB, D>, \
+                                                          MKV_FAST_WARPS * 32, smem) != cudaSuccess) { \
+            (void)cudaGetLastError();                                                          \
+            return 0;                                                                          \
+        }                                                                                      \
+        return n;                                                                              \
     }
 
 #endif /* MKV_ATTENTION_DECODE_FAST_CUH */

@@ -8,8 +8,10 @@
  * A warp takes one item: up to item_tokens consecutive tokens of one section (high or low) of
  * one head-region, for all G <= 8 query heads of the group at once, and writes the item's
  * unnormalised partial output, running max and sum to the workspace together with every
- * token's logits. fast_finalize then merges the items of each head-region into out and adds
- * each token's probability (the maximum over the group) to its score slot.
+ * token's logits. Then either (fused) the blocks of a head-region wait for each other and
+ * write the scores back from logits still in L2, or a separate pass, mkv_fast_finalize, merges
+ * the items of each head-region into out and adds each token's probability (the maximum over
+ * the group) to its score slot.
  */
 #ifndef MKV_ATTENTION_DECODE_FAST_H
 #define MKV_ATTENTION_DECODE_FAST_H
@@ -46,18 +48,52 @@ struct fast_args {
     const float *q;      /* [n_seq][H * G][d] */
     float *out;          /* [n_seq][H * G][d] */
     float softmax_scale;
-    float *logits;  /* [n_seq * H][max_tokens][G], log2 units (already times log2 e) */
+    float *logits;  /* [n_seq * H][sec_items + 1][item_tokens][G]: item slot s of a region
+                       holds its item's logits, log2 units (already times log2 e) */
     float *part_o;  /* [n_seq * H][2 * sec_items][G][d] unnormalised partial outputs */
     float *part_ml; /* [n_seq * H][2 * sec_items][G][2] partial max (log2 units), sum */
     /* Per launch: which sections this launch covers (1 high, 2 low, 3 both) and the blocks of
      * one section along grid x. */
     int32_t sec_mask, blocks_per_sec;
+    /* Fused score write-back (one launch covering both sections only; a persistent grid):
+     * counters [n_rs + 4 + total_ids], the first n_rs + 4 zeroed before the launch (per region
+     * arrivals; next decode id, score jobs taken, published, ids done), then the score jobs
+     * (block ids, -1 before the launch). discard: whether to drop read logits from L2 (the
+     * workspace is 128-byte aligned). grid_x: blocks per region along x (both sections). */
+    int32_t fused, discard;
+    int32_t n_rs; /* n_seq * H */
+    int32_t grid_x, total_ids;
+    int32_t *counters;
 };
 
 typedef cudaError_t (*fast_launch_fn)(const fast_args &a, dim3 grid, cudaStream_t stream);
 
-/* The instantiated kernel for a format and head_dim, or NULL. */
-fast_launch_fn mkv_fast_lookup(int32_t key_bits, int32_t value_bits, int32_t head_dim);
+struct fast_kernel {
+    fast_launch_fn launch;
+    int (*blocks_per_sm)(void); /* resident blocks per multiprocessor (0 on error) */
+};
+
+/* The instantiated kernel for a format and head_dim ({NULL, NULL} if none). */
+fast_kernel mkv_fast_lookup(int32_t key_bits, int32_t value_bits, int32_t head_dim);
+
+/* q = k / d and r = k % d for k >= 0, d >= 1, inv = 1.0f / d: through the float reciprocal, exact
+ * after one correction for k < 2^24; an integer division beyond. */
+__device__ __forceinline__ int32_t div_rcp(int32_t k, int32_t d, float inv, int32_t &r)
+{
+    int32_t q = k < (1 << 24) ? __float2int_rz((float)k * inv) : k / d;
+    r = k - q * d;
+    if (r < 0) q--, r += d;
+    else if (r >= d) q++, r -= d;
+    return q;
+}
+
+/* score += v as a fire-and-forget reduction in L2: no load waits on it. Each slot has one writer
+ * per call, so this is the load, add and store it replaces, except that the add flushes
+ * subnormals (below 1.2e-38) to zero. */
+__device__ __forceinline__ void red_add(float *score, float v)
+{
+    asm volatile("red.global.add.f32 [%0], %1;" ::"l"(score), "f"(v) : "memory");
+}
 
 /* Merge and score write-back after the item kernels; head_dim d. */
 cudaError_t mkv_fast_finalize(const fast_args &a, int32_t d, int32_t n_seq, cudaStream_t stream);

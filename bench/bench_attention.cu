@@ -90,7 +90,7 @@ int main(int argc, char **argv)
     int reps = 10, H = 8, G = 4, d = 128;
     const char *json_path = NULL;
     double max_gib = 0.0;
-    int kernel = MKV_DECODE_KERNEL_AUTO;
+    int kernel = MKV_DECODE_KERNEL_AUTO, scores = MKV_DECODE_SCORES_AUTO, split = 0;
     const char *only = NULL;
     for (int i = 1; i < argc; i++) {
         if (!strcmp(argv[i], "--json") && i + 1 < argc) json_path = argv[++i];
@@ -106,9 +106,20 @@ int main(int argc, char **argv)
                 fprintf(stderr, "bench_attention: --kernel auto, generic or tensor\n");
                 return 2;
             }
+        } else if (!strcmp(argv[i], "--scores") && i + 1 < argc) {
+            const char *k = argv[++i];
+            scores = !strcmp(k, "auto") ? MKV_DECODE_SCORES_AUTO
+                     : !strcmp(k, "separate") ? MKV_DECODE_SCORES_SEPARATE
+                     : !strcmp(k, "fused")    ? MKV_DECODE_SCORES_FUSED
+                                              : -1;
+            if (scores < 0) {
+                fprintf(stderr, "bench_attention: --scores auto, separate or fused\n");
+                return 2;
+            }
         } else if (!strcmp(argv[i], "--batch") && i + 1 < argc) batches = {atoi(argv[++i])};
         else if (!strcmp(argv[i], "--length") && i + 1 < argc) lengths = {atoi(argv[++i])};
         else if (!strcmp(argv[i], "--format") && i + 1 < argc) only = argv[++i];
+        else if (!strcmp(argv[i], "--split") && i + 1 < argc) split = atoi(argv[++i]);
         else if (!strcmp(argv[i], "--quick")) {
             batches = {1, 64};
             lengths = {1024, 8192};
@@ -116,10 +127,14 @@ int main(int argc, char **argv)
             fprintf(stderr,
                     "usage: bench_attention [--reps N] [--json FILE] [--max-gib X] [--quick]\n"
                     "                       [--kernel auto|generic|tensor] [--batch B] [--length N]\n"
-                    "                       [--format NAME]\n"
+                    "                       [--format NAME] [--scores auto|separate|fused]\n"
+                    "                       [--split N]\n"
                     "Decode attention time over batch x length grids (32 query / 8 KV heads, d 128)\n"
                     "for K16V16, K8V8, K8V4, K4V2 and a 20/50/30 high/low/pruned mix, against the\n"
-                    "device copy rate.\n");
+                    "device copy rate. --scores: the score write-back as its own pass (separate),\n"
+                    "inside the decode kernel (fused), or as the library chooses (auto, the\n"
+                    "default). --split N: tokens per item (per block on the\n"
+                    "generic kernels), 0 (the default) to let the library choose.\n");
             return strcmp(argv[i], "-h") && strcmp(argv[i], "--help") ? 2 : 0;
         }
     }
@@ -165,10 +180,11 @@ int main(int argc, char **argv)
     if (jf)
         fprintf(jf, "{\"schema\": \"mixkv-bench-attention\", \"schema_version\": 1, \"device\": \"%s\", "
                     "\"copy_rate_gbs\": %.1f, \"heads\": %d, \"group_size\": %d, \"head_dim\": %d, "
-                    "\"kernel\": \"%s\", "
+                    "\"kernel\": \"%s\", \"scores\": \"%s\", "
                     "\"results\": [",
                 prop.name, copy_rate / 1e9, H, G, d,
-                kernel == MKV_DECODE_KERNEL_GENERIC ? "generic" : kernel == MKV_DECODE_KERNEL_TENSOR ? "tensor" : "auto");
+                kernel == MKV_DECODE_KERNEL_GENERIC ? "generic" : kernel == MKV_DECODE_KERNEL_TENSOR ? "tensor" : "auto",
+                scores == MKV_DECODE_SCORES_SEPARATE ? "separate" : scores == MKV_DECODE_SCORES_FUSED ? "fused" : "auto");
     printf("%-12s %6s %7s %10s %12s %9s %10s %9s\n", "format", "batch", "length", "time_us",
            "bytes_read", "GB/s", "of_copy", "vs_fp16");
     int first = 1;
@@ -236,7 +252,9 @@ int main(int argc, char **argv)
                 a.out = out;
                 a.softmax_scale = 0.088388f;
                 a.kernel = kernel;
-                const size_t ws = mkv_cuda_decode_workspace_size(batch, H, G, d, n_hi + n_lo, 0);
+                a.scores = scores;
+                a.split_tokens = split;
+                const size_t ws = mkv_cuda_decode_workspace_size(batch, H, G, d, n_hi + n_lo, split);
                 CK(cudaMalloc(&a.workspace, ws > 0 ? ws : 1));
                 std::vector<double> t;
                 for (int r = 0; r < reps + 2; r++) {

@@ -98,6 +98,7 @@ typedef struct batch {
     int32_t *d_table, *d_n_hi, *d_n_lo;
     int64_t *d_regions;
     float *d_q, *d_out;
+    int32_t scores; /* mkv_cuda_decode_scores_t of the GPU calls */
 } batch_t;
 
 static void shuffle(int32_t *a, int64_t n, uint64_t *r)
@@ -279,7 +280,7 @@ static void batch_gpu(batch_t *b, int32_t kernel, int32_t split, float *got_out,
         .regions = b->d_regions, .n_seq = c->n_seq, .n_heads = c->H, .group_size = c->G,
         .head_dim = c->d, .max_tokens = b->max_tokens, .q = b->d_q, .out = b->d_out,
         .softmax_scale = (float)(1.0 / sqrt((double)c->d)), .split_tokens = split,
-        .workspace = d_ws, .kernel = kernel};
+        .workspace = d_ws, .kernel = kernel, .scores = b->scores};
     char err[ERR_LEN] = "";
     const mkv_status_t st = mkv_cuda_decode(&a, NULL, err);
     cr_assert_eq(st, MKV_STATUS_OK, "%s split=%d: %s (%s)", b->ctx, split, mkv_status_string(st),
@@ -593,6 +594,60 @@ Test(decode_cuda, tensor_every_format, .timeout = 300)
     stats_expect(&ck_vs_score, "tensor_every_format");
 }
 
+/* The score write-back inside the decode kernel (one format in both sections; a persistent grid
+ * taking decode blocks and score jobs) and the separate pass, both against the reference: every
+ * format alike in both sections, d 64 and 128, G 1 to 8, regions from 1 to 9000 tokens, item
+ * sizes from 64. */
+Test(decode_cuda, fused_scores, .timeout = 300)
+{
+    GPU_REQUIRE();
+    static const mkv_format_t fmts[] = {MKV_FORMAT_K16V16, MKV_FORMAT_K8V8, MKV_FORMAT_K8V4,
+                                        MKV_FORMAT_K4V4,   MKV_FORMAT_K8V2, MKV_FORMAT_K4V2,
+                                        MKV_FORMAT_K4V8,   MKV_FORMAT_K2V4};
+    static const int32_t lens[] = {1, 63, 64, 65, 700, 4097, 9000};
+    stats_t ck_out = {.what = "out (fused)"}, ck_score = {.what = "score (fused)"};
+    stats_t ck_out_s = {.what = "out (separate)"}, ck_score_s = {.what = "score (separate)"};
+    uint64_t r = 0xf05ed;
+    for (int fi = 0; fi < 8; fi++)
+        for (int di = 0; di < 2; di++) {
+            const int32_t H = 2, n_seq = 4;
+            int32_t len[4 * 2 * 2];
+            for (int i = 0; i < n_seq * H; i++) {
+                const int32_t n = lens[(i + fi + di) % 7], hi = test_rand_range(&r, 0, n);
+                len[2 * i] = hi, len[2 * i + 1] = n - hi;
+            }
+            const spec_t c = {.hi = fmts[fi], .lo = fmts[fi], .d = di ? 128 : 64,
+                              .G = 1 << ((fi + di) % 4), .groups = 1, .tpp = 5 + 9 * di + fi,
+                              .n_seq = n_seq, .H = H, .len = len, .seed = test_rand_next(&r),
+                              .vamp = fi % 3 == 1 ? 150.0f : 0.0f};
+            batch_t b;
+            batch_build(&b, &c);
+            const int32_t splits[] = {0, 64, 100};
+            for (int k = 0; k < 3; k++) {
+                const size_t ws = mkv_cuda_decode_workspace_size(n_seq, H, c.G, c.d, b.max_tokens,
+                                                                 splits[k]);
+                const mkv_cuda_decode_t a = {
+                    .lay_hi = b.lay_hi, .lay_lo = b.lay_lo, .n_seq = n_seq, .n_heads = H,
+                    .group_size = c.G, .head_dim = c.d, .max_tokens = b.max_tokens,
+                    .split_tokens = splits[k], .kernel = MKV_DECODE_KERNEL_TENSOR,
+                    .scores = MKV_DECODE_SCORES_FUSED};
+                cr_assert(ws > 0 && mkv_cuda_decode_fuses_scores(&a), "%s split=%d: not fused",
+                          b.ctx, splits[k]);
+            }
+            b.scores = MKV_DECODE_SCORES_FUSED;
+            batch_check_splits(&b, MKV_DECODE_KERNEL_TENSOR, splits, 3, &ck_out, &ck_score, NULL,
+                               NULL);
+            b.scores = MKV_DECODE_SCORES_SEPARATE;
+            batch_check_splits(&b, MKV_DECODE_KERNEL_TENSOR, splits, 3, &ck_out_s, &ck_score_s,
+                               NULL, NULL);
+            batch_free(&b);
+        }
+    stats_expect(&ck_out, "fused_scores");
+    stats_expect(&ck_score, "fused_scores");
+    stats_expect(&ck_out_s, "fused_scores");
+    stats_expect(&ck_score_s, "fused_scores");
+}
+
 /* Argument checks only: no pointer is dereferenced, so this runs without a device too. */
 Test(decode_cuda, bad_arguments)
 {
@@ -641,6 +696,8 @@ Test(decode_cuda, bad_arguments)
     bad[n++].pool = fake + 4;                 /* not 16-byte aligned */
     bad[n++].kernel = 3;
     bad[n++].kernel = -1;
+    bad[n] = good;
+    bad[n++].scores = 3;
     for (int i = 0; i < n; i++) {
         err[0] = '\0';
         cr_assert_eq(mkv_cuda_decode(&bad[i], NULL, err), MKV_STATUS_INVALID_ARGUMENT,
