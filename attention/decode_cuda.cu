@@ -638,8 +638,9 @@ static fast_section section_of(const mkv_page_layout_t &l)
 
 /* Whether a tensor-core call writes its scores back inside the decode kernel (plan w made
  * for it): one launch for both sections (one format), block ids that fit an int32, and asked
- * for (FUSED), or under AUTO for 16-bit keys and values: measured faster there, slower for the
- * quantized formats (docs/decode-kernel.md, "Score write-back inside the kernel"). */
+ * for (FUSED), or under AUTO for 16-bit keys and values in calls of 2^22 token-heads or more:
+ * measured 2 to 4% faster there on the H200, slower for smaller calls and for the quantized
+ * formats (docs/decode-kernel.md, "Score write-back inside the kernel"). */
 static bool fast_fuses(const mkv_cuda_decode_t *a, const fast_plan &w, const fast_kernel &fh,
                        const fast_kernel &fl)
 {
@@ -647,7 +648,8 @@ static bool fast_fuses(const mkv_cuda_decode_t *a, const fast_plan &w, const fas
         w.total_ids >= INT32_MAX / 2)
         return false;
     return a->scores == MKV_DECODE_SCORES_FUSED ||
-           (a->lay_hi.key.bits == 16 && a->lay_hi.value.bits == 16);
+           (a->lay_hi.key.bits == 16 && a->lay_hi.value.bits == 16 &&
+            (int64_t)a->n_seq * a->n_heads * a->max_tokens >= ((int64_t)1 << 22));
 }
 
 static fast_plan plan_for(const mkv_cuda_decode_t *a, bool fused)

@@ -52,8 +52,9 @@ typedef enum mkv_cuda_decode_kernel {
  * token's logits back from the workspace once the decode kernel is done. FUSED (where one
  * launch covers the call: both sections of one format): inside the decode kernel, a persistent
  * grid whose blocks also take "score jobs" for head-regions that are complete, reading their
- * logits back from L2. AUTO: FUSED for 16-bit keys and values, where it is measured faster,
- * SEPARATE elsewhere (docs/decode-kernel.md). */
+ * logits back from L2. AUTO: FUSED for 16-bit keys and values in calls of at least 2^22
+ * token-heads (n_seq * n_heads * max_tokens), where it is measured faster, SEPARATE elsewhere
+ * (docs/decode-kernel.md). */
 typedef enum mkv_cuda_decode_scores {
     MKV_DECODE_SCORES_AUTO = 0,
     MKV_DECODE_SCORES_SEPARATE = 1,
