@@ -20,6 +20,8 @@
 
 #include <cuda_runtime.h>
 
+#include <math.h>
+
 #include <stdint.h>
 
 #define MKV_FAST_WARPS 4       /* warps (items) per block */
@@ -85,6 +87,28 @@ __device__ __forceinline__ int32_t div_rcp(int32_t k, int32_t d, float inv, int3
     if (r < 0) q--, r += d;
     else if (r >= d) q++, r -= d;
     return q;
+}
+
+/* The final max M and sum S (log2 units) of head g over the n_items item slots from part:
+ * one online pass, a slot per lane, then a warp merge. Reads through L2 (in the fused kernel,
+ * other blocks wrote them). */
+__device__ __forceinline__ float2 head_ms(const fast_args &a, int64_t part, int32_t n_items, int32_t g)
+{
+    const int32_t lane = threadIdx.x & 31;
+    float M = -INFINITY, S = 0.0f;
+    for (int32_t s = lane; s < n_items; s += 32) {
+        const float2 ml = __ldcg(reinterpret_cast<const float2 *>(a.part_ml + ((part + s) * a.G + g) * 2));
+        const float mn = fmaxf(M, ml.x);
+        S = S * exp2f(M - mn) + ml.y * exp2f(ml.x - mn);
+        M = mn;
+    }
+    for (int x = 16; x > 0; x >>= 1) {
+        const float Mo = __shfl_xor_sync(0xffffffffu, M, x), So = __shfl_xor_sync(0xffffffffu, S, x);
+        const float mn = fmaxf(M, Mo);
+        S = (S > 0.0f ? S * exp2f(M - mn) : 0.0f) + (So > 0.0f ? So * exp2f(Mo - mn) : 0.0f);
+        M = mn;
+    }
+    return make_float2(M, S);
 }
 
 /* score += v as a fire-and-forget reduction in L2: no load waits on it. Each slot has one writer

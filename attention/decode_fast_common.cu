@@ -64,22 +64,8 @@ static __global__ void __launch_bounds__(FIN_THREADS) finalize_kernel(const fast
     __shared__ float M_s[MKV_FAST_MAX_G], S_s[MKV_FAST_MAX_G], LSE_s[MKV_FAST_MAX_G];
     const int32_t warp = tid >> 5, lane = tid & 31, slots = items_hi + items_lo;
     if (warp < G) {
-        /* One pass, online: each lane keeps its max and the sum scaled to it, then the warp
-         * merges the lanes' pairs. */
-        float M = -INFINITY, S = 0.0f;
-        for (int32_t s = lane; s < slots; s += 32) {
-            const float2 ml = *reinterpret_cast<const float2 *>(a.part_ml + ((part + s) * G + warp) * 2);
-            const float mn = fmaxf(M, ml.x);
-            S = S * exp2f(M - mn) + ml.y * exp2f(ml.x - mn);
-            M = mn;
-        }
-        for (int x = 16; x > 0; x >>= 1) {
-            const float Mo = __shfl_xor_sync(0xffffffffu, M, x), So = __shfl_xor_sync(0xffffffffu, S, x);
-            const float mn = fmaxf(M, Mo);
-            S = (S > 0.0f ? S * exp2f(M - mn) : 0.0f) + (So > 0.0f ? So * exp2f(Mo - mn) : 0.0f);
-            M = mn;
-        }
-        if (lane == 0) M_s[warp] = M, S_s[warp] = S, LSE_s[warp] = M + log2f(S);
+        const float2 ms = head_ms(a, part, slots, warp);
+        if (lane == 0) M_s[warp] = ms.x, S_s[warp] = ms.y, LSE_s[warp] = ms.x + log2f(ms.y);
     }
     __syncthreads();
 
