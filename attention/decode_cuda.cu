@@ -636,17 +636,14 @@ static fast_section section_of(const mkv_page_layout_t &l)
     return s;
 }
 
-/* Whether a tensor-core call writes its scores back inside the decode kernel (plan w made
- * for it): one launch for both sections (one format), block ids that fit an int32, and asked
- * for (FUSED), or under AUTO for 16-bit keys and values in calls of 2^22 token-heads or more:
- * measured 2 to 4% faster there on the H200, slower for smaller calls and for the quantized
- * formats (docs/decode-kernel.md, "Score write-back inside the kernel"). */
-static bool fast_fuses(const mkv_cuda_decode_t *a, const fast_plan &w, const fast_kernel &fh,
-                       const fast_kernel &fl)
+/* Whether a tensor-core call may write its scores back inside the decode kernel: one launch
+ * for both sections (one format), and asked for (FUSED), or under AUTO for 16-bit keys and
+ * values in calls of 2^22 token-heads or more: measured 2 to 4% faster there on the H200,
+ * slower for smaller calls and for the quantized formats (docs/decode-kernel.md, "Score
+ * write-back inside the kernel"). */
+static bool fast_may_fuse(const mkv_cuda_decode_t *a, const fast_kernel &fh, const fast_kernel &fl)
 {
-    if (a->scores == MKV_DECODE_SCORES_SEPARATE || fh.launch != fl.launch ||
-        w.total_ids >= INT32_MAX / 2)
-        return false;
+    if (a->scores == MKV_DECODE_SCORES_SEPARATE || fh.launch != fl.launch) return false;
     return a->scores == MKV_DECODE_SCORES_FUSED ||
            (a->lay_hi.key.bits == 16 && a->lay_hi.value.bits == 16 &&
             (int64_t)a->n_seq * a->n_heads * a->max_tokens >= ((int64_t)1 << 22));
@@ -658,13 +655,20 @@ static fast_plan plan_for(const mkv_cuda_decode_t *a, bool fused)
                      a->split_tokens, fused);
 }
 
-/* The plan of a tensor-core call, and whether it fuses the score write-back. */
+/* The plan of a tensor-core call, and whether it fuses the score write-back (where it may and
+ * its block ids fit an int32). */
 static fast_plan plan_call(const mkv_cuda_decode_t *a, const fast_kernel &fh,
                            const fast_kernel &fl, bool *fused)
 {
-    const fast_plan w = plan_for(a, true);
-    *fused = fast_fuses(a, w, fh, fl);
-    return *fused ? w : plan_for(a, false);
+    if (fast_may_fuse(a, fh, fl)) {
+        const fast_plan w = plan_for(a, true);
+        if (w.total_ids < INT32_MAX / 2) {
+            *fused = true;
+            return w;
+        }
+    }
+    *fused = false;
+    return plan_for(a, false);
 }
 
 extern "C" int mkv_cuda_decode_fuses_scores(const mkv_cuda_decode_t *a)

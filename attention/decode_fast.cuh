@@ -665,13 +665,9 @@ __device__ __forceinline__ void score_item(const fast_args &a, const item_pos &i
 {
     const int32_t lane = threadIdx.x & 31, G = a.G;
     const float *lg = a.logits + (ip.rs * (a.sec_items + 1) + ip.slot_id) * a.item_tokens * G;
-    const fast_section &L = a.sec[ip.sec];
     const int32_t *row = a.table + ip.region * a.T;
-    const float inv_tpp = 1.0f / (float)L.tpp;
+    const float inv_tpp = 1.0f / (float)a.sec[ip.sec].tpp;
     const int32_t cnt = ip.tb - ip.ta;
-    float ls[MKV_FAST_MAX_G];
-#pragma unroll
-    for (int g = 0; g < MKV_FAST_MAX_G; g++) ls[g] = g < G ? lse[g] : 0.0f;
     constexpr int U = 4; /* tokens per lane in flight */
     for (int32_t k0 = 0; k0 < cnt; k0 += 32 * U) {
         float pmax[U];
@@ -682,27 +678,8 @@ __device__ __forceinline__ void score_item(const fast_args &a, const item_pos &i
             pmax[u] = 0.0f;
             score[u] = nullptr;
             if (k >= cnt) continue;
-            const float *l = lg + (int64_t)k * G;
-            if (G % 4 == 0) {
-#pragma unroll
-                for (int g = 0; g < MKV_FAST_MAX_G; g += 4) {
-                    if (g >= G) break;
-                    const float4 v = __ldcg(reinterpret_cast<const float4 *>(l + g));
-                    pmax[u] = fmaxf(pmax[u], fmaxf(fmaxf(exp2f(v.x - ls[g]), exp2f(v.y - ls[g + 1])),
-                                                   fmaxf(exp2f(v.z - ls[g + 2]), exp2f(v.w - ls[g + 3]))));
-                }
-            } else {
-#pragma unroll
-                for (int g = 0; g < MKV_FAST_MAX_G; g++)
-                    if (g < G) pmax[u] = fmaxf(pmax[u], exp2f(__ldcg(l + g) - ls[g]));
-            }
-            /* page and slot of section token t */
-            int32_t slot;
-            const int32_t pi = div_rcp(ip.ta + k, L.tpp, inv_tpp, slot);
-            const int32_t page = __ldg(row + (ip.sec ? a.T - 1 - pi : pi));
-            // NOTE: int32 page id, widen before the multiply (pools exceed 2 GiB).
-            score[u] = reinterpret_cast<float *>(const_cast<uint8_t *>(a.pool) +
-                                                 (int64_t)page * a.page_bytes + L.off_score) + slot;
+            pmax[u] = token_prob(lg + (int64_t)k * G, G, lse);
+            score[u] = score_slot(a, ip.sec, row, ip.ta + k, inv_tpp);
         }
 #pragma unroll
         for (int u = 0; u < U; u++)
@@ -872,19 +849,8 @@ __global__ void __launch_bounds__(MKV_FAST_WARPS * 32) decode_kernel(const fast_
                 for (int32_t i = tid; i < n_jobs; i += MKV_FAST_WARPS * 32)
                     st_release(jobs + pos + i, r * gx + (i < bh ? i : a.blocks_per_sec + i - bh));
                 region_ms(a, b, bs);
-                /* out = the items' outputs, each weighted by 2^(m - M), over S. */
-                const int64_t part = b.ip.rs * 2 * a.sec_items;
-                const int32_t G = a.G;
-                for (int32_t i = tid; i < G * D; i += MKV_FAST_WARPS * 32) {
-                    const int32_t g = i / D, e = i - g * D;
-                    float o = 0.0f;
-#pragma unroll 4
-                    for (int32_t s = 0; s < b.n_items; s++) {
-                        const float w = exp2f(__ldcg(a.part_ml + ((part + s) * G + g) * 2) - bs.M[g]);
-                        o = fmaf(__ldcg(a.part_o + ((part + s) * G + g) * D + e), w, o);
-                    }
-                    a.out[(b.ip.rs * G + g) * D + e] = o / bs.S[g];
-                }
+                merge_out(a, b.ip.rs * 2 * a.sec_items, b.n_items, b.ip.rs, D, bs.M, bs.S, tid,
+                          MKV_FAST_WARPS * 32);
             }
         }
         __syncthreads(); /* bs is reused */

@@ -111,6 +111,55 @@ __device__ __forceinline__ float2 head_ms(const fast_args &a, int64_t part, int3
     return make_float2(M, S);
 }
 
+/* A token's probability from its row of G logits l (log2 units): the maximum over the group of
+ * 2^(l - lse_g) = 2^(l - M_g) / S_g (the rounding of lse moves it by ~1e-7). */
+__device__ __forceinline__ float token_prob(const float *l, int32_t G, const float *lse)
+{
+    float p = 0.0f;
+    if (G % 4 == 0) { /* 16-byte loads: rows of G % 4 == 0 logits are 16-byte aligned */
+        for (int32_t g = 0; g < G; g += 4) {
+            const float4 v = __ldcg(reinterpret_cast<const float4 *>(l + g));
+            p = fmaxf(p, fmaxf(fmaxf(exp2f(v.x - lse[g]), exp2f(v.y - lse[g + 1])),
+                               fmaxf(exp2f(v.z - lse[g + 2]), exp2f(v.w - lse[g + 3]))));
+        }
+    } else {
+        for (int32_t g = 0; g < G; g++) p = fmaxf(p, exp2f(__ldcg(l + g) - lse[g]));
+    }
+    return p;
+}
+
+/* The score slot of token k of section sec, whose head-region's page-table row is row. */
+__device__ __forceinline__ float *score_slot(const fast_args &a, int32_t sec, const int32_t *row,
+                                             int32_t k, float inv_tpp)
+{
+    const fast_section &L = a.sec[sec];
+    int32_t slot;
+    const int32_t pi = div_rcp(k, L.tpp, inv_tpp, slot);
+    const int32_t page = __ldg(row + (sec ? a.T - 1 - pi : pi));
+    // NOTE: int32 page id, widen before the multiply (pools exceed 2 GiB).
+    return reinterpret_cast<float *>(const_cast<uint8_t *>(a.pool) + (int64_t)page * a.page_bytes +
+                                     L.off_score) + slot;
+}
+
+/* out of head-region rs = its n_items items' partial outputs (from part), each weighted by
+ * 2^(m - M), over S; elements i0, i0 + stride, ... of the G x d. */
+__device__ __forceinline__ void merge_out(const fast_args &a, int64_t part, int32_t n_items,
+                                          int64_t rs, int32_t d, const float *M, const float *S,
+                                          int32_t i0, int32_t stride)
+{
+    const int32_t G = a.G;
+    for (int32_t i = i0; i < G * d; i += stride) {
+        const int32_t g = i / d, e = i - g * d;
+        float o = 0.0f;
+#pragma unroll 4
+        for (int32_t s = 0; s < n_items; s++) {
+            const float w = exp2f(__ldcg(a.part_ml + ((part + s) * G + g) * 2) - M[g]);
+            o = fmaf(__ldcg(a.part_o + ((part + s) * G + g) * d + e), w, o);
+        }
+        a.out[(rs * G + g) * d + e] = o / S[g];
+    }
+}
+
 /* score += v as a fire-and-forget reduction in L2: no load waits on it. Each slot has one writer
  * per call, so this is the load, add and store it replaces, except that the add flushes
  * subnormals (below 1.2e-38) to zero. */

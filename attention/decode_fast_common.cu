@@ -70,15 +70,7 @@ static __global__ void __launch_bounds__(FIN_THREADS) finalize_kernel(const fast
     __syncthreads();
 
     if (blockIdx.x == 0) {
-        for (int32_t i = tid; i < G * d; i += FIN_THREADS) {
-            const int32_t g = i / d, e = i % d;
-            float o = 0.0f;
-            for (int32_t s = 0; s < items_hi + items_lo; s++) {
-                const float w = exp2f(a.part_ml[((part + s) * G + g) * 2] - M_s[g]);
-                o = fmaf(a.part_o[((part + s) * G + g) * d + e], w, o);
-            }
-            a.out[(rs * G + g) * d + e] = o / S_s[g];
-        }
+        merge_out(a, part, items_hi + items_lo, rs, d, M_s, S_s, tid, FIN_THREADS);
         return;
     }
 
@@ -88,6 +80,7 @@ static __global__ void __launch_bounds__(FIN_THREADS) finalize_kernel(const fast
     float *score[FIN_TOKENS];
     const float inv_tpp[2] = {1.0f / (float)a.sec[0].tpp, 1.0f / (float)a.sec[1].tpp};
     const float inv_item = 1.0f / (float)I;
+    const int32_t *row = a.table + region * a.T;
 #pragma unroll
     for (int u = 0; u < FIN_TOKENS; u++) {
         const int32_t t = first + u * FIN_THREADS + tid;
@@ -98,25 +91,9 @@ static __global__ void __launch_bounds__(FIN_THREADS) finalize_kernel(const fast
         const int32_t k = sec ? t - hi : t;
         int32_t in_item; /* the item, and the token in it */
         const int32_t it = div_rcp(k, I, inv_item, in_item);
-        const float *lg = a.logits + ((rs * (a.sec_items + 1) + (sec ? items_hi + it : it)) * I +
-                                      in_item) * G;
-        /* p = 2^(l - M) / S = 2^(l - lse), lse = M + log2 S (its rounding moves p by ~1e-7). */
-        if (G % 4 == 0) { /* 16-byte loads: rows of G % 4 == 0 logits are 16-byte aligned */
-            for (int32_t g = 0; g < G; g += 4) {
-                const float4 v = __ldg(reinterpret_cast<const float4 *>(lg + g));
-                pmax[u] = fmaxf(pmax[u], fmaxf(fmaxf(exp2f(v.x - LSE_s[g]), exp2f(v.y - LSE_s[g + 1])),
-                                               fmaxf(exp2f(v.z - LSE_s[g + 2]), exp2f(v.w - LSE_s[g + 3]))));
-            }
-        } else {
-            for (int32_t g = 0; g < G; g++) pmax[u] = fmaxf(pmax[u], exp2f(__ldg(lg + g) - LSE_s[g]));
-        }
-        const fast_section &L = a.sec[sec];
-        int32_t slot;
-        const int32_t pi = div_rcp(k, L.tpp, inv_tpp[sec], slot);
-        const int32_t page = __ldg(a.table + region * a.T + (sec ? a.T - 1 - pi : pi));
-        // NOTE: int32 page id, widen before the multiply (pools exceed 2 GiB).
-        score[u] = reinterpret_cast<float *>(const_cast<uint8_t *>(a.pool) +
-                                             (int64_t)page * a.page_bytes + L.off_score) + slot;
+        pmax[u] = token_prob(a.logits + ((rs * (a.sec_items + 1) + (sec ? items_hi + it : it)) * I +
+                                         in_item) * G, G, LSE_s);
+        score[u] = score_slot(a, sec, row, k, inv_tpp[sec]);
     }
 #pragma unroll
     for (int u = 0; u < FIN_TOKENS; u++)

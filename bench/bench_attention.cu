@@ -84,6 +84,20 @@ static double median(std::vector<double> v)
     return v.size() % 2 ? v[v.size() / 2] : 0.5 * (v[v.size() / 2 - 1] + v[v.size() / 2]);
 }
 
+/* Option names, indexed by mkv_cuda_decode_kernel_t and mkv_cuda_decode_scores_t. */
+static const char *const k_kernel_names[] = {"auto", "generic", "tensor"};
+static const char *const k_scores_names[] = {"auto", "separate", "fused"};
+static_assert(MKV_DECODE_KERNEL_GENERIC == 1 && MKV_DECODE_KERNEL_TENSOR == 2, "kernel names");
+static_assert(MKV_DECODE_SCORES_SEPARATE == 1 && MKV_DECODE_SCORES_FUSED == 2, "score names");
+
+/* The index of s in names[0 .. n), or -1. */
+static int name_index(const char *s, const char *const *names, int n)
+{
+    for (int i = 0; i < n; i++)
+        if (!strcmp(s, names[i])) return i;
+    return -1;
+}
+
 int main(int argc, char **argv)
 {
     std::vector<int> batches = {1, 16, 64, 256}, lengths = {1024, 4096, 16384, 32768};
@@ -97,22 +111,12 @@ int main(int argc, char **argv)
         else if (!strcmp(argv[i], "--reps") && i + 1 < argc) reps = atoi(argv[++i]);
         else if (!strcmp(argv[i], "--max-gib") && i + 1 < argc) max_gib = atof(argv[++i]);
         else if (!strcmp(argv[i], "--kernel") && i + 1 < argc) {
-            const char *k = argv[++i];
-            kernel = !strcmp(k, "generic") ? MKV_DECODE_KERNEL_GENERIC
-                     : !strcmp(k, "tensor") ? MKV_DECODE_KERNEL_TENSOR
-                     : !strcmp(k, "auto")   ? MKV_DECODE_KERNEL_AUTO
-                                            : -1;
-            if (kernel < 0) {
+            if ((kernel = name_index(argv[++i], k_kernel_names, 3)) < 0) {
                 fprintf(stderr, "bench_attention: --kernel auto, generic or tensor\n");
                 return 2;
             }
         } else if (!strcmp(argv[i], "--scores") && i + 1 < argc) {
-            const char *k = argv[++i];
-            scores = !strcmp(k, "auto") ? MKV_DECODE_SCORES_AUTO
-                     : !strcmp(k, "separate") ? MKV_DECODE_SCORES_SEPARATE
-                     : !strcmp(k, "fused")    ? MKV_DECODE_SCORES_FUSED
-                                              : -1;
-            if (scores < 0) {
+            if ((scores = name_index(argv[++i], k_scores_names, 3)) < 0) {
                 fprintf(stderr, "bench_attention: --scores auto, separate or fused\n");
                 return 2;
             }
@@ -133,8 +137,8 @@ int main(int argc, char **argv)
                     "for K16V16, K8V8, K8V4, K4V2 and a 20/50/30 high/low/pruned mix, against the\n"
                     "device copy rate. --scores: the score write-back as its own pass (separate),\n"
                     "inside the decode kernel (fused), or as the library chooses (auto, the\n"
-                    "default). --split N: tokens per item (per block on the\n"
-                    "generic kernels), 0 (the default) to let the library choose.\n");
+                    "default). --split N: tokens per item (per block on the generic kernels),\n"
+                    "0 (the default) to let the library choose.\n");
             return strcmp(argv[i], "-h") && strcmp(argv[i], "--help") ? 2 : 0;
         }
     }
@@ -183,8 +187,7 @@ int main(int argc, char **argv)
                     "\"kernel\": \"%s\", \"scores\": \"%s\", "
                     "\"results\": [",
                 prop.name, copy_rate / 1e9, H, G, d,
-                kernel == MKV_DECODE_KERNEL_GENERIC ? "generic" : kernel == MKV_DECODE_KERNEL_TENSOR ? "tensor" : "auto",
-                scores == MKV_DECODE_SCORES_SEPARATE ? "separate" : scores == MKV_DECODE_SCORES_FUSED ? "fused" : "auto");
+                k_kernel_names[kernel], k_scores_names[scores]);
     printf("%-12s %6s %7s %10s %12s %9s %10s %9s\n", "format", "batch", "length", "time_us",
            "bytes_read", "GB/s", "of_copy", "vs_fp16");
     int first = 1;
