@@ -559,7 +559,7 @@ static bool sizes_ok(int32_t n_seq, int32_t H, int32_t G, int32_t d, int32_t max
 
 struct fast_plan {
     int32_t item_tokens, sec_items;
-    int64_t total_ids; /* decode blocks of a one-launch call: 2 * blocks per section * regions */
+    int64_t total_ids; /* decode blocks of a one-launch call: (blocks per section + 1) * regions */
     size_t off_logits, off_part_o, off_part_ml, off_counters, bytes;
 };
 
@@ -575,7 +575,7 @@ static int32_t device_attr(cudaDeviceAttr attr, int32_t fallback)
 }
 
 static fast_plan plan_fast(int32_t n_seq, int32_t H, int32_t G, int32_t d, int32_t max_tokens,
-                           int32_t split_tokens, bool fused)
+                           int32_t split_tokens, bool fused, int32_t resident_blocks)
 {
     fast_plan w;
     const int32_t sms = device_attr(cudaDevAttrMultiProcessorCount, 132);
@@ -583,12 +583,14 @@ static fast_plan plan_fast(int32_t n_seq, int32_t H, int32_t G, int32_t d, int32
         w.item_tokens = (int32_t)mkv_align_up64(split_tokens, MKV_FAST_MIN_ITEM);
     } else {
         w.item_tokens = mkv_fast_item_tokens(n_seq, H, max_tokens, sms);
-        /* The fused score write-back reads each item's logits back from L2: the logits of all
-         * resident items (at most 16 warps per multiprocessor) should fill at most half of it.
-         * And at most 256 items per section. */
+        /* The fused score write-back reads each region's logits back from L2 once the region
+         * is done: the logits of the items in flight (resident warps) should fill at most
+         * about half of it. And at most 256 items per section. */
         const int64_t l2 = device_attr(cudaDevAttrL2CacheSize, 50 << 20);
+        const int64_t warps = (int64_t)sms * (resident_blocks >= 1 && resident_blocks < 4 ? resident_blocks : 4) *
+                              MKV_FAST_WARPS; /* 4 blocks: the most any kernel keeps, assumed for sizing */
         while (fused && w.item_tokens > MKV_FAST_MIN_ITEM &&
-               (int64_t)sms * 16 * w.item_tokens * G * 4 > l2 / 2 &&
+               warps * w.item_tokens * G * 4 > l2 * 9 / 16 &&
                ((int64_t)max_tokens + w.item_tokens / 2 - 1) / (w.item_tokens / 2) <= 256)
             w.item_tokens /= 2;
     }
@@ -603,9 +605,9 @@ static fast_plan plan_fast(int32_t n_seq, int32_t H, int32_t G, int32_t d, int32
     off += mkv_align_up64((int64_t)(slots * (size_t)d * sizeof(float)), WS_ALIGN);
     w.off_part_ml = off;
     off += mkv_align_up64((int64_t)(slots * 2 * sizeof(float)), WS_ALIGN);
-    w.total_ids = 2 * (int64_t)((w.sec_items + MKV_FAST_WARPS - 1) / MKV_FAST_WARPS) * (int64_t)rs;
+    w.total_ids = ((w.sec_items + MKV_FAST_WARPS - 1) / MKV_FAST_WARPS + 1) * (int64_t)rs;
     w.off_counters = off;
-    off += mkv_align_up64((int64_t)((rs + 4 + (size_t)w.total_ids) * sizeof(int32_t)), WS_ALIGN);
+    off += mkv_align_up64((int64_t)((rs + 1) * sizeof(int32_t)), WS_ALIGN);
     w.bytes = off;
     return w;
 }
@@ -637,22 +639,25 @@ static fast_section section_of(const mkv_page_layout_t &l)
 }
 
 /* Whether a tensor-core call may write its scores back inside the decode kernel: one launch
- * for both sections (one format), and asked for (FUSED), or under AUTO for 16-bit keys and
- * values in calls of 2^22 token-heads or more: measured 2 to 4% faster there on the H200,
- * slower for smaller calls and for the quantized formats (docs/decode-kernel.md, "Score
- * write-back inside the kernel"). */
+ * for both sections (one format), and asked for (FUSED), or under AUTO for keys of 8 bits or
+ * more in calls of 2^22 token-heads or more over at least 4 head-regions per multiprocessor.
+ * Measured on the H200 (docs/decode-kernel.md, "Score write-back inside the kernel"): 2 to 4%
+ * faster there; slower for 4-bit keys (their decode is bound by instruction issue, which the
+ * write-back shares) and where few head-regions make the last ones' write-back a tail (16 x 32k:
+ * 18% slower). */
 static bool fast_may_fuse(const mkv_cuda_decode_t *a, const fast_kernel &fh, const fast_kernel &fl)
 {
     if (a->scores == MKV_DECODE_SCORES_SEPARATE || fh.launch != fl.launch) return false;
-    return a->scores == MKV_DECODE_SCORES_FUSED ||
-           (a->lay_hi.key.bits == 16 && a->lay_hi.value.bits == 16 &&
-            (int64_t)a->n_seq * a->n_heads * a->max_tokens >= ((int64_t)1 << 22));
+    if (a->scores == MKV_DECODE_SCORES_FUSED) return true;
+    const int64_t rs = (int64_t)a->n_seq * a->n_heads;
+    return a->lay_hi.key.bits >= 8 && rs * a->max_tokens >= ((int64_t)1 << 22) &&
+           rs >= 4 * (int64_t)device_attr(cudaDevAttrMultiProcessorCount, 132);
 }
 
-static fast_plan plan_for(const mkv_cuda_decode_t *a, bool fused)
+static fast_plan plan_for(const mkv_cuda_decode_t *a, bool fused, const fast_kernel &fh)
 {
     return plan_fast(a->n_seq, a->n_heads, a->group_size, a->head_dim, a->max_tokens,
-                     a->split_tokens, fused);
+                     a->split_tokens, fused, fused ? fh.blocks_per_sm() : 0);
 }
 
 /* The plan of a tensor-core call, and whether it fuses the score write-back (where it may and
@@ -661,14 +666,14 @@ static fast_plan plan_call(const mkv_cuda_decode_t *a, const fast_kernel &fh,
                            const fast_kernel &fl, bool *fused)
 {
     if (fast_may_fuse(a, fh, fl)) {
-        const fast_plan w = plan_for(a, true);
+        const fast_plan w = plan_for(a, true, fh);
         if (w.total_ids < INT32_MAX / 2) {
             *fused = true;
             return w;
         }
     }
     *fused = false;
-    return plan_for(a, false);
+    return plan_for(a, false, fh);
 }
 
 extern "C" int mkv_cuda_decode_fuses_scores(const mkv_cuda_decode_t *a)
@@ -704,33 +709,29 @@ static mkv_status_t launch_fast(const mkv_cuda_decode_t *a, cudaStream_t stream,
     f.n_rs = a->n_seq * a->n_heads;
     f.counters = reinterpret_cast<int32_t *>(ws + w.off_counters);
     f.fused = 0, f.discard = 0;
-    f.grid_x = 2 * f.blocks_per_sec;
     f.total_ids = (int32_t)w.total_ids;
     const dim3 grid((unsigned)f.blocks_per_sec, (unsigned)a->n_heads, (unsigned)a->n_seq);
     mkv_status_t st;
     if (fh.launch == fl.launch) { /* one launch covers both sections */
         f.sec_mask = 3;
+        f.grid_x = f.blocks_per_sec + 1; /* a region's high and low blocks together */
         if (fused) {
             f.fused = 1;
             f.discard = (uintptr_t)f.logits % 128 == 0;
-            /* Counters to zero, score jobs to -1; a persistent grid of what the GPU holds. */
+            /* Counters to zero; a persistent grid of what the GPU holds. */
             if ((st = launched("cudaMemsetAsync (decode counters)", err,
-                               cudaMemsetAsync(f.counters, 0, ((size_t)f.n_rs + 4) * sizeof(int32_t),
-                                               stream))) != MKV_STATUS_OK ||
-                (st = launched("cudaMemsetAsync (decode score jobs)", err,
-                               cudaMemsetAsync(f.counters + f.n_rs + 4, 0xff,
-                                               (size_t)f.total_ids * sizeof(int32_t), stream))) !=
-                    MKV_STATUS_OK)
+                               cudaMemsetAsync(f.counters, 0, ((size_t)f.n_rs + 1) * sizeof(int32_t),
+                                               stream))) != MKV_STATUS_OK)
                 return st;
             const int64_t resident = (int64_t)fh.blocks_per_sm() * device_attr(cudaDevAttrMultiProcessorCount, 1);
             const dim3 gp((unsigned)(resident > 0 && resident < f.total_ids ? resident : f.total_ids));
             return launched("tensor-core decode kernel (fused scores)", err, fh.launch(f, gp, stream));
         }
-        const dim3 g2(grid.x * 2, grid.y, grid.z);
+        const dim3 g2((unsigned)f.grid_x, grid.y, grid.z);
         if ((st = launched("tensor-core decode kernel", err, fh.launch(f, g2, stream))) != MKV_STATUS_OK)
             return st;
     } else {
-        f.sec_mask = 1;
+        f.sec_mask = 1, f.grid_x = f.blocks_per_sec;
         if ((st = launched("tensor-core decode kernel (high)", err, fh.launch(f, grid, stream))) !=
             MKV_STATUS_OK)
             return st;
@@ -751,8 +752,8 @@ extern "C" size_t mkv_cuda_decode_workspace_size(int32_t n_seq, int32_t n_heads,
         plan_workspace(n_seq, n_heads, group_size, head_dim, max_tokens, split_tokens).bytes;
     if (head_dim != 64 && head_dim != 128) return generic;
     /* Either tensor-core plan (the fused one has smaller items, so more of them). */
-    const size_t f0 = plan_fast(n_seq, n_heads, group_size, head_dim, max_tokens, split_tokens, false).bytes;
-    const size_t f1 = plan_fast(n_seq, n_heads, group_size, head_dim, max_tokens, split_tokens, true).bytes;
+    const size_t f0 = plan_fast(n_seq, n_heads, group_size, head_dim, max_tokens, split_tokens, false, 0).bytes;
+    const size_t f1 = plan_fast(n_seq, n_heads, group_size, head_dim, max_tokens, split_tokens, true, 0).bytes;
     const size_t fast = f0 > f1 ? f0 : f1;
     return fast > generic ? fast : generic;
 }

@@ -201,25 +201,6 @@ __device__ __forceinline__ void discard_line(const void *p)
     asm volatile("discard.global.L2 [%0], 128;" ::"l"(p) : "memory");
 }
 
-__device__ __forceinline__ int32_t ld_relaxed(const int32_t *p)
-{
-    int32_t v;
-    asm volatile("ld.relaxed.gpu.global.s32 %0, [%1];" : "=r"(v) : "l"(p) : "memory");
-    return v;
-}
-
-__device__ __forceinline__ void st_release(int32_t *p, int32_t v)
-{
-    asm volatile("st.release.gpu.global.s32 [%0], %1;" ::"l"(p), "r"(v) : "memory");
-}
-
-__device__ __forceinline__ int32_t ld_acquire(const int32_t *p)
-{
-    int32_t v;
-    asm volatile("ld.acquire.gpu.global.s32 %0, [%1];" : "=r"(v) : "l"(p) : "memory");
-    return v;
-}
-
 __device__ __forceinline__ void cp_async_commit() { asm volatile("cp.async.commit_group;" ::: "memory"); }
 
 template <int N>
@@ -260,8 +241,15 @@ struct stage_layout {
 
 /* The block's scalars, after the staging areas (which start the dynamic shared memory, so that
  * their swizzle keeps its bank pattern). */
+struct region_info {
+    int64_t rs, region;
+    int32_t hi, n, items_hi, n_items, arrivals;
+};
+
 struct block_shared {
-    int32_t cmd, arg, last;
+    region_info reg; /* the fused kernel's current region (kept here, not in registers, across
+                        the items) */
+    int32_t arg, last;
     float M[MKV_FAST_MAX_G], S[MKV_FAST_MAX_G], lse[MKV_FAST_MAX_G];
 };
 
@@ -658,108 +646,190 @@ __device__ __forceinline__ void run_item(const fast_args &a, uint8_t *smem, cons
 }
 
 
-/* The score write-back of one warp's item, once every item of its head-region is done: each
- * token's probability, the maximum over the group of 2^(l - lse), added to its score slot,
- * then the item's logits dropped from L2. lse: smem, the final log2-sum-exp of each head. */
-__device__ __forceinline__ void score_item(const fast_args &a, const item_pos &ip, const float *lse)
-{
-    const int32_t lane = threadIdx.x & 31, G = a.G;
-    const float *lg = a.logits + (ip.rs * (a.sec_items + 1) + ip.slot_id) * a.item_tokens * G;
-    const int32_t *row = a.table + ip.region * a.T;
-    const float inv_tpp = 1.0f / (float)a.sec[ip.sec].tpp;
-    const int32_t cnt = ip.tb - ip.ta;
-    constexpr int U = 4; /* tokens per lane in flight */
-    for (int32_t k0 = 0; k0 < cnt; k0 += 32 * U) {
-        float pmax[U];
-        float *score[U];
-#pragma unroll
-        for (int u = 0; u < U; u++) {
-            const int32_t k = k0 + u * 32 + lane;
-            pmax[u] = 0.0f;
-            score[u] = nullptr;
-            if (k >= cnt) continue;
-            pmax[u] = token_prob(lg + (int64_t)k * G, G, lse);
-            score[u] = score_slot(a, ip.sec, row, ip.ta + k, inv_tpp);
-        }
-#pragma unroll
-        for (int u = 0; u < U; u++)
-            if (score[u]) red_add(score[u], pmax[u]);
-    }
-    if (a.discard) {
-        __syncwarp(); /* every lane has read its logits */
-        const int32_t lines = (cnt * G * 4 + 127) / 128; /* the item's rows start 128-aligned */
-        for (int32_t i = lane; i < lines; i += 32)
-            discard_line(reinterpret_cast<const uint8_t *>(lg) + (int64_t)i * 128);
-    }
-}
-
-/* Where block id's warp warp works: block id = (sequence j, KV head h, x) with x fastest,
- * x < blocks_per_sec the high section's blocks, then the low section's (sec_mask 3), each
- * block MKV_FAST_WARPS consecutive items. any: whether the block has an item at all; n_items:
- * the region's items, high then low (its item slots). */
+/* Where block x (along grid x) of region (sequence j, KV head h) puts warp warp: x <
+ * blocks_per_sec in the one section of the launch (sec_mask 1 or 2), or for both (sec_mask 3)
+ * the high section's blocks first, then the low one's, then none; each block MKV_FAST_WARPS
+ * consecutive items of its section. any: whether the block has an item at all (a region's
+ * blocks with one are x < arrivals); n_items: the region's items, high then low (its item
+ * slots). */
 struct block_pos {
     item_pos ip;
     bool work, any;
-    int32_t items_hi, n_items;
+    int32_t items_hi, n_items, hi, n, arrivals;
 };
 
 __device__ __forceinline__ block_pos locate(const fast_args &a, int32_t bx, int32_t hh, int32_t j)
 {
     block_pos b;
-    const int32_t warp = threadIdx.x >> 5;
-    int32_t sec;
-    if (a.sec_mask == 3) {
-        sec = bx >= a.blocks_per_sec;
-        bx -= sec * a.blocks_per_sec;
-    } else {
-        sec = a.sec_mask == 2;
-    }
+    const int32_t warp = threadIdx.x >> 5, W = MKV_FAST_WARPS;
     item_pos &ip = b.ip;
     ip.rs = (int64_t)j * a.H + hh; /* (sequence, KV head) */
     ip.region = a.regions[ip.rs];
     const int64_t nh = max(a.n_hi[ip.region], 0), nl = max(a.n_lo[ip.region], 0);
     const int32_t n = (int32_t)min(nh + nl, (int64_t)a.max_tokens);
     const int32_t hi = (int32_t)min(nh, (int64_t)n), I = a.item_tokens;
-    ip.sec = sec;
-    ip.sec_n = sec ? n - hi : hi;
-    const int32_t item = bx * MKV_FAST_WARPS + warp; /* within the section */
+    b.hi = hi, b.n = n;
     b.items_hi = (hi + I - 1) / I;
     b.n_items = b.items_hi + (n - hi + I - 1) / I;
+    const int32_t bh = (b.items_hi + W - 1) / W; /* the high section's blocks */
+    b.arrivals = bh + (b.n_items - b.items_hi + W - 1) / W;
+    int32_t sec;
+    if (a.sec_mask == 3) {
+        sec = bx >= bh;
+        bx -= sec * bh;
+    } else {
+        sec = a.sec_mask == 2;
+    }
+    ip.sec = sec;
+    ip.sec_n = sec ? n - hi : hi;
+    const int32_t item = bx * W + warp; /* within the section */
     ip.ta = item * I;
     ip.tb = min(ip.ta + I, ip.sec_n);
     ip.slot_id = sec ? b.items_hi + item : item;
     b.work = ip.ta < ip.sec_n; /* warp-uniform */
-    b.any = (int64_t)bx * MKV_FAST_WARPS * I < ip.sec_n; /* block-uniform */
+    b.any = (int64_t)bx * W * I < ip.sec_n; /* block-uniform */
     return b;
 }
 
 /* The final M, S and lse of every head of the region into bs (warp w takes heads w,
  * w + MKV_FAST_WARPS); block-wide, ends with a barrier. */
-__device__ __forceinline__ void region_ms(const fast_args &a, const block_pos &b, block_shared &bs)
+__device__ __forceinline__ void region_ms(const fast_args &a, int64_t rs, int32_t n_items, block_shared &bs)
 {
     const int32_t warp = threadIdx.x >> 5, lane = threadIdx.x & 31;
-    const int64_t part = b.ip.rs * 2 * a.sec_items;
+    const int64_t part = rs * 2 * a.sec_items;
     for (int32_t g = warp; g < a.G; g += MKV_FAST_WARPS) {
-        const float2 ms = head_ms(a, part, b.n_items, g);
+        const float2 ms = head_ms(a, part, n_items, g);
         if (lane == 0) bs.M[g] = ms.x, bs.S[g] = ms.y, bs.lse[g] = ms.x + log2f(ms.y);
     }
     __syncthreads();
 }
 
+/* The region's last block finishes it (fused kernel) through its staging area, idle by then:
+ * data come in chunks by cp.async, a whole chunk in flight at once without holding registers
+ * (loads into registers raised the kernel's register count from 142 to 230 at K8V4). */
+template <int KB, int VB, int D>
+struct region_finish {
+    static constexpr int32_t NTH = MKV_FAST_WARPS * 32;
+    static constexpr int32_t AREA = MKV_FAST_WARPS * stage_layout<KB, VB, D>::WARP_BYTES;
+    static constexpr int32_t IDS = 128;                      /* page ids per score chunk */
+    static constexpr int32_t HALF = AREA / 2 - IDS * 4;      /* logits per score chunk */
+    static constexpr int32_t EMAX = (MKV_FAST_MAX_G * D + NTH - 1) / NTH; /* outputs per thread */
+    static_assert(HALF >= 4096, "room for a chunk of logits");
+
+    /* out = the items' partial outputs, each weighted by 2^(m - M) / S: chunks of whole items
+     * (outputs, then max and sum), weights computed once per item and head. */
+    static __device__ __forceinline__ void merge(const fast_args &a, uint8_t *smem, const region_info &g,
+                                                 const float *M, const float *S)
+    {
+        const int32_t tid = threadIdx.x, G = a.G, GD = G * D;
+        const int32_t per_item = GD * 4 + G * 12; /* outputs, max and sum, weight */
+        const int32_t c = AREA / per_item;
+        float *po = reinterpret_cast<float *>(smem);
+        const uint32_t po_s = (uint32_t)__cvta_generic_to_shared(smem);
+        const int64_t part = g.rs * 2 * a.sec_items;
+        float o[EMAX];
+#pragma unroll
+        for (int j = 0; j < EMAX; j++) o[j] = 0.0f;
+        for (int32_t s0 = 0; s0 < g.n_items; s0 += c) {
+            const int32_t cnt = min(c, g.n_items - s0);
+            float *ml = po + cnt * GD, *w = ml + cnt * G * 2;
+            const uint32_t ml_s = po_s + cnt * GD * 4;
+            const uint8_t *src_o = reinterpret_cast<const uint8_t *>(a.part_o + (part + s0) * GD);
+            const uint8_t *src_ml = reinterpret_cast<const uint8_t *>(a.part_ml + (part + s0) * G * 2);
+            for (int32_t off = tid * 16; off < cnt * GD * 4; off += NTH * 16)
+                cp_async<16>(po_s + off, src_o + off, true);
+            for (int32_t off = tid * 8; off < cnt * G * 8; off += NTH * 8)
+                cp_async<8>(ml_s + off, src_ml + off, true);
+            cp_async_commit();
+            cp_async_wait<0>();
+            __syncthreads();
+            for (int32_t i = tid; i < cnt * G; i += NTH) w[i] = exp2f(ml[2 * i] - M[i % G]);
+            __syncthreads();
+#pragma unroll
+            for (int j = 0; j < EMAX; j++) {
+                const int32_t e = tid + j * NTH;
+                if (e >= GD) break;
+                const int32_t h = e / D;
+                for (int32_t s = 0; s < cnt; s++) o[j] = fmaf(po[s * GD + e], w[s * G + h], o[j]);
+            }
+            __syncthreads(); /* the next chunk reuses the area */
+        }
+#pragma unroll
+        for (int j = 0; j < EMAX; j++) {
+            const int32_t e = tid + j * NTH;
+            if (e >= GD) break;
+            a.out[g.rs * GD + e] = o[j] / S[e / D];
+        }
+    }
+
+    /* The score write-back: every token's probability, the maximum over the group of
+     * 2^(l - lse_g), added to its score slot, from the logits still in L2; then (discard) the
+     * logits dropped from L2. Two buffers: the next chunk's logits and page ids are on their
+     * way while this one is scored. */
+    static __device__ __forceinline__ void scores(const fast_args &a, uint8_t *smem, const region_info &g,
+                                                  const float *lse)
+    {
+        const int32_t tid = threadIdx.x, G = a.G;
+        const uint32_t base_s = (uint32_t)__cvta_generic_to_shared(smem);
+        for (int32_t sec = 0; sec < 2; sec++) {
+            const section_tokens s = section_of_region(a, g.rs, g.region, sec, g.hi, g.n, g.items_hi);
+            if (s.n == 0) continue;
+            /* Tokens per chunk: a multiple of 4 (16-byte aligned starts), its pages within IDS. */
+            const int32_t chunk = min(HALF / (G * 4), (IDS - 2) * s.tpp) & ~3;
+            const float inv_tpp = 1.0f / (float)s.tpp;
+            const uint8_t *lg = reinterpret_cast<const uint8_t *>(s.lg);
+            const int32_t n_chunks = (s.n + chunk - 1) / chunk;
+            /* Buffer b: page ids at b * (AREA / 2), logits IDS * 4 bytes on. */
+            auto issue = [&](int32_t c) {
+                const int32_t k0 = c * chunk, k1 = min(k0 + chunk, s.n);
+                const uint32_t at = base_s + (c & 1) * (AREA / 2);
+                /* Whole 16-byte units: the item rows are padded to 256 bytes. */
+                const int32_t bytes = ((k1 - k0) * G * 4 + 15) & ~15;
+                for (int32_t off = tid * 16; off < bytes; off += NTH * 16)
+                    cp_async<16>(at + IDS * 4 + off, lg + (int64_t)k0 * G * 4 + off, true);
+                const int32_t p0 = k0 / s.tpp, np = (k1 - 1) / s.tpp - p0 + 1;
+                for (int32_t i = tid; i < np; i += NTH)
+                    cp_async<4>(at + i * 4, s.row + (int64_t)(p0 + i) * s.step, true);
+                cp_async_commit();
+            };
+            issue(0);
+            for (int32_t c = 0; c < n_chunks; c++) {
+                if (c + 1 < n_chunks) {
+                    issue(c + 1);
+                    cp_async_wait<1>();
+                } else {
+                    cp_async_wait<0>();
+                }
+                __syncthreads();
+                const uint8_t *at = smem + (c & 1) * (AREA / 2);
+                const int32_t *ids = reinterpret_cast<const int32_t *>(at);
+                const float *buf = reinterpret_cast<const float *>(at + IDS * 4);
+                const int32_t k0 = c * chunk, k1 = min(k0 + chunk, s.n), p0 = k0 / s.tpp;
+                for (int32_t k = k0 + tid; k < k1; k += NTH) {
+                    int32_t slot;
+                    const int32_t pi = div_rcp(k, s.tpp, inv_tpp, slot);
+                    red_add(score_slot(s, ids[pi - p0], slot), token_prob(buf + (k - k0) * G, G, lse));
+                }
+                __syncthreads(); /* the chunk after next reuses this buffer */
+            }
+            if (a.discard) {
+                const int32_t lines = (s.n * G * 4 + 127) / 128; /* the rows start 128-byte aligned */
+                for (int32_t i = tid; i < lines; i += NTH) discard_line(lg + (int64_t)i * 128);
+            }
+        }
+    }
+};
+
 /*
- * Separate score pass (a.fused 0): grid (blocks of both sections, H, n_seq); a block runs its
- * items and ends; fast_finalize then merges and writes the scores back.
+ * Separate score pass (a.fused 0): grid (grid_x, H, n_seq); a block runs its items and ends;
+ * fast_finalize then merges and writes the scores back.
  *
- * Fused (a.fused 1, one launch covering both sections): a persistent grid. Each block loops
- * over two kinds of work, taken from counters in the workspace:
- *   - score jobs (first, so that logits leave L2 soon): a block id whose region is complete;
- *     each warp adds its item's probabilities to the score slots from the logits, still in L2
- *     (stored evict_last), then discards them;
- *   - decode blocks, in id order: the items' logits and partial results, then an arrival at the
- *     region's counter. The region's last block to arrive merges the items into out and
- *     publishes the region's blocks as score jobs.
- * Nobody waits for another block's work except to end: a block leaves once every id is done
- * and every score job taken.
+ * Fused (a.fused 1, one launch covering both sections): a persistent grid whose blocks take
+ * decode ids in order from a counter (the next one fetched while the current one runs). A
+ * block runs its items (their logits stored evict_last, so that they stay in L2), then arrives
+ * at its region's counter; the region's last block to arrive merges the items into out and
+ * writes the whole region's scores back from the logits, still in L2, many loads in flight per
+ * thread, then drops them from L2. Nobody waits for another block.
  */
 template <int KB, int VB, int D>
 __global__ void __launch_bounds__(MKV_FAST_WARPS * 32) decode_kernel(const fast_args a)
@@ -775,89 +845,45 @@ __global__ void __launch_bounds__(MKV_FAST_WARPS * 32) decode_kernel(const fast_
     }
 
     const uint64_t keep = policy_evict_last();
-    int32_t *const next_id = a.counters + a.n_rs, *const sq_head = next_id + 1;
-    int32_t *const sq_tail = next_id + 2, *const finished = next_id + 3, *const jobs = next_id + 4;
+    int32_t *const next_id = a.counters + a.n_rs;
     const int32_t gx = a.grid_x, total = a.total_ids;
-    /* Thread 0's: every decode id has been taken; the score job ticket it holds (-1: none). */
-    bool exhausted = false;
-    int32_t owed = -1;
-    enum { EXIT, RETRY, DECODE, SCORE };
-    for (;;) {
-        if (tid == 0) {
-            int32_t cmd = RETRY, arg = 0;
-            /* A ticket when jobs seem to be waiting; it may name a job published later. */
-            if (owed < 0 && ld_relaxed(sq_head) < ld_relaxed(sq_tail)) {
-                owed = atomicAdd(sq_head, 1);
-                if (owed >= total) owed = -1; /* past any job there can be */
-            }
-            if (owed >= 0 && (arg = ld_acquire(jobs + owed)) >= 0) {
-                cmd = SCORE, owed = -1;
-            } else if (!exhausted) {
-                arg = atomicAdd(next_id, 1);
-                if (arg < total) cmd = DECODE;
-                else exhausted = true;
-            } else if (ld_acquire(finished) == total) { /* every job is published */
-                const int32_t tail = ld_relaxed(sq_tail);
-                if (owed >= tail) owed = -1; /* a ticket past the last job */
-                if (owed >= 0) {
-                    while ((arg = ld_acquire(jobs + owed)) < 0) __nanosleep(32);
-                    cmd = SCORE, owed = -1;
-                } else if (ld_relaxed(sq_head) >= tail) {
-                    cmd = EXIT;
-                }
-            } else {
-                __nanosleep(256);
-            }
-            bs.cmd = cmd, bs.arg = arg;
-        }
-        __syncthreads();
-        const int32_t cmd = bs.cmd, id = bs.arg;
-        __syncthreads(); /* bs.cmd is rewritten in the next round */
-        if (cmd == EXIT) break;
-        if (cmd == RETRY) continue;
-        const int32_t r = id / gx, bx = id - r * gx;
-        const block_pos b = locate(a, bx, r % a.H, r / a.H);
-
-        if (cmd == SCORE) {
-            region_ms(a, b, bs);
-            if (b.work) score_item(a, b.ip, bs.lse);
-            continue;
-        }
-
-        /* DECODE */
-        if (b.any) {
+    if (tid == 0) bs.arg = atomicAdd(next_id, 1);
+    __syncthreads();
+    int32_t id = bs.arg;
+    __syncthreads(); /* bs.arg is rewritten at the end of the first round */
+    while (id < total) {
+        /* The next id, fetched now (thread 0's; read at the end of this round). */
+        int32_t next = 0;
+        if (tid == 0) next = atomicAdd(next_id, 1);
+        bool any;
+        {
+            const int32_t r = id / gx, bx = id - r * gx;
+            const block_pos b = locate(a, bx, r % a.H, r / a.H);
+            if (tid == 0) bs.reg = {b.ip.rs, b.ip.region, b.hi, b.n, b.items_hi, b.n_items, b.arrivals};
+            any = b.any;
             if (b.work) run_item<KB, VB, D>(a, smem, b.ip, keep);
+        }
+        if (any) {
             /* Arrive (release: every thread's results are ordered before the increment). */
             __threadfence();
             __syncthreads();
+            const region_info &g = bs.reg;
             if (tid == 0) {
-                const int32_t arrivals = (b.items_hi + MKV_FAST_WARPS - 1) / MKV_FAST_WARPS +
-                                         (b.n_items - b.items_hi + MKV_FAST_WARPS - 1) / MKV_FAST_WARPS;
-                const int32_t before = atomicAdd(a.counters + b.ip.rs, 1);
-                bs.last = before == arrivals - 1;
+                bs.last = atomicAdd(a.counters + g.rs, 1) == g.arrivals - 1;
                 __threadfence(); /* acquire, for the last one */
-                if (bs.last) {
-                    bs.arg = atomicAdd(sq_tail, arrivals); /* the region's score jobs */
-                    bs.cmd = arrivals;
-                }
             }
             __syncthreads();
             if (bs.last) {
-                const int32_t pos = bs.arg, n_jobs = bs.cmd;
-                /* Its blocks: high x in [0, ceil(items_hi / W)), low from blocks_per_sec. */
-                const int32_t bh = (b.items_hi + MKV_FAST_WARPS - 1) / MKV_FAST_WARPS;
-                for (int32_t i = tid; i < n_jobs; i += MKV_FAST_WARPS * 32)
-                    st_release(jobs + pos + i, r * gx + (i < bh ? i : a.blocks_per_sec + i - bh));
-                region_ms(a, b, bs);
-                merge_out(a, b.ip.rs * 2 * a.sec_items, b.n_items, b.ip.rs, D, bs.M, bs.S, tid,
-                          MKV_FAST_WARPS * 32);
+                region_ms(a, g.rs, g.n_items, bs);
+                using RF = region_finish<KB, VB, D>;
+                RF::merge(a, smem, g, bs.M, bs.S);
+                RF::scores(a, smem, g, bs.lse);
             }
         }
-        __syncthreads(); /* bs is reused */
-        if (tid == 0) {
-            __threadfence();
-            atomicAdd(finished, 1);
-        }
+        if (tid == 0) bs.arg = next;
+        __syncthreads();
+        id = bs.arg;
+        __syncthreads(); /* bs is rewritten in the next round */
     }
 }
 

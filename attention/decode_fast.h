@@ -8,10 +8,9 @@
  * A warp takes one item: up to item_tokens consecutive tokens of one section (high or low) of
  * one head-region, for all G <= 8 query heads of the group at once, and writes the item's
  * unnormalised partial output, running max and sum to the workspace together with every
- * token's logits. Then either (fused) the blocks of a head-region wait for each other and
- * write the scores back from logits still in L2, or a separate pass, mkv_fast_finalize, merges
- * the items of each head-region into out and adds each token's probability (the maximum over
- * the group) to its score slot.
+ * token's logits. Then either (fused) the last block of a head-region to finish merges its
+ * items into out and adds each token's probability (the maximum over the group) to its score
+ * slot, inside the same kernel, or a separate pass, mkv_fast_finalize, does the same.
  */
 #ifndef MKV_ATTENTION_DECODE_FAST_H
 #define MKV_ATTENTION_DECODE_FAST_H
@@ -54,17 +53,17 @@ struct fast_args {
                        holds its item's logits, log2 units (already times log2 e) */
     float *part_o;  /* [n_seq * H][2 * sec_items][G][d] unnormalised partial outputs */
     float *part_ml; /* [n_seq * H][2 * sec_items][G][2] partial max (log2 units), sum */
-    /* Per launch: which sections this launch covers (1 high, 2 low, 3 both) and the blocks of
-     * one section along grid x. */
-    int32_t sec_mask, blocks_per_sec;
+    /* Per launch: which sections this launch covers (1 high, 2 low, 3 both) and its blocks
+     * along grid x per region: blocks_per_sec for one section; blocks_per_sec + 1 for both,
+     * the high section's blocks first, then the low one's, then none (locate). */
+    int32_t sec_mask, blocks_per_sec, grid_x;
     /* Fused score write-back (one launch covering both sections only; a persistent grid):
-     * counters [n_rs + 4 + total_ids], the first n_rs + 4 zeroed before the launch (per region
-     * arrivals; next decode id, score jobs taken, published, ids done), then the score jobs
-     * (block ids, -1 before the launch). discard: whether to drop read logits from L2 (the
-     * workspace is 128-byte aligned). grid_x: blocks per region along x (both sections). */
+     * counters [n_rs + 1] zeroed before the launch, the arrivals per region, then the next
+     * decode id (of total_ids = grid_x * n_rs). discard: whether to drop read logits from L2
+     * (the workspace is 128-byte aligned). */
     int32_t fused, discard;
     int32_t n_rs; /* n_seq * H */
-    int32_t grid_x, total_ids;
+    int32_t total_ids;
     int32_t *counters;
 };
 
@@ -111,34 +110,92 @@ __device__ __forceinline__ float2 head_ms(const fast_args &a, int64_t part, int3
     return make_float2(M, S);
 }
 
-/* A token's probability from its row of G logits l (log2 units): the maximum over the group of
+/* A token's probability from its row of G logits l (log2 units; global or shared memory,
+ * written before this kernel or staged by it): the maximum over the group of
  * 2^(l - lse_g) = 2^(l - M_g) / S_g (the rounding of lse moves it by ~1e-7). */
 __device__ __forceinline__ float token_prob(const float *l, int32_t G, const float *lse)
 {
     float p = 0.0f;
     if (G % 4 == 0) { /* 16-byte loads: rows of G % 4 == 0 logits are 16-byte aligned */
         for (int32_t g = 0; g < G; g += 4) {
-            const float4 v = __ldcg(reinterpret_cast<const float4 *>(l + g));
+            const float4 v = *reinterpret_cast<const float4 *>(l + g);
             p = fmaxf(p, fmaxf(fmaxf(exp2f(v.x - lse[g]), exp2f(v.y - lse[g + 1])),
                                fmaxf(exp2f(v.z - lse[g + 2]), exp2f(v.w - lse[g + 3]))));
         }
     } else {
-        for (int32_t g = 0; g < G; g++) p = fmaxf(p, exp2f(__ldcg(l + g) - lse[g]));
+        for (int32_t g = 0; g < G; g++) p = fmaxf(p, exp2f(l[g] - lse[g]));
     }
     return p;
 }
 
-/* The score slot of token k of section sec, whose head-region's page-table row is row. */
-__device__ __forceinline__ float *score_slot(const fast_args &a, int32_t sec, const int32_t *row,
-                                             int32_t k, float inv_tpp)
+/* score += v as a fire-and-forget reduction in L2: no load waits on it. Each slot has one writer
+ * per call, so this is the load, add and store it replaces, except that the add flushes
+ * subnormals (below 1.2e-38) to zero. */
+__device__ __forceinline__ void red_add(float *score, float v)
 {
-    const fast_section &L = a.sec[sec];
-    int32_t slot;
-    const int32_t pi = div_rcp(k, L.tpp, inv_tpp, slot);
-    const int32_t page = __ldg(row + (sec ? a.T - 1 - pi : pi));
+    asm volatile("red.global.add.f32 [%0], %1;" ::"l"(score), "f"(v) : "memory");
+}
+
+/* One section of a head-region for the score write-back: its n tokens' logits (token k's G at
+ * lg + k G: the section's item rows follow each other, all full but the last), its page ids
+ * (page i at row[i * step]: the high section from the row's start, the low one from its end)
+ * and pages of tpp tokens with the score slots at off_score. */
+struct section_tokens {
+    const float *lg;
+    const int32_t *row;
+    const uint8_t *pool;
+    int64_t page_bytes, off_score;
+    int32_t step, n, tpp, G;
+};
+
+/* The score slot at slot of page id page of a section. */
+__device__ __forceinline__ float *score_slot(const section_tokens &s, int32_t page, int32_t slot)
+{
     // NOTE: int32 page id, widen before the multiply (pools exceed 2 GiB).
-    return reinterpret_cast<float *>(const_cast<uint8_t *>(a.pool) + (int64_t)page * a.page_bytes +
-                                     L.off_score) + slot;
+    return reinterpret_cast<float *>(const_cast<uint8_t *>(s.pool) + (int64_t)page * s.page_bytes +
+                                     s.off_score) + slot;
+}
+
+/* The head-region's section sec (high tokens [0, hi), low [hi, n); logits of the high items
+ * from slot 0, of the low ones from slot items_hi). */
+__device__ __forceinline__ section_tokens section_of_region(const fast_args &a, int64_t rs, int64_t region,
+                                                            int32_t sec, int32_t hi, int32_t n,
+                                                            int32_t items_hi)
+{
+    section_tokens s;
+    const int64_t slot = rs * (a.sec_items + 1) + (sec ? items_hi : 0);
+    s.lg = a.logits + slot * a.item_tokens * a.G;
+    s.row = a.table + region * a.T + (sec ? a.T - 1 : 0);
+    s.step = sec ? -1 : 1;
+    s.n = sec ? n - hi : hi;
+    s.tpp = a.sec[sec].tpp;
+    s.off_score = a.sec[sec].off_score;
+    s.pool = a.pool, s.page_bytes = a.page_bytes, s.G = a.G;
+    return s;
+}
+
+/* The score write-back of tokens k = first + u * stride (u < U, 0 <= k < n) of a section (the
+ * finalize kernel): each one's probability added to its score slot. All loads (logits and
+ * page ids) first, then the reductions: U independent chains, none waiting on a score slot. */
+template <int U>
+__device__ __forceinline__ void score_tokens(const section_tokens &s, int32_t first, int32_t stride,
+                                             const float *lse)
+{
+    float pmax[U];
+    int32_t page[U];
+#pragma unroll
+    for (int u = 0; u < U; u++) {
+        const int32_t k = first + u * stride;
+        if (k < 0 || k >= s.n) continue;
+        pmax[u] = token_prob(s.lg + (int64_t)k * s.G, s.G, lse);
+        page[u] = __ldg(s.row + k / s.tpp * s.step);
+    }
+#pragma unroll
+    for (int u = 0; u < U; u++) {
+        const int32_t k = first + u * stride;
+        if (k < 0 || k >= s.n) continue;
+        red_add(score_slot(s, page[u], k % s.tpp), pmax[u]);
+    }
 }
 
 /* out of head-region rs = its n_items items' partial outputs (from part), each weighted by
@@ -158,14 +215,6 @@ __device__ __forceinline__ void merge_out(const fast_args &a, int64_t part, int3
         }
         a.out[(rs * G + g) * d + e] = o / S[g];
     }
-}
-
-/* score += v as a fire-and-forget reduction in L2: no load waits on it. Each slot has one writer
- * per call, so this is the load, add and store it replaces, except that the add flushes
- * subnormals (below 1.2e-38) to zero. */
-__device__ __forceinline__ void red_add(float *score, float v)
-{
-    asm volatile("red.global.add.f32 [%0], %1;" ::"l"(score), "f"(v) : "memory");
 }
 
 /* Merge and score write-back after the item kernels; head_dim d. */

@@ -74,30 +74,11 @@ static __global__ void __launch_bounds__(FIN_THREADS) finalize_kernel(const fast
         return;
     }
 
-    /* All loads of the FIN_TOKENS tokens first (logits and page ids), then the scores'
-     * reductions: independent chains, none waiting on the score slots. */
-    float pmax[FIN_TOKENS];
-    float *score[FIN_TOKENS];
-    const float inv_tpp[2] = {1.0f / (float)a.sec[0].tpp, 1.0f / (float)a.sec[1].tpp};
-    const float inv_item = 1.0f / (float)I;
-    const int32_t *row = a.table + region * a.T;
-#pragma unroll
-    for (int u = 0; u < FIN_TOKENS; u++) {
-        const int32_t t = first + u * FIN_THREADS + tid;
-        pmax[u] = 0.0f;
-        score[u] = nullptr;
-        if (t >= n) continue;
-        const int sec = t >= hi;
-        const int32_t k = sec ? t - hi : t;
-        int32_t in_item; /* the item, and the token in it */
-        const int32_t it = div_rcp(k, I, inv_item, in_item);
-        pmax[u] = token_prob(a.logits + ((rs * (a.sec_items + 1) + (sec ? items_hi + it : it)) * I +
-                                         in_item) * G, G, LSE_s);
-        score[u] = score_slot(a, sec, row, k, inv_tpp[sec]);
+    /* The tokens of the block in each section (first is past hi in the low one: none there). */
+    for (int32_t sec = 0; sec < 2; sec++) {
+        const section_tokens s = section_of_region(a, rs, region, sec, hi, n, items_hi);
+        score_tokens<FIN_TOKENS>(s, first + tid - (sec ? hi : 0), FIN_THREADS, LSE_s);
     }
-#pragma unroll
-    for (int u = 0; u < FIN_TOKENS; u++)
-        if (score[u]) red_add(score[u], pmax[u]);
 }
 
 cudaError_t mkv_fast_finalize(const fast_args &a, int32_t d, int32_t n_seq, cudaStream_t stream)
