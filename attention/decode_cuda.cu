@@ -560,7 +560,7 @@ static bool sizes_ok(int32_t n_seq, int32_t H, int32_t G, int32_t d, int32_t max
 struct fast_plan {
     int32_t item_tokens, sec_items;
     int64_t total_ids; /* decode blocks of a one-launch call: (blocks per section + 1) * regions */
-    size_t off_logits, off_part_o, off_part_ml, off_counters, bytes;
+    size_t off_logits, off_part_o, off_part_ml, off_counters, off_lse, bytes;
 };
 
 static int32_t device_attr(cudaDeviceAttr attr, int32_t fallback)
@@ -607,7 +607,9 @@ static fast_plan plan_fast(int32_t n_seq, int32_t H, int32_t G, int32_t d, int32
     off += mkv_align_up64((int64_t)(slots * 2 * sizeof(float)), WS_ALIGN);
     w.total_ids = ((w.sec_items + MKV_FAST_WARPS - 1) / MKV_FAST_WARPS + 1) * (int64_t)rs;
     w.off_counters = off;
-    off += mkv_align_up64((int64_t)((rs + 1) * sizeof(int32_t)), WS_ALIGN);
+    off += mkv_align_up64((int64_t)((rs + 4 + (size_t)w.total_ids) * sizeof(int32_t)), WS_ALIGN);
+    w.off_lse = off;
+    off += mkv_align_up64((int64_t)(rg * sizeof(float)), WS_ALIGN);
     w.bytes = off;
     return w;
 }
@@ -708,6 +710,7 @@ static mkv_status_t launch_fast(const mkv_cuda_decode_t *a, cudaStream_t stream,
     f.blocks_per_sec = (w.sec_items + MKV_FAST_WARPS - 1) / MKV_FAST_WARPS;
     f.n_rs = a->n_seq * a->n_heads;
     f.counters = reinterpret_cast<int32_t *>(ws + w.off_counters);
+    f.lse = reinterpret_cast<float *>(ws + w.off_lse);
     f.fused = 0, f.discard = 0;
     f.total_ids = (int32_t)w.total_ids;
     const dim3 grid((unsigned)f.blocks_per_sec, (unsigned)a->n_heads, (unsigned)a->n_seq);
@@ -718,10 +721,14 @@ static mkv_status_t launch_fast(const mkv_cuda_decode_t *a, cudaStream_t stream,
         if (fused) {
             f.fused = 1;
             f.discard = (uintptr_t)f.logits % 128 == 0;
-            /* Counters to zero; a persistent grid of what the GPU holds. */
+            /* Counters to zero, score jobs to -1; a persistent grid of what the GPU holds. */
             if ((st = launched("cudaMemsetAsync (decode counters)", err,
-                               cudaMemsetAsync(f.counters, 0, ((size_t)f.n_rs + 1) * sizeof(int32_t),
-                                               stream))) != MKV_STATUS_OK)
+                               cudaMemsetAsync(f.counters, 0, ((size_t)f.n_rs + 4) * sizeof(int32_t),
+                                               stream))) != MKV_STATUS_OK ||
+                (st = launched("cudaMemsetAsync (decode score jobs)", err,
+                               cudaMemsetAsync(f.counters + f.n_rs + 4, 0xff,
+                                               (size_t)f.total_ids * sizeof(int32_t), stream))) !=
+                    MKV_STATUS_OK)
                 return st;
             const int64_t resident = (int64_t)fh.blocks_per_sm() * device_attr(cudaDevAttrMultiProcessorCount, 1);
             const dim3 gp((unsigned)(resident > 0 && resident < f.total_ids ? resident : f.total_ids));

@@ -58,13 +58,15 @@ struct fast_args {
      * the high section's blocks first, then the low one's, then none (locate). */
     int32_t sec_mask, blocks_per_sec, grid_x;
     /* Fused score write-back (one launch covering both sections only; a persistent grid):
-     * counters [n_rs + 1] zeroed before the launch, the arrivals per region, then the next
-     * decode id (of total_ids = grid_x * n_rs). discard: whether to drop read logits from L2
-     * (the workspace is 128-byte aligned). */
+     * counters [n_rs + 4 + total_ids], the first n_rs + 4 zeroed before the launch (per region
+     * arrivals; next decode id, score jobs taken, published, ids done), then the score jobs
+     * (decode block ids, -1 before the launch); lse [n_rs][G], each region's log2-sum-exp per
+     * head. discard: whether to drop read logits from L2 (the workspace is 128-byte aligned). */
     int32_t fused, discard;
     int32_t n_rs; /* n_seq * H */
     int32_t total_ids;
     int32_t *counters;
+    float *lse;
 };
 
 typedef cudaError_t (*fast_launch_fn)(const fast_args &a, dim3 grid, cudaStream_t stream);
