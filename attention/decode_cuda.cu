@@ -642,18 +642,21 @@ static fast_section section_of(const mkv_page_layout_t &l)
 
 /* Whether a tensor-core call may write its scores back inside the decode kernel: one launch
  * for both sections (one format), and asked for (FUSED), or under AUTO for keys of 8 bits or
- * more in calls of 2^22 token-heads or more over at least 4 head-regions per multiprocessor.
- * Measured on the H200 (docs/decode-kernel.md, "Score write-back inside the kernel"): 2 to 4%
- * faster there; slower for 4-bit keys (their decode is bound by instruction issue, which the
- * write-back shares) and where few head-regions make the last ones' write-back a tail (16 x 32k:
- * 18% slower). */
+ * more in calls of at least 8192 tokens per head-region, and for K16V16 also in calls of at
+ * least 2^22 token-heads. Measured on the H200 (docs/decode-kernel.md, "Score write-back inside
+ * the kernel"): 2 to 8% faster there (256 x 32k: K16V16 8.47 against 8.89 ms, K8V4 4.32
+ * against 4.52); slower for 4-bit keys (their decode is bound by instruction issue, which the
+ * write-back shares) and for short regions of the quantized formats (256 x 4k: K8V4 655
+ * against 644 us). */
 static bool fast_may_fuse(const mkv_cuda_decode_t *a, const fast_kernel &fh, const fast_kernel &fl)
 {
     if (a->scores == MKV_DECODE_SCORES_SEPARATE || fh.launch != fl.launch) return false;
     if (a->scores == MKV_DECODE_SCORES_FUSED) return true;
-    const int64_t rs = (int64_t)a->n_seq * a->n_heads;
-    return a->lay_hi.key.bits >= 8 && rs * a->max_tokens >= ((int64_t)1 << 22) &&
-           rs >= 4 * (int64_t)device_attr(cudaDevAttrMultiProcessorCount, 132);
+    const mkv_page_layout_t &l = a->lay_hi;
+    const int64_t token_heads = (int64_t)a->n_seq * a->n_heads * a->max_tokens;
+    return l.key.bits >= 8 &&
+           (a->max_tokens >= 8192 ||
+            (l.key.bits == 16 && l.value.bits == 16 && token_heads >= ((int64_t)1 << 22)));
 }
 
 static fast_plan plan_for(const mkv_cuda_decode_t *a, bool fused, const fast_kernel &fh)
