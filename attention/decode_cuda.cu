@@ -641,22 +641,24 @@ static fast_section section_of(const mkv_page_layout_t &l)
 }
 
 /* Whether a tensor-core call may write its scores back inside the decode kernel: one launch
- * for both sections (one format), and asked for (FUSED), or under AUTO for keys of 8 bits or
- * more in calls of at least 8192 tokens per head-region, and for K16V16 also in calls of at
- * least 2^22 token-heads. Measured on the H200 (docs/decode-kernel.md, "Score write-back inside
- * the kernel"): 2 to 8% faster there (256 x 32k: K16V16 8.47 against 8.89 ms, K8V4 4.32
- * against 4.52); slower for 4-bit keys (their decode is bound by instruction issue, which the
- * write-back shares) and for short regions of the quantized formats (256 x 4k: K8V4 655
- * against 644 us). */
+ * for both sections (one format), and asked for (FUSED), or under AUTO where the H200 grids of
+ * both passes say it is faster (docs/decode-kernel.md, "Score write-back inside the kernel"):
+ *   - small calls, up to 2^18 token-heads, any format (one launch instead of two: 1 x 32k
+ *     K4V2 102 against 121 us);
+ *   - keys of 8 bits or more in calls of at least 16k tokens per region (256 x 32k: K8V4 4.32
+ *     against 4.52 ms);
+ *   - K16V16 in calls of at least 2^21 token-heads (256 x 32k: 8.47 against 8.89 ms).
+ * Elsewhere it is slower: 4-bit keys (their decode is bound by instruction issue, which the
+ * write-back shares: K4V2 256 x 32k 3.51 against 3.40 ms) and short regions (256 x 4k, K8V4:
+ * 654 against 642 us). */
 static bool fast_may_fuse(const mkv_cuda_decode_t *a, const fast_kernel &fh, const fast_kernel &fl)
 {
     if (a->scores == MKV_DECODE_SCORES_SEPARATE || fh.launch != fl.launch) return false;
     if (a->scores == MKV_DECODE_SCORES_FUSED) return true;
     const mkv_page_layout_t &l = a->lay_hi;
     const int64_t token_heads = (int64_t)a->n_seq * a->n_heads * a->max_tokens;
-    return l.key.bits >= 8 &&
-           (a->max_tokens >= 8192 ||
-            (l.key.bits == 16 && l.value.bits == 16 && token_heads >= ((int64_t)1 << 22)));
+    return token_heads <= ((int64_t)1 << 18) || (l.key.bits >= 8 && a->max_tokens >= 16384) ||
+           (l.key.bits == 16 && l.value.bits == 16 && token_heads >= ((int64_t)1 << 21));
 }
 
 static fast_plan plan_for(const mkv_cuda_decode_t *a, bool fused, const fast_kernel &fh)
