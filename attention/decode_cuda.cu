@@ -574,8 +574,12 @@ static int32_t device_attr(cudaDeviceAttr attr, int32_t fallback)
     return n;
 }
 
+/* cap_blocks: 0, the default item size; 1 to 4, items small enough for the logits of the items
+ * in flight (cap_blocks resident blocks per multiprocessor) to fill at most about half of L2,
+ * for the fused write-back of 8-bit-or-wider keys (docs/decode-kernel.md). fused: room for
+ * the fused kernel's counters and log-sum-exps. */
 static fast_plan plan_fast(int32_t n_seq, int32_t H, int32_t G, int32_t d, int32_t max_tokens,
-                           int32_t split_tokens, bool fused, int32_t resident_blocks)
+                           int32_t split_tokens, bool fused, int32_t cap_blocks)
 {
     fast_plan w;
     const int32_t sms = device_attr(cudaDevAttrMultiProcessorCount, 132);
@@ -583,13 +587,10 @@ static fast_plan plan_fast(int32_t n_seq, int32_t H, int32_t G, int32_t d, int32
         w.item_tokens = (int32_t)mkv_align_up64(split_tokens, MKV_FAST_MIN_ITEM);
     } else {
         w.item_tokens = mkv_fast_item_tokens(n_seq, H, max_tokens, sms);
-        /* The fused score write-back reads each region's logits back from L2 once the region
-         * is done: the logits of the items in flight (resident warps) should fill at most
-         * about half of it. And at most 256 items per section. */
+        /* And at most 256 items per section. */
         const int64_t l2 = device_attr(cudaDevAttrL2CacheSize, 50 << 20);
-        const int64_t warps = (int64_t)sms * (resident_blocks >= 1 && resident_blocks < 4 ? resident_blocks : 4) *
-                              MKV_FAST_WARPS; /* 4 blocks: the most any kernel keeps, assumed for sizing */
-        while (fused && w.item_tokens > MKV_FAST_MIN_ITEM &&
+        const int64_t warps = (int64_t)sms * cap_blocks * MKV_FAST_WARPS;
+        while (cap_blocks > 0 && w.item_tokens > MKV_FAST_MIN_ITEM &&
                warps * w.item_tokens * G * 4 > l2 * 9 / 16 &&
                ((int64_t)max_tokens + w.item_tokens / 2 - 1) / (w.item_tokens / 2) <= 256)
             w.item_tokens /= 2;
@@ -606,10 +607,10 @@ static fast_plan plan_fast(int32_t n_seq, int32_t H, int32_t G, int32_t d, int32
     w.off_part_ml = off;
     off += mkv_align_up64((int64_t)(slots * 2 * sizeof(float)), WS_ALIGN);
     w.total_ids = ((w.sec_items + MKV_FAST_WARPS - 1) / MKV_FAST_WARPS + 1) * (int64_t)rs;
-    w.off_counters = off;
-    off += mkv_align_up64((int64_t)((rs + 4 + (size_t)w.total_ids) * sizeof(int32_t)), WS_ALIGN);
+    w.off_counters = off; /* the fused kernel's only */
+    if (fused) off += mkv_align_up64((int64_t)((rs + 4 + (size_t)w.total_ids) * sizeof(int32_t)), WS_ALIGN);
     w.off_lse = off;
-    off += mkv_align_up64((int64_t)(rg * sizeof(float)), WS_ALIGN);
+    if (fused) off += mkv_align_up64((int64_t)(rg * sizeof(float)), WS_ALIGN);
     w.bytes = off;
     return w;
 }
@@ -643,28 +644,34 @@ static fast_section section_of(const mkv_page_layout_t &l)
 /* Whether a tensor-core call may write its scores back inside the decode kernel: one launch
  * for both sections (one format), and asked for (FUSED), or under AUTO where the H200 grids of
  * both passes say it is faster (docs/decode-kernel.md, "Score write-back inside the kernel"):
- *   - small calls, up to 2^18 token-heads, any format (one launch instead of two: 1 x 32k
- *     K4V2 102 against 121 us);
- *   - keys of 8 bits or more in calls of at least 16k tokens per region (256 x 32k: K8V4 4.32
- *     against 4.52 ms);
- *   - K16V16 in calls of at least 2^21 token-heads (256 x 32k: 8.47 against 8.89 ms).
- * Elsewhere it is slower: 4-bit keys (their decode is bound by instruction issue, which the
- * write-back shares: K4V2 256 x 32k 3.51 against 3.40 ms) and short regions (256 x 4k, K8V4:
- * 654 against 642 us). */
+ *   - small calls, up to 2^18 token-heads (one launch instead of two: 1 x 32k K4V2 93 against
+ *     127 us);
+ *   - calls of at least 16k tokens per region (256 x 32k: K8V4 4.24 against 4.49 ms, K4V2 3.21
+ *     against 3.37);
+ *   - K16V16 in calls of at least 2^21 token-heads (256 x 4k: 1.12 against 1.16 ms).
+ * Elsewhere, shorter regions in larger calls, it is slower (256 x 4k, K4V2: 519 against 497 us). */
 static bool fast_may_fuse(const mkv_cuda_decode_t *a, const fast_kernel &fh, const fast_kernel &fl)
 {
     if (a->scores == MKV_DECODE_SCORES_SEPARATE || fh.launch != fl.launch) return false;
     if (a->scores == MKV_DECODE_SCORES_FUSED) return true;
     const mkv_page_layout_t &l = a->lay_hi;
     const int64_t token_heads = (int64_t)a->n_seq * a->n_heads * a->max_tokens;
-    return token_heads <= ((int64_t)1 << 18) || (l.key.bits >= 8 && a->max_tokens >= 16384) ||
+    return token_heads <= ((int64_t)1 << 18) || a->max_tokens >= 16384 ||
            (l.key.bits == 16 && l.value.bits == 16 && token_heads >= ((int64_t)1 << 21));
 }
 
 static fast_plan plan_for(const mkv_cuda_decode_t *a, bool fused, const fast_kernel &fh)
 {
+    /* Fused with 8-bit-or-wider keys: items capped for L2 (measured faster there); 4-bit keys
+     * gain more from long items, whose fill and drain cost less issue slots (H200 256 x 32k,
+     * K4V2: 3.20 ms at 4096 tokens per item against 3.41 at 1024). */
+    int32_t cap = 0;
+    if (fused && a->lay_hi.key.bits >= 8) {
+        const int32_t b = fh.blocks_per_sm();
+        cap = b >= 1 && b <= 4 ? b : 4; /* 4: the most any kernel keeps, assumed for sizing */
+    }
     return plan_fast(a->n_seq, a->n_heads, a->group_size, a->head_dim, a->max_tokens,
-                     a->split_tokens, fused, fused ? fh.blocks_per_sm() : 0);
+                     a->split_tokens, fused, cap);
 }
 
 /* The plan of a tensor-core call, and whether it fuses the score write-back (where it may and
@@ -714,8 +721,8 @@ static mkv_status_t launch_fast(const mkv_cuda_decode_t *a, cudaStream_t stream,
     f.part_ml = reinterpret_cast<float *>(ws + w.off_part_ml);
     f.blocks_per_sec = (w.sec_items + MKV_FAST_WARPS - 1) / MKV_FAST_WARPS;
     f.n_rs = a->n_seq * a->n_heads;
-    f.counters = reinterpret_cast<int32_t *>(ws + w.off_counters);
-    f.lse = reinterpret_cast<float *>(ws + w.off_lse);
+    f.counters = fused ? reinterpret_cast<int32_t *>(ws + w.off_counters) : nullptr;
+    f.lse = fused ? reinterpret_cast<float *>(ws + w.off_lse) : nullptr;
     f.fused = 0, f.discard = 0;
     f.total_ids = (int32_t)w.total_ids;
     const dim3 grid((unsigned)f.blocks_per_sec, (unsigned)a->n_heads, (unsigned)a->n_seq);
@@ -763,10 +770,12 @@ extern "C" size_t mkv_cuda_decode_workspace_size(int32_t n_seq, int32_t n_heads,
     const size_t generic =
         plan_workspace(n_seq, n_heads, group_size, head_dim, max_tokens, split_tokens).bytes;
     if (head_dim != 64 && head_dim != 128) return generic;
-    /* Either tensor-core plan (the fused one has smaller items, so more of them). */
-    const size_t f0 = plan_fast(n_seq, n_heads, group_size, head_dim, max_tokens, split_tokens, false, 0).bytes;
-    const size_t f1 = plan_fast(n_seq, n_heads, group_size, head_dim, max_tokens, split_tokens, true, 0).bytes;
-    const size_t fast = f0 > f1 ? f0 : f1;
+    /* Any tensor-core plan: separate, or fused with any item cap. */
+    size_t fast = plan_fast(n_seq, n_heads, group_size, head_dim, max_tokens, split_tokens, false, 0).bytes;
+    for (int32_t cap = 0; cap <= 4; cap++) {
+        const size_t f = plan_fast(n_seq, n_heads, group_size, head_dim, max_tokens, split_tokens, true, cap).bytes;
+        if (f > fast) fast = f;
+    }
     return fast > generic ? fast : generic;
 }
 

@@ -53,8 +53,8 @@ typedef enum mkv_cuda_decode_kernel {
  * launch covers the call: both sections of one format): inside the decode kernel, a persistent
  * grid whose blocks also take "score jobs" for head-regions that are complete. AUTO: FUSED
  * where it is measured faster (calls of up to 2^18 token-heads, n_seq * n_heads * max_tokens;
- * keys of 8 bits or more with max_tokens >= 16384; K16V16 calls of at least 2^21
- * token-heads), SEPARATE elsewhere (docs/decode-kernel.md). */
+ * max_tokens >= 16384; K16V16 calls of at least 2^21 token-heads), SEPARATE elsewhere
+ * (docs/decode-kernel.md). */
 typedef enum mkv_cuda_decode_scores {
     MKV_DECODE_SCORES_AUTO = 0,
     MKV_DECODE_SCORES_SEPARATE = 1,

@@ -241,9 +241,11 @@ struct stage_layout {
     static constexpr int ROUNDS = (KC + VC + 1) / 2;            /* copy rounds (2 chunks each) */
     static constexpr int META = (KC + VC) * 256;
     static constexpr int BYTES_PER_SUBTILE = META + (KQ || VQ ? 128 : 0); /* per warp */
-    static constexpr int NT = BYTES_PER_SUBTILE <= 3072 ? 2 : 1; /* subtiles per stage */
-    /* Three stages, two for the largest subtiles (K16V16 at d 128) so that 12 warps fit an SM. */
-    static constexpr int STAGES = BYTES_PER_SUBTILE > 6144 ? 2 : 3;
+    /* Subtiles per stage: fewer, larger stages for small subtiles (one wait and one barrier per
+     * stage). */
+    static constexpr int NT = BYTES_PER_SUBTILE <= 1792 ? 4 : BYTES_PER_SUBTILE <= 3328 ? 2 : 1;
+    /* Three stages; two where a stage is over 6 KB, so that 12 warps fit an SM. */
+    static constexpr int STAGES = NT * BYTES_PER_SUBTILE > 6144 ? 2 : 3;
     static constexpr int WARP_BYTES = STAGES * NT * BYTES_PER_SUBTILE;
     /* Byte offset of token t of key chunk c, of value chunk c. */
     __device__ static __forceinline__ int key_at(int c, int t)
