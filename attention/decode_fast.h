@@ -8,9 +8,10 @@
  * A warp takes one item: up to item_tokens consecutive tokens of one section (high or low) of
  * one head-region, for all G <= 8 query heads of the group at once, and writes the item's
  * unnormalised partial output, running max and sum to the workspace together with every
- * token's logits. Then either (fused) the last block of a head-region to finish merges its
- * items into out and adds each token's probability (the maximum over the group) to its score
- * slot, inside the same kernel, or a separate pass, mkv_fast_finalize, does the same.
+ * token's logits. Then the items of each head-region are merged into out and each token's
+ * probability (the maximum over the group) is added to its score slot: either inside the same
+ * kernel (fused: the region's last block merges, and its blocks become score jobs for
+ * whichever block is free), or by a separate pass, mkv_fast_finalize.
  */
 #ifndef MKV_ATTENTION_DECODE_FAST_H
 #define MKV_ATTENTION_DECODE_FAST_H
