@@ -660,34 +660,36 @@ static bool fast_may_fuse(const mkv_cuda_decode_t *a, const fast_kernel &fh, con
            (l.key.bits == 16 && l.value.bits == 16 && token_heads >= ((int64_t)1 << 21));
 }
 
-static fast_plan plan_for(const mkv_cuda_decode_t *a, bool fused, const fast_kernel &fh)
+/* blocks: the kernel's resident blocks per multiprocessor (0 if unknown). */
+static fast_plan plan_for(const mkv_cuda_decode_t *a, bool fused, int32_t blocks)
 {
     /* Fused with 8-bit-or-wider keys: items capped for L2 (measured faster there); 4-bit keys
      * gain more from long items, whose fill and drain cost less issue slots (H200 256 x 32k,
      * K4V2: 3.20 ms at 4096 tokens per item against 3.41 at 1024). */
     int32_t cap = 0;
-    if (fused && a->lay_hi.key.bits >= 8) {
-        const int32_t b = fh.blocks_per_sm();
-        cap = b >= 1 && b <= 4 ? b : 4; /* 4: the most any kernel keeps, assumed for sizing */
-    }
+    if (fused && a->lay_hi.key.bits >= 8)
+        cap = blocks >= 1 && blocks <= 4 ? blocks : 4; /* 4: the most any kernel keeps, assumed for sizing */
     return plan_fast(a->n_seq, a->n_heads, a->group_size, a->head_dim, a->max_tokens,
                      a->split_tokens, fused, cap);
 }
 
 /* The plan of a tensor-core call, and whether it fuses the score write-back (where it may and
- * its block ids fit an int32). */
+ * its block ids fit an int32); blocks: the high kernel's resident blocks per multiprocessor,
+ * asked only where it may fuse (0 otherwise). */
 static fast_plan plan_call(const mkv_cuda_decode_t *a, const fast_kernel &fh,
-                           const fast_kernel &fl, bool *fused)
+                           const fast_kernel &fl, bool *fused, int32_t *blocks)
 {
+    *blocks = 0;
     if (fast_may_fuse(a, fh, fl)) {
-        const fast_plan w = plan_for(a, true, fh);
+        *blocks = fh.blocks_per_sm();
+        const fast_plan w = plan_for(a, true, *blocks);
         if (w.total_ids < INT32_MAX / 2) {
             *fused = true;
             return w;
         }
     }
     *fused = false;
-    return plan_for(a, false, fh);
+    return plan_for(a, false, *blocks);
 }
 
 extern "C" int mkv_cuda_decode_fuses_scores(const mkv_cuda_decode_t *a)
@@ -697,8 +699,10 @@ extern "C" int mkv_cuda_decode_fuses_scores(const mkv_cuda_decode_t *a)
         !mkv_cuda_decode_uses_tensor(&a->lay_hi, &a->lay_lo, a->group_size, a->head_dim))
         return 0;
     bool fused;
+    int32_t blocks;
     (void)plan_call(a, mkv_fast_lookup(a->lay_hi.key.bits, a->lay_hi.value.bits, a->head_dim),
-                    mkv_fast_lookup(a->lay_lo.key.bits, a->lay_lo.value.bits, a->head_dim), &fused);
+                    mkv_fast_lookup(a->lay_lo.key.bits, a->lay_lo.value.bits, a->head_dim), &fused,
+                    &blocks);
     return fused;
 }
 
@@ -707,7 +711,8 @@ static mkv_status_t launch_fast(const mkv_cuda_decode_t *a, cudaStream_t stream,
     const fast_kernel fh = mkv_fast_lookup(a->lay_hi.key.bits, a->lay_hi.value.bits, a->head_dim);
     const fast_kernel fl = mkv_fast_lookup(a->lay_lo.key.bits, a->lay_lo.value.bits, a->head_dim);
     bool fused;
-    const fast_plan w = plan_call(a, fh, fl, &fused);
+    int32_t blocks;
+    const fast_plan w = plan_call(a, fh, fl, &fused, &blocks);
     uint8_t *ws = static_cast<uint8_t *>(a->workspace);
     fast_args f;
     f.pool = a->pool, f.page_bytes = a->page_bytes, f.table = a->table;
@@ -742,7 +747,7 @@ static mkv_status_t launch_fast(const mkv_cuda_decode_t *a, cudaStream_t stream,
                                                (size_t)f.total_ids * sizeof(int32_t), stream))) !=
                     MKV_STATUS_OK)
                 return st;
-            const int64_t resident = (int64_t)fh.blocks_per_sm() * device_attr(cudaDevAttrMultiProcessorCount, 1);
+            const int64_t resident = (int64_t)blocks * device_attr(cudaDevAttrMultiProcessorCount, 1);
             const dim3 gp((unsigned)(resident > 0 && resident < f.total_ids ? resident : f.total_ids));
             return launched("tensor-core decode kernel (fused scores)", err, fh.launch(f, gp, stream));
         }

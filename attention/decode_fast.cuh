@@ -168,8 +168,8 @@ __device__ __forceinline__ uint64_t policy_evict_last()
     return p;
 }
 
-/* cp.async of 4, 8 or 16 bytes into shared memory under L2 policy pol; read false writes zeros
- * and reads nothing. */
+/* cp.async of 4, 8 or 16 bytes into shared memory; read false writes zeros and reads
+ * nothing. */
 template <int BYTES>
 __device__ __forceinline__ void cp_async(uint32_t dst, const void *src, bool read)
 {
@@ -731,9 +731,10 @@ __device__ __forceinline__ void region_ms(const fast_args &a, int64_t rs, int32_
     __syncthreads();
 }
 
-/* The region's last block finishes it (fused kernel) through its staging area, idle by then:
- * data come in chunks by cp.async, a whole chunk in flight at once without holding registers
- * (loads into registers raised the kernel's register count from 142 to 230 at K8V4). */
+/* The fused kernel's merge (by a region's last block) and score jobs, through the block's
+ * staging area, idle between items: data come in chunks by cp.async, a whole chunk in flight
+ * at once without holding registers (loads into registers raised the kernel's register count
+ * from 142 to 230 at K8V4). */
 template <int KB, int VB, int D>
 struct region_finish {
     static constexpr int32_t NTH = MKV_FAST_WARPS * 32;

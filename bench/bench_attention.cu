@@ -142,6 +142,21 @@ int main(int argc, char **argv)
             return strcmp(argv[i], "-h") && strcmp(argv[i], "--help") ? 2 : 0;
         }
     }
+    const variant variants[] = {
+        {"K16V16", MKV_FORMAT_K16V16, MKV_FORMAT_K16V16, 1.0, 0.0},
+        {"K8V8", MKV_FORMAT_K8V8, MKV_FORMAT_K8V8, 1.0, 0.0},
+        {"K8V4", MKV_FORMAT_K8V4, MKV_FORMAT_K8V4, 1.0, 0.0},
+        {"K4V2", MKV_FORMAT_K4V2, MKV_FORMAT_K4V2, 1.0, 0.0},
+        {"mix20/50/30", MKV_FORMAT_K8V4, MKV_FORMAT_K4V2, 0.2, 0.5},
+    };
+    if (only) {
+        bool known = false;
+        for (const variant &v : variants) known = known || !strcmp(only, v.name);
+        if (!known) {
+            fprintf(stderr, "bench_attention: --format K16V16, K8V8, K8V4, K4V2 or mix20/50/30\n");
+            return 2;
+        }
+    }
     cudaDeviceProp prop;
     CK(cudaGetDeviceProperties(&prop, 0));
     size_t free_b, total_b;
@@ -173,13 +188,6 @@ int main(int argc, char **argv)
     /* ca (2 GiB) is reused to flush the 50 MB L2 before every timed repetition. */
     printf("%s: device copy rate %.0f GB/s (read + write)\n", prop.name, copy_rate / 1e9);
 
-    const variant variants[] = {
-        {"K16V16", MKV_FORMAT_K16V16, MKV_FORMAT_K16V16, 1.0, 0.0},
-        {"K8V8", MKV_FORMAT_K8V8, MKV_FORMAT_K8V8, 1.0, 0.0},
-        {"K8V4", MKV_FORMAT_K8V4, MKV_FORMAT_K8V4, 1.0, 0.0},
-        {"K4V2", MKV_FORMAT_K4V2, MKV_FORMAT_K4V2, 1.0, 0.0},
-        {"mix20/50/30", MKV_FORMAT_K8V4, MKV_FORMAT_K4V2, 0.2, 0.5},
-    };
     FILE *jf = json_path ? (strcmp(json_path, "-") ? fopen(json_path, "w") : stdout) : NULL;
     if (jf)
         fprintf(jf, "{\"schema\": \"mixkv-bench-attention\", \"schema_version\": 1, \"device\": \"%s\", "
