@@ -152,22 +152,6 @@ __device__ __forceinline__ void unpack_values(const uint32_t (&a)[WORDS], const 
 /* The kernel                                                                               */
 /* ---------------------------------------------------------------------------------------- */
 
-/* L2 eviction policies (createpolicy): evict_last for logits that the kernel reads back
- * itself, evict_normal for the others. */
-__device__ __forceinline__ uint64_t policy_evict_normal()
-{
-    uint64_t p;
-    asm("createpolicy.fractional.L2::evict_normal.b64 %0, 1.0;" : "=l"(p));
-    return p;
-}
-
-__device__ __forceinline__ uint64_t policy_evict_last()
-{
-    uint64_t p;
-    asm("createpolicy.fractional.L2::evict_last.b64 %0, 1.0;" : "=l"(p));
-    return p;
-}
-
 /* cp.async of 4, 8 or 16 bytes into shared memory; read false writes zeros and reads
  * nothing. */
 template <int BYTES>
@@ -182,16 +166,23 @@ __device__ __forceinline__ void cp_async(uint32_t dst, const void *src, bool rea
                      "n"(BYTES), "r"(n) : "memory");
 }
 
-/* Stores of logits under L2 policy pol. */
-__device__ __forceinline__ void st_keep(float *p, float x, uint64_t pol)
+/* Stores of logits under L2 policy pol (evict_last where the kernel reads them back itself). */
+__device__ __forceinline__ void st_logit(float *p, float x, uint64_t pol)
 {
     asm volatile("st.global.L2::cache_hint.f32 [%0], %1, %2;" ::"l"(p), "f"(x), "l"(pol) : "memory");
 }
 
-__device__ __forceinline__ void st_keep(float *p, float x, float y, uint64_t pol)
+__device__ __forceinline__ void st_logit(float *p, float x, float y, uint64_t pol)
 {
     asm volatile("st.global.L2::cache_hint.v2.f32 [%0], {%1, %2}, %3;" ::"l"(p), "f"(x), "f"(y),
                  "l"(pol) : "memory");
+}
+
+__device__ __forceinline__ uint64_t policy_evict_last()
+{
+    uint64_t p;
+    asm("createpolicy.fractional.L2::evict_last.b64 %0, 1.0;" : "=l"(p));
+    return p;
 }
 
 /* Drops the 128-byte line at p (128-aligned) from L2 without writing it back: for workspace
@@ -327,11 +318,9 @@ struct item_pos {
 };
 
 /* One warp's item: the logits of its tokens (to the workspace), and its unnormalised partial
- * output, running max and sum. keep: the L2 policy of the logits' stores (evict_last where the
- * kernel reads them back itself). */
+ * output, running max and sum. */
 template <int KB, int VB, int D>
-__device__ __forceinline__ void run_item(const fast_args &a, uint8_t *smem, const item_pos &ip,
-                                         uint64_t keep)
+__device__ __forceinline__ void run_item(const fast_args &a, uint8_t *smem, const item_pos &ip)
 {
     using SL = stage_layout<KB, VB, D>;
     constexpr int NT = SL::NT, S = SL::STAGES;
@@ -421,7 +410,10 @@ __device__ __forceinline__ void run_item(const fast_args &a, uint8_t *smem, cons
 #pragma unroll
     for (int i = 0; i < MTILES; i++) o[i][0] = o[i][1] = o[i][2] = o[i][3] = 0.0f;
     float m[2] = {-INFINITY, -INFINITY}, lsum[2] = {0.0f, 0.0f}, zsum[2] = {0.0f, 0.0f};
-    float *lg = a.logits + (rs * (a.sec_items + 1) + ip.slot_id) * a.item_tokens * G; /* token ta */
+    /* This thread's logits of the next subtile: token gr, heads 2tc and 2tc + 1 (token gr + 8 is
+     * 8 G further on); lanes 2tc >= G store none. */
+    float *lg = a.logits + (rs * (a.sec_items + 1) + ip.slot_id) * a.item_tokens * G + gr * G + 2 * tc;
+    const bool lg_lane = 2 * tc < G, lg_pair = G % 2 == 0;
 
     /* The warp's staging area: [stage][subtile][BYTES_PER_SUBTILE]. */
     const uint32_t warp_smem = (uint32_t)__cvta_generic_to_shared(smem) + warp * SL::WARP_BYTES;
@@ -501,7 +493,7 @@ __device__ __forceinline__ void run_item(const fast_args &a, uint8_t *smem, cons
         cs = cs + 1 == S ? 0 : cs + 1;
 #pragma unroll
         for (int st = 0; st < NT; st++) {
-            const int32_t cnt = C.count(tb, L.tpp), t0 = C.t;
+            const int32_t cnt = C.count(tb, L.tpp);
             C.advance(cnt, L.tpp);
             if (cnt == 0) break; /* warp-uniform: the item is done */
             const uint8_t *sub = stage + st * SL::BYTES_PER_SUBTILE;
@@ -562,16 +554,17 @@ __device__ __forceinline__ void run_item(const fast_args &a, uint8_t *smem, cons
                     if constexpr (KQ) raw = fmaf(lo_f(km[r]), raw, hi_f(km[r]) * qsum[i]);
                     l[r][i] = valid ? fac[i] * raw : -INFINITY;
                 }
-                if (valid && 2 * tc < G) {
-                    float *dst = lg + (t0 + off - ta) * G + 2 * tc;
-                    if (2 * tc + 1 < G) {
-                        if (G % 2 == 0) st_keep(dst, l[r][0], l[r][1], keep);
-                        else st_keep(dst, l[r][0], keep), st_keep(dst + 1, l[r][1], keep);
+                if (valid && lg_lane) {
+                    float *dst = lg + 8 * r * G;
+                    if (lg_pair) {
+                        st_logit(dst, l[r][0], l[r][1], policy_evict_last());
                     } else {
-                        st_keep(dst, l[r][0], keep);
+                        st_logit(dst, l[r][0], policy_evict_last());
+                        if (2 * tc + 1 < G) st_logit(dst + 1, l[r][1], policy_evict_last());
                     }
                 }
             }
+            lg += cnt * G;
             /* Online softmax per head (columns 2tc, 2tc + 1: a reduction over gr). Quantized
              * values: the running maximum m is raised by sh = log2(max scale) - 14.5, so that
              * p' = 2^(l - m) times the token's value scale stays below 2^14.5 in fp16 (o, lsum,
@@ -582,7 +575,7 @@ __device__ __forceinline__ void run_item(const fast_args &a, uint8_t *smem, cons
                 ms = fmaxf(ms, __shfl_xor_sync(0xffffffffu, ms, 4));
                 ms = fmaxf(ms, __shfl_xor_sync(0xffffffffu, ms, 8));
                 ms = fmaxf(ms, __shfl_xor_sync(0xffffffffu, ms, 16));
-                sh = fmaxf(__log2f(ms) - 14.5f, -60.0f);
+                sh = fmaxf(lg2(ms) - 14.5f, -60.0f);
             }
             float alpha[2];
 #pragma unroll
@@ -592,7 +585,7 @@ __device__ __forceinline__ void run_item(const fast_args &a, uint8_t *smem, cons
                 mx = fmaxf(mx, __shfl_xor_sync(0xffffffffu, mx, 8));
                 mx = fmaxf(mx, __shfl_xor_sync(0xffffffffu, mx, 16));
                 const float mn = fmaxf(m[i], mx + sh);
-                alpha[i] = exp2f(m[i] - mn);
+                alpha[i] = ex2(m[i] - mn);
                 m[i] = mn;
             }
             if (__any_sync(0xffffffffu, alpha[0] != 1.0f || alpha[1] != 1.0f)) {
@@ -610,7 +603,7 @@ __device__ __forceinline__ void run_item(const fast_args &a, uint8_t *smem, cons
                 float p[2];
 #pragma unroll
                 for (int i = 0; i < 2; i++) {
-                    p[i] = exp2f(l[r][i] - m[i]);
+                    p[i] = ex2(l[r][i] - m[i]);
                     lsum[i] += p[i];
                     if constexpr (VQ) zsum[i] = fmaf(p[i], hi_f(vm[r]), zsum[i]);
                 }
@@ -872,11 +865,10 @@ __global__ void __launch_bounds__(MKV_FAST_WARPS * 32) decode_kernel(const fast_
 
     if (!a.fused) {
         const block_pos b = locate(a, blockIdx.x, blockIdx.y, blockIdx.z);
-        if (b.work) run_item<KB, VB, D>(a, smem, b.ip, policy_evict_normal());
+        if (b.work) run_item<KB, VB, D>(a, smem, b.ip);
         return;
     }
 
-    const uint64_t keep = policy_evict_last();
     int32_t *const next_id = a.counters + a.n_rs, *const sq_head = next_id + 1;
     int32_t *const sq_tail = next_id + 2, *const finished = next_id + 3, *const jobs = next_id + 4;
     const int32_t gx = a.grid_x, total = a.total_ids;
@@ -934,7 +926,7 @@ __global__ void __launch_bounds__(MKV_FAST_WARPS * 32) decode_kernel(const fast_
             const block_pos b = locate(a, bx, r % a.H, r / a.H);
             if (tid == 0) bs.reg = {b.ip.rs, b.ip.region, b.hi, b.n, b.items_hi, b.n_items, b.arrivals, r * gx};
             any = b.any;
-            if (b.work) run_item<KB, VB, D>(a, smem, b.ip, keep);
+            if (b.work) run_item<KB, VB, D>(a, smem, b.ip);
         }
         if (any) {
             /* Arrive (release: every thread's results are ordered before the increment). */

@@ -80,6 +80,24 @@ struct fast_kernel {
 /* The instantiated kernel for a format and head_dim ({NULL, NULL} if none). */
 fast_kernel mkv_fast_lookup(int32_t key_bits, int32_t value_bits, int32_t head_dim);
 
+/* 2^x and log2(x) as the hardware approximates them (MUFU, relative error ~2^-22), with
+ * subnormal inputs and results flushed to zero: exp2f and log2f add a range fix-up of three
+ * instructions each for subnormals, which the softmax does not need (a weight below 2^-126 is
+ * zero to every sum it enters). ex2(0) is exactly 1 and ex2(-inf) is 0. */
+__device__ __forceinline__ float ex2(float x)
+{
+    float y;
+    asm("ex2.approx.ftz.f32 %0, %1;" : "=f"(y) : "f"(x));
+    return y;
+}
+
+__device__ __forceinline__ float lg2(float x)
+{
+    float y;
+    asm("lg2.approx.ftz.f32 %0, %1;" : "=f"(y) : "f"(x));
+    return y;
+}
+
 /* q = k / d and r = k % d for k >= 0, d >= 1, inv = 1.0f / d: through the float reciprocal, exact
  * after one correction for k < 2^24; an integer division beyond. */
 __device__ __forceinline__ int32_t div_rcp(int32_t k, int32_t d, float inv, int32_t &r)
@@ -122,11 +140,11 @@ __device__ __forceinline__ float token_prob(const float *l, int32_t G, const flo
     if (G % 4 == 0) { /* 16-byte loads: rows of G % 4 == 0 logits are 16-byte aligned */
         for (int32_t g = 0; g < G; g += 4) {
             const float4 v = *reinterpret_cast<const float4 *>(l + g);
-            p = fmaxf(p, fmaxf(fmaxf(exp2f(v.x - lse[g]), exp2f(v.y - lse[g + 1])),
-                               fmaxf(exp2f(v.z - lse[g + 2]), exp2f(v.w - lse[g + 3]))));
+            p = fmaxf(p, fmaxf(fmaxf(ex2(v.x - lse[g]), ex2(v.y - lse[g + 1])),
+                               fmaxf(ex2(v.z - lse[g + 2]), ex2(v.w - lse[g + 3]))));
         }
     } else {
-        for (int32_t g = 0; g < G; g++) p = fmaxf(p, exp2f(l[g] - lse[g]));
+        for (int32_t g = 0; g < G; g++) p = fmaxf(p, ex2(l[g] - lse[g]));
     }
     return p;
 }
