@@ -324,6 +324,9 @@ __device__ __forceinline__ void run_item(const fast_args &a, uint8_t *smem, cons
 {
     using SL = stage_layout<KB, VB, D>;
     constexpr int NT = SL::NT, S = SL::STAGES;
+    /* Subtiles per softmax step: two where a stage holds two or more (one max, rescale and
+     * value-scale reduction per 32 tokens instead of 16). */
+    constexpr int PAIR = NT >= 2 ? 2 : 1;
     constexpr int KRUN = D / 4; /* key elements per thread and token */
     constexpr int VRUN = D / 8, MTILES = D / 16;
     constexpr bool KQ = SL::KQ, VQ = SL::VQ;
@@ -476,6 +479,112 @@ __device__ __forceinline__ void run_item(const fast_args &a, uint8_t *smem, cons
         cp_async_commit();
     };
 
+    const auto key_at = [](int c, int t) { return SL::key_at(c, t); };
+    const auto value_at = [](int c, int t) { return SL::value_at(c, t); };
+
+    /* The logits l[r][i] of a staged subtile's tokens gr + 8r (rows) for heads 2tc + i
+     * (columns), -inf past its cnt tokens, stored to the workspace; its value metadata vm. */
+    auto subtile_logits = [&](const uint8_t *sub, int32_t cnt, float (&l)[2][2], uint32_t (&vm)[2]) {
+        /* Key runs tc of tokens gr and gr + 8, metadata of both. */
+        uint32_t kw[2][SL::KW], km[2] = {0u, 0u};
+        vm[0] = vm[1] = 0u;
+#pragma unroll
+        for (int r = 0; r < 2; r++) {
+            const int t = gr + 8 * r;
+            load_run<SL::KBYTES>(sub, key_at, tc, t, kw[r]);
+            if constexpr (KQ) km[r] = *reinterpret_cast<const uint32_t *>(sub + SL::META + t * 4);
+            if constexpr (VQ) vm[r] = *reinterpret_cast<const uint32_t *>(sub + SL::META + 64 + t * 4);
+        }
+        const uint32_t(&kw0)[SL::KW] = kw[0];
+        const uint32_t(&kw1)[SL::KW] = kw[1];
+        float c[4];
+        if constexpr (KQ) {
+            /* One exact integer chain per digit of q, then S = c0 + 256 c1 + 65536 c2. */
+            constexpr int BW = KRUN / 4;
+            uint32_t k0[BW], k1[BW];
+            unpack_key_bytes<KB>(kw0, k0);
+            unpack_key_bytes<KB>(kw1, k1);
+            int cc[3][4] = {};
+#pragma unroll
+            for (int ks = 0; ks < BW / 2; ks++)
+#pragma unroll
+                for (int dg = 0; dg < 3; dg++)
+                    mma_u8s8(cc[dg], k0[2 * ks], k1[2 * ks], k0[2 * ks + 1], k1[2 * ks + 1],
+                             qw[dg][2 * ks], qw[dg][2 * ks + 1]);
+#pragma unroll
+            for (int i = 0; i < 4; i++) /* |c0 + 256 c1| < 2^31: 128 x 255 x 128 x 257 */
+                c[i] = fmaf(65536.0f, (float)cc[2][i], (float)(cc[0][i] + 256 * cc[1][i]));
+        } else {
+            /* Four independent chains (even and odd k-steps, hi and lo q). */
+            constexpr int KSTEPS = D / 16;
+            float cc[4][4] = {};
+#pragma unroll
+            for (int ks = 0; ks < KSTEPS; ks++) {
+                mma(cc[ks % 2], kw0[2 * ks], kw1[2 * ks], kw0[2 * ks + 1], kw1[2 * ks + 1],
+                    qw[0][2 * ks], qw[0][2 * ks + 1]);
+                mma(cc[2 + ks % 2], kw0[2 * ks], kw1[2 * ks], kw0[2 * ks + 1], kw1[2 * ks + 1],
+                    qw[1][2 * ks], qw[1][2 * ks + 1]);
+            }
+#pragma unroll
+            for (int i = 0; i < 4; i++) c[i] = (cc[0][i] + cc[1][i]) + (cc[2][i] + cc[3][i]);
+        }
+#pragma unroll
+        for (int r = 0; r < 2; r++) {
+            const bool valid = gr + 8 * r < cnt;
+#pragma unroll
+            for (int i = 0; i < 2; i++) {
+                float raw = c[2 * r + i];
+                if constexpr (KQ) raw = fmaf(lo_f(km[r]), raw, hi_f(km[r]) * qsum[i]);
+                l[r][i] = valid ? fac[i] * raw : -INFINITY;
+            }
+            if (valid && lg_lane) {
+                float *dst = lg + 8 * r * G;
+                if (lg_pair) {
+                    st_logit(dst, l[r][0], l[r][1], policy_evict_last());
+                } else {
+                    st_logit(dst, l[r][0], policy_evict_last());
+                    if (2 * tc + 1 < G) st_logit(dst + 1, l[r][1], policy_evict_last());
+                }
+            }
+        }
+    };
+
+    /* The weights p' of a subtile's tokens (after the softmax step) into lsum, zsum and, through
+     * the values' mma, o. */
+    auto subtile_values = [&](const uint8_t *sub, const float (&l)[2][2], const uint32_t (&vm)[2]) {
+        uint32_t pw[2];
+#pragma unroll
+        for (int r = 0; r < 2; r++) {
+            float p[2];
+#pragma unroll
+            for (int i = 0; i < 2; i++) {
+                p[i] = ex2(l[r][i] - m[i]);
+                lsum[i] += p[i];
+                if constexpr (VQ) zsum[i] = fmaf(p[i], hi_f(vm[r]), zsum[i]);
+            }
+            if constexpr (VQ) {
+                /* The mma's weights: p' times the value scale, one fp16 rounding. */
+                const float vs = lo_f(vm[r]);
+                pw[r] = pack_h2(p[0] * vs, p[1] * vs);
+            } else {
+                pw[r] = pack_h2(p[0], p[1]);
+            }
+        }
+        const uint32_t b0 = transpose8x8(pw[0]);
+        const uint32_t b1 = transpose8x8(pw[1]);
+        /* Values of tokens (2tc, 2tc + 1) and (2tc + 8, 2tc + 9), run gr. */
+        uint32_t vw[4][SL::VW];
+#pragma unroll
+        for (int r = 0; r < 4; r++)
+            load_run<SL::VBYTES_RAW>(sub, value_at, gr, 2 * tc + (r & 1) + 8 * (r >> 1), vw[r]);
+        uint32_t v01[VRUN], v23[VRUN];
+        unpack_values<VB>(vw[0], vw[1], v01);
+        unpack_values<VB>(vw[2], vw[3], v23);
+#pragma unroll
+        for (int t = 0; t < MTILES; t++)
+            mma(o[t], v01[2 * t], v01[2 * t + 1], v23[2 * t], v23[2 * t + 1], b0, b1);
+    };
+
 #pragma unroll
     for (int s = 0; s < S - 1; s++) produce(s);
 
@@ -492,86 +601,35 @@ __device__ __forceinline__ void run_item(const fast_args &a, uint8_t *smem, cons
         const uint8_t *stage = warp_gen + cs * NT * SL::BYTES_PER_SUBTILE;
         cs = cs + 1 == S ? 0 : cs + 1;
 #pragma unroll
-        for (int st = 0; st < NT; st++) {
-            const int32_t cnt = C.count(tb, L.tpp);
-            C.advance(cnt, L.tpp);
-            if (cnt == 0) break; /* warp-uniform: the item is done */
-            const uint8_t *sub = stage + st * SL::BYTES_PER_SUBTILE;
-            /* Key runs tc of tokens gr and gr + 8, metadata of both. */
-            uint32_t kw[2][SL::KW], km[2] = {0u, 0u}, vm[2] = {0u, 0u};
-            const auto key_at = [](int c, int t) { return SL::key_at(c, t); };
-            const auto value_at = [](int c, int t) { return SL::value_at(c, t); };
+        for (int st = 0; st < NT; st += PAIR) {
+            /* Logits of PAIR subtiles (one softmax step for all of them). */
+            int32_t cnt[PAIR];
+            float l[PAIR][2][2];
+            uint32_t vm[PAIR][2];
 #pragma unroll
-            for (int r = 0; r < 2; r++) {
-                const int t = gr + 8 * r;
-                load_run<SL::KBYTES>(sub, key_at, tc, t, kw[r]);
-                if constexpr (KQ) km[r] = *reinterpret_cast<const uint32_t *>(sub + SL::META + t * 4);
-                if constexpr (VQ) vm[r] = *reinterpret_cast<const uint32_t *>(sub + SL::META + 64 + t * 4);
-            }
-            const uint32_t(&kw0)[SL::KW] = kw[0];
-            const uint32_t(&kw1)[SL::KW] = kw[1];
-
-            /* Logits of tokens gr, gr + 8 (rows) for heads 2tc, 2tc + 1 (columns). */
-            float c[4];
-            if constexpr (KQ) {
-                /* One exact integer chain per digit of q, then S = c0 + 256 c1 + 65536 c2. */
-                constexpr int BW = KRUN / 4;
-                uint32_t k0[BW], k1[BW];
-                unpack_key_bytes<KB>(kw0, k0);
-                unpack_key_bytes<KB>(kw1, k1);
-                int cc[3][4] = {};
-#pragma unroll
-                for (int ks = 0; ks < BW / 2; ks++)
-#pragma unroll
-                    for (int dg = 0; dg < 3; dg++)
-                        mma_u8s8(cc[dg], k0[2 * ks], k1[2 * ks], k0[2 * ks + 1], k1[2 * ks + 1],
-                                 qw[dg][2 * ks], qw[dg][2 * ks + 1]);
-#pragma unroll
-                for (int i = 0; i < 4; i++)
-                    c[i] = fmaf(65536.0f, (float)cc[2][i], fmaf(256.0f, (float)cc[1][i], (float)cc[0][i]));
-            } else {
-                /* Four independent chains (even and odd k-steps, hi and lo q). */
-                constexpr int KSTEPS = D / 16;
-                float cc[4][4] = {};
-#pragma unroll
-                for (int ks = 0; ks < KSTEPS; ks++) {
-                    mma(cc[ks % 2], kw0[2 * ks], kw1[2 * ks], kw0[2 * ks + 1], kw1[2 * ks + 1],
-                        qw[0][2 * ks], qw[0][2 * ks + 1]);
-                    mma(cc[2 + ks % 2], kw0[2 * ks], kw1[2 * ks], kw0[2 * ks + 1], kw1[2 * ks + 1],
-                        qw[1][2 * ks], qw[1][2 * ks + 1]);
+            for (int u = 0; u < PAIR; u++) {
+                cnt[u] = C.count(tb, L.tpp);
+                C.advance(cnt[u], L.tpp);
+                if (u == 0 && cnt[0] == 0) break; /* warp-uniform: the item is done */
+                if (cnt[u] == 0) { /* an empty second subtile: nothing staged to read */
+                    l[u][0][0] = l[u][0][1] = l[u][1][0] = l[u][1][1] = -INFINITY;
+                    vm[u][0] = vm[u][1] = 0u;
+                    continue;
                 }
-#pragma unroll
-                for (int i = 0; i < 4; i++) c[i] = (cc[0][i] + cc[1][i]) + (cc[2][i] + cc[3][i]);
+                subtile_logits(stage + (st + u) * SL::BYTES_PER_SUBTILE, cnt[u], l[u], vm[u]);
+                lg += cnt[u] * G;
             }
-            float l[2][2];
-#pragma unroll
-            for (int r = 0; r < 2; r++) {
-                const int32_t off = gr + 8 * r;
-                const bool valid = off < cnt;
-#pragma unroll
-                for (int i = 0; i < 2; i++) {
-                    float raw = c[2 * r + i];
-                    if constexpr (KQ) raw = fmaf(lo_f(km[r]), raw, hi_f(km[r]) * qsum[i]);
-                    l[r][i] = valid ? fac[i] * raw : -INFINITY;
-                }
-                if (valid && lg_lane) {
-                    float *dst = lg + 8 * r * G;
-                    if (lg_pair) {
-                        st_logit(dst, l[r][0], l[r][1], policy_evict_last());
-                    } else {
-                        st_logit(dst, l[r][0], policy_evict_last());
-                        if (2 * tc + 1 < G) st_logit(dst + 1, l[r][1], policy_evict_last());
-                    }
-                }
-            }
-            lg += cnt * G;
+            if (cnt[0] == 0) break;
             /* Online softmax per head (columns 2tc, 2tc + 1: a reduction over gr). Quantized
              * values: the running maximum m is raised by sh = log2(max scale) - 14.5, so that
              * p' = 2^(l - m) times the token's value scale stays below 2^14.5 in fp16 (o, lsum,
              * and zsum all carry the same factor, which the merge cancels). */
             float sh = 0.0f;
             if constexpr (VQ) {
-                float ms = fmaxf(fabsf(lo_f(vm[0])), fabsf(lo_f(vm[1])));
+                float ms = 0.0f;
+#pragma unroll
+                for (int u = 0; u < PAIR; u++)
+                    ms = fmaxf(ms, fmaxf(fabsf(lo_f(vm[u][0])), fabsf(lo_f(vm[u][1]))));
                 ms = fmaxf(ms, __shfl_xor_sync(0xffffffffu, ms, 4));
                 ms = fmaxf(ms, __shfl_xor_sync(0xffffffffu, ms, 8));
                 ms = fmaxf(ms, __shfl_xor_sync(0xffffffffu, ms, 16));
@@ -580,7 +638,9 @@ __device__ __forceinline__ void run_item(const fast_args &a, uint8_t *smem, cons
             float alpha[2];
 #pragma unroll
             for (int i = 0; i < 2; i++) {
-                float mx = fmaxf(l[0][i], l[1][i]);
+                float mx = fmaxf(l[0][0][i], l[0][1][i]);
+#pragma unroll
+                for (int u = 1; u < PAIR; u++) mx = fmaxf(mx, fmaxf(l[u][0][i], l[u][1][i]));
                 mx = fmaxf(mx, __shfl_xor_sync(0xffffffffu, mx, 4));
                 mx = fmaxf(mx, __shfl_xor_sync(0xffffffffu, mx, 8));
                 mx = fmaxf(mx, __shfl_xor_sync(0xffffffffu, mx, 16));
@@ -597,38 +657,11 @@ __device__ __forceinline__ void run_item(const fast_args &a, uint8_t *smem, cons
                     for (int t = 0; t < MTILES; t++) o[t][i] *= alpha[i], o[t][2 + i] *= alpha[i];
                 }
             }
-            uint32_t pw[2];
 #pragma unroll
-            for (int r = 0; r < 2; r++) {
-                float p[2];
-#pragma unroll
-                for (int i = 0; i < 2; i++) {
-                    p[i] = ex2(l[r][i] - m[i]);
-                    lsum[i] += p[i];
-                    if constexpr (VQ) zsum[i] = fmaf(p[i], hi_f(vm[r]), zsum[i]);
-                }
-                if constexpr (VQ) {
-                    /* The mma's weights: p' times the value scale, one fp16 rounding. */
-                    const float vs = lo_f(vm[r]);
-                    pw[r] = pack_h2(p[0] * vs, p[1] * vs);
-                } else {
-                    pw[r] = pack_h2(p[0], p[1]);
-                }
+            for (int u = 0; u < PAIR; u++) {
+                if (u > 0 && cnt[u] == 0) break;
+                subtile_values(stage + (st + u) * SL::BYTES_PER_SUBTILE, l[u], vm[u]);
             }
-            const uint32_t b0 = transpose8x8(pw[0]);
-            const uint32_t b1 = transpose8x8(pw[1]);
-
-            /* Values of tokens (2tc, 2tc + 1) and (2tc + 8, 2tc + 9), run gr. */
-            uint32_t vw[4][SL::VW];
-#pragma unroll
-            for (int r = 0; r < 4; r++)
-                load_run<SL::VBYTES_RAW>(sub, value_at, gr, 2 * tc + (r & 1) + 8 * (r >> 1), vw[r]);
-            uint32_t v01[VRUN], v23[VRUN];
-            unpack_values<VB>(vw[0], vw[1], v01);
-            unpack_values<VB>(vw[2], vw[3], v23);
-#pragma unroll
-            for (int t = 0; t < MTILES; t++)
-                mma(o[t], v01[2 * t], v01[2 * t + 1], v23[2 * t], v23[2 * t + 1], b0, b1);
         }
     }
     cp_async_wait<0>();
