@@ -326,7 +326,7 @@ __device__ __forceinline__ void run_item(const fast_args &a, uint8_t *smem, cons
     constexpr int NT = SL::NT, S = SL::STAGES;
     /* Subtiles per softmax step: two where a stage holds two or more (one max, rescale and
      * value-scale reduction per 32 tokens instead of 16). */
-    constexpr int PAIR = NT >= 2 ? 2 : 1;
+    constexpr int PAIR = NT >= 4 ? 4 : NT >= 2 ? 2 : 1;
     constexpr int KRUN = D / 4; /* key elements per thread and token */
     constexpr int VRUN = D / 8, MTILES = D / 16;
     constexpr bool KQ = SL::KQ, VQ = SL::VQ;
@@ -889,7 +889,7 @@ struct region_finish {
  * block leaves once every id is done and every score job taken.
  */
 template <int KB, int VB, int D>
-__global__ void __launch_bounds__(MKV_FAST_WARPS * 32) decode_kernel(const fast_args a)
+__global__ void __launch_bounds__(MKV_FAST_WARPS * 32, stage_layout<KB, VB, D>::NT >= 4 ? 3 : 0) decode_kernel(const fast_args a)
 {
     extern __shared__ __align__(16) uint8_t smem[];
     block_shared &bs = *reinterpret_cast<block_shared *>(smem + MKV_FAST_WARPS * stage_layout<KB, VB, D>::WARP_BYTES);
