@@ -324,8 +324,9 @@ __device__ __forceinline__ void run_item(const fast_args &a, uint8_t *smem, cons
 {
     using SL = stage_layout<KB, VB, D>;
     constexpr int NT = SL::NT, S = SL::STAGES;
-    /* Subtiles per softmax step: two where a stage holds two or more (one max, rescale and
-     * value-scale reduction per 32 tokens instead of 16). */
+    /* Subtiles per softmax step: all of a stage's where it holds two or four (one max, rescale
+     * test and value-scale reduction per 32 or 64 tokens instead of 16). Four need the 3-block
+     * bound of decode_kernel's __launch_bounds__ to stay at 168 registers. */
     constexpr int PAIR = NT >= 4 ? 4 : NT >= 2 ? 2 : 1;
     constexpr int KRUN = D / 4; /* key elements per thread and token */
     constexpr int VRUN = D / 8, MTILES = D / 16;
