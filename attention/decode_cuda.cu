@@ -587,7 +587,8 @@ static fast_plan plan_fast(int32_t n_seq, int32_t H, int32_t G, int32_t d, int32
         w.item_tokens = (int32_t)mkv_align_up64(split_tokens, MKV_FAST_MIN_ITEM);
     } else {
         w.item_tokens = mkv_fast_item_tokens(n_seq, H, max_tokens, sms);
-        /* And at most 256 items per section. */
+        /* cap_blocks > 0: halved while the logits of the items in flight would fill more than
+         * 9/16 of L2, as long as a section keeps at most 256 items. */
         const int64_t l2 = device_attr(cudaDevAttrL2CacheSize, 50 << 20);
         const int64_t warps = (int64_t)sms * cap_blocks * MKV_FAST_WARPS;
         while (cap_blocks > 0 && w.item_tokens > MKV_FAST_MIN_ITEM &&
