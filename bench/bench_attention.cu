@@ -84,6 +84,32 @@ static double median(std::vector<double> v)
     return v.size() % 2 ? v[v.size() / 2] : 0.5 * (v[v.size() / 2 - 1] + v[v.size() / 2]);
 }
 
+/* One (variant, batch, length) point: its page layouts and the sizes of its buffers. */
+struct shape {
+    mkv_page_layout_t lh, ll;
+    int64_t page_bytes, regions, pages;
+    int32_t n_hi, n_lo, k_hi, k_lo, T;
+    size_t ws; /* the decode workspace */
+};
+
+/* The shape of variant v at batch x len (false, with the reason in err, if its layout fails). */
+static bool shape_of(const variant &v, int batch, int len, int H, int G, int d, int split, shape &s,
+                     char *err)
+{
+    /* Each variant's default page: 32 tokens of its high format. */
+    s.page_bytes = 0;
+    if (mkv_page_bytes_for(v.hi, d, 1, 32, &s.page_bytes) != MKV_STATUS_OK ||
+        mkv_page_layout(v.hi, d, 1, s.page_bytes, &s.lh, err) != MKV_STATUS_OK ||
+        mkv_page_layout(v.lo, d, 1, s.page_bytes, &s.ll, err) != MKV_STATUS_OK)
+        return false;
+    s.n_hi = (int32_t)(v.frac_hi * len), s.n_lo = (int32_t)(v.frac_lo * len);
+    s.k_hi = (s.n_hi + s.lh.tokens - 1) / s.lh.tokens, s.k_lo = (s.n_lo + s.ll.tokens - 1) / s.ll.tokens;
+    s.regions = (int64_t)batch * H, s.pages = s.regions * (s.k_hi + s.k_lo);
+    s.T = s.k_hi + s.k_lo + 1;
+    s.ws = mkv_cuda_decode_workspace_size(batch, H, G, d, s.n_hi + s.n_lo, split);
+    return true;
+}
+
 /* Option names, indexed by mkv_cuda_decode_kernel_t and mkv_cuda_decode_scores_t. */
 static const char *const k_kernel_names[] = {"auto", "generic", "tensor"};
 static const char *const k_scores_names[] = {"auto", "separate", "fused"};
@@ -168,6 +194,45 @@ int main(int argc, char **argv)
     CK(cudaEventCreate(&e0));
     CK(cudaEventCreate(&e1));
 
+    /* Every buffer is allocated once, for the largest shape of the grid, before anything is
+     * timed: after a large cudaFree and cudaMalloc the driver keeps working on the memory in the
+     * background (presumably clearing it) for ~100 ms, which slowed the kernels timed then by up
+     * to 15% (H100, K8V4 256 x 32k: 6.24 ms for the first dozen repetitions, 5.47 after) when
+     * each shape had buffers of its own. */
+    size_t max_pool = 0, max_table = 0, max_regions = 0, max_ws = 1;
+    for (int batch : batches)
+        for (int len : lengths)
+            for (const variant &v : variants) {
+                if (only && strcmp(only, v.name) && strcmp(v.name, "K16V16")) continue;
+                char err[512];
+                shape sh;
+                if (!shape_of(v, batch, len, H, G, d, split, sh, err)) {
+                    fprintf(stderr, "%s\n", err);
+                    return 1;
+                }
+                if ((double)sh.pages * sh.page_bytes / (1 << 30) > max_gib) continue;
+                max_pool = std::max(max_pool, (size_t)(sh.pages * sh.page_bytes));
+                max_table = std::max(max_table, (size_t)(sh.regions * sh.T));
+                max_regions = std::max(max_regions, (size_t)sh.regions);
+                max_ws = std::max(max_ws, sh.ws);
+            }
+    uint8_t *pool = NULL;
+    int32_t *table = NULL, *nh = NULL, *nl = NULL;
+    int64_t *reg = NULL;
+    float *q = NULL, *out = NULL;
+    void *workspace = NULL;
+    const size_t max_q = max_regions * (size_t)(G * d);
+    if (max_pool > 0) {
+        CK(cudaMalloc((void **)&pool, max_pool));
+        CK(cudaMalloc((void **)&table, max_table * 4));
+        CK(cudaMalloc((void **)&nh, max_regions * 4));
+        CK(cudaMalloc((void **)&nl, max_regions * 4));
+        CK(cudaMalloc((void **)&reg, max_regions * 8));
+        CK(cudaMalloc((void **)&q, max_q * 4));
+        CK(cudaMalloc((void **)&out, max_q * 4));
+        CK(cudaMalloc(&workspace, max_ws));
+    }
+
     /* The device-to-device copy rate (read + write bytes per second) of a 2 GiB buffer. */
     const size_t copy_bytes = (size_t)2 << 30;
     void *ca, *cb;
@@ -184,7 +249,6 @@ int main(int argc, char **argv)
         if (r >= 2) ct.push_back(ms * 1e-3);
     }
     const double copy_rate = 2.0 * (double)copy_bytes / median(ct);
-    CK(cudaFree(cb));
     /* ca (2 GiB) is reused to flush the 50 MB L2 before every timed repetition. */
     printf("%s: device copy rate %.0f GB/s (read + write)\n", prop.name, copy_rate / 1e9);
 
@@ -205,37 +269,21 @@ int main(int argc, char **argv)
             for (const variant &v : variants) {
                 if (only && strcmp(only, v.name) && strcmp(v.name, "K16V16")) continue;
                 char err[512];
-                mkv_page_layout_t lh, ll;
-                /* Each variant's default page: 32 tokens of its high format. */
-                int64_t page_bytes = 0;
-                if (mkv_page_bytes_for(v.hi, d, 1, 32, &page_bytes) != MKV_STATUS_OK ||
-                    mkv_page_layout(v.hi, d, 1, page_bytes, &lh, err) != MKV_STATUS_OK ||
-                    mkv_page_layout(v.lo, d, 1, page_bytes, &ll, err) != MKV_STATUS_OK) {
+                shape sh;
+                if (!shape_of(v, batch, len, H, G, d, split, sh, err)) {
                     fprintf(stderr, "%s\n", err);
                     return 1;
                 }
-                const int32_t n_hi = (int32_t)(v.frac_hi * len), n_lo = (int32_t)(v.frac_lo * len);
-                const int32_t k_hi = (n_hi + lh.tokens - 1) / lh.tokens, k_lo = (n_lo + ll.tokens - 1) / ll.tokens;
-                const int64_t regions = (int64_t)batch * H, pages = regions * (k_hi + k_lo);
+                const mkv_page_layout_t &lh = sh.lh, &ll = sh.ll;
+                const int32_t n_hi = sh.n_hi, n_lo = sh.n_lo, T = sh.T;
+                const int64_t regions = sh.regions, pages = sh.pages, page_bytes = sh.page_bytes;
                 const double gib = (double)pages * page_bytes / (1 << 30);
                 if (gib > max_gib) {
                     printf("%-12s %6d %7d   skipped: %.1f GiB of pages\n", v.name, batch, len, gib);
                     continue;
                 }
-                const int32_t T = k_hi + k_lo + 1;
-                uint8_t *pool;
-                int32_t *table, *nh, *nl;
-                int64_t *reg;
-                float *q, *out;
-                CK(cudaMalloc((void **)&pool, (size_t)(pages * page_bytes)));
-                CK(cudaMalloc((void **)&table, (size_t)(regions * T) * 4));
-                CK(cudaMalloc((void **)&nh, (size_t)regions * 4));
-                CK(cudaMalloc((void **)&nl, (size_t)regions * 4));
-                CK(cudaMalloc((void **)&reg, (size_t)regions * 8));
-                CK(cudaMalloc((void **)&q, (size_t)(batch * H * G * d) * 4));
-                CK(cudaMalloc((void **)&out, (size_t)(batch * H * G * d) * 4));
                 fill_kernel<<<4096, 256, 0, stream>>>(pool, pages * page_bytes, 12345u);
-                rows_kernel<<<(int)((regions + 255) / 256), 256, 0, stream>>>(table, regions, T, k_hi, k_lo);
+                rows_kernel<<<(int)((regions + 255) / 256), 256, 0, stream>>>(table, regions, T, sh.k_hi, sh.k_lo);
                 q_kernel<<<64, 256, 0, stream>>>(q, (int64_t)batch * H * G * d, 777u);
                 std::vector<int32_t> hv(regions, n_hi), lv(regions, n_lo);
                 std::vector<int64_t> rv(regions);
@@ -265,8 +313,7 @@ int main(int argc, char **argv)
                 a.kernel = kernel;
                 a.scores = scores;
                 a.split_tokens = split;
-                const size_t ws = mkv_cuda_decode_workspace_size(batch, H, G, d, n_hi + n_lo, split);
-                CK(cudaMalloc(&a.workspace, ws > 0 ? ws : 1));
+                a.workspace = workspace;
                 std::vector<double> t;
                 for (int r = 0; r < reps + 2; r++) {
                     CK(cudaMemsetAsync(ca, r, (size_t)256 << 20, stream)); /* flush L2 */
@@ -293,20 +340,15 @@ int main(int argc, char **argv)
                 fflush(stdout);
                 if (jf) {
                     fprintf(jf, "%s\n  {\"format\": \"%s\", \"batch\": %d, \"length\": %d, \"tokens_hi\": %d, "
-                                "\"tokens_lo\": %d, \"time_us\": %.2f, \"bytes\": %.0f, \"gbs\": %.1f, "
+                                "\"tokens_lo\": %d, \"time_us\": %.2f, \"time_min_us\": %.2f, "
+                                "\"time_max_us\": %.2f, \"bytes\": %.0f, \"gbs\": %.1f, "
                                 "\"fraction_of_copy\": %.4f, \"speedup_vs_k16v16\": %.3f}",
-                            first ? "" : ",", v.name, batch, len, n_hi, n_lo, sec * 1e6, bytes, rate / 1e9,
+                            first ? "" : ",", v.name, batch, len, n_hi, n_lo, sec * 1e6,
+                            *std::min_element(t.begin(), t.end()) * 1e6,
+                            *std::max_element(t.begin(), t.end()) * 1e6, bytes, rate / 1e9,
                             rate / copy_rate, fp16_time > 0 ? fp16_time / sec : 0.0);
                     first = 0;
                 }
-                cudaFree(a.workspace);
-                cudaFree(pool);
-                cudaFree(table);
-                cudaFree(nh);
-                cudaFree(nl);
-                cudaFree(reg);
-                cudaFree(q);
-                cudaFree(out);
             }
         }
     }
@@ -315,5 +357,14 @@ int main(int argc, char **argv)
         if (jf != stdout) fclose(jf);
     }
     cudaFree(ca);
+    cudaFree(cb);
+    cudaFree(pool);
+    cudaFree(table);
+    cudaFree(nh);
+    cudaFree(nl);
+    cudaFree(reg);
+    cudaFree(q);
+    cudaFree(out);
+    cudaFree(workspace);
     return 0;
 }
