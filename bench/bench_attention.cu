@@ -188,7 +188,9 @@ int main(int argc, char **argv)
     CK(cudaGetDeviceProperties(&prop, 0));
     size_t free_b, total_b;
     CK(cudaMemGetInfo(&free_b, &total_b));
-    if (max_gib <= 0) max_gib = 0.8 * (double)free_b / (1 << 30);
+    /* Default: pools up to 3/4 of the free memory less the two 2 GiB copy buffers (all of it is
+     * allocated at once, with the largest workspace). */
+    if (max_gib <= 0) max_gib = std::max(0.0, 0.75 * (double)free_b / (1 << 30) - 4.0);
     cudaStream_t stream;
     CK(cudaStreamCreate(&stream));
     cudaEvent_t e0, e1;
