@@ -93,22 +93,25 @@ struct shape {
     size_t ws; /* the decode workspace */
 };
 
-/* The shape of variant v at batch x len (false, with the reason in err, if its layout fails). */
-static bool shape_of(const variant &v, int batch, int len, int H, int G, int d, int split, shape &s,
-                     char *err)
+/* The shape of variant v at batch x len (exits with the reason if its layout fails). */
+static shape shape_of(const variant &v, int batch, int len, int H, int G, int d, int split)
 {
+    shape s;
+    char err[512] = "bench_attention: no page size for this format";
     /* Each variant's default page: 32 tokens of its high format. */
     s.page_bytes = 0;
     if (mkv_page_bytes_for(v.hi, d, 1, 32, &s.page_bytes) != MKV_STATUS_OK ||
         mkv_page_layout(v.hi, d, 1, s.page_bytes, &s.lh, err) != MKV_STATUS_OK ||
-        mkv_page_layout(v.lo, d, 1, s.page_bytes, &s.ll, err) != MKV_STATUS_OK)
-        return false;
+        mkv_page_layout(v.lo, d, 1, s.page_bytes, &s.ll, err) != MKV_STATUS_OK) {
+        fprintf(stderr, "%s\n", err);
+        exit(1);
+    }
     s.n_hi = (int32_t)(v.frac_hi * len), s.n_lo = (int32_t)(v.frac_lo * len);
     s.k_hi = (s.n_hi + s.lh.tokens - 1) / s.lh.tokens, s.k_lo = (s.n_lo + s.ll.tokens - 1) / s.ll.tokens;
     s.regions = (int64_t)batch * H, s.pages = s.regions * (s.k_hi + s.k_lo);
     s.T = s.k_hi + s.k_lo + 1;
     s.ws = mkv_cuda_decode_workspace_size(batch, H, G, d, s.n_hi + s.n_lo, split);
-    return true;
+    return s;
 }
 
 /* Option names, indexed by mkv_cuda_decode_kernel_t and mkv_cuda_decode_scores_t. */
@@ -207,12 +210,7 @@ int main(int argc, char **argv)
         for (int len : lengths)
             for (const variant &v : variants) {
                 if (only && strcmp(only, v.name) && strcmp(v.name, "K16V16")) continue;
-                char err[512];
-                shape sh;
-                if (!shape_of(v, batch, len, H, G, d, split, sh, err)) {
-                    fprintf(stderr, "%s\n", err);
-                    return 1;
-                }
+                const shape sh = shape_of(v, batch, len, H, G, d, split);
                 if ((double)sh.pages * sh.page_bytes / (1 << 30) > max_gib) continue;
                 max_pool = std::max(max_pool, (size_t)(sh.pages * sh.page_bytes));
                 max_table = std::max(max_table, (size_t)(sh.regions * sh.T));
@@ -279,11 +277,7 @@ int main(int argc, char **argv)
             for (const variant &v : variants) {
                 if (only && strcmp(only, v.name) && strcmp(v.name, "K16V16")) continue;
                 char err[512];
-                shape sh;
-                if (!shape_of(v, batch, len, H, G, d, split, sh, err)) {
-                    fprintf(stderr, "%s\n", err);
-                    return 1;
-                }
+                const shape sh = shape_of(v, batch, len, H, G, d, split);
                 const mkv_page_layout_t &lh = sh.lh, &ll = sh.ll;
                 const int32_t n_hi = sh.n_hi, n_lo = sh.n_lo, T = sh.T;
                 const int64_t regions = sh.regions, pages = sh.pages, page_bytes = sh.page_bytes;
