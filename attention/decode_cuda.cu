@@ -601,8 +601,10 @@ static fast_plan plan_fast(int32_t n_seq, int32_t H, int32_t G, int32_t d, int32
     const size_t slots = rg * 2 * (size_t)w.sec_items; /* (region, item slot, head) */
     size_t off = 0;
     w.off_logits = off; /* WS_ALIGN-aligned rows of item_tokens * G floats (a multiple of 256 B) */
-    off += mkv_align_up64((int64_t)(rg * ((size_t)w.sec_items + 1) * (size_t)w.item_tokens *
-                                    sizeof(float)), WS_ALIGN);
+    const size_t n_tok = rs * ((size_t)w.sec_items + 1) * (size_t)w.item_tokens;
+    size_t lg_bytes = n_tok * (size_t)G * sizeof(float);
+    if (fused && mkv_fast_compact_bytes(n_tok, G) > lg_bytes) lg_bytes = mkv_fast_compact_bytes(n_tok, G);
+    off += mkv_align_up64((int64_t)lg_bytes, WS_ALIGN);
     w.off_part_o = off;
     off += mkv_align_up64((int64_t)(slots * (size_t)d * sizeof(float)), WS_ALIGN);
     w.off_part_ml = off;
@@ -707,6 +709,19 @@ extern "C" int mkv_cuda_decode_fuses_scores(const mkv_cuda_decode_t *a)
     return fused;
 }
 
+/* Compact logits for a fused call (decode_fast.h): where every softmax step covers a fixed
+ * number of tokens (pages of whole 16-token subtiles) and they are smaller (G >= 2: 10 bytes
+ * per token at G = 4 against 16). */
+static bool fast_compact(int32_t G, const mkv_page_layout_t &hi, const mkv_page_layout_t &lo)
+{
+    return G >= 2 && hi.tokens % 16 == 0 && lo.tokens % 16 == 0;
+}
+
+extern "C" int mkv_cuda_decode_compact_logits(const mkv_cuda_decode_t *a)
+{
+    return mkv_cuda_decode_fuses_scores(a) && fast_compact(a->group_size, a->lay_hi, a->lay_lo);
+}
+
 static mkv_status_t launch_fast(const mkv_cuda_decode_t *a, cudaStream_t stream, char *err)
 {
     const fast_kernel fh = mkv_fast_lookup(a->lay_hi.key.bits, a->lay_hi.value.bits, a->head_dim);
@@ -730,6 +745,7 @@ static mkv_status_t launch_fast(const mkv_cuda_decode_t *a, cudaStream_t stream,
     f.counters = fused ? reinterpret_cast<int32_t *>(ws + w.off_counters) : nullptr;
     f.lse = fused ? reinterpret_cast<float *>(ws + w.off_lse) : nullptr;
     f.fused = 0, f.discard = 0;
+    f.compact = 0, f.lg_n = 0, f.lg_a = nullptr, f.lg_b = nullptr, f.lg_r = nullptr;
     f.total_ids = (int32_t)w.total_ids;
     const dim3 grid((unsigned)f.blocks_per_sec, (unsigned)a->n_heads, (unsigned)a->n_seq);
     mkv_status_t st;
@@ -739,6 +755,14 @@ static mkv_status_t launch_fast(const mkv_cuda_decode_t *a, cudaStream_t stream,
         if (fused) {
             f.fused = 1;
             f.discard = (uintptr_t)f.logits % 128 == 0;
+            if (fast_compact(f.G, a->lay_hi, a->lay_lo)) {
+                const size_t g2 = (size_t)(f.G + 1) / 2;
+                f.compact = 1;
+                f.lg_n = (int64_t)f.n_rs * (w.sec_items + 1) * w.item_tokens;
+                f.lg_a = reinterpret_cast<uint32_t *>(f.logits);
+                f.lg_b = reinterpret_cast<uint8_t *>(f.lg_a) + mkv_align_up64(f.lg_n * (int64_t)g2 * 4, 256);
+                f.lg_r = reinterpret_cast<float *>(f.lg_b + mkv_align_up64(f.lg_n * (int64_t)g2, 256));
+            }
             /* Counters to zero, score jobs to -1; a persistent grid of what the GPU holds. */
             if ((st = launched("cudaMemsetAsync (decode counters)", err,
                                cudaMemsetAsync(f.counters, 0, ((size_t)f.n_rs + 4) * sizeof(int32_t),

@@ -69,6 +69,11 @@ int mkv_cuda_decode_uses_tensor(const mkv_page_layout_t *lay_hi, const mkv_page_
  * decode kernel (mkv_cuda_decode_scores_t above). */
 int mkv_cuda_decode_fuses_scores(const mkv_cuda_decode_t *a);
 
+/* Whether such a call keeps its logits for the fused write-back in the compact 20-bit form
+ * (G >= 2 and pages of a multiple of 16 tokens in both layouts; docs/decode-kernel.md): each
+ * token's probability then carries an absolute error of at most 2^-21 besides fp32 rounding. */
+int mkv_cuda_decode_compact_logits(const mkv_cuda_decode_t *a);
+
 /* Workspace for a call with these sizes (partial results of split sequences, logits for the
  * score write-back). */
 size_t mkv_cuda_decode_workspace_size(int32_t n_seq, int32_t n_heads, int32_t group_size,

@@ -178,6 +178,21 @@ __device__ __forceinline__ void st_logit(float *p, float x, float y, uint64_t po
                  "l"(pol) : "memory");
 }
 
+/* Stores of compact logits (a word of codes, a byte of low nibbles) under L2 policy pol. */
+__device__ __forceinline__ void st_code(uint32_t *p, uint32_t x, uint64_t pol)
+{
+    asm volatile("st.global.L2::cache_hint.b32 [%0], %1, %2;" ::"l"(p), "r"(x), "l"(pol) : "memory");
+}
+
+__device__ __forceinline__ void st_code(uint8_t *p, uint32_t x, uint64_t pol)
+{
+    asm volatile("st.global.L2::cache_hint.b8 [%0], %1, %2;" ::"l"(p), "r"(x), "l"(pol) : "memory");
+}
+
+/* 20-bit code of y in [0, 1] (rounded to nearest: y (2^20 - 2) + 2^23 in fp32 has ulp 1),
+ * in the low 20 bits; bits 20 to 22 are zero. */
+__device__ __forceinline__ uint32_t y_code(float y) { return __float_as_uint(fmaf(y, MKV_FAST_YSCALE, 8388608.0f)); }
+
 __device__ __forceinline__ uint64_t policy_evict_last()
 {
     uint64_t p;
@@ -268,6 +283,15 @@ struct block_shared {
     float M[MKV_FAST_MAX_G], S[MKV_FAST_MAX_G], lse[MKV_FAST_MAX_G];
 };
 
+/* Subtiles per softmax step: all of a stage's where it holds two or four (one max, rescale
+ * test and value-scale reduction per 32 or 64 tokens instead of 16). Four need the 3-block
+ * bound of decode_kernel's __launch_bounds__ to stay at 168 registers. */
+template <int KB, int VB, int D>
+__host__ __device__ constexpr int step_subtiles()
+{
+    return stage_layout<KB, VB, D>::NT >= 4 ? 4 : stage_layout<KB, VB, D>::NT >= 2 ? 2 : 1;
+}
+
 template <int KB, int VB, int D>
 constexpr int smem_bytes() { return MKV_FAST_WARPS * stage_layout<KB, VB, D>::WARP_BYTES + (int)sizeof(block_shared); }
 
@@ -324,10 +348,8 @@ __device__ __forceinline__ void run_item(const fast_args &a, uint8_t *smem, cons
 {
     using SL = stage_layout<KB, VB, D>;
     constexpr int NT = SL::NT, S = SL::STAGES;
-    /* Subtiles per softmax step: all of a stage's where it holds two or four (one max, rescale
-     * test and value-scale reduction per 32 or 64 tokens instead of 16). Four need the 3-block
-     * bound of decode_kernel's __launch_bounds__ to stay at 168 registers. */
-    constexpr int PAIR = NT >= 4 ? 4 : NT >= 2 ? 2 : 1;
+    /* Subtiles per softmax step (step_subtiles), tokens per step of the compact logits. */
+    constexpr int PAIR = step_subtiles<KB, VB, D>(), STEP = 16 * PAIR;
     constexpr int KRUN = D / 4; /* key elements per thread and token */
     constexpr int VRUN = D / 8, MTILES = D / 16;
     constexpr bool KQ = SL::KQ, VQ = SL::VQ;
@@ -416,8 +438,12 @@ __device__ __forceinline__ void run_item(const fast_args &a, uint8_t *smem, cons
     float m[2] = {-INFINITY, -INFINITY}, lsum[2] = {0.0f, 0.0f}, zsum[2] = {0.0f, 0.0f};
     /* This thread's logits of the next subtile: token gr, heads 2tc and 2tc + 1 (token gr + 8 is
      * 8 G further on); lanes 2tc >= G store none. */
-    float *lg = a.logits + (rs * (a.sec_items + 1) + ip.slot_id) * a.item_tokens * G + gr * G + 2 * tc;
+    const int64_t lin = (rs * (a.sec_items + 1) + ip.slot_id) * a.item_tokens;
     const bool lg_lane = 2 * tc < G, lg_pair = G % 2 == 0;
+    /* Compact logits (fast_args): lg is then the lane's word of lg_a (token gr, pair tc),
+     * advanced once per softmax step, after its stores. */
+    const bool compact = a.compact;
+    float *lg = compact ? reinterpret_cast<float *>(a.lg_a + tc * a.lg_n + lin + gr) : a.logits + (lin + gr) * G + 2 * tc;
 
     /* The warp's staging area: [stage][subtile][BYTES_PER_SUBTILE]. */
     const uint32_t warp_smem = (uint32_t)__cvta_generic_to_shared(smem) + warp * SL::WARP_BYTES;
@@ -538,7 +564,7 @@ __device__ __forceinline__ void run_item(const fast_args &a, uint8_t *smem, cons
                 if constexpr (KQ) raw = fmaf(lo_f(km[r]), raw, hi_f(km[r]) * qsum[i]);
                 l[r][i] = valid ? fac[i] * raw : -INFINITY;
             }
-            if (valid && lg_lane) {
+            if (valid && lg_lane && !compact) {
                 float *dst = lg + 8 * r * G;
                 if (lg_pair) {
                     st_logit(dst, l[r][0], l[r][1], policy_evict_last());
@@ -618,7 +644,7 @@ __device__ __forceinline__ void run_item(const fast_args &a, uint8_t *smem, cons
                     continue;
                 }
                 subtile_logits(stage + (st + u) * SL::BYTES_PER_SUBTILE, cnt[u], l[u], vm[u]);
-                lg += cnt[u] * G;
+                if (!compact) lg += cnt[u] * G;
             }
             if (cnt[0] == 0) break;
             /* Online softmax per head (columns 2tc, 2tc + 1: a reduction over gr). Quantized
@@ -636,7 +662,7 @@ __device__ __forceinline__ void run_item(const fast_args &a, uint8_t *smem, cons
                 ms = fmaxf(ms, __shfl_xor_sync(0xffffffffu, ms, 16));
                 sh = fmaxf(lg2(ms) - 14.5f, -60.0f);
             }
-            float alpha[2];
+            float alpha[2], mxr[2];
 #pragma unroll
             for (int i = 0; i < 2; i++) {
                 float mx = fmaxf(l[0][0][i], l[0][1][i]);
@@ -645,6 +671,7 @@ __device__ __forceinline__ void run_item(const fast_args &a, uint8_t *smem, cons
                 mx = fmaxf(mx, __shfl_xor_sync(0xffffffffu, mx, 4));
                 mx = fmaxf(mx, __shfl_xor_sync(0xffffffffu, mx, 8));
                 mx = fmaxf(mx, __shfl_xor_sync(0xffffffffu, mx, 16));
+                mxr[i] = mx;
                 const float mn = fmaxf(m[i], mx + sh);
                 alpha[i] = ex2(m[i] - mn);
                 m[i] = mn;
@@ -657,6 +684,36 @@ __device__ __forceinline__ void run_item(const fast_args &a, uint8_t *smem, cons
 #pragma unroll
                     for (int t = 0; t < MTILES; t++) o[t][i] *= alpha[i], o[t][2 + i] *= alpha[i];
                 }
+            }
+            /* Compact logits: the step's maximum R per head (lanes gr = 0) and each token's
+             * y = 2^(l - R), heads 2tc and 2tc + 1 as a word of high bits and a byte of low
+             * nibbles; subtile u's tokens start 16 u on (all subtiles of a step but the item's
+             * last are 16 tokens). Pair-major arrays: the offsets are immediates. */
+            if (compact) {
+                uint32_t *const la = reinterpret_cast<uint32_t *>(lg);
+                const int64_t w = la - a.lg_a; /* tc lg_n + x */
+                if (gr == 0) {
+                    float *R = a.lg_r + w / STEP * 2; /* [tc][x / STEP][2] */
+                    if (2 * tc < G) R[0] = mxr[0];
+                    if (2 * tc + 1 < G) R[1] = mxr[1];
+                }
+                uint8_t *const lb = a.lg_b + w;
+                int32_t step_n = 0;
+#pragma unroll
+                for (int u = 0; u < PAIR; u++) {
+#pragma unroll
+                    for (int r = 0; r < 2; r++) {
+                        if (gr + 8 * r >= cnt[u] || !lg_lane) continue;
+                        const uint32_t c0 = y_code(ex2(l[u][r][0] - mxr[0]));
+                        const uint32_t c1 = y_code(ex2(l[u][r][1] - mxr[1]));
+                        st_code(la + 16 * u + 8 * r, __byte_perm(c0 >> 4, c1 << 12, 0x7610),
+                                policy_evict_last());
+                        st_code(lb + 16 * u + 8 * r, (c0 & 0xFu) | ((c1 & 0xFu) << 4), policy_evict_last());
+                    }
+                    step_n += cnt[u];
+                    if (u + 1 < PAIR && cnt[u + 1] == 0) break;
+                }
+                lg = reinterpret_cast<float *>(la + step_n);
             }
 #pragma unroll
             for (int u = 0; u < PAIR; u++) {
@@ -870,6 +927,97 @@ struct region_finish {
             for (int32_t i = l0 + tid; i < l1; i += NTH) discard_line(lg + (int64_t)i * 128);
         }
     }
+
+    /* scores for compact logits (a.compact): per chunk, each pair's run of codes, of low nibbles
+     * and of step maxima (pair-major in the workspace, so G2 runs of each); a token's
+     * probability is the maximum over the group of y 2^(R - lse_g). */
+    static __device__ __forceinline__ void scores_compact(const fast_args &a, uint8_t *smem,
+                                                          const section_tokens &s, int32_t t0,
+                                                          int32_t t1, const float *lse)
+    {
+        constexpr int32_t STEP = 16 * step_subtiles<KB, VB, D>();
+        const int32_t tid = threadIdx.x, G = a.G, G2 = (G + 1) / 2;
+        const uint32_t base_s = (uint32_t)__cvta_generic_to_shared(smem);
+        if (t1 <= t0) return;
+        /* Tokens per chunk: a multiple of 64 (whole steps, 16-byte aligned runs), its pages
+         * within IDS. Per 64 tokens: G2 x (256 bytes of codes, 64 of nibbles, 512 / STEP of
+         * maxima). */
+        const int32_t per64 = G2 * (320 + 512 / STEP);
+        const int32_t chunk = min(HALF / per64 * 64, (IDS - 2) * s.tpp) & ~63;
+        const int32_t n_chunks = (t1 - t0 + chunk - 1) / chunk;
+        const int64_t n = a.lg_n;
+        /* Buffer b at b * (AREA / 2): page ids, then codes [G2][chunk], nibbles [G2][chunk],
+         * maxima [G2][chunk / STEP][2]. */
+        const int32_t o_b = IDS * 4 + G2 * chunk * 4, o_r = o_b + G2 * chunk;
+        auto issue = [&](int32_t c) {
+            const int32_t k0 = t0 + c * chunk, k1 = min(k0 + chunk, t1), nk = k1 - k0;
+            const uint32_t at = base_s + (c & 1) * (AREA / 2);
+            const int64_t x0 = s.lin0 + k0;
+            const int32_t ba = (nk * 4 + 15) & ~15, bb = (nk + 15) & ~15, ns = (nk + STEP - 1) / STEP;
+            for (int32_t j = 0; j < G2; j++) {
+                const uint8_t *ga = reinterpret_cast<const uint8_t *>(a.lg_a + j * n + x0);
+                const uint8_t *gb = a.lg_b + j * n + x0;
+                const uint8_t *gr_ = reinterpret_cast<const uint8_t *>(a.lg_r + (j * n + x0) / STEP * 2);
+                for (int32_t off = tid * 16; off < ba; off += NTH * 16)
+                    cp_async<16>(at + IDS * 4 + j * chunk * 4 + off, ga + off, true);
+                for (int32_t off = tid * 16; off < bb; off += NTH * 16)
+                    cp_async<16>(at + o_b + j * chunk + off, gb + off, true);
+                for (int32_t i = tid; i < ns; i += NTH)
+                    cp_async<8>(at + o_r + (j * (chunk / STEP) + i) * 8, gr_ + i * 8, true);
+            }
+            const int32_t p0 = k0 / s.tpp, np = (k1 - 1) / s.tpp - p0 + 1;
+            for (int32_t i = tid; i < np; i += NTH)
+                cp_async<4>(at + i * 4, s.row + (int64_t)(p0 + i) * s.step, true);
+            cp_async_commit();
+        };
+        const float inv_tpp = 1.0f / (float)s.tpp, inv_y = 1.0f / MKV_FAST_YSCALE;
+        issue(0);
+        for (int32_t c = 0; c < n_chunks; c++) {
+            if (c + 1 < n_chunks) {
+                issue(c + 1);
+                cp_async_wait<1>();
+            } else {
+                cp_async_wait<0>();
+            }
+            __syncthreads();
+            const uint8_t *at = smem + (c & 1) * (AREA / 2);
+            const int32_t *ids = reinterpret_cast<const int32_t *>(at);
+            const uint32_t *ca = reinterpret_cast<const uint32_t *>(at + IDS * 4);
+            const uint8_t *cb = at + o_b;
+            const float *cr = reinterpret_cast<const float *>(at + o_r);
+            const int32_t k0 = t0 + c * chunk, k1 = min(k0 + chunk, t1), p0 = k0 / s.tpp;
+            for (int32_t k = k0 + tid; k < k1; k += NTH) {
+                const int32_t i = k - k0;
+                float p = 0.0f;
+                for (int32_t j = 0; j < G2; j++) {
+                    const uint32_t w = ca[j * chunk + i], b = cb[j * chunk + i];
+                    const float *R = cr + (j * (chunk / STEP) + i / STEP) * 2;
+                    const float y0 = (float)(((w & 0xFFFFu) << 4) | (b & 0xFu)) * inv_y;
+                    p = fmaxf(p, y0 * ex2(R[0] - lse[2 * j]));
+                    if (2 * j + 1 < G) {
+                        const float y1 = (float)(((w >> 16) << 4) | (b >> 4)) * inv_y;
+                        p = fmaxf(p, y1 * ex2(R[1] - lse[2 * j + 1]));
+                    }
+                }
+                int32_t slot;
+                const int32_t pi = div_rcp(k, s.tpp, inv_tpp, slot);
+                red_add(score_slot(s, ids[pi - p0], slot), p);
+            }
+            __syncthreads(); /* the chunk after next reuses this buffer */
+        }
+        if (a.discard) { /* whole 128-byte lines of [t0, t1) only: the rest may be others' */
+            auto drop = [&](const void *base, int64_t b0, int64_t b1) {
+                const uint8_t *p = static_cast<const uint8_t *>(base);
+                for (int64_t i = (b0 + 127) / 128 + tid; i < b1 / 128; i += NTH) discard_line(p + i * 128);
+            };
+            for (int32_t j = 0; j < G2; j++) {
+                const int64_t x0 = j * n + s.lin0 + t0, x1 = j * n + s.lin0 + t1;
+                drop(a.lg_a, x0 * 4, x1 * 4);
+                drop(a.lg_b, x0, x1);
+                drop(a.lg_r, x0 / STEP * 8, (x1 + STEP - 1) / STEP * 8);
+            }
+        }
+    }
 };
 
 /*
@@ -948,8 +1096,9 @@ __global__ void __launch_bounds__(MKV_FAST_WARPS * 32, stage_layout<KB, VB, D>::
             const block_pos b = locate(a, bx, r % a.H, r / a.H);
             if (tid < a.G) bs.lse[tid] = __ldcg(a.lse + b.ip.rs * a.G + tid);
             __syncthreads();
-            RF::scores(a, smem, section_of_region(a, b.ip.rs, b.ip.region, b.ip.sec, b.hi, b.n, b.items_hi),
-                       b.bta, b.btb, bs.lse);
+            const section_tokens s = section_of_region(a, b.ip.rs, b.ip.region, b.ip.sec, b.hi, b.n, b.items_hi);
+            if (a.compact) RF::scores_compact(a, smem, s, b.bta, b.btb, bs.lse);
+            else RF::scores(a, smem, s, b.bta, b.btb, bs.lse);
             __syncthreads(); /* bs.lse is rewritten in the next round */
             continue;
         }

@@ -68,7 +68,32 @@ struct fast_args {
     int32_t total_ids;
     int32_t *counters;
     float *lse;
+    /* Compact logits (fused calls only, where G >= 2 and both sections' pages hold a multiple
+     * of 16 tokens, so that every subtile but an item's last is 16 tokens and a softmax step of
+     * the kernel covers a fixed STEP tokens), in place of logits: token x's probability
+     * relative to its step's maximum logit R, y = 2^(l - R) in [0, 1], as 20-bit fixed point
+     * (code = round(y MKV_FAST_YSCALE)), two heads per pair j < (G + 1) / 2, pair-major:
+     * lg_a[j][x] the codes' high 16 bits (head 2j in the low half), lg_b[j][x] their low 4 bits
+     * (head 2j in the low nibble), lg_r[j][x / STEP][2] the steps' R. x = item slot *
+     * item_tokens + token in the item, lg_n = slots * item_tokens (every region's). */
+    int32_t compact;
+    int64_t lg_n;
+    uint32_t *lg_a;
+    uint8_t *lg_b;
+    float *lg_r;
 };
+
+/* The compact logits' fixed-point scale: y = code / MKV_FAST_YSCALE (2^20 - 2, so that y up to
+ * 1 plus the rounding of 2^x still rounds below 2^20). */
+#define MKV_FAST_YSCALE 1048574.0f
+
+/* Bytes of the compact logits of n_tok token slots at group size G: the three arrays, each
+ * 256-byte aligned, the steps' maxima sized for the shortest step (16 tokens). */
+__host__ __device__ inline size_t mkv_fast_compact_bytes(size_t n_tok, int32_t G)
+{
+    const size_t g2 = (size_t)(G + 1) / 2, al = 255;
+    return ((n_tok * g2 * 4 + al) & ~al) + ((n_tok * g2 + al) & ~al) + (n_tok / 16 + 1) * g2 * 8;
+}
 
 typedef cudaError_t (*fast_launch_fn)(const fast_args &a, dim3 grid, cudaStream_t stream);
 
@@ -163,6 +188,7 @@ __device__ __forceinline__ void red_add(float *score, float v)
  * and pages of tpp tokens with the score slots at off_score. */
 struct section_tokens {
     const float *lg;
+    int64_t lin0; /* token x of the compact logits of the section's token 0 */
     const int32_t *row;
     const uint8_t *pool;
     int64_t page_bytes, off_score;
@@ -186,6 +212,7 @@ __device__ __forceinline__ section_tokens section_of_region(const fast_args &a, 
     section_tokens s;
     const int64_t slot = rs * (a.sec_items + 1) + (sec ? items_hi : 0);
     s.lg = a.logits + slot * a.item_tokens * a.G;
+    s.lin0 = slot * a.item_tokens;
     s.row = a.table + region * a.T + (sec ? a.T - 1 : 0);
     s.step = sec ? -1 : 1;
     s.n = sec ? n - hi : hi;

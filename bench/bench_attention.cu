@@ -194,6 +194,15 @@ int main(int argc, char **argv)
     /* Default: pools up to 3/4 of the free memory less the two 2 GiB copy buffers (all of it is
      * allocated at once, with the largest workspace). */
     if (max_gib <= 0) max_gib = std::max(0.0, 0.75 * (double)free_b / (1 << 30) - 4.0);
+    if (getenv("MKV_L2_PERSIST")) { /* scratch experiment */
+        size_t want = (size_t)atof(getenv("MKV_L2_PERSIST")) * (1 << 20);
+        want = std::min(want, (size_t)prop.persistingL2CacheMaxSize);
+        CK(cudaDeviceSetLimit(cudaLimitPersistingL2CacheSize, want));
+        size_t got = 0;
+        CK(cudaDeviceGetLimit(&got, cudaLimitPersistingL2CacheSize));
+        fprintf(stderr, "L2 persisting set-aside %zu bytes (max %d, L2 %d)\n", got,
+                prop.persistingL2CacheMaxSize, prop.l2CacheSize);
+    }
     cudaStream_t stream;
     CK(cudaStreamCreate(&stream));
     cudaEvent_t e0, e1;

@@ -80,6 +80,8 @@ typedef struct spec {
     const int32_t *len;        /* [n_seq * H][2] n_hi, n_lo of listed head-region j * H + h */
     uint64_t seed;
     float vamp;                /* value amplitude (0: 1); large ones give scales above 64 */
+    int zero_scores;           /* scores start at 0 (else uniform in [0, 3)), so that the check
+                                  is on each probability alone */
 } spec_t;
 
 typedef struct batch {
@@ -208,7 +210,8 @@ static void batch_build(batch_t *b, const spec_t *c)
             int32_t slot;
             const int64_t at = token_at(b, row, t, &slot);
             cr_assert_eq(mkv_page_write_token(b->pool + at, lay_of(b, row, t), slot, k, v,
-                                              frand(&r, 0, 3), test_rand_range(&r, 0, 1 << 20)),
+                                              c->zero_scores ? 0.0f : frand(&r, 0, 3),
+                                              test_rand_range(&r, 0, 1 << 20)),
                          0);
         }
     }
@@ -592,6 +595,54 @@ Test(decode_cuda, tensor_every_format, .timeout = 300)
     stats_expect(&ck_score, "tensor_every_format");
     stats_expect(&ck_vs_out, "tensor_every_format");
     stats_expect(&ck_vs_score, "tensor_every_format");
+}
+
+/* The fused write-back with compact logits (20-bit probabilities relative to each softmax
+ * step's maximum; pages of a multiple of 16 tokens, G >= 2) against the reference: every format
+ * alike in both sections, d 64 and 128, G 2, 3, 4 and 8, pages of 16, 32 and 48 tokens, regions
+ * from 1 to 9000 tokens, item sizes from 64. Scores within the same tolerance as fp32 logits
+ * (their absolute error from the codes is at most 2^-21). */
+Test(decode_cuda, fused_scores_compact, .timeout = 300)
+{
+    GPU_REQUIRE();
+    static const mkv_format_t fmts[] = {MKV_FORMAT_K16V16, MKV_FORMAT_K8V8, MKV_FORMAT_K8V4,
+                                        MKV_FORMAT_K4V4,   MKV_FORMAT_K8V2, MKV_FORMAT_K4V2,
+                                        MKV_FORMAT_K4V8,   MKV_FORMAT_K2V4};
+    static const int32_t lens[] = {1, 63, 64, 65, 700, 4097, 9000};
+    static const int32_t Gs[] = {2, 3, 4, 8};
+    stats_t ck_out = {.what = "out (compact)"}, ck_score = {.what = "score (compact)"};
+    uint64_t r = 0xc0dec;
+    for (int fi = 0; fi < 8; fi++)
+        for (int di = 0; di < 2; di++) {
+            const int32_t H = 2, n_seq = 4;
+            int32_t len[4 * 2 * 2];
+            for (int i = 0; i < n_seq * H; i++) {
+                const int32_t n = lens[(i + 3 * fi + di) % 7], hi = test_rand_range(&r, 0, n);
+                len[2 * i] = hi, len[2 * i + 1] = n - hi;
+            }
+            const spec_t c = {.hi = fmts[fi], .lo = fmts[fi], .d = di ? 128 : 64,
+                              .G = Gs[(fi + di) % 4], .groups = 1, .tpp = 16 * (1 + (fi + 2 * di) % 3),
+                              .n_seq = n_seq, .H = H, .len = len, .seed = test_rand_next(&r),
+                              .vamp = fi % 3 == 1 ? 150.0f : 0.0f, .zero_scores = 1};
+            batch_t b;
+            batch_build(&b, &c);
+            const int32_t splits[] = {0, 64, 100};
+            for (int k = 0; k < 3; k++) {
+                const mkv_cuda_decode_t a = {
+                    .lay_hi = b.lay_hi, .lay_lo = b.lay_lo, .n_seq = n_seq, .n_heads = H,
+                    .group_size = c.G, .head_dim = c.d, .max_tokens = b.max_tokens,
+                    .split_tokens = splits[k], .kernel = MKV_DECODE_KERNEL_TENSOR,
+                    .scores = MKV_DECODE_SCORES_FUSED};
+                cr_assert(mkv_cuda_decode_compact_logits(&a), "%s split=%d: not compact", b.ctx,
+                          splits[k]);
+            }
+            b.scores = MKV_DECODE_SCORES_FUSED;
+            batch_check_splits(&b, MKV_DECODE_KERNEL_TENSOR, splits, 3, &ck_out, &ck_score, NULL,
+                               NULL);
+            batch_free(&b);
+        }
+    stats_expect(&ck_out, "fused_scores_compact");
+    stats_expect(&ck_score, "fused_scores_compact");
 }
 
 /* The score write-back inside the decode kernel (one format in both sections; a persistent grid
