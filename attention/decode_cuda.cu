@@ -579,7 +579,8 @@ static int32_t device_attr(cudaDeviceAttr attr, int32_t fallback)
  * for the fused write-back of 8-bit-or-wider keys (docs/decode-kernel.md). fused: room for
  * the fused kernel's counters and log-sum-exps. */
 static fast_plan plan_fast(int32_t n_seq, int32_t H, int32_t G, int32_t d, int32_t max_tokens,
-                           int32_t split_tokens, bool fused, int32_t cap_blocks)
+                           int32_t split_tokens, bool fused, int32_t cap_blocks,
+                           int32_t max_item = MKV_FAST_MAX_ITEM)
 {
     fast_plan w;
     const int32_t sms = device_attr(cudaDevAttrMultiProcessorCount, 132);
@@ -587,6 +588,7 @@ static fast_plan plan_fast(int32_t n_seq, int32_t H, int32_t G, int32_t d, int32
         w.item_tokens = (int32_t)mkv_align_up64(split_tokens, MKV_FAST_MIN_ITEM);
     } else {
         w.item_tokens = mkv_fast_item_tokens(n_seq, H, max_tokens, sms);
+        if (w.item_tokens > max_item) w.item_tokens = max_item;
         /* cap_blocks > 0: halved while the logits of the items in flight would fill more than
          * 9/16 of L2, as long as a section keeps at most 256 items. */
         const int64_t l2 = device_attr(cudaDevAttrL2CacheSize, 50 << 20);
@@ -663,17 +665,22 @@ static bool fast_may_fuse(const mkv_cuda_decode_t *a, const fast_kernel &fh, con
            (l.key.bits == 16 && l.value.bits == 16 && token_heads >= ((int64_t)1 << 21));
 }
 
+static bool fast_compact(const mkv_cuda_decode_t *a);
+
 /* blocks: the kernel's resident blocks per multiprocessor (0 if unknown). */
 static fast_plan plan_for(const mkv_cuda_decode_t *a, bool fused, int32_t blocks)
 {
     /* Fused with 8-bit-or-wider keys: items capped for L2 (measured faster there); 4-bit keys
      * gain more from long items, whose fill and drain cost less issue slots (H200 256 x 32k,
-     * K4V2: 3.20 ms at 4096 tokens per item against 3.41 at 1024). */
-    int32_t cap = 0;
+     * K4V2: 3.20 ms at 4096 tokens per item against 3.41 at 1024), up to 2048 tokens with
+     * compact logits (H100 256 x 32k, K4V2: 3.26 ms against 3.36 at 4096). */
+    int32_t cap = 0, max_item = MKV_FAST_MAX_ITEM;
     if (fused && a->lay_hi.key.bits >= 8)
         cap = blocks >= 1 && blocks <= 4 ? blocks : 4; /* 4: the most any kernel keeps, assumed for sizing */
+    else if (fused && fast_compact(a))
+        max_item = 2048;
     return plan_fast(a->n_seq, a->n_heads, a->group_size, a->head_dim, a->max_tokens,
-                     a->split_tokens, fused, cap);
+                     a->split_tokens, fused, cap, max_item);
 }
 
 /* The plan of a tensor-core call, and whether it fuses the score write-back (where it may and
@@ -709,17 +716,31 @@ extern "C" int mkv_cuda_decode_fuses_scores(const mkv_cuda_decode_t *a)
     return fused;
 }
 
-/* Compact logits for a fused call (decode_fast.h): where every softmax step covers a fixed
- * number of tokens (pages of whole 16-token subtiles) and they are smaller (G >= 2: 10 bytes
- * per token at G = 4 against 16). */
-static bool fast_compact(int32_t G, const mkv_page_layout_t &hi, const mkv_page_layout_t &lo)
+extern "C" double mkv_cuda_dram_bytes_per_sm_cycle(void)
 {
-    return G >= 2 && hi.tokens % 16 == 0 && lo.tokens % 16 == 0;
+    const double mem_khz = device_attr(cudaDevAttrMemoryClockRate, 0);
+    const double bus_bits = device_attr(cudaDevAttrGlobalMemoryBusWidth, 0);
+    const double sms = device_attr(cudaDevAttrMultiProcessorCount, 0);
+    const double sm_khz = device_attr(cudaDevAttrClockRate, 0);
+    return sms > 0 && sm_khz > 0 ? 2.0 * mem_khz * bus_bits / 8.0 / (sms * sm_khz) : 0.0;
+}
+
+/* Compact logits for a fused call (decode_fast.h, mkv_cuda_decode_logits_t): where every
+ * softmax step covers a fixed number of tokens (pages of whole 16-token subtiles) and they are
+ * smaller (G >= 2); under AUTO, on GPUs where the kernel waits on DRAM rather than on issue. */
+static bool fast_compact(const mkv_cuda_decode_t *a)
+{
+    if (a->logits == MKV_DECODE_LOGITS_FP32 || a->group_size < 2 || a->lay_hi.tokens % 16 != 0 ||
+        a->lay_lo.tokens % 16 != 0)
+        return false;
+    if (a->logits == MKV_DECODE_LOGITS_COMPACT) return true;
+    const double b = mkv_cuda_dram_bytes_per_sm_cycle();
+    return b > 0.0 && b < 16.0;
 }
 
 extern "C" int mkv_cuda_decode_compact_logits(const mkv_cuda_decode_t *a)
 {
-    return mkv_cuda_decode_fuses_scores(a) && fast_compact(a->group_size, a->lay_hi, a->lay_lo);
+    return mkv_cuda_decode_fuses_scores(a) && fast_compact(a);
 }
 
 static mkv_status_t launch_fast(const mkv_cuda_decode_t *a, cudaStream_t stream, char *err)
@@ -755,7 +776,7 @@ static mkv_status_t launch_fast(const mkv_cuda_decode_t *a, cudaStream_t stream,
         if (fused) {
             f.fused = 1;
             f.discard = (uintptr_t)f.logits % 128 == 0;
-            if (fast_compact(f.G, a->lay_hi, a->lay_lo)) {
+            if (fast_compact(a)) {
                 const size_t g2 = (size_t)(f.G + 1) / 2;
                 f.compact = 1;
                 f.lg_n = (int64_t)f.n_rs * (w.sec_items + 1) * w.item_tokens;
@@ -806,6 +827,8 @@ extern "C" size_t mkv_cuda_decode_workspace_size(int32_t n_seq, int32_t n_heads,
         const size_t f = plan_fast(n_seq, n_heads, group_size, head_dim, max_tokens, split_tokens, true, cap).bytes;
         if (f > fast) fast = f;
     }
+    const size_t f2 = plan_fast(n_seq, n_heads, group_size, head_dim, max_tokens, split_tokens, true, 0, 2048).bytes;
+    if (f2 > fast) fast = f2;
     return fast > generic ? fast : generic;
 }
 
@@ -838,6 +861,8 @@ extern "C" mkv_status_t mkv_cuda_decode(const mkv_cuda_decode_t *a, void *stream
         return bad(err, "kernel %d (0 auto, 1 generic, 2 tensor)", a->kernel);
     if (a->scores < MKV_DECODE_SCORES_AUTO || a->scores > MKV_DECODE_SCORES_FUSED)
         return bad(err, "scores %d (0 auto, 1 separate, 2 fused)", a->scores);
+    if (a->logits < MKV_DECODE_LOGITS_AUTO || a->logits > MKV_DECODE_LOGITS_COMPACT)
+        return bad(err, "logits %d (0 auto, 1 fp32, 2 compact)", a->logits);
     const bool tensor = a->kernel != MKV_DECODE_KERNEL_GENERIC &&
                         mkv_cuda_decode_uses_tensor(&a->lay_hi, &a->lay_lo, a->group_size,
                                                     a->head_dim);

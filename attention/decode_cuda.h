@@ -37,6 +37,7 @@ typedef struct mkv_cuda_decode {
     void *workspace;          /* device, mkv_cuda_decode_workspace_size bytes */
     int32_t kernel;           /* mkv_cuda_decode_kernel_t */
     int32_t scores;           /* mkv_cuda_decode_scores_t (tensor-core path) */
+    int32_t logits;           /* mkv_cuda_decode_logits_t (fused write-back) */
 } mkv_cuda_decode_t;
 
 /* Which kernels a call uses. AUTO takes the tensor-core kernels where they apply (head_dim 64
@@ -61,6 +62,25 @@ typedef enum mkv_cuda_decode_scores {
     MKV_DECODE_SCORES_FUSED = 2,
 } mkv_cuda_decode_scores_t;
 
+/* How a fused score write-back keeps the logits from the decode to the score jobs (through
+ * the workspace, so mostly through DRAM). FP32: 4 bytes per token and query head. COMPACT,
+ * where G >= 2 and both layouts hold a multiple of 16 tokens per page (else FP32): 20-bit
+ * fixed-point probabilities relative to each softmax step's maximum, 10.25 bytes per token at
+ * G = 4 instead of 16, for ~65 more instructions per 16 tokens and warp; each probability
+ * added to a score then carries an absolute error of at most 2^-21 more. AUTO: COMPACT on GPUs
+ * whose DRAM moves under 16 bytes per multiprocessor cycle (mkv_cuda_dram_bytes_per_sm_cycle;
+ * H100: 12.7, where the kernel waits on DRAM: K4V2 256 x 32k 3.26 against 3.33 ms), FP32 on
+ * faster ones (H200: 18.6, where it waits on instruction issue: 3.20 against 2.85 ms). */
+typedef enum mkv_cuda_decode_logits {
+    MKV_DECODE_LOGITS_AUTO = 0,
+    MKV_DECODE_LOGITS_FP32 = 1,
+    MKV_DECODE_LOGITS_COMPACT = 2,
+} mkv_cuda_decode_logits_t;
+
+/* The current device's peak DRAM bytes per multiprocessor clock cycle, all multiprocessors
+ * together (2 x memory clock x bus width / 8 over SMs x SM clock); 0 if unknown. */
+double mkv_cuda_dram_bytes_per_sm_cycle(void);
+
 /* Whether a call with these layouts and sizes takes the tensor-core kernels under AUTO. */
 int mkv_cuda_decode_uses_tensor(const mkv_page_layout_t *lay_hi, const mkv_page_layout_t *lay_lo,
                                 int32_t group_size, int32_t head_dim);
@@ -70,8 +90,7 @@ int mkv_cuda_decode_uses_tensor(const mkv_page_layout_t *lay_hi, const mkv_page_
 int mkv_cuda_decode_fuses_scores(const mkv_cuda_decode_t *a);
 
 /* Whether such a call keeps its logits for the fused write-back in the compact 20-bit form
- * (G >= 2 and pages of a multiple of 16 tokens in both layouts; docs/decode-kernel.md): each
- * token's probability then carries an absolute error of at most 2^-21 besides fp32 rounding. */
+ * (mkv_cuda_decode_logits_t above). */
 int mkv_cuda_decode_compact_logits(const mkv_cuda_decode_t *a);
 
 /* Workspace for a call with these sizes (partial results of split sequences, logits for the

@@ -178,7 +178,8 @@ __device__ __forceinline__ void st_logit(float *p, float x, float y, uint64_t po
                  "l"(pol) : "memory");
 }
 
-/* Stores of compact logits (a word of codes, a byte of low nibbles) under L2 policy pol. */
+/* Stores of compact logits (a word of codes' low halves, a byte of high nibbles) under L2
+ * policy pol. */
 __device__ __forceinline__ void st_code(uint32_t *p, uint32_t x, uint64_t pol)
 {
     asm volatile("st.global.L2::cache_hint.b32 [%0], %1, %2;" ::"l"(p), "r"(x), "l"(pol) : "memory");
@@ -706,9 +707,10 @@ __device__ __forceinline__ void run_item(const fast_args &a, uint8_t *smem, cons
                         if (gr + 8 * r >= cnt[u] || !lg_lane) continue;
                         const uint32_t c0 = y_code(ex2(l[u][r][0] - mxr[0]));
                         const uint32_t c1 = y_code(ex2(l[u][r][1] - mxr[1]));
-                        st_code(la + 16 * u + 8 * r, __byte_perm(c0 >> 4, c1 << 12, 0x7610),
-                                policy_evict_last());
-                        st_code(lb + 16 * u + 8 * r, (c0 & 0xFu) | ((c1 & 0xFu) << 4), policy_evict_last());
+                        /* Low 16 bits of both codes; bits 16 to 19 of both in one byte (bits
+                         * 20 to 23 of c are zero): a byte permute and a bit select. */
+                        st_code(la + 16 * u + 8 * r, __byte_perm(c0, c1, 0x5410), policy_evict_last());
+                        st_code(lb + 16 * u + 8 * r, ((c0 >> 16) & 0xFu) | ((c1 >> 12) & 0xF0u), policy_evict_last());
                     }
                     step_n += cnt[u];
                     if (u + 1 < PAIR && cnt[u + 1] == 0) break;
@@ -992,10 +994,10 @@ struct region_finish {
                 for (int32_t j = 0; j < G2; j++) {
                     const uint32_t w = ca[j * chunk + i], b = cb[j * chunk + i];
                     const float *R = cr + (j * (chunk / STEP) + i / STEP) * 2;
-                    const float y0 = (float)(((w & 0xFFFFu) << 4) | (b & 0xFu)) * inv_y;
+                    const float y0 = (float)(((b & 0xFu) << 16) | (w & 0xFFFFu)) * inv_y;
                     p = fmaxf(p, y0 * ex2(R[0] - lse[2 * j]));
                     if (2 * j + 1 < G) {
-                        const float y1 = (float)(((w >> 16) << 4) | (b >> 4)) * inv_y;
+                        const float y1 = (float)(((b >> 4) << 16) | (w >> 16)) * inv_y;
                         p = fmaxf(p, y1 * ex2(R[1] - lse[2 * j + 1]));
                     }
                 }

@@ -73,8 +73,8 @@ struct fast_args {
      * the kernel covers a fixed STEP tokens), in place of logits: token x's probability
      * relative to its step's maximum logit R, y = 2^(l - R) in [0, 1], as 20-bit fixed point
      * (code = round(y MKV_FAST_YSCALE)), two heads per pair j < (G + 1) / 2, pair-major:
-     * lg_a[j][x] the codes' high 16 bits (head 2j in the low half), lg_b[j][x] their low 4 bits
-     * (head 2j in the low nibble), lg_r[j][x / STEP][2] the steps' R. x = item slot *
+     * lg_a[j][x] the codes' low 16 bits (head 2j in the low half), lg_b[j][x] their high 4
+     * bits (head 2j in the low nibble), lg_r[j][x / STEP][2] the steps' R. x = item slot *
      * item_tokens + token in the item, lg_n = slots * item_tokens (every region's). */
     int32_t compact;
     int64_t lg_n;

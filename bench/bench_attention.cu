@@ -114,9 +114,11 @@ static shape shape_of(const variant &v, int batch, int len, int H, int G, int d,
     return s;
 }
 
-/* Option names, indexed by mkv_cuda_decode_kernel_t and mkv_cuda_decode_scores_t. */
+/* Option names, indexed by mkv_cuda_decode_kernel_t, _scores_t and _logits_t. */
 static const char *const k_kernel_names[] = {"auto", "generic", "tensor"};
 static const char *const k_scores_names[] = {"auto", "separate", "fused"};
+static const char *const k_logits_names[] = {"auto", "fp32", "compact"};
+static_assert(MKV_DECODE_LOGITS_FP32 == 1 && MKV_DECODE_LOGITS_COMPACT == 2, "logits names");
 static_assert(MKV_DECODE_KERNEL_GENERIC == 1 && MKV_DECODE_KERNEL_TENSOR == 2, "kernel names");
 static_assert(MKV_DECODE_SCORES_SEPARATE == 1 && MKV_DECODE_SCORES_FUSED == 2, "score names");
 
@@ -135,6 +137,7 @@ int main(int argc, char **argv)
     const char *json_path = NULL;
     double max_gib = 0.0;
     int kernel = MKV_DECODE_KERNEL_AUTO, scores = MKV_DECODE_SCORES_AUTO, split = 0;
+    int logits = MKV_DECODE_LOGITS_AUTO;
     const char *only = NULL;
     for (int i = 1; i < argc; i++) {
         if (!strcmp(argv[i], "--json") && i + 1 < argc) json_path = argv[++i];
@@ -143,6 +146,11 @@ int main(int argc, char **argv)
         else if (!strcmp(argv[i], "--kernel") && i + 1 < argc) {
             if ((kernel = name_index(argv[++i], k_kernel_names, 3)) < 0) {
                 fprintf(stderr, "bench_attention: --kernel auto, generic or tensor\n");
+                return 2;
+            }
+        } else if (!strcmp(argv[i], "--logits") && i + 1 < argc) {
+            if ((logits = name_index(argv[++i], k_logits_names, 3)) < 0) {
+                fprintf(stderr, "bench_attention: --logits auto, fp32 or compact\n");
                 return 2;
             }
         } else if (!strcmp(argv[i], "--scores") && i + 1 < argc) {
@@ -162,13 +170,14 @@ int main(int argc, char **argv)
                     "usage: bench_attention [--reps N] [--json FILE] [--max-gib X] [--quick]\n"
                     "                       [--kernel auto|generic|tensor] [--batch B] [--length N]\n"
                     "                       [--format NAME] [--scores auto|separate|fused]\n"
-                    "                       [--split N]\n"
+                    "                       [--split N] [--logits auto|fp32|compact]\n"
                     "Decode attention time over batch x length grids (32 query / 8 KV heads, d 128)\n"
                     "for K16V16, K8V8, K8V4, K4V2 and a 20/50/30 high/low/pruned mix, against the\n"
                     "device copy rate. --scores: the score write-back as its own pass (separate),\n"
                     "inside the decode kernel (fused), or as the library chooses (auto, the\n"
                     "default). --split N: tokens per item (per block on the generic kernels),\n"
-                    "0 (the default) to let the library choose.\n");
+                    "0 (the default) to let the library choose. --logits: how a fused write-back\n"
+                    "keeps the logits (mkv_cuda_decode_logits_t; auto, the default, by GPU).\n");
             return strcmp(argv[i], "-h") && strcmp(argv[i], "--help") ? 2 : 0;
         }
     }
@@ -194,15 +203,6 @@ int main(int argc, char **argv)
     /* Default: pools up to 3/4 of the free memory less the two 2 GiB copy buffers (all of it is
      * allocated at once, with the largest workspace). */
     if (max_gib <= 0) max_gib = std::max(0.0, 0.75 * (double)free_b / (1 << 30) - 4.0);
-    if (getenv("MKV_L2_PERSIST")) { /* scratch experiment */
-        size_t want = (size_t)atof(getenv("MKV_L2_PERSIST")) * (1 << 20);
-        want = std::min(want, (size_t)prop.persistingL2CacheMaxSize);
-        CK(cudaDeviceSetLimit(cudaLimitPersistingL2CacheSize, want));
-        size_t got = 0;
-        CK(cudaDeviceGetLimit(&got, cudaLimitPersistingL2CacheSize));
-        fprintf(stderr, "L2 persisting set-aside %zu bytes (max %d, L2 %d)\n", got,
-                prop.persistingL2CacheMaxSize, prop.l2CacheSize);
-    }
     cudaStream_t stream;
     CK(cudaStreamCreate(&stream));
     cudaEvent_t e0, e1;
@@ -272,16 +272,18 @@ int main(int argc, char **argv)
     }
     const double copy_rate = 2.0 * (double)copy_bytes / median(ct);
     /* ca (2 GiB) is reused to flush the 50 MB L2 before every timed repetition. */
-    printf("%s: device copy rate %.0f GB/s (read + write)\n", prop.name, copy_rate / 1e9);
+    const double bpc = mkv_cuda_dram_bytes_per_sm_cycle();
+    printf("%s: device copy rate %.0f GB/s (read + write); peak DRAM %.1f bytes per SM cycle\n",
+           prop.name, copy_rate / 1e9, bpc);
 
     FILE *jf = json_path ? (strcmp(json_path, "-") ? fopen(json_path, "w") : stdout) : NULL;
     if (jf)
         fprintf(jf, "{\"schema\": \"mixkv-bench-attention\", \"schema_version\": 1, \"device\": \"%s\", "
                     "\"copy_rate_gbs\": %.1f, \"heads\": %d, \"group_size\": %d, \"head_dim\": %d, "
-                    "\"kernel\": \"%s\", \"scores\": \"%s\", "
-                    "\"results\": [",
+                    "\"kernel\": \"%s\", \"scores\": \"%s\", \"logits\": \"%s\", "
+                    "\"dram_bytes_per_sm_cycle\": %.2f, \"results\": [",
                 prop.name, copy_rate / 1e9, H, G, d,
-                k_kernel_names[kernel], k_scores_names[scores]);
+                k_kernel_names[kernel], k_scores_names[scores], k_logits_names[logits], bpc);
     printf("%-12s %6s %7s %10s %12s %9s %10s %9s\n", "format", "batch", "length", "time_us",
            "bytes_read", "GB/s", "of_copy", "vs_fp16");
     int first = 1;
@@ -330,6 +332,7 @@ int main(int argc, char **argv)
                 a.softmax_scale = 0.088388f;
                 a.kernel = kernel;
                 a.scores = scores;
+                a.logits = logits;
                 a.split_tokens = split;
                 a.workspace = workspace;
                 std::vector<double> t;
@@ -360,11 +363,14 @@ int main(int argc, char **argv)
                     fprintf(jf, "%s\n  {\"format\": \"%s\", \"batch\": %d, \"length\": %d, \"tokens_hi\": %d, "
                                 "\"tokens_lo\": %d, \"time_us\": %.2f, \"time_min_us\": %.2f, "
                                 "\"time_max_us\": %.2f, \"bytes\": %.0f, \"gbs\": %.1f, "
-                                "\"fraction_of_copy\": %.4f, \"speedup_vs_k16v16\": %.3f}",
+                                "\"fraction_of_copy\": %.4f, \"speedup_vs_k16v16\": %.3f, "
+                                "\"fused_scores\": %s, \"compact_logits\": %s}",
                             first ? "" : ",", v.name, batch, len, n_hi, n_lo, sec * 1e6,
                             *std::min_element(t.begin(), t.end()) * 1e6,
                             *std::max_element(t.begin(), t.end()) * 1e6, bytes, rate / 1e9,
-                            rate / copy_rate, fp16_time > 0 ? fp16_time / sec : 0.0);
+                            rate / copy_rate, fp16_time > 0 ? fp16_time / sec : 0.0,
+                            mkv_cuda_decode_fuses_scores(&a) ? "true" : "false",
+                            mkv_cuda_decode_compact_logits(&a) ? "true" : "false");
                     first = 0;
                 }
             }

@@ -101,6 +101,7 @@ typedef struct batch {
     int64_t *d_regions;
     float *d_q, *d_out;
     int32_t scores; /* mkv_cuda_decode_scores_t of the GPU calls */
+    int32_t logits; /* mkv_cuda_decode_logits_t of the GPU calls */
 } batch_t;
 
 static void shuffle(int32_t *a, int64_t n, uint64_t *r)
@@ -283,7 +284,7 @@ static void batch_gpu(batch_t *b, int32_t kernel, int32_t split, float *got_out,
         .regions = b->d_regions, .n_seq = c->n_seq, .n_heads = c->H, .group_size = c->G,
         .head_dim = c->d, .max_tokens = b->max_tokens, .q = b->d_q, .out = b->d_out,
         .softmax_scale = (float)(1.0 / sqrt((double)c->d)), .split_tokens = split,
-        .workspace = d_ws, .kernel = kernel, .scores = b->scores};
+        .workspace = d_ws, .kernel = kernel, .scores = b->scores, .logits = b->logits};
     char err[ERR_LEN] = "";
     const mkv_status_t st = mkv_cuda_decode(&a, NULL, err);
     cr_assert_eq(st, MKV_STATUS_OK, "%s split=%d: %s (%s)", b->ctx, split, mkv_status_string(st),
@@ -632,11 +633,12 @@ Test(decode_cuda, fused_scores_compact, .timeout = 300)
                     .lay_hi = b.lay_hi, .lay_lo = b.lay_lo, .n_seq = n_seq, .n_heads = H,
                     .group_size = c.G, .head_dim = c.d, .max_tokens = b.max_tokens,
                     .split_tokens = splits[k], .kernel = MKV_DECODE_KERNEL_TENSOR,
-                    .scores = MKV_DECODE_SCORES_FUSED};
+                    .scores = MKV_DECODE_SCORES_FUSED, .logits = MKV_DECODE_LOGITS_COMPACT};
                 cr_assert(mkv_cuda_decode_compact_logits(&a), "%s split=%d: not compact", b.ctx,
                           splits[k]);
             }
             b.scores = MKV_DECODE_SCORES_FUSED;
+            b.logits = MKV_DECODE_LOGITS_COMPACT;
             batch_check_splits(&b, MKV_DECODE_KERNEL_TENSOR, splits, 3, &ck_out, &ck_score, NULL,
                                NULL);
             batch_free(&b);
@@ -686,6 +688,7 @@ Test(decode_cuda, fused_scores, .timeout = 300)
                           b.ctx, splits[k]);
             }
             b.scores = MKV_DECODE_SCORES_FUSED;
+            b.logits = MKV_DECODE_LOGITS_FP32;
             batch_check_splits(&b, MKV_DECODE_KERNEL_TENSOR, splits, 3, &ck_out, &ck_score, NULL,
                                NULL);
             b.scores = MKV_DECODE_SCORES_SEPARATE;
@@ -749,6 +752,8 @@ Test(decode_cuda, bad_arguments)
     bad[n++].kernel = -1;
     bad[n] = good;
     bad[n++].scores = 3;
+    bad[n++].logits = 3;
+    bad[n++].logits = -1;
     for (int i = 0; i < n; i++) {
         err[0] = '\0';
         cr_assert_eq(mkv_cuda_decode(&bad[i], NULL, err), MKV_STATUS_INVALID_ARGUMENT,
