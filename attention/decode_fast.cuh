@@ -830,6 +830,36 @@ struct region_finish {
     static constexpr int32_t EMAX = (MKV_FAST_MAX_G * D + NTH - 1) / NTH; /* outputs per thread */
     static_assert(HALF >= 4096, "room for a chunk of logits");
 
+    /* The score jobs' double-buffered loop over n_chunks chunks: issue(c, at) starts chunk c's
+     * copies into the buffer at shared address at (and commits them); use(c, buf) scores it
+     * from buf once every copy has landed. */
+    template <typename Issue, typename Use>
+    static __device__ __forceinline__ void chunks(uint8_t *smem, int32_t n_chunks, Issue issue, Use use)
+    {
+        const uint32_t base_s = (uint32_t)__cvta_generic_to_shared(smem);
+        issue(0, base_s);
+        for (int32_t c = 0; c < n_chunks; c++) {
+            if (c + 1 < n_chunks) {
+                issue(c + 1, base_s + ((c + 1) & 1) * (AREA / 2));
+                cp_async_wait<1>();
+            } else {
+                cp_async_wait<0>();
+            }
+            __syncthreads();
+            use(c, smem + (c & 1) * (AREA / 2));
+            __syncthreads(); /* the chunk after next reuses this buffer */
+        }
+    }
+
+    /* The page ids of a section's tokens [k0, k1) into the buffer at shared address at. */
+    static __device__ __forceinline__ void issue_ids(uint32_t at, const section_tokens &s, int32_t k0, int32_t k1)
+    {
+        const int32_t p0 = k0 / s.tpp, np = (k1 - 1) / s.tpp - p0 + 1;
+        for (int32_t i = threadIdx.x; i < np; i += NTH)
+            cp_async<4>(at + i * 4, s.row + (int64_t)(p0 + i) * s.step, true);
+        cp_async_commit();
+    }
+
     /* out = the items' partial outputs, each weighted by 2^(m - M) / S: chunks of whole items
      * (outputs, then max and sum), weights computed once per item and head. */
     static __device__ __forceinline__ void merge(const fast_args &a, uint8_t *smem, const region_info &g,
@@ -884,7 +914,6 @@ struct region_finish {
                                                   int32_t t0, int32_t t1, const float *lse)
     {
         const int32_t tid = threadIdx.x, G = a.G;
-        const uint32_t base_s = (uint32_t)__cvta_generic_to_shared(smem);
         if (t1 <= t0) return;
         /* Tokens per chunk: a multiple of 4 (16-byte aligned starts), its pages within IDS. */
         const int32_t chunk = min(HALF / (G * 4), (IDS - 2) * s.tpp) & ~3;
@@ -892,28 +921,15 @@ struct region_finish {
         const uint8_t *lg = reinterpret_cast<const uint8_t *>(s.lg);
         const int32_t n_chunks = (t1 - t0 + chunk - 1) / chunk;
         /* Buffer b: page ids at b * (AREA / 2), logits IDS * 4 bytes on. */
-        auto issue = [&](int32_t c) {
+        auto issue = [&](int32_t c, uint32_t at) {
             const int32_t k0 = t0 + c * chunk, k1 = min(k0 + chunk, t1);
-            const uint32_t at = base_s + (c & 1) * (AREA / 2);
             /* Whole 16-byte units: the item rows are padded to 256 bytes. */
             const int32_t bytes = ((k1 - k0) * G * 4 + 15) & ~15;
             for (int32_t off = tid * 16; off < bytes; off += NTH * 16)
                 cp_async<16>(at + IDS * 4 + off, lg + (int64_t)k0 * G * 4 + off, true);
-            const int32_t p0 = k0 / s.tpp, np = (k1 - 1) / s.tpp - p0 + 1;
-            for (int32_t i = tid; i < np; i += NTH)
-                cp_async<4>(at + i * 4, s.row + (int64_t)(p0 + i) * s.step, true);
-            cp_async_commit();
+            issue_ids(at, s, k0, k1);
         };
-        issue(0);
-        for (int32_t c = 0; c < n_chunks; c++) {
-            if (c + 1 < n_chunks) {
-                issue(c + 1);
-                cp_async_wait<1>();
-            } else {
-                cp_async_wait<0>();
-            }
-            __syncthreads();
-            const uint8_t *at = smem + (c & 1) * (AREA / 2);
+        chunks(smem, n_chunks, issue, [&](int32_t c, const uint8_t *at) {
             const int32_t *ids = reinterpret_cast<const int32_t *>(at);
             const float *buf = reinterpret_cast<const float *>(at + IDS * 4);
             const int32_t k0 = t0 + c * chunk, k1 = min(k0 + chunk, t1), p0 = k0 / s.tpp;
@@ -922,8 +938,7 @@ struct region_finish {
                 const int32_t pi = div_rcp(k, s.tpp, inv_tpp, slot);
                 red_add(score_slot(s, ids[pi - p0], slot), token_prob(buf + (k - k0) * G, G, lse));
             }
-            __syncthreads(); /* the chunk after next reuses this buffer */
-        }
+        });
         if (a.discard) { /* the rows from t0 start 128-byte aligned */
             const int32_t l0 = t0 * G * 4 / 128, l1 = (t1 * G * 4 + 127) / 128;
             for (int32_t i = l0 + tid; i < l1; i += NTH) discard_line(lg + (int64_t)i * 128);
@@ -939,7 +954,6 @@ struct region_finish {
     {
         constexpr int32_t STEP = 16 * step_subtiles<KB, VB, D>();
         const int32_t tid = threadIdx.x, G = a.G, G2 = (G + 1) / 2;
-        const uint32_t base_s = (uint32_t)__cvta_generic_to_shared(smem);
         if (t1 <= t0) return;
         /* Tokens per chunk: a multiple of 64 (whole steps, 16-byte aligned runs), its pages
          * within IDS. Per 64 tokens: G2 x (256 bytes of codes, 64 of nibbles, 512 / STEP of
@@ -951,9 +965,8 @@ struct region_finish {
         /* Buffer b at b * (AREA / 2): page ids, then codes [G2][chunk], nibbles [G2][chunk],
          * maxima [G2][chunk / STEP][2]. */
         const int32_t o_b = IDS * 4 + G2 * chunk * 4, o_r = o_b + G2 * chunk;
-        auto issue = [&](int32_t c) {
+        auto issue = [&](int32_t c, uint32_t at) {
             const int32_t k0 = t0 + c * chunk, k1 = min(k0 + chunk, t1), nk = k1 - k0;
-            const uint32_t at = base_s + (c & 1) * (AREA / 2);
             const int64_t x0 = s.lin0 + k0;
             const int32_t ba = (nk * 4 + 15) & ~15, bb = (nk + 15) & ~15, ns = (nk + STEP - 1) / STEP;
             for (int32_t j = 0; j < G2; j++) {
@@ -967,22 +980,10 @@ struct region_finish {
                 for (int32_t i = tid; i < ns; i += NTH)
                     cp_async<8>(at + o_r + (j * (chunk / STEP) + i) * 8, gr_ + i * 8, true);
             }
-            const int32_t p0 = k0 / s.tpp, np = (k1 - 1) / s.tpp - p0 + 1;
-            for (int32_t i = tid; i < np; i += NTH)
-                cp_async<4>(at + i * 4, s.row + (int64_t)(p0 + i) * s.step, true);
-            cp_async_commit();
+            issue_ids(at, s, k0, k1);
         };
         const float inv_tpp = 1.0f / (float)s.tpp, inv_y = 1.0f / MKV_FAST_YSCALE;
-        issue(0);
-        for (int32_t c = 0; c < n_chunks; c++) {
-            if (c + 1 < n_chunks) {
-                issue(c + 1);
-                cp_async_wait<1>();
-            } else {
-                cp_async_wait<0>();
-            }
-            __syncthreads();
-            const uint8_t *at = smem + (c & 1) * (AREA / 2);
+        chunks(smem, n_chunks, issue, [&](int32_t c, const uint8_t *at) {
             const int32_t *ids = reinterpret_cast<const int32_t *>(at);
             const uint32_t *ca = reinterpret_cast<const uint32_t *>(at + IDS * 4);
             const uint8_t *cb = at + o_b;
@@ -1005,8 +1006,7 @@ struct region_finish {
                 const int32_t pi = div_rcp(k, s.tpp, inv_tpp, slot);
                 red_add(score_slot(s, ids[pi - p0], slot), p);
             }
-            __syncthreads(); /* the chunk after next reuses this buffer */
-        }
+        });
         if (a.discard) { /* whole 128-byte lines of [t0, t1) only: the rest may be others' */
             auto drop = [&](const void *base, int64_t b0, int64_t b1) {
                 const uint8_t *p = static_cast<const uint8_t *>(base);
