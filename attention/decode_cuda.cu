@@ -562,6 +562,8 @@ static bool sizes_ok(int32_t n_seq, int32_t H, int32_t G, int32_t d, int32_t max
 
 struct fast_plan {
     int32_t item_tokens, sec_items;
+    bool compact;     /* compact logits (fused calls only; plan_for) */
+    int64_t lg_n_tok; /* token slots of the logits: regions x (sec_items + 1) x item_tokens */
     int64_t total_ids; /* decode blocks of a one-launch call: (blocks per section + 1) * regions */
     size_t off_logits, off_part_o, off_part_ml, off_counters, off_lse, bytes;
 };
@@ -586,6 +588,7 @@ static fast_plan plan_fast(int32_t n_seq, int32_t H, int32_t G, int32_t d, int32
                            int32_t max_item = MKV_FAST_MAX_ITEM)
 {
     fast_plan w;
+    w.compact = false;
     const int32_t sms = device_attr(cudaDevAttrMultiProcessorCount, 132);
     if (split_tokens > 0) {
         w.item_tokens = (int32_t)mkv_align_up64(split_tokens, MKV_FAST_MIN_ITEM);
@@ -607,8 +610,9 @@ static fast_plan plan_fast(int32_t n_seq, int32_t H, int32_t G, int32_t d, int32
     size_t off = 0;
     w.off_logits = off; /* WS_ALIGN-aligned rows of item_tokens * G floats (a multiple of 256 B) */
     const size_t n_tok = rs * ((size_t)w.sec_items + 1) * (size_t)w.item_tokens;
+    w.lg_n_tok = (int64_t)n_tok;
     size_t lg_bytes = n_tok * (size_t)G * sizeof(float);
-    if (fused && mkv_fast_compact_bytes(n_tok, G) > lg_bytes) lg_bytes = mkv_fast_compact_bytes(n_tok, G);
+    if (fused && mkv_fast_compact_layout(n_tok, G).bytes > lg_bytes) lg_bytes = mkv_fast_compact_layout(n_tok, G).bytes;
     off += mkv_align_up64((int64_t)lg_bytes, WS_ALIGN);
     w.off_part_o = off;
     off += mkv_align_up64((int64_t)(slots * (size_t)d * sizeof(float)), WS_ALIGN);
@@ -668,57 +672,6 @@ static bool fast_may_fuse(const mkv_cuda_decode_t *a, const fast_kernel &fh, con
            (l.key.bits == 16 && l.value.bits == 16 && token_heads >= ((int64_t)1 << 21));
 }
 
-static bool fast_compact(const mkv_cuda_decode_t *a);
-
-/* blocks: the kernel's resident blocks per multiprocessor (0 if unknown). */
-static fast_plan plan_for(const mkv_cuda_decode_t *a, bool fused, int32_t blocks)
-{
-    /* Fused with 8-bit-or-wider keys: items capped for L2 (measured faster there); 4-bit keys
-     * gain more from long items, whose fill and drain cost less issue slots (H200 256 x 32k,
-     * K4V2: 3.20 ms at 4096 tokens per item against 3.41 at 1024), up to 2048 tokens with
-     * compact logits (H100 256 x 32k, K4V2: 3.26 ms against 3.36 at 4096). */
-    int32_t cap = 0, max_item = MKV_FAST_MAX_ITEM;
-    if (fused && a->lay_hi.key.bits >= 8)
-        cap = blocks >= 1 && blocks <= 4 ? blocks : 4; /* 4: the most any kernel keeps, assumed for sizing */
-    else if (fused && fast_compact(a))
-        max_item = 2048;
-    return plan_fast(a->n_seq, a->n_heads, a->group_size, a->head_dim, a->max_tokens,
-                     a->split_tokens, fused, cap, max_item);
-}
-
-/* The plan of a tensor-core call, and whether it fuses the score write-back (where it may and
- * its block ids fit an int32); blocks: the high kernel's resident blocks per multiprocessor,
- * asked only where it may fuse (0 otherwise). */
-static fast_plan plan_call(const mkv_cuda_decode_t *a, const fast_kernel &fh,
-                           const fast_kernel &fl, bool *fused, int32_t *blocks)
-{
-    *blocks = 0;
-    if (fast_may_fuse(a, fh, fl)) {
-        *blocks = fh.blocks_per_sm();
-        const fast_plan w = plan_for(a, true, *blocks);
-        if (w.total_ids < INT32_MAX / 2) {
-            *fused = true;
-            return w;
-        }
-    }
-    *fused = false;
-    return plan_for(a, false, *blocks);
-}
-
-extern "C" int mkv_cuda_decode_fuses_scores(const mkv_cuda_decode_t *a)
-{
-    if (!a || a->kernel == MKV_DECODE_KERNEL_GENERIC ||
-        !sizes_ok(a->n_seq, a->n_heads, a->group_size, a->head_dim, a->max_tokens, a->split_tokens) ||
-        !mkv_cuda_decode_uses_tensor(&a->lay_hi, &a->lay_lo, a->group_size, a->head_dim))
-        return 0;
-    bool fused;
-    int32_t blocks;
-    (void)plan_call(a, mkv_fast_lookup(a->lay_hi.key.bits, a->lay_hi.value.bits, a->head_dim),
-                    mkv_fast_lookup(a->lay_lo.key.bits, a->lay_lo.value.bits, a->head_dim), &fused,
-                    &blocks);
-    return fused;
-}
-
 /* Cached per device: the clock-rate attributes cost ~0.3 ms per query (H100, CUDA 13), which a
  * decode call would otherwise spend before its launch. */
 extern "C" double mkv_cuda_dram_bytes_per_sm_cycle(void)
@@ -755,9 +708,71 @@ static bool fast_compact(const mkv_cuda_decode_t *a)
     return b > 0.0 && b < 16.0;
 }
 
+/* blocks: the kernel's resident blocks per multiprocessor (0 if unknown). */
+static fast_plan plan_for(const mkv_cuda_decode_t *a, bool fused, int32_t blocks)
+{
+    /* Fused with 8-bit-or-wider keys: items capped for L2 (measured faster there); 4-bit keys
+     * gain more from long items, whose fill and drain cost less issue slots (H200 256 x 32k,
+     * K4V2: 3.20 ms at 4096 tokens per item against 3.41 at 1024), up to 2048 tokens with
+     * compact logits (H100 256 x 32k, K4V2: 3.26 ms against 3.36 at 4096). */
+    int32_t cap = 0, max_item = MKV_FAST_MAX_ITEM;
+    const bool compact = fused && fast_compact(a);
+    if (fused && a->lay_hi.key.bits >= 8)
+        cap = blocks >= 1 && blocks <= 4 ? blocks : 4; /* 4: the most any kernel keeps, assumed for sizing */
+    else if (compact)
+        max_item = 2048;
+    fast_plan w = plan_fast(a->n_seq, a->n_heads, a->group_size, a->head_dim, a->max_tokens,
+                            a->split_tokens, fused, cap, max_item);
+    w.compact = compact;
+    return w;
+}
+
+/* The plan of a tensor-core call, and whether it fuses the score write-back (where it may and
+ * its block ids fit an int32); blocks: the high kernel's resident blocks per multiprocessor,
+ * asked only where it may fuse (0 otherwise). */
+static fast_plan plan_call(const mkv_cuda_decode_t *a, const fast_kernel &fh,
+                           const fast_kernel &fl, bool *fused, int32_t *blocks)
+{
+    *blocks = 0;
+    if (fast_may_fuse(a, fh, fl)) {
+        *blocks = fh.blocks_per_sm();
+        const fast_plan w = plan_for(a, true, *blocks);
+        if (w.total_ids < INT32_MAX / 2) {
+            *fused = true;
+            return w;
+        }
+    }
+    *fused = false;
+    return plan_for(a, false, *blocks);
+}
+
+/* The plan mkv_cuda_decode would make for a call, and whether it fuses; false where the call
+ * would not take the tensor-core kernels. */
+static bool query_plan(const mkv_cuda_decode_t *a, fast_plan *w, bool *fused)
+{
+    if (!a || a->kernel == MKV_DECODE_KERNEL_GENERIC ||
+        !sizes_ok(a->n_seq, a->n_heads, a->group_size, a->head_dim, a->max_tokens, a->split_tokens) ||
+        !mkv_cuda_decode_uses_tensor(&a->lay_hi, &a->lay_lo, a->group_size, a->head_dim))
+        return false;
+    int32_t blocks;
+    *w = plan_call(a, mkv_fast_lookup(a->lay_hi.key.bits, a->lay_hi.value.bits, a->head_dim),
+                   mkv_fast_lookup(a->lay_lo.key.bits, a->lay_lo.value.bits, a->head_dim), fused,
+                   &blocks);
+    return true;
+}
+
+extern "C" int mkv_cuda_decode_fuses_scores(const mkv_cuda_decode_t *a)
+{
+    fast_plan w;
+    bool fused;
+    return query_plan(a, &w, &fused) && fused;
+}
+
 extern "C" int mkv_cuda_decode_compact_logits(const mkv_cuda_decode_t *a)
 {
-    return mkv_cuda_decode_fuses_scores(a) && fast_compact(a);
+    fast_plan w;
+    bool fused;
+    return query_plan(a, &w, &fused) && fused && w.compact;
 }
 
 static mkv_status_t launch_fast(const mkv_cuda_decode_t *a, cudaStream_t stream, char *err)
@@ -793,13 +808,13 @@ static mkv_status_t launch_fast(const mkv_cuda_decode_t *a, cudaStream_t stream,
         if (fused) {
             f.fused = 1;
             f.discard = (uintptr_t)f.logits % 128 == 0;
-            if (fast_compact(a)) {
-                const size_t g2 = (size_t)(f.G + 1) / 2;
+            if (w.compact) {
+                const fast_compact_layout cl = mkv_fast_compact_layout((size_t)w.lg_n_tok, f.G);
                 f.compact = 1;
-                f.lg_n = (int64_t)f.n_rs * (w.sec_items + 1) * w.item_tokens;
+                f.lg_n = w.lg_n_tok;
                 f.lg_a = reinterpret_cast<uint32_t *>(f.logits);
-                f.lg_b = reinterpret_cast<uint8_t *>(f.lg_a) + mkv_align_up64(f.lg_n * (int64_t)g2 * 4, 256);
-                f.lg_r = reinterpret_cast<float *>(f.lg_b + mkv_align_up64(f.lg_n * (int64_t)g2, 256));
+                f.lg_b = reinterpret_cast<uint8_t *>(f.logits) + cl.off_b;
+                f.lg_r = reinterpret_cast<float *>(reinterpret_cast<uint8_t *>(f.logits) + cl.off_r);
             }
             /* Counters to zero, score jobs to -1; a persistent grid of what the GPU holds. */
             if ((st = launched("cudaMemsetAsync (decode counters)", err,

@@ -687,8 +687,8 @@ __device__ __forceinline__ void run_item(const fast_args &a, uint8_t *smem, cons
                 }
             }
             /* Compact logits: the step's maximum R per head (lanes gr = 0) and each token's
-             * y = 2^(l - R), heads 2tc and 2tc + 1 as a word of high bits and a byte of low
-             * nibbles; subtile u's tokens start 16 u on (all subtiles of a step but the item's
+             * y = 2^(l - R), heads 2tc and 2tc + 1 as a word of the codes' low halves and a
+             * byte of their high nibbles; subtile u's tokens start 16 u on (all subtiles of a step but the item's
              * last are 16 tokens). Pair-major arrays: the offsets are immediates. */
             if (compact) {
                 uint32_t *const la = reinterpret_cast<uint32_t *>(lg);

@@ -87,12 +87,21 @@ struct fast_args {
  * 1 plus the rounding of 2^x still rounds below 2^20). */
 #define MKV_FAST_YSCALE 1048574.0f
 
-/* Bytes of the compact logits of n_tok token slots at group size G: the three arrays, each
- * 256-byte aligned, the steps' maxima sized for the shortest step (16 tokens). */
-__host__ __device__ inline size_t mkv_fast_compact_bytes(size_t n_tok, int32_t G)
+/* Where the compact logits of n_tok token slots at group size G sit from lg_a: lg_b and lg_r
+ * at byte offsets off_b and off_r (each array 256-byte aligned), bytes in all (the steps' maxima
+ * sized for the shortest step, 16 tokens). */
+struct fast_compact_layout {
+    size_t off_b, off_r, bytes;
+};
+
+inline fast_compact_layout mkv_fast_compact_layout(size_t n_tok, int32_t G)
 {
     const size_t g2 = (size_t)(G + 1) / 2, al = 255;
-    return ((n_tok * g2 * 4 + al) & ~al) + ((n_tok * g2 + al) & ~al) + (n_tok / 16 + 1) * g2 * 8;
+    fast_compact_layout l;
+    l.off_b = (n_tok * g2 * 4 + al) & ~al;
+    l.off_r = l.off_b + ((n_tok * g2 + al) & ~al);
+    l.bytes = l.off_r + (n_tok / 16 + 1) * g2 * 8;
+    return l;
 }
 
 typedef cudaError_t (*fast_launch_fn)(const fast_args &a, dim3 grid, cudaStream_t stream);

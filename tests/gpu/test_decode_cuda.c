@@ -598,108 +598,81 @@ Test(decode_cuda, tensor_every_format, .timeout = 300)
     stats_expect(&ck_vs_score, "tensor_every_format");
 }
 
-/* The fused write-back with compact logits (20-bit probabilities relative to each softmax
- * step's maximum; pages of a multiple of 16 tokens, G >= 2) against the reference: every format
- * alike in both sections, d 64 and 128, G 2, 3, 4 and 8, pages of 16, 32 and 48 tokens, regions
- * from 1 to 9000 tokens, item sizes from 64. Scores within the same tolerance as fp32 logits
- * (their absolute error from the codes is at most 2^-21). */
-Test(decode_cuda, fused_scores_compact, .timeout = 300)
+/* One case of the fused write-back tests: every format alike in both sections (fmts[fi]), d 64
+ * or 128 (di), regions from 1 to 9000 tokens, item sizes from 64. Fp32 logits (compact 0): G 1 to
+ * 8, pages of 5 to 21 tokens, and the separate pass too (ck[2], ck[3]). Compact logits (compact
+ * 1): G 2, 3, 4 and 8, pages of 16, 32 and 48 tokens, scores starting at zero, so that each
+ * probability is checked alone. ck: out and score stats of the fused pass, then the separate. */
+static void fused_case(int fi, int di, int compact, uint64_t *r, stats_t *ck)
 {
-    GPU_REQUIRE();
     static const mkv_format_t fmts[] = {MKV_FORMAT_K16V16, MKV_FORMAT_K8V8, MKV_FORMAT_K8V4,
                                         MKV_FORMAT_K4V4,   MKV_FORMAT_K8V2, MKV_FORMAT_K4V2,
                                         MKV_FORMAT_K4V8,   MKV_FORMAT_K2V4};
     static const int32_t lens[] = {1, 63, 64, 65, 700, 4097, 9000};
     static const int32_t Gs[] = {2, 3, 4, 8};
-    stats_t ck_out = {.what = "out (compact)"}, ck_score = {.what = "score (compact)"};
+    const int32_t H = 2, n_seq = 4;
+    int32_t len[4 * 2 * 2];
+    for (int i = 0; i < n_seq * H; i++) {
+        const int32_t n = lens[(i + (compact ? 3 : 1) * fi + di) % 7], hi = test_rand_range(r, 0, n);
+        len[2 * i] = hi, len[2 * i + 1] = n - hi;
+    }
+    const spec_t c = {.hi = fmts[fi], .lo = fmts[fi], .d = di ? 128 : 64,
+                      .G = compact ? Gs[(fi + di) % 4] : 1 << ((fi + di) % 4), .groups = 1,
+                      .tpp = compact ? 16 * (1 + (fi + 2 * di) % 3) : 5 + 9 * di + fi,
+                      .n_seq = n_seq, .H = H, .len = len, .seed = test_rand_next(r),
+                      .vamp = fi % 3 == 1 ? 150.0f : 0.0f, .zero_scores = compact};
+    batch_t b;
+    batch_build(&b, &c);
+    b.scores = MKV_DECODE_SCORES_FUSED;
+    b.logits = compact ? MKV_DECODE_LOGITS_COMPACT : MKV_DECODE_LOGITS_FP32;
+    const int32_t splits[] = {0, 64, 100};
+    for (int k = 0; k < 3; k++) {
+        const size_t ws = mkv_cuda_decode_workspace_size(n_seq, H, c.G, c.d, b.max_tokens, splits[k]);
+        const mkv_cuda_decode_t a = {
+            .lay_hi = b.lay_hi, .lay_lo = b.lay_lo, .n_seq = n_seq, .n_heads = H,
+            .group_size = c.G, .head_dim = c.d, .max_tokens = b.max_tokens,
+            .split_tokens = splits[k], .kernel = MKV_DECODE_KERNEL_TENSOR, .scores = b.scores,
+            .logits = b.logits};
+        cr_assert(ws > 0 && mkv_cuda_decode_fuses_scores(&a), "%s split=%d: not fused", b.ctx,
+                  splits[k]);
+        cr_assert_eq(mkv_cuda_decode_compact_logits(&a), compact, "%s split=%d: compact logits %d",
+                     b.ctx, splits[k], !compact);
+    }
+    batch_check_splits(&b, MKV_DECODE_KERNEL_TENSOR, splits, 3, &ck[0], &ck[1], NULL, NULL);
+    if (!compact) {
+        b.scores = MKV_DECODE_SCORES_SEPARATE;
+        batch_check_splits(&b, MKV_DECODE_KERNEL_TENSOR, splits, 3, &ck[2], &ck[3], NULL, NULL);
+    }
+    batch_free(&b);
+}
+
+/* The fused write-back with compact logits (20-bit probabilities relative to each softmax
+ * step's maximum; pages of a multiple of 16 tokens, G >= 2) against the reference (fused_case).
+ * Scores within the same tolerance as fp32 logits (their absolute error from the codes is at
+ * most 2^-21). */
+Test(decode_cuda, fused_scores_compact, .timeout = 300)
+{
+    GPU_REQUIRE();
+    stats_t ck[2] = {{.what = "out (compact)"}, {.what = "score (compact)"}};
     uint64_t r = 0xc0dec;
     for (int fi = 0; fi < 8; fi++)
-        for (int di = 0; di < 2; di++) {
-            const int32_t H = 2, n_seq = 4;
-            int32_t len[4 * 2 * 2];
-            for (int i = 0; i < n_seq * H; i++) {
-                const int32_t n = lens[(i + 3 * fi + di) % 7], hi = test_rand_range(&r, 0, n);
-                len[2 * i] = hi, len[2 * i + 1] = n - hi;
-            }
-            const spec_t c = {.hi = fmts[fi], .lo = fmts[fi], .d = di ? 128 : 64,
-                              .G = Gs[(fi + di) % 4], .groups = 1, .tpp = 16 * (1 + (fi + 2 * di) % 3),
-                              .n_seq = n_seq, .H = H, .len = len, .seed = test_rand_next(&r),
-                              .vamp = fi % 3 == 1 ? 150.0f : 0.0f, .zero_scores = 1};
-            batch_t b;
-            batch_build(&b, &c);
-            const int32_t splits[] = {0, 64, 100};
-            for (int k = 0; k < 3; k++) {
-                const mkv_cuda_decode_t a = {
-                    .lay_hi = b.lay_hi, .lay_lo = b.lay_lo, .n_seq = n_seq, .n_heads = H,
-                    .group_size = c.G, .head_dim = c.d, .max_tokens = b.max_tokens,
-                    .split_tokens = splits[k], .kernel = MKV_DECODE_KERNEL_TENSOR,
-                    .scores = MKV_DECODE_SCORES_FUSED, .logits = MKV_DECODE_LOGITS_COMPACT};
-                cr_assert(mkv_cuda_decode_compact_logits(&a), "%s split=%d: not compact", b.ctx,
-                          splits[k]);
-            }
-            b.scores = MKV_DECODE_SCORES_FUSED;
-            b.logits = MKV_DECODE_LOGITS_COMPACT;
-            batch_check_splits(&b, MKV_DECODE_KERNEL_TENSOR, splits, 3, &ck_out, &ck_score, NULL,
-                               NULL);
-            batch_free(&b);
-        }
-    stats_expect(&ck_out, "fused_scores_compact");
-    stats_expect(&ck_score, "fused_scores_compact");
+        for (int di = 0; di < 2; di++) fused_case(fi, di, 1, &r, ck);
+    stats_expect(&ck[0], "fused_scores_compact");
+    stats_expect(&ck[1], "fused_scores_compact");
 }
 
 /* The score write-back inside the decode kernel (one format in both sections; a persistent grid
- * taking decode blocks and score jobs) and the separate pass, both against the reference: every
- * format alike in both sections, d 64 and 128, G 1 to 8, regions from 1 to 9000 tokens, item
- * sizes from 64. */
+ * taking decode blocks and score jobs), with fp32 logits, and the separate pass, both against
+ * the reference (fused_case). */
 Test(decode_cuda, fused_scores, .timeout = 300)
 {
     GPU_REQUIRE();
-    static const mkv_format_t fmts[] = {MKV_FORMAT_K16V16, MKV_FORMAT_K8V8, MKV_FORMAT_K8V4,
-                                        MKV_FORMAT_K4V4,   MKV_FORMAT_K8V2, MKV_FORMAT_K4V2,
-                                        MKV_FORMAT_K4V8,   MKV_FORMAT_K2V4};
-    static const int32_t lens[] = {1, 63, 64, 65, 700, 4097, 9000};
-    stats_t ck_out = {.what = "out (fused)"}, ck_score = {.what = "score (fused)"};
-    stats_t ck_out_s = {.what = "out (separate)"}, ck_score_s = {.what = "score (separate)"};
+    stats_t ck[4] = {{.what = "out (fused)"}, {.what = "score (fused)"},
+                     {.what = "out (separate)"}, {.what = "score (separate)"}};
     uint64_t r = 0xf05ed;
     for (int fi = 0; fi < 8; fi++)
-        for (int di = 0; di < 2; di++) {
-            const int32_t H = 2, n_seq = 4;
-            int32_t len[4 * 2 * 2];
-            for (int i = 0; i < n_seq * H; i++) {
-                const int32_t n = lens[(i + fi + di) % 7], hi = test_rand_range(&r, 0, n);
-                len[2 * i] = hi, len[2 * i + 1] = n - hi;
-            }
-            const spec_t c = {.hi = fmts[fi], .lo = fmts[fi], .d = di ? 128 : 64,
-                              .G = 1 << ((fi + di) % 4), .groups = 1, .tpp = 5 + 9 * di + fi,
-                              .n_seq = n_seq, .H = H, .len = len, .seed = test_rand_next(&r),
-                              .vamp = fi % 3 == 1 ? 150.0f : 0.0f};
-            batch_t b;
-            batch_build(&b, &c);
-            const int32_t splits[] = {0, 64, 100};
-            for (int k = 0; k < 3; k++) {
-                const size_t ws = mkv_cuda_decode_workspace_size(n_seq, H, c.G, c.d, b.max_tokens,
-                                                                 splits[k]);
-                const mkv_cuda_decode_t a = {
-                    .lay_hi = b.lay_hi, .lay_lo = b.lay_lo, .n_seq = n_seq, .n_heads = H,
-                    .group_size = c.G, .head_dim = c.d, .max_tokens = b.max_tokens,
-                    .split_tokens = splits[k], .kernel = MKV_DECODE_KERNEL_TENSOR,
-                    .scores = MKV_DECODE_SCORES_FUSED};
-                cr_assert(ws > 0 && mkv_cuda_decode_fuses_scores(&a), "%s split=%d: not fused",
-                          b.ctx, splits[k]);
-            }
-            b.scores = MKV_DECODE_SCORES_FUSED;
-            b.logits = MKV_DECODE_LOGITS_FP32;
-            batch_check_splits(&b, MKV_DECODE_KERNEL_TENSOR, splits, 3, &ck_out, &ck_score, NULL,
-                               NULL);
-            b.scores = MKV_DECODE_SCORES_SEPARATE;
-            batch_check_splits(&b, MKV_DECODE_KERNEL_TENSOR, splits, 3, &ck_out_s, &ck_score_s,
-                               NULL, NULL);
-            batch_free(&b);
-        }
-    stats_expect(&ck_out, "fused_scores");
-    stats_expect(&ck_score, "fused_scores");
-    stats_expect(&ck_out_s, "fused_scores");
-    stats_expect(&ck_score_s, "fused_scores");
+        for (int di = 0; di < 2; di++) fused_case(fi, di, 0, &r, ck);
+    for (int i = 0; i < 4; i++) stats_expect(&ck[i], "fused_scores");
 }
 
 /* Argument checks only: no pointer is dereferenced, so this runs without a device too. */
