@@ -166,6 +166,20 @@ __device__ __forceinline__ void cp_async(uint32_t dst, const void *src, bool rea
                      "n"(BYTES), "r"(n) : "memory");
 }
 
+/* cp.async of 16 or 4 bytes of page data under L2 policy pol (evict_first: the pages stream
+ * through once, and the logits stored evict_last should outlast them). */
+template <int BYTES>
+__device__ __forceinline__ void cp_async_page(uint32_t dst, const void *src, bool read, uint64_t pol)
+{
+    const int n = read ? BYTES : 0;
+    if constexpr (BYTES == 16)
+        asm volatile("cp.async.cg.shared.global.L2::cache_hint [%0], [%1], 16, %2, %3;" ::"r"(dst),
+                     "l"(src), "r"(n), "l"(pol) : "memory");
+    else
+        asm volatile("cp.async.ca.shared.global.L2::cache_hint [%0], [%1], %2, %3, %4;" ::"r"(dst),
+                     "l"(src), "n"(BYTES), "r"(n), "l"(pol) : "memory");
+}
+
 /* Stores of logits under L2 policy pol (evict_last where the kernel reads them back itself). */
 __device__ __forceinline__ void st_logit(float *p, float x, uint64_t pol)
 {
@@ -198,6 +212,13 @@ __device__ __forceinline__ uint64_t policy_evict_last()
 {
     uint64_t p;
     asm("createpolicy.fractional.L2::evict_last.b64 %0, 1.0;" : "=l"(p));
+    return p;
+}
+
+__device__ __forceinline__ uint64_t policy_evict_first()
+{
+    uint64_t p;
+    asm("createpolicy.fractional.L2::evict_first.b64 %0, 1.0;" : "=l"(p));
     return p;
 }
 
@@ -493,15 +514,15 @@ __device__ __forceinline__ void run_item(const fast_args &a, uint8_t *smem, cons
             for (int k = 0; k < SL::ROUNDS; k++) {
                 const int32_t c = 2 * k + half;
                 if (2 * k + 1 < SL::KC || (2 * k < SL::KC && half == 0)) {
-                    cp_async<16>(dst + SL::key_at(c, tl), tok + (koff + c * stride), ok);
+                    cp_async_page<16>(dst + SL::key_at(c, tl), tok + (koff + c * stride), ok, policy_evict_first());
                 } else if (c - SL::KC < SL::VC) {
                     const int32_t cv = c - SL::KC;
-                    cp_async<16>(dst + SL::value_at(cv, tl), tok + (voff + cv * stride), ok);
+                    cp_async_page<16>(dst + SL::value_at(cv, tl), tok + (voff + cv * stride), ok, policy_evict_first());
                 }
             }
             if constexpr (KQ || VQ)
                 if (meta_lane)
-                    cp_async<4>(dst + SL::META + half * 64 + tl * 4, page + (moff + slot * 4), ok);
+                    cp_async_page<4>(dst + SL::META + half * 64 + tl * 4, page + (moff + slot * 4), ok, policy_evict_first());
             P.advance(cnt, L.tpp);
         }
         cp_async_commit();
