@@ -950,14 +950,31 @@ struct region_finish {
                 cp_async<16>(at + IDS * 4 + off, lg + (int64_t)k0 * G * 4 + off, true);
             issue_ids(at, s, k0, k1);
         };
+        /* Whether four tokens from a multiple of 4 share a page and take one 16-byte reduction. */
+        const bool v4 = s.tpp % 4 == 0 && score_v4(s);
         chunks(smem, n_chunks, issue, [&](int32_t c, const uint8_t *at) {
             const int32_t *ids = reinterpret_cast<const int32_t *>(at);
             const float *buf = reinterpret_cast<const float *>(at + IDS * 4);
             const int32_t k0 = t0 + c * chunk, k1 = min(k0 + chunk, t1), p0 = k0 / s.tpp;
-            for (int32_t k = k0 + tid; k < k1; k += NTH) {
-                int32_t slot;
-                const int32_t pi = div_rcp(k, s.tpp, inv_tpp, slot);
-                red_add(score_slot(s, ids[pi - p0], slot), token_prob(buf + (k - k0) * G, G, lse));
+            /* Four tokens per thread (the chunk holds whole fours: a past-the-end token's
+             * probability is computed and dropped). */
+            for (int32_t k = k0 + 4 * tid; k < k1; k += 4 * NTH) {
+                float p[4];
+#pragma unroll
+                for (int t = 0; t < 4; t++) p[t] = token_prob(buf + (k + t - k0) * G, G, lse);
+                if (v4 && k + 4 <= k1) {
+                    int32_t slot;
+                    const int32_t pi = div_rcp(k, s.tpp, inv_tpp, slot);
+                    red_add4(score_slot(s, ids[pi - p0], slot), p[0], p[1], p[2], p[3]);
+                } else {
+#pragma unroll
+                    for (int t = 0; t < 4; t++) {
+                        if (k + t >= k1) break;
+                        int32_t slot;
+                        const int32_t pi = div_rcp(k + t, s.tpp, inv_tpp, slot);
+                        red_add(score_slot(s, ids[pi - p0], slot), p[t]);
+                    }
+                }
             }
         });
         if (a.discard) { /* the rows from t0 start 128-byte aligned */
@@ -1003,29 +1020,50 @@ struct region_finish {
             }
             issue_ids(at, s, k0, k1);
         };
-        const float inv_tpp = 1.0f / (float)s.tpp, inv_y = 1.0f / MKV_FAST_YSCALE;
-        chunks(smem, n_chunks, issue, [&](int32_t c, const uint8_t *at) {
+        const float inv_tpp = 1.0f / (float)s.tpp;
+        const bool v4 = score_v4(s);
+        chunks(smem, n_chunks, issue, [&](int32_t c, uint8_t *at) {
             const int32_t *ids = reinterpret_cast<const int32_t *>(at);
-            const uint32_t *ca = reinterpret_cast<const uint32_t *>(at + IDS * 4);
-            const uint8_t *cb = at + o_b;
-            const float *cr = reinterpret_cast<const float *>(at + o_r);
+            const uint8_t *ca = at + IDS * 4, *cb = at + o_b;
+            float *cr = reinterpret_cast<float *>(at + o_r);
             const int32_t k0 = t0 + c * chunk, k1 = min(k0 + chunk, t1), p0 = k0 / s.tpp;
-            for (int32_t k = k0 + tid; k < k1; k += NTH) {
+            /* Each step maximum R becomes its codes' factor 2^(R - lse_g) / MKV_FAST_YSCALE, in
+             * place (0 for the missing head of an odd G's last pair). */
+            const int32_t spc = chunk / STEP, nr = 2 * G2 * spc;
+            for (int32_t i = tid; i < nr; i += NTH) {
+                const int32_t h = 2 * (i / (2 * spc)) + (i & 1);
+                cr[i] = h < G ? ex2(cr[i] - lse[h]) * (1.0f / MKV_FAST_YSCALE) : 0.0f;
+            }
+            __syncthreads();
+            /* Four tokens per thread (one step, one page: pages hold a multiple of 16 tokens):
+             * 16 bytes of codes and 4 of nibbles per pair, and one 16-byte reduction. */
+            for (int32_t k = k0 + 4 * tid; k < k1; k += 4 * NTH) {
                 const int32_t i = k - k0;
-                float p = 0.0f;
+                float p[4] = {0.0f, 0.0f, 0.0f, 0.0f};
                 for (int32_t j = 0; j < G2; j++) {
-                    const uint32_t w = ca[j * chunk + i], b = cb[j * chunk + i];
-                    const float *R = cr + (j * (chunk / STEP) + i / STEP) * 2;
-                    const float y0 = (float)(((b & 0xFu) << 16) | (w & 0xFFFFu)) * inv_y;
-                    p = fmaxf(p, y0 * ex2(R[0] - lse[2 * j]));
-                    if (2 * j + 1 < G) {
-                        const float y1 = (float)(((b >> 4) << 16) | (w >> 16)) * inv_y;
-                        p = fmaxf(p, y1 * ex2(R[1] - lse[2 * j + 1]));
+                    const uint4 w4 = *reinterpret_cast<const uint4 *>(ca + (j * chunk + i) * 4);
+                    const uint32_t b = *reinterpret_cast<const uint32_t *>(cb + j * chunk + i);
+                    const float2 f = *reinterpret_cast<const float2 *>(cr + (j * spc + i / STEP) * 2);
+                    const uint32_t w[4] = {w4.x, w4.y, w4.z, w4.w};
+#pragma unroll
+                    for (int t = 0; t < 4; t++) {
+                        const uint32_t bt = b >> (8 * t);
+                        const uint32_t c0 = (w[t] & 0xFFFFu) | ((bt & 0xFu) << 16);
+                        const uint32_t c1 = (w[t] >> 16) | ((bt & 0xF0u) << 12);
+                        /* f.y is 0 for a missing head: its code (whatever it is) adds nothing */
+                        p[t] = fmaxf(p[t], fmaxf((float)c0 * f.x, (float)c1 * f.y));
                     }
                 }
                 int32_t slot;
                 const int32_t pi = div_rcp(k, s.tpp, inv_tpp, slot);
-                red_add(score_slot(s, ids[pi - p0], slot), p);
+                float *dst = score_slot(s, ids[pi - p0], slot);
+                if (v4 && k + 4 <= k1) {
+                    red_add4(dst, p[0], p[1], p[2], p[3]);
+                } else {
+#pragma unroll
+                    for (int t = 0; t < 4; t++)
+                        if (k + t < k1) red_add(dst + t, p[t]);
+                }
             }
         });
         if (a.discard) { /* whole 128-byte lines of [t0, t1) only: the rest may be others' */

@@ -167,20 +167,20 @@ __device__ __forceinline__ float2 head_ms(const fast_args &a, int64_t part, int3
 
 /* A token's probability from its row of G logits l (log2 units; global or shared memory,
  * written before this kernel or staged by it): the maximum over the group of
- * 2^(l - lse_g) = 2^(l - M_g) / S_g (the rounding of lse moves it by ~1e-7). */
+ * 2^(l - lse_g) = 2^(l - M_g) / S_g (the rounding of lse moves it by ~1e-7), taken as 2 to the
+ * maximum exponent (one ex2 per token: 2^x is monotonic). */
 __device__ __forceinline__ float token_prob(const float *l, int32_t G, const float *lse)
 {
-    float p = 0.0f;
+    float x = -INFINITY;
     if (G % 4 == 0) { /* 16-byte loads: rows of G % 4 == 0 logits are 16-byte aligned */
         for (int32_t g = 0; g < G; g += 4) {
             const float4 v = *reinterpret_cast<const float4 *>(l + g);
-            p = fmaxf(p, fmaxf(fmaxf(ex2(v.x - lse[g]), ex2(v.y - lse[g + 1])),
-                               fmaxf(ex2(v.z - lse[g + 2]), ex2(v.w - lse[g + 3]))));
+            x = fmaxf(x, fmaxf(fmaxf(v.x - lse[g], v.y - lse[g + 1]), fmaxf(v.z - lse[g + 2], v.w - lse[g + 3])));
         }
     } else {
-        for (int32_t g = 0; g < G; g++) p = fmaxf(p, ex2(l[g] - lse[g]));
+        for (int32_t g = 0; g < G; g++) x = fmaxf(x, l[g] - lse[g]);
     }
-    return p;
+    return ex2(x);
 }
 
 /* score += v as a fire-and-forget reduction in L2: no load waits on it. Each slot has one writer
@@ -189,6 +189,13 @@ __device__ __forceinline__ float token_prob(const float *l, int32_t G, const flo
 __device__ __forceinline__ void red_add(float *score, float v)
 {
     asm volatile("red.global.add.f32 [%0], %1;" ::"l"(score), "f"(v) : "memory");
+}
+
+/* red_add of four consecutive slots (16-byte aligned) in one reduction. */
+__device__ __forceinline__ void red_add4(float *score, float v0, float v1, float v2, float v3)
+{
+    asm volatile("red.global.add.v4.f32 [%0], {%1, %2, %3, %4};" ::"l"(score), "f"(v0), "f"(v1),
+                 "f"(v2), "f"(v3) : "memory");
 }
 
 /* One section of a head-region for the score write-back: its n tokens' logits (token k's G at
@@ -210,6 +217,13 @@ __device__ __forceinline__ float *score_slot(const section_tokens &s, int32_t pa
     // NOTE: int32 page id, widen before the multiply (pools exceed 2 GiB).
     return reinterpret_cast<float *>(const_cast<uint8_t *>(s.pool) + (int64_t)page * s.page_bytes +
                                      s.off_score) + slot;
+}
+
+/* Whether four score slots from a multiple of 4 are 16-byte aligned (wherever the pool, its
+ * pages and their score segment are, as mixkv's layouts are): red_add4 takes them. */
+__device__ __forceinline__ bool score_v4(const section_tokens &s)
+{
+    return ((reinterpret_cast<uintptr_t>(s.pool) | (uintptr_t)s.page_bytes | (uintptr_t)s.off_score) & 15) == 0;
 }
 
 /* The head-region's section sec (high tokens [0, hi), low [hi, n); logits of the high items
