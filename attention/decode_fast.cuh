@@ -936,8 +936,10 @@ struct region_finish {
     {
         const int32_t tid = threadIdx.x, G = a.G;
         if (t1 <= t0) return;
-        /* Tokens per chunk: a multiple of 4 (16-byte aligned starts), its pages within IDS. */
-        const int32_t chunk = min(HALF / (G * 4), (IDS - 2) * s.tpp) & ~3;
+        /* Tokens per chunk: a multiple of 4 (16-byte aligned starts), its pages within IDS;
+         * whole rounds of the block's four tokens per thread where that leaves one. */
+        int32_t chunk = min(HALF / (G * 4), (IDS - 2) * s.tpp) & ~3;
+        if (chunk >= 4 * NTH) chunk -= chunk % (4 * NTH);
         const float inv_tpp = 1.0f / (float)s.tpp;
         const uint8_t *lg = reinterpret_cast<const uint8_t *>(s.lg);
         const int32_t n_chunks = (t1 - t0 + chunk - 1) / chunk;
