@@ -612,7 +612,8 @@ static fast_plan plan_fast(int32_t n_seq, int32_t H, int32_t G, int32_t d, int32
     const size_t n_tok = rs * ((size_t)w.sec_items + 1) * (size_t)w.item_tokens;
     w.lg_n_tok = (int64_t)n_tok;
     size_t lg_bytes = n_tok * (size_t)G * sizeof(float);
-    if (fused && mkv_fast_compact_layout(n_tok, G).bytes > lg_bytes) lg_bytes = mkv_fast_compact_layout(n_tok, G).bytes;
+    const size_t compact_bytes = fused ? mkv_fast_compact_layout(n_tok, G).bytes : 0;
+    if (compact_bytes > lg_bytes) lg_bytes = compact_bytes;
     off += mkv_align_up64((int64_t)lg_bytes, WS_ALIGN);
     w.off_part_o = off;
     off += mkv_align_up64((int64_t)(slots * (size_t)d * sizeof(float)), WS_ALIGN);

@@ -69,8 +69,8 @@ typedef enum mkv_cuda_decode_scores {
  * G = 4 instead of 16, for ~65 more instructions per 16 tokens and warp; each probability
  * added to a score then carries an absolute error of at most 2^-21 more. AUTO: COMPACT on GPUs
  * whose DRAM moves under 16 bytes per multiprocessor cycle (mkv_cuda_dram_bytes_per_sm_cycle;
- * H100: 12.8, where the kernel waits on DRAM: K4V2 256 x 32k 3.26 against 3.33 ms), FP32 on
- * faster ones (H200: 18.4, where it waits on instruction issue: 3.20 against 2.85 ms). */
+ * H100: 12.8: K4V2 256 x 32k 3.12 against 3.51 ms), FP32 on faster ones (H200: 18.4, where
+ * the kernel waits on instruction issue: 2.95 against 2.87 ms). */
 typedef enum mkv_cuda_decode_logits {
     MKV_DECODE_LOGITS_AUTO = 0,
     MKV_DECODE_LOGITS_FP32 = 1,

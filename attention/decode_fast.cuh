@@ -166,7 +166,12 @@ __device__ __forceinline__ void cp_async(uint32_t dst, const void *src, bool rea
                      "n"(BYTES), "r"(n) : "memory");
 }
 
-__device__ __forceinline__ uint64_t policy_evict_first();
+__device__ __forceinline__ uint64_t policy_evict_first()
+{
+    uint64_t p;
+    asm("createpolicy.fractional.L2::evict_first.b64 %0, 1.0;" : "=l"(p));
+    return p;
+}
 
 /* cp.async of 16 or 4 bytes of page data; first: under an L2 evict_first policy. The fused
  * write-back wants it (the pages stream through once, and the logits stored evict_last should
@@ -217,13 +222,6 @@ __device__ __forceinline__ uint64_t policy_evict_last()
 {
     uint64_t p;
     asm("createpolicy.fractional.L2::evict_last.b64 %0, 1.0;" : "=l"(p));
-    return p;
-}
-
-__device__ __forceinline__ uint64_t policy_evict_first()
-{
-    uint64_t p;
-    asm("createpolicy.fractional.L2::evict_first.b64 %0, 1.0;" : "=l"(p));
     return p;
 }
 
@@ -886,6 +884,28 @@ struct region_finish {
         cp_async_commit();
     }
 
+    /* Adds the probabilities p of a section's tokens k to k + 3 (those below k1; k a multiple of
+     * 4) to their score slots: one 16-byte reduction where v4 (score_v4) and all four count,
+     * else one per token. ids: the chunk's page ids, from page p0. */
+    static __device__ __forceinline__ void add_four(const section_tokens &s, const int32_t *ids, int32_t p0,
+                                                    float inv_tpp, bool v4, int32_t k, int32_t k1,
+                                                    const float (&p)[4])
+    {
+        if (v4 && k + 4 <= k1) {
+            int32_t slot;
+            const int32_t pi = div_rcp(k, s.tpp, inv_tpp, slot);
+            red_add4(score_slot(s, ids[pi - p0], slot), p[0], p[1], p[2], p[3]);
+            return;
+        }
+#pragma unroll
+        for (int t = 0; t < 4; t++) {
+            if (k + t >= k1) break;
+            int32_t slot;
+            const int32_t pi = div_rcp(k + t, s.tpp, inv_tpp, slot);
+            red_add(score_slot(s, ids[pi - p0], slot), p[t]);
+        }
+    }
+
     /* out = the items' partial outputs, each weighted by 2^(m - M) / S: chunks of whole items
      * (outputs, then max and sum), weights computed once per item and head. */
     static __device__ __forceinline__ void merge(const fast_args &a, uint8_t *smem, const region_info &g,
@@ -957,8 +977,7 @@ struct region_finish {
                 cp_async<16>(at + IDS * 4 + off, lg + (int64_t)k0 * G * 4 + off, true);
             issue_ids(at, s, k0, k1);
         };
-        /* Whether four tokens from a multiple of 4 share a page and take one 16-byte reduction. */
-        const bool v4 = s.tpp % 4 == 0 && score_v4(s);
+        const bool v4 = score_v4(s);
         chunks(smem, n_chunks, issue, [&](int32_t c, const uint8_t *at) {
             const int32_t *ids = reinterpret_cast<const int32_t *>(at);
             const float *buf = reinterpret_cast<const float *>(at + IDS * 4);
@@ -969,19 +988,7 @@ struct region_finish {
                 float p[4];
 #pragma unroll
                 for (int t = 0; t < 4; t++) p[t] = token_prob(buf + (k + t - k0) * G, G, lse);
-                if (v4 && k + 4 <= k1) {
-                    int32_t slot;
-                    const int32_t pi = div_rcp(k, s.tpp, inv_tpp, slot);
-                    red_add4(score_slot(s, ids[pi - p0], slot), p[0], p[1], p[2], p[3]);
-                } else {
-#pragma unroll
-                    for (int t = 0; t < 4; t++) {
-                        if (k + t >= k1) break;
-                        int32_t slot;
-                        const int32_t pi = div_rcp(k + t, s.tpp, inv_tpp, slot);
-                        red_add(score_slot(s, ids[pi - p0], slot), p[t]);
-                    }
-                }
+                add_four(s, ids, p0, inv_tpp, v4, k, k1, p);
             }
         });
         if (a.discard) { /* the rows from t0 start 128-byte aligned */
@@ -1061,16 +1068,7 @@ struct region_finish {
                         p[t] = fmaxf(p[t], fmaxf((float)c0 * f.x, (float)c1 * f.y));
                     }
                 }
-                int32_t slot;
-                const int32_t pi = div_rcp(k, s.tpp, inv_tpp, slot);
-                float *dst = score_slot(s, ids[pi - p0], slot);
-                if (v4 && k + 4 <= k1) {
-                    red_add4(dst, p[0], p[1], p[2], p[3]);
-                } else {
-#pragma unroll
-                    for (int t = 0; t < 4; t++)
-                        if (k + t < k1) red_add(dst + t, p[t]);
-                }
+                add_four(s, ids, p0, inv_tpp, v4, k, k1, p);
             }
         });
         if (a.discard) { /* whole 128-byte lines of [t0, t1) only: the rest may be others' */

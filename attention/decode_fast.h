@@ -219,11 +219,13 @@ __device__ __forceinline__ float *score_slot(const section_tokens &s, int32_t pa
                                      s.off_score) + slot;
 }
 
-/* Whether four score slots from a multiple of 4 are 16-byte aligned (wherever the pool, its
- * pages and their score segment are, as mixkv's layouts are): red_add4 takes them. */
+/* Whether the four score slots of tokens k to k + 3 (k a multiple of 4) share a page and are
+ * 16-byte aligned (pages of a multiple of 4 tokens, and the pool, its pages and their score
+ * segment 16-byte aligned, as mixkv's layouts are): red_add4 takes them. */
 __device__ __forceinline__ bool score_v4(const section_tokens &s)
 {
-    return ((reinterpret_cast<uintptr_t>(s.pool) | (uintptr_t)s.page_bytes | (uintptr_t)s.off_score) & 15) == 0;
+    return s.tpp % 4 == 0 &&
+           ((reinterpret_cast<uintptr_t>(s.pool) | (uintptr_t)s.page_bytes | (uintptr_t)s.off_score) & 15) == 0;
 }
 
 /* The head-region's section sec (high tokens [0, hi), low [hi, n); logits of the high items
