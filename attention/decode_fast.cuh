@@ -30,6 +30,8 @@
 
 #include <cuda_fp16.h>
 
+#include <type_traits>
+
 #include <math.h>
 
 namespace mkv_fast {
@@ -173,14 +175,16 @@ __device__ __forceinline__ uint64_t policy_evict_first()
     return p;
 }
 
-/* cp.async of 16 or 4 bytes of page data; first: under an L2 evict_first policy. The fused
+/* cp.async of 16 or 4 bytes of page data; FIRST: under an L2 evict_first policy. The fused
  * write-back wants it (the pages stream through once, and the logits stored evict_last should
- * outlast them); the separate launches do not (the two-launch mix ran 5% slower with it). */
-template <int BYTES>
-__device__ __forceinline__ void cp_async_page(uint32_t dst, const void *src, bool read, bool first)
+ * outlast them); the separate launches do not (the two-launch mix ran 5% slower with it). A
+ * template parameter, not a runtime flag: the fused kernel and the separate launches inline
+ * run_item each (a branch per copy, or a select of the policy, cost the fused K4V2 call 0.5%). */
+template <int BYTES, bool FIRST>
+__device__ __forceinline__ void cp_async_page(uint32_t dst, const void *src, bool read)
 {
     const int n = read ? BYTES : 0;
-    if (!first)
+    if constexpr (!FIRST)
         cp_async<BYTES>(dst, src, read);
     else if constexpr (BYTES == 16)
         asm volatile("cp.async.cg.shared.global.L2::cache_hint [%0], [%1], 16, %2, %3;" ::"r"(dst),
@@ -368,13 +372,17 @@ struct item_pos {
 
 /* One warp's item: the logits of its tokens (to the workspace), and its unnormalised partial
  * output, running max and sum. */
-template <int KB, int VB, int D>
+template <int KB, int VB, int D, bool FUSED>
 __device__ __forceinline__ void run_item(const fast_args &a, uint8_t *smem, const item_pos &ip)
 {
     using SL = stage_layout<KB, VB, D>;
     constexpr int NT = SL::NT, S = SL::STAGES;
     /* Subtiles per softmax step (step_subtiles), tokens per step of the compact logits. */
     constexpr int PAIR = step_subtiles<KB, VB, D>(), STEP = 16 * PAIR;
+    /* Compact logits: the weights from the codes' y (p = y 2^(R - m)) where a step holds two or
+     * more subtiles; with one (K16V16, K8V8) the second copy of the values' code that this needs
+     * made K16V16 spill, and they keep p = 2^(l - m). */
+    constexpr bool P_FROM_Y = PAIR >= 2;
     constexpr int KRUN = D / 4; /* key elements per thread and token */
     constexpr int VRUN = D / 8, MTILES = D / 16;
     constexpr bool KQ = SL::KQ, VQ = SL::VQ;
@@ -467,7 +475,7 @@ __device__ __forceinline__ void run_item(const fast_args &a, uint8_t *smem, cons
     const bool lg_lane = 2 * tc < G, lg_pair = G % 2 == 0;
     /* Compact logits (fast_args): lg is then the lane's word of lg_a (token gr, pair tc),
      * advanced once per softmax step, after its stores. */
-    const bool compact = a.compact;
+    const bool compact = FUSED && a.compact;
     float *lg = compact ? reinterpret_cast<float *>(a.lg_a + tc * a.lg_n + lin + gr) : a.logits + (lin + gr) * G + 2 * tc;
 
     /* The warp's staging area: [stage][subtile][BYTES_PER_SUBTILE]. */
@@ -517,15 +525,15 @@ __device__ __forceinline__ void run_item(const fast_args &a, uint8_t *smem, cons
             for (int k = 0; k < SL::ROUNDS; k++) {
                 const int32_t c = 2 * k + half;
                 if (2 * k + 1 < SL::KC || (2 * k < SL::KC && half == 0)) {
-                    cp_async_page<16>(dst + SL::key_at(c, tl), tok + (koff + c * stride), ok, a.fused);
+                    cp_async_page<16, FUSED>(dst + SL::key_at(c, tl), tok + (koff + c * stride), ok);
                 } else if (c - SL::KC < SL::VC) {
                     const int32_t cv = c - SL::KC;
-                    cp_async_page<16>(dst + SL::value_at(cv, tl), tok + (voff + cv * stride), ok, a.fused);
+                    cp_async_page<16, FUSED>(dst + SL::value_at(cv, tl), tok + (voff + cv * stride), ok);
                 }
             }
             if constexpr (KQ || VQ)
                 if (meta_lane)
-                    cp_async_page<4>(dst + SL::META + half * 64 + tl * 4, page + (moff + slot * 4), ok, a.fused);
+                    cp_async_page<4, FUSED>(dst + SL::META + half * 64 + tl * 4, page + (moff + slot * 4), ok);
             P.advance(cnt, L.tpp);
         }
         cp_async_commit();
@@ -601,25 +609,27 @@ __device__ __forceinline__ void run_item(const fast_args &a, uint8_t *smem, cons
         }
     };
 
-    /* The weights p' of a subtile's tokens (after the softmax step) into lsum, zsum and, through
-     * the values' mma, o. */
-    auto subtile_values = [&](const uint8_t *sub, const float (&l)[2][2], const uint32_t (&vm)[2]) {
+    /* The weights p' = 2^(l - m) of a subtile's tokens (after the softmax step) into lsum, zsum
+     * and, through the values' mma, o. ready (std::true_type or false_type): whether l holds
+     * them already (compact logits: p = y 2^(R - m)), or the logits. */
+    auto subtile_values = [&](auto ready, const uint8_t *sub, const float (&l)[2][2], const uint32_t (&vm)[2]) {
         uint32_t pw[2];
+        float p[2][2];
 #pragma unroll
         for (int r = 0; r < 2; r++) {
-            float p[2];
 #pragma unroll
             for (int i = 0; i < 2; i++) {
-                p[i] = ex2(l[r][i] - m[i]);
-                lsum[i] += p[i];
-                if constexpr (VQ) zsum[i] = fmaf(p[i], hi_f(vm[r]), zsum[i]);
+                if constexpr (decltype(ready)::value) p[r][i] = l[r][i];
+                else p[r][i] = ex2(l[r][i] - m[i]);
+                lsum[i] += p[r][i];
+                if constexpr (VQ) zsum[i] = fmaf(p[r][i], hi_f(vm[r]), zsum[i]);
             }
             if constexpr (VQ) {
                 /* The mma's weights: p' times the value scale, one fp16 rounding. */
                 const float vs = lo_f(vm[r]);
-                pw[r] = pack_h2(p[0] * vs, p[1] * vs);
+                pw[r] = pack_h2(p[r][0] * vs, p[r][1] * vs);
             } else {
-                pw[r] = pack_h2(p[0], p[1]);
+                pw[r] = pack_h2(p[r][0], p[r][1]);
             }
         }
         const uint32_t b0 = transpose8x8(pw[0]);
@@ -711,9 +721,11 @@ __device__ __forceinline__ void run_item(const fast_args &a, uint8_t *smem, cons
                 }
             }
             /* Compact logits: the step's maximum R per head (lanes gr = 0) and each token's
-             * y = 2^(l - R), heads 2tc and 2tc + 1 as a word of the codes' low halves and a
-             * byte of their high nibbles; subtile u's tokens start 16 u on (all subtiles of a step but the item's
-             * last are 16 tokens). Pair-major arrays: the offsets are immediates. */
+             * y = 2^(l - R), heads 2tc and 2tc + 1 as a word of the codes' low halves and a byte
+             * of their high nibbles; where P_FROM_Y, the token's weight p = y 2^(R - m) replaces
+             * its logit (a multiply instead of a second ex2; subtile_values takes it as it is).
+             * Subtile u's tokens start 16 u on (all subtiles of a step but the item's last are
+             * 16 tokens). Pair-major arrays: the offsets are immediates. */
             if (compact) {
                 uint32_t *const la = reinterpret_cast<uint32_t *>(lg);
                 const int64_t w = la - a.lg_a; /* tc lg_n + x */
@@ -723,28 +735,37 @@ __device__ __forceinline__ void run_item(const fast_args &a, uint8_t *smem, cons
                     if (2 * tc + 1 < G) R[1] = mxr[1];
                 }
                 uint8_t *const lb = a.lg_b + w;
+                const float e0 = P_FROM_Y ? ex2(mxr[0] - m[0]) : 0.0f, e1 = P_FROM_Y ? ex2(mxr[1] - m[1]) : 0.0f;
                 int32_t step_n = 0;
 #pragma unroll
                 for (int u = 0; u < PAIR; u++) {
 #pragma unroll
                     for (int r = 0; r < 2; r++) {
+                        const float y0 = ex2(l[u][r][0] - mxr[0]), y1 = ex2(l[u][r][1] - mxr[1]);
+                        if constexpr (P_FROM_Y) l[u][r][0] = y0 * e0, l[u][r][1] = y1 * e1;
                         if (gr + 8 * r >= cnt[u] || !lg_lane) continue;
-                        const uint32_t c0 = y_code(ex2(l[u][r][0] - mxr[0]));
-                        const uint32_t c1 = y_code(ex2(l[u][r][1] - mxr[1]));
+                        const uint32_t c0 = y_code(y0), c1 = y_code(y1);
                         /* Low 16 bits of both codes; bits 16 to 19 of both in one byte (bits
                          * 20 to 23 of c are zero): a byte permute and a bit select. */
                         st_code(la + 16 * u + 8 * r, __byte_perm(c0, c1, 0x5410), policy_evict_last());
                         st_code(lb + 16 * u + 8 * r, ((c0 >> 16) & 0xFu) | ((c1 >> 12) & 0xF0u), policy_evict_last());
                     }
                     step_n += cnt[u];
-                    if (u + 1 < PAIR && cnt[u + 1] == 0) break;
                 }
                 lg = reinterpret_cast<float *>(la + step_n);
             }
+            if (P_FROM_Y && compact) {
 #pragma unroll
-            for (int u = 0; u < PAIR; u++) {
-                if (u > 0 && cnt[u] == 0) break;
-                subtile_values(stage + (st + u) * SL::BYTES_PER_SUBTILE, l[u], vm[u]);
+                for (int u = 0; u < PAIR; u++) {
+                    if (u > 0 && cnt[u] == 0) break;
+                    subtile_values(std::true_type(), stage + (st + u) * SL::BYTES_PER_SUBTILE, l[u], vm[u]);
+                }
+            } else {
+#pragma unroll
+                for (int u = 0; u < PAIR; u++) {
+                    if (u > 0 && cnt[u] == 0) break;
+                    subtile_values(std::false_type(), stage + (st + u) * SL::BYTES_PER_SUBTILE, l[u], vm[u]);
+                }
             }
         }
     }
@@ -1113,7 +1134,7 @@ __global__ void __launch_bounds__(MKV_FAST_WARPS * 32, stage_layout<KB, VB, D>::
 
     if (!a.fused) {
         const block_pos b = locate(a, blockIdx.x, blockIdx.y, blockIdx.z);
-        if (b.work) run_item<KB, VB, D>(a, smem, b.ip);
+        if (b.work) run_item<KB, VB, D, false>(a, smem, b.ip);
         return;
     }
 
@@ -1175,14 +1196,16 @@ __global__ void __launch_bounds__(MKV_FAST_WARPS * 32, stage_layout<KB, VB, D>::
             const block_pos b = locate(a, bx, r % a.H, r / a.H);
             if (tid == 0) bs.reg = {b.ip.rs, b.ip.region, b.hi, b.n, b.items_hi, b.n_items, b.arrivals, r * gx};
             any = b.any;
-            if (b.work) run_item<KB, VB, D>(a, smem, b.ip);
+            if (b.work) run_item<KB, VB, D, true>(a, smem, b.ip);
         }
         if (any) {
-            /* Arrive (release: every thread's results are ordered before the increment). */
-            __threadfence();
+            /* Arrive (release: the barrier orders every thread's results before thread 0's
+             * fence, which is cumulative, and its increment; the pattern of a grid sync. A
+             * fence in every thread cost ~1% of the K4V2 call's warp time, MEMBAR.SC each). */
             __syncthreads();
             const region_info &g = bs.reg;
             if (tid == 0) {
+                __threadfence();
                 bs.last = atomicAdd(a.counters + g.rs, 1) == g.arrivals - 1;
                 __threadfence(); /* acquire, for the last one */
             }
