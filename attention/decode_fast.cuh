@@ -218,6 +218,16 @@ __device__ __forceinline__ void st_code(uint8_t *p, uint32_t x, uint64_t pol)
     asm volatile("st.global.L2::cache_hint.b8 [%0], %1, %2;" ::"l"(p), "r"(x), "l"(pol) : "memory");
 }
 
+/* A token's compact logits, where ok: the word at a, the byte at b (predicated stores, not a
+ * branch: a branch per token kept the compiler from overlapping the tokens' ex2 latencies). */
+__device__ __forceinline__ void st_codes_if(bool ok, uint32_t *a, uint32_t x, uint8_t *b, uint32_t y, uint64_t pol)
+{
+    asm volatile("{\n\t.reg .pred p;\n\tsetp.ne.b32 p, %4, 0;\n\t"
+                 "@p st.global.L2::cache_hint.b32 [%0], %1, %5;\n\t"
+                 "@p st.global.L2::cache_hint.b8 [%2], %3, %5;\n\t}" ::"l"(a), "r"(x), "l"(b), "r"(y),
+                 "r"((int)ok), "l"(pol) : "memory");
+}
+
 /* 20-bit code of y in [0, 1] (rounded to nearest: y (2^20 - 2) + 2^23 in fp32 has ulp 1),
  * in the low 20 bits; bits 20 to 22 are zero. */
 __device__ __forceinline__ uint32_t y_code(float y) { return __float_as_uint(fmaf(y, MKV_FAST_YSCALE, 8388608.0f)); }
@@ -743,12 +753,11 @@ __device__ __forceinline__ void run_item(const fast_args &a, uint8_t *smem, cons
                     for (int r = 0; r < 2; r++) {
                         const float y0 = ex2(l[u][r][0] - mxr[0]), y1 = ex2(l[u][r][1] - mxr[1]);
                         if constexpr (P_FROM_Y) l[u][r][0] = y0 * e0, l[u][r][1] = y1 * e1;
-                        if (gr + 8 * r >= cnt[u] || !lg_lane) continue;
                         const uint32_t c0 = y_code(y0), c1 = y_code(y1);
                         /* Low 16 bits of both codes; bits 16 to 19 of both in one byte (bits
                          * 20 to 23 of c are zero): a byte permute and a bit select. */
-                        st_code(la + 16 * u + 8 * r, __byte_perm(c0, c1, 0x5410), policy_evict_last());
-                        st_code(lb + 16 * u + 8 * r, ((c0 >> 16) & 0xFu) | ((c1 >> 12) & 0xF0u), policy_evict_last());
+                        st_codes_if(gr + 8 * r < cnt[u] && lg_lane, la + 16 * u + 8 * r, __byte_perm(c0, c1, 0x5410),
+                                    lb + 16 * u + 8 * r, ((c0 >> 16) & 0xFu) | ((c1 >> 12) & 0xF0u), policy_evict_last());
                     }
                     step_n += cnt[u];
                 }
