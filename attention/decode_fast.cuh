@@ -317,6 +317,7 @@ struct block_shared {
     region_info reg; /* the fused kernel's current region (kept here, not in registers, across
                         the items) */
     int32_t cmd, arg, last;
+    int32_t nap;             /* thread 0's: its next pause (ns) while nothing is to be taken */
     int32_t owed, exhausted; /* thread 0's: the score job ticket it holds (-1: none); whether
                                 every decode id has been taken */
     float M[MKV_FAST_MAX_G], S[MKV_FAST_MAX_G], lse[MKV_FAST_MAX_G];
@@ -916,23 +917,27 @@ struct region_finish {
 
     /* Adds the probabilities p of a section's tokens k to k + 3 (those below k1; k a multiple of
      * 4) to their score slots: one 16-byte reduction where v4 (score_v4) and all four count,
-     * else one per token. ids: the chunk's page ids, from page p0. */
-    static __device__ __forceinline__ void add_four(const section_tokens &s, const int32_t *ids, int32_t p0,
+     * else one per token. ids: the chunk's page ids, from the page of its first token k0, which
+     * lies s0 slots into it; token k sits rel = k - k0 + s0 slots past that page's start, and
+     * rel < 2^22 (a chunk and a page) makes floor((rel + 1/2) / tpp) exact in fp32 without a
+     * correction: its distance to an integer, at least 1/(2 tpp), exceeds the rounding. */
+    static __device__ __forceinline__ void add_four(const section_tokens &s, const int32_t *ids, int32_t rel,
                                                     float inv_tpp, bool v4, int32_t k, int32_t k1,
                                                     const float (&p)[4])
     {
+        const auto slot_of = [&](int32_t x) {
+            /* chunks hold at most 2^13 tokens, so rel < 2^21 where tpp < 2^20 */
+            const int32_t q = s.tpp < (1 << 20) ? __float2int_rz(((float)x + 0.5f) * inv_tpp) : x / s.tpp;
+            return score_slot(s, ids[q], x - q * s.tpp);
+        };
         if (v4 && k + 4 <= k1) {
-            int32_t slot;
-            const int32_t pi = div_rcp(k, s.tpp, inv_tpp, slot);
-            red_add4(score_slot(s, ids[pi - p0], slot), p[0], p[1], p[2], p[3]);
+            red_add4(slot_of(rel), p[0], p[1], p[2], p[3]);
             return;
         }
 #pragma unroll
         for (int t = 0; t < 4; t++) {
             if (k + t >= k1) break;
-            int32_t slot;
-            const int32_t pi = div_rcp(k + t, s.tpp, inv_tpp, slot);
-            red_add(score_slot(s, ids[pi - p0], slot), p[t]);
+            red_add(slot_of(rel + t), p[t]);
         }
     }
 
@@ -1011,14 +1016,14 @@ struct region_finish {
         chunks(smem, n_chunks, issue, [&](int32_t c, const uint8_t *at) {
             const int32_t *ids = reinterpret_cast<const int32_t *>(at);
             const float *buf = reinterpret_cast<const float *>(at + IDS * 4);
-            const int32_t k0 = t0 + c * chunk, k1 = min(k0 + chunk, t1), p0 = k0 / s.tpp;
+            const int32_t k0 = t0 + c * chunk, k1 = min(k0 + chunk, t1), s0 = k0 % s.tpp;
             /* Four tokens per thread (the chunk holds whole fours: a past-the-end token's
              * probability is computed and dropped). */
             for (int32_t k = k0 + 4 * tid; k < k1; k += 4 * NTH) {
                 float p[4];
 #pragma unroll
                 for (int t = 0; t < 4; t++) p[t] = token_prob(buf + (k + t - k0) * G, G, lse);
-                add_four(s, ids, p0, inv_tpp, v4, k, k1, p);
+                add_four(s, ids, k - k0 + s0, inv_tpp, v4, k, k1, p);
             }
         });
         if (a.discard) { /* the rows from t0 start 128-byte aligned */
@@ -1066,14 +1071,16 @@ struct region_finish {
         };
         const float inv_tpp = 1.0f / (float)s.tpp;
         const bool v4 = score_v4(s);
-        chunks(smem, n_chunks, issue, [&](int32_t c, uint8_t *at) {
+        /* The scoring of a chunk for G2 = PAIRS (a constant: the pair loop unrolled). */
+        const auto score_chunk = [&](auto pairs, int32_t c, uint8_t *at) {
+            constexpr int32_t PAIRS = decltype(pairs)::value;
             const int32_t *ids = reinterpret_cast<const int32_t *>(at);
             const uint8_t *ca = at + IDS * 4, *cb = at + o_b;
             float *cr = reinterpret_cast<float *>(at + o_r);
-            const int32_t k0 = t0 + c * chunk, k1 = min(k0 + chunk, t1), p0 = k0 / s.tpp;
+            const int32_t k0 = t0 + c * chunk, k1 = min(k0 + chunk, t1), s0 = k0 % s.tpp;
             /* Each step maximum R becomes its codes' factor 2^(R - lse_g) / MKV_FAST_YSCALE, in
              * place (0 for the missing head of an odd G's last pair). */
-            const int32_t spc = chunk / STEP, nr = 2 * G2 * spc;
+            const int32_t spc = chunk / STEP, nr = 2 * PAIRS * spc;
             for (int32_t i = tid; i < nr; i += NTH) {
                 const int32_t h = 2 * (i / (2 * spc)) + (i & 1);
                 cr[i] = h < G ? ex2(cr[i] - lse[h]) * (1.0f / MKV_FAST_YSCALE) : 0.0f;
@@ -1084,7 +1091,8 @@ struct region_finish {
             for (int32_t k = k0 + 4 * tid; k < k1; k += 4 * NTH) {
                 const int32_t i = k - k0;
                 float p[4] = {0.0f, 0.0f, 0.0f, 0.0f};
-                for (int32_t j = 0; j < G2; j++) {
+#pragma unroll
+                for (int32_t j = 0; j < PAIRS; j++) {
                     const uint4 w4 = *reinterpret_cast<const uint4 *>(ca + (j * chunk + i) * 4);
                     const uint32_t b = *reinterpret_cast<const uint32_t *>(cb + j * chunk + i);
                     const float2 f = *reinterpret_cast<const float2 *>(cr + (j * spc + i / STEP) * 2);
@@ -1098,7 +1106,15 @@ struct region_finish {
                         p[t] = fmaxf(p[t], fmaxf((float)c0 * f.x, (float)c1 * f.y));
                     }
                 }
-                add_four(s, ids, p0, inv_tpp, v4, k, k1, p);
+                add_four(s, ids, i + s0, inv_tpp, v4, k, k1, p);
+            }
+        };
+        chunks(smem, n_chunks, issue, [&](int32_t c, uint8_t *at) {
+            switch (G2) { /* G <= MKV_FAST_MAX_G = 8 */
+            case 1: score_chunk(std::integral_constant<int32_t, 1>(), c, at); break;
+            case 2: score_chunk(std::integral_constant<int32_t, 2>(), c, at); break;
+            case 3: score_chunk(std::integral_constant<int32_t, 3>(), c, at); break;
+            default: score_chunk(std::integral_constant<int32_t, 4>(), c, at); break;
             }
         });
         if (a.discard) { /* whole 128-byte lines of [t0, t1) only: the rest may be others' */
@@ -1150,7 +1166,7 @@ __global__ void __launch_bounds__(MKV_FAST_WARPS * 32, stage_layout<KB, VB, D>::
     int32_t *const next_id = a.counters + a.n_rs, *const sq_head = next_id + 1;
     int32_t *const sq_tail = next_id + 2, *const finished = next_id + 3, *const jobs = next_id + 4;
     const int32_t gx = a.grid_x, total = a.total_ids;
-    if (tid == 0) bs.owed = -1, bs.exhausted = 0;
+    if (tid == 0) bs.owed = -1, bs.exhausted = 0, bs.nap = 256;
     enum { EXIT, RETRY, DECODE, SCORE };
     for (;;) {
         if (tid == 0) {
@@ -1177,8 +1193,12 @@ __global__ void __launch_bounds__(MKV_FAST_WARPS * 32, stage_layout<KB, VB, D>::
                     cmd = EXIT;
                 }
             } else {
-                __nanosleep(256);
+                /* Nothing to take until a region completes: a backoff of 256 ns doubling to
+                 * 2 us (every idle block of the call's tail polls these counters). */
+                __nanosleep(bs.nap);
+                bs.nap = min(2 * bs.nap, 2048);
             }
+            if (cmd != RETRY) bs.nap = 256;
             bs.cmd = cmd, bs.arg = arg, bs.owed = owed, bs.exhausted = exhausted;
         }
         __syncthreads();
