@@ -194,6 +194,22 @@ __device__ __forceinline__ void cp_async_page(uint32_t dst, const void *src, boo
                      "l"(src), "n"(BYTES), "r"(n), "l"(policy_evict_first()) : "memory");
 }
 
+/* cp_async_page of 16 bytes from base + off (the sum formed inside the copy's asm, so that the
+ * compiler does not compute every copy's address up front). */
+template <bool FIRST>
+__device__ __forceinline__ void cp_async_page_at(uint32_t dst, const uint8_t *base, int32_t off, bool read)
+{
+    const int n = read ? 16 : 0;
+    if constexpr (FIRST)
+        asm volatile("{\n\t.reg .s64 o;\n\t.reg .u64 s;\n\tcvt.s64.s32 o, %2;\n\tadd.u64 s, %1, o;\n\t"
+                     "cp.async.cg.shared.global.L2::cache_hint [%0], [s], 16, %3, %4;\n\t}" ::"r"(dst),
+                     "l"(base), "r"(off), "r"(n), "l"(policy_evict_first()) : "memory");
+    else
+        asm volatile("{\n\t.reg .s64 o;\n\t.reg .u64 s;\n\tcvt.s64.s32 o, %2;\n\tadd.u64 s, %1, o;\n\t"
+                     "cp.async.cg.shared.global [%0], [s], 16, %3;\n\t}" ::"r"(dst), "l"(base), "r"(off), "r"(n)
+                     : "memory");
+}
+
 /* Stores of logits under L2 policy pol (evict_last where the kernel reads them back itself). */
 __device__ __forceinline__ void st_logit(float *p, float x, uint64_t pol)
 {
@@ -284,6 +300,8 @@ struct stage_layout {
     static constexpr bool KQ = KB < 16, VQ = VB < 16;
     static constexpr int KC = D * KB / 128, VC = D * VB / 128; /* 16-byte chunks per token */
     static constexpr int ROUNDS = (KC + VC + 1) / 2;            /* copy rounds (2 chunks each) */
+    /* Quantized keys and values of up to 8 chunks: a lane copies whole tokens (run_item). */
+    static constexpr bool WHOLE = KQ && VQ && KC + VC <= 8;
     static constexpr int META = (KC + VC) * 256;
     static constexpr int BYTES_PER_SUBTILE = META + (KQ || VQ ? 128 : 0); /* per warp */
     /* Subtiles per stage: fewer, larger stages for small subtiles (one wait and one barrier per
@@ -509,43 +527,83 @@ __device__ __forceinline__ void run_item(const fast_args &a, uint8_t *smem, cons
     const int32_t sec_pages = (sec_n + L.tpp - 1) / L.tpp;
     int32_t win = INT32_MIN / 2, win_id = -1;
 
+    /* page = the producer's current page (P.pidx). Warp-uniform. */
+    auto find_page = [&]() {
+        if (P.pidx == cur_pidx) return;
+        cur_pidx = P.pidx;
+        if ((uint32_t)(cur_pidx - win) >= 32u) {
+            win = cur_pidx;
+            const int32_t e = win + lane;
+            win_id = e < sec_pages ? __ldg(row + (sec ? a.T - 1 - e : e)) : 0;
+        }
+        const int32_t pid = __shfl_sync(0xffffffffu, win_id, cur_pidx - win);
+        // NOTE: int32 page id, widen before the multiply (pools exceed 2 GiB).
+        page = a.pool + (int64_t)pid * a.page_bytes;
+    };
+
     /* Issues the cp.async of one stage (NT subtiles) and commits it (possibly empty). */
     auto produce = [&](int32_t stage) {
+        if constexpr (SL::WHOLE) {
+            /* Runs: up to 32 tokens, to the end of the page, of the item or of the stage's
+             * subtiles, whichever comes first; a run of len tokens fills the next ceil(len / 16)
+             * subtiles (16 tokens of one page each, as the consumer walks them). Lane i copies
+             * run token i whole: its chunks and its key and value metadata, from one page address
+             * (the lanes' copies per subtile, two chunks each, had spent most of their
+             * instructions on addresses). Each copy's address is formed inside its asm: computed
+             * up front, the eight made K4V2's kernel spill. */
+            int32_t u0 = 0; /* the run's first subtile */
 #pragma unroll
-        for (int st = 0; st < NT; st++) {
-            const int32_t cnt = P.count(tb, L.tpp);
-            if (cnt == 0) break; /* warp-uniform: nothing left to load */
-            if (P.pidx != cur_pidx) {
-                cur_pidx = P.pidx;
-                if ((uint32_t)(cur_pidx - win) >= 32u) {
-                    win = cur_pidx;
-                    const int32_t e = win + lane;
-                    win_id = e < sec_pages ? __ldg(row + (sec ? a.T - 1 - e : e)) : 0;
-                }
-                const int32_t pid = __shfl_sync(0xffffffffu, win_id, cur_pidx - win);
-                // NOTE: int32 page id, widen before the multiply (pools exceed 2 GiB).
-                page = a.pool + (int64_t)pid * a.page_bytes;
-            }
-            const uint32_t dst = warp_smem + (stage * NT + st) * SL::BYTES_PER_SUBTILE;
-            /* Tokens past the subtile's end copy nothing (source size 0, zeros written) from an
-             * in-page address: the subtile's first slot. */
-            const bool ok = tl < cnt;
-            const int32_t slot = P.slot + (ok ? tl : 0);
-            const uint8_t *tok = page + slot * 16;
+            for (int run = 0; run < NT; run++) { /* a stage holds at most NT runs */
+                if (u0 >= NT) break;
+                const int32_t len = min(min(tb - P.t, L.tpp - P.slot), min(NT - u0, 2) * 16);
+                if (len <= 0) break; /* warp-uniform: nothing left to load */
+                find_page();
+                /* Tokens past the run's end in its last subtile copy nothing (source size 0,
+                 * zeros written) from an in-page address: the run's first slot. */
+                if (lane < ((len + 15) & ~15)) {
+                    const bool ok = lane < len;
+                    const int32_t slot = P.slot + (ok ? lane : 0);
+                    const uint8_t *tok = page + slot * 16;
+                    const uint32_t dst = warp_smem + (stage * NT + u0 + (lane >> 4)) * SL::BYTES_PER_SUBTILE;
 #pragma unroll
-            for (int k = 0; k < SL::ROUNDS; k++) {
-                const int32_t c = 2 * k + half;
-                if (2 * k + 1 < SL::KC || (2 * k < SL::KC && half == 0)) {
-                    cp_async_page<16, FUSED>(dst + SL::key_at(c, tl), tok + (koff + c * stride), ok);
-                } else if (c - SL::KC < SL::VC) {
-                    const int32_t cv = c - SL::KC;
-                    cp_async_page<16, FUSED>(dst + SL::value_at(cv, tl), tok + (voff + cv * stride), ok);
+                    for (int c = 0; c < SL::KC; c++)
+                        cp_async_page_at<FUSED>(dst + SL::key_at(c, tl), tok, koff + c * stride, ok);
+#pragma unroll
+                    for (int c = 0; c < SL::VC; c++)
+                        cp_async_page_at<FUSED>(dst + SL::value_at(c, tl), tok, voff + c * stride, ok);
+                    cp_async_page<4, FUSED>(dst + SL::META + tl * 4, page + ((int32_t)L.off_key_meta + slot * 4), ok);
+                    cp_async_page<4, FUSED>(dst + SL::META + 64 + tl * 4, page + ((int32_t)L.off_value_meta + slot * 4), ok);
                 }
+                P.advance(len, L.tpp);
+                u0 += (len + 15) >> 4;
             }
-            if constexpr (KQ || VQ)
-                if (meta_lane)
-                    cp_async_page<4, FUSED>(dst + SL::META + half * 64 + tl * 4, page + (moff + slot * 4), ok);
-            P.advance(cnt, L.tpp);
+        } else {
+#pragma unroll
+            for (int st = 0; st < NT; st++) {
+                const int32_t cnt = P.count(tb, L.tpp);
+                if (cnt == 0) break; /* warp-uniform: nothing left to load */
+                find_page();
+                const uint32_t dst = warp_smem + (stage * NT + st) * SL::BYTES_PER_SUBTILE;
+                /* Tokens past the subtile's end copy nothing (source size 0, zeros written) from an
+                 * in-page address: the subtile's first slot. */
+                const bool ok = tl < cnt;
+                const int32_t slot = P.slot + (ok ? tl : 0);
+                const uint8_t *tok = page + slot * 16;
+#pragma unroll
+                for (int k = 0; k < SL::ROUNDS; k++) {
+                    const int32_t c = 2 * k + half;
+                    if (2 * k + 1 < SL::KC || (2 * k < SL::KC && half == 0)) {
+                        cp_async_page<16, FUSED>(dst + SL::key_at(c, tl), tok + (koff + c * stride), ok);
+                    } else if (c - SL::KC < SL::VC) {
+                        const int32_t cv = c - SL::KC;
+                        cp_async_page<16, FUSED>(dst + SL::value_at(cv, tl), tok + (voff + cv * stride), ok);
+                    }
+                }
+                if constexpr (KQ || VQ)
+                    if (meta_lane)
+                        cp_async_page<4, FUSED>(dst + SL::META + half * 64 + tl * 4, page + (moff + slot * 4), ok);
+                P.advance(cnt, L.tpp);
+            }
         }
         cp_async_commit();
     };
