@@ -132,17 +132,6 @@ __device__ __forceinline__ float lg2(float x)
     return y;
 }
 
-/* q = k / d and r = k % d for k >= 0, d >= 1, inv = 1.0f / d: through the float reciprocal, exact
- * after one correction for k < 2^24; an integer division beyond. */
-__device__ __forceinline__ int32_t div_rcp(int32_t k, int32_t d, float inv, int32_t &r)
-{
-    int32_t q = k < (1 << 24) ? __float2int_rz((float)k * inv) : k / d;
-    r = k - q * d;
-    if (r < 0) q--, r += d;
-    else if (r >= d) q++, r -= d;
-    return q;
-}
-
 /* The final max M and sum S (log2 units) of head g over the n_items item slots from part:
  * one online pass, a slot per lane, then a warp merge. Reads through L2 (in the fused kernel,
  * other blocks wrote them). */
