@@ -448,24 +448,32 @@ __device__ __forceinline__ void run_item(const fast_args &a, uint8_t *smem, cons
         int ex = 0;
         if (mx > 0.0f) frexpf(mx, &ex);
         const int E = mx > 0.0f ? (KQ ? 22 : 15) - ex : 0;
+        /* x 2^E as two exact multiplies by powers of two (|E| <= 252, each half within a
+         * float's exponent range): ldexpf costs several instructions per element. */
+        const float p2a = __int_as_float((127 + E / 2) << 23), p2b = __int_as_float((127 + E - E / 2) << 23);
         float s = 0.0f;
         if constexpr (KQ) {
             int qi[KRUN], is = 0;
 #pragma unroll
             for (int u = 0; u < KRUN; u++) {
-                qi[u] = __float2int_rn(ldexpf(qv[u], E));
+                qi[u] = __float2int_rn(qv[u] * p2a * p2b);
                 is += qi[u];
             }
+            /* The three signed digits of four elements at a time: with y = q + 0x8080, digit k
+             * (k < 2) is byte k of y minus 128, stored as that byte ^ 0x80, and digit 2 is
+             * byte 2 of y (the same unique digits in [-128, 127] as q mod 256, mod 65536). */
 #pragma unroll
-            for (int i = 0; i < QWORDS; i++) qw[0][i] = qw[1][i] = qw[2][i] = 0u;
+            for (int i = 0; i < QWORDS; i++) {
+                uint32_t y[4];
 #pragma unroll
-            for (int bb = 0; bb < KRUN; bb++) {
-                const int x = qi[key_byte_elem<KB>(bb)];
-                const int d0 = (int)(int8_t)(x & 0xff), x1 = (x - d0) >> 8;
-                const int d1 = (int)(int8_t)(x1 & 0xff), d2 = (x1 - d1) >> 8;
-                qw[0][bb / 4] |= (uint32_t)(d0 & 0xff) << (8 * (bb % 4));
-                qw[1][bb / 4] |= (uint32_t)(d1 & 0xff) << (8 * (bb % 4));
-                qw[2][bb / 4] |= (uint32_t)(d2 & 0xff) << (8 * (bb % 4));
+                for (int j = 0; j < 4; j++) y[j] = (uint32_t)(qi[key_byte_elem<KB>(4 * i + j)] + 0x8080);
+                const auto gather = [&](uint32_t sel) { /* byte sel of y[0..3] into bytes 0..3 */
+                    return __byte_perm(__byte_perm(y[0], y[1], sel | ((sel + 4) << 4)),
+                                       __byte_perm(y[2], y[3], sel | ((sel + 4) << 4)), 0x5410);
+                };
+                qw[0][i] = gather(0) ^ 0x80808080u;
+                qw[1][i] = gather(1) ^ 0x80808080u;
+                qw[2][i] = gather(2);
             }
             is += __shfl_xor_sync(0xffffffffu, is, 1);
             is += __shfl_xor_sync(0xffffffffu, is, 2);
@@ -473,7 +481,7 @@ __device__ __forceinline__ void run_item(const fast_args &a, uint8_t *smem, cons
         } else {
 #pragma unroll
             for (int u = 0; u < KRUN; u++) {
-                qv[u] = ldexpf(qv[u], E);
+                qv[u] = qv[u] * p2a * p2b;
                 s += qv[u];
             }
             s += __shfl_xor_sync(0xffffffffu, s, 1);
