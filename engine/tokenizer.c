@@ -12,9 +12,13 @@
  *  - BPE as HF's Word::merge_all: a heap of candidate merges keyed by (rank, left position);
  *    entries made stale by earlier merges are skipped when popped. O(n log n) per piece, and a
  *    piece can be a whole document (no pre-tokenizer).
+ *  - each normalized piece goes through the pre-tokenizer (pretok.c), when there is one; with
+ *    byte-level BPE, each byte of a piece becomes its GPT-2 character before BPE.
  *  - decoding runs the decoder chain over a list of token strings.
  */
 #include "engine/tokenizer_state.h"
+
+#include "engine/pretok.h"
 
 #include "common/error.h"
 
@@ -41,13 +45,16 @@ static int iv_push(ivec_t *v, int32_t x)
     return 0;
 }
 
-/* Appends s[0..n) to out with every non-overlapping pat (non-empty) replaced by rep. */
-static int replace_all(const char *s, size_t n, const char *pat, const char *rep, sbuf_t *out)
+/* Appends s[0..n) to out with every non-overlapping pat (non-empty) replaced by rep. -1 when
+ * out of memory, -2 when out would pass limit bytes. */
+static int replace_all(const char *s, size_t n, const char *pat, const char *rep, sbuf_t *out,
+                       size_t limit)
 {
-    size_t pl = strlen(pat), run = 0, i = 0;
+    size_t pl = strlen(pat), rl = strlen(rep), run = 0, i = 0;
     while (i < n) {
         if (n - i >= pl && memcmp(s + i, pat, pl) == 0) {
-            if (sb_put(out, s + run, i - run) != 0 || sb_put(out, rep, strlen(rep)) != 0)
+            if (out->n + (i - run) + rl > limit) return -2;
+            if (sb_put(out, s + run, i - run) != 0 || sb_put(out, rep, rl) != 0)
                 return -1;
             i += pl;
             run = i;
@@ -55,12 +62,15 @@ static int replace_all(const char *s, size_t n, const char *pat, const char *rep
             i++;
         }
     }
+    if (out->n + (n - run) > limit) return -2;
     return sb_put(out, s + run, n - run);
 }
 
 int mkv_tok_normalize(const mkv_tokenizer_t *tok, const char *s, size_t n, sbuf_t *out,
                       sbuf_t *tmp)
 {
+    size_t limit = MKV_TOK_GROWTH * n + MKV_TOK_SLACK;
+    int rc = 0;
     out->n = 0;
     if (sb_put(out, s, n) != 0) return -1;
     for (int32_t k = 0; k < tok->n_norm; k++) {
@@ -68,10 +78,13 @@ int mkv_tok_normalize(const mkv_tokenizer_t *tok, const char *s, size_t n, sbuf_
         tmp->n = 0;
         if (st->kind == STEP_PREPEND) {
             if (out->n == 0) continue; /* HF prepends to non-empty text only */
+            if (out->n + strlen(st->a) > limit) return -2;
             if (sb_put(tmp, st->a, strlen(st->a)) != 0) return -1;
             if (sb_put(tmp, out->p, out->n) != 0) return -1;
-        } else if (replace_all(out->p, out->n, st->a, st->b, tmp) != 0) {
-            return -1;
+        } else if (st->kind == STEP_NFC) {
+            if ((rc = mkv_tok_nfc(out->p, out->n, tmp, limit)) != 0) return rc;
+        } else if ((rc = replace_all(out->p, out->n, st->a, st->b, tmp, limit)) != 0) {
+            return rc;
         }
         sbuf_t t = *out;
         *out = *tmp;
@@ -219,6 +232,44 @@ static mkv_status_t bpe(const mkv_tokenizer_t *tok, const char *s, size_t n, bpe
     return MKV_STATUS_OK;
 }
 
+/* One normalized piece without added tokens: pre-tokenized, byte-mapped when byte-level, and
+ * each piece through BPE. */
+static mkv_status_t encode_text(const mkv_tokenizer_t *tok, const char *s, size_t n,
+                                bpe_work_t *w, ivec_t *out, char *err)
+{
+    mkv_pieces_t pcs = {0}, tmp = {0};
+    sbuf_t mapped = {0};
+    mkv_status_t st = MKV_STATUS_OK;
+    if (tok->pre) {
+        st = mkv_pretok_run(tok->pre, s, n, &pcs, &tmp, err);
+    } else if (n > 0) { /* one piece: the whole text */
+        pcs.p = malloc(sizeof *pcs.p);
+        if (!pcs.p) st = mkv_fail(err, MKV_STATUS_OUT_OF_MEMORY, "tokenizer: encoding");
+        else pcs.p[pcs.n++] = (mkv_piece_t){0, n};
+    }
+    for (size_t k = 0; k < pcs.n && st == MKV_STATUS_OK; k++) {
+        const char *p = (tok->pre ? pcs.text.p : s) + pcs.p[k].off;
+        size_t len = pcs.p[k].len;
+        if (tok->byte_level) {
+            mapped.n = 0;
+            for (size_t i = 0; i < len; i++) {
+                uint8_t b = (uint8_t)p[i];
+                if (sb_put(&mapped, tok->bl_char[b], tok->bl_len[b]) != 0) {
+                    st = mkv_fail(err, MKV_STATUS_OUT_OF_MEMORY, "tokenizer: encoding");
+                    break;
+                }
+            }
+            p = mapped.p;
+            len = mapped.n;
+        }
+        if (st == MKV_STATUS_OK) st = bpe(tok, p, len, w, out, err);
+    }
+    mkv_pieces_free(&pcs);
+    mkv_pieces_free(&tmp);
+    free(mapped.p);
+    return st;
+}
+
 /* Leftmost-longest match of the added tokens of class `normalized` in s[from..n). Returns the
  * index into tok->added (and *at) or -1. */
 static int32_t find_added(const mkv_tokenizer_t *tok, int normalized, const char *s, size_t n,
@@ -252,13 +303,17 @@ static mkv_status_t split(const mkv_tokenizer_t *tok, int normalized, const char
         int32_t k = find_added(tok, normalized, s, n, pos, &at);
         size_t end = k >= 0 ? at : n;
         if (end > pos && normalized) {
-            mkv_status_t st = bpe(tok, s + pos, end - pos, w, out, err);
+            mkv_status_t st = encode_text(tok, s + pos, end - pos, w, out, err);
             if (st != MKV_STATUS_OK) return st;
         } else if (end > pos) {
             sbuf_t norm = {0}, tmp = {0};
             int bad = mkv_tok_normalize(tok, s + pos, end - pos, &norm, &tmp);
-            mkv_status_t st = bad ? mkv_fail(err, MKV_STATUS_OUT_OF_MEMORY, "tokenizer: encoding")
-                                  : split(tok, 1, norm.p, norm.n, w, out, err);
+            mkv_status_t st =
+                bad == -2 ? mkv_fail(err, MKV_STATUS_INVALID_ARGUMENT, "tokenizer: the normalizer "
+                                     "grows %zu bytes of text past %d x + %d bytes", end - pos,
+                                     MKV_TOK_GROWTH, MKV_TOK_SLACK)
+                : bad ? mkv_fail(err, MKV_STATUS_OUT_OF_MEMORY, "tokenizer: encoding")
+                      : split(tok, 1, norm.p ? norm.p : "", norm.n, w, out, err);
             free(norm.p);
             free(tmp.p);
             if (st != MKV_STATUS_OK) return st;
@@ -278,7 +333,7 @@ mkv_status_t mkv_tokenizer_encode(const mkv_tokenizer_t *tok, const char *text, 
         return mkv_fail(err, MKV_STATUS_INVALID_ARGUMENT, "tokenizer encode: null argument");
     *out = NULL;
     *n_out = 0;
-    for (size_t i = 0, cl; i < len; i += cl)
+    for (size_t i = 0, cl; i < len && !tok->byte_level; i += cl)
         if ((cl = utf8_len((const unsigned char *)text + i, len - i)) == 0)
             return mkv_fail(err, MKV_STATUS_INVALID_ARGUMENT,
                             "tokenizer encode: invalid UTF-8 at byte %zu", i);
@@ -323,7 +378,7 @@ static int run_decoders(const mkv_tokenizer_t *tok, sbuf_t *t, size_t *n, int st
         if (st->kind == STEP_REPLACE) {
             for (size_t i = 0; i < *n; i++) {
                 sbuf_t r = {0};
-                int bad = replace_all(t[i].p, t[i].n, st->a, st->b, &r);
+                int bad = replace_all(t[i].p, t[i].n, st->a, st->b, &r, SIZE_MAX);
                 free(t[i].p);
                 t[i] = r;
                 if (bad) return -1;
@@ -368,6 +423,27 @@ static int run_decoders(const mkv_tokenizer_t *tok, sbuf_t *t, size_t *n, int st
                 j += i < *n;
             }
             *n = j;
+        } else if (st->kind == STEP_BYTE_LEVEL) {
+            /* HF: all tokens' bytes joined, then from_utf8_lossy; a stream keeps raw bytes so
+             * that a character split over tokens is whole again once concatenated. */
+            sbuf_t bytes = {0}, r = {0};
+            for (size_t i = 0; i < *n; i++) {
+                if (mkv_tok_byte_level_bytes(tok, t[i].p, t[i].n, &bytes) != 0) goto bl_oom;
+                free(t[i].p);
+                t[i] = (sbuf_t){0};
+            }
+            if (stream ? sb_put(&r, bytes.p ? bytes.p : "", bytes.n) != 0
+                       : mkv_tok_utf8_lossy(bytes.p, bytes.n, &r) != 0)
+                goto bl_oom;
+            free(bytes.p);
+            t[0] = r;
+            *n = 1;
+            fused = 1;
+            continue;
+        bl_oom:
+            free(bytes.p);
+            free(r.p);
+            return -1;
         } else if (st->kind == STEP_FUSE) {
             fused = 1;
             for (size_t i = 1; i < *n; i++) {

@@ -1,10 +1,14 @@
 /*
  * tokenizer_load.c — reads a Hugging Face tokenizer.json (and tokenizer_config.json) into the
  * tables of tokenizer_state.h, refusing what tokenizer.c cannot run (docs/tokenizer.md): only a
- * BPE model, no pre-tokenizer, the Sequence / Prepend / Replace normalizers, the Sequence /
- * Replace / ByteFallback / Fuse / Strip decoders and a TemplateProcessing post-processor.
+ * BPE model, the pre-tokenizers of pretok.c, the Sequence / Prepend / Replace / NFC
+ * normalizers, the Sequence / Replace / ByteFallback / Fuse / Strip / ByteLevel decoders and
+ * TemplateProcessing / ByteLevel post-processors. The table builders at the end are shared
+ * with the GGUF constructor (tokenizer_bpe.c).
  */
 #include "engine/tokenizer_state.h"
+
+#include "engine/pretok.h"
 
 #include "common/error.h"
 
@@ -71,7 +75,8 @@ static mkv_status_t read_json(const char *path, int optional, cJSON **out, char 
 
 static mkv_status_t add_step(step_t **steps, int32_t *n, step_t s, char *err)
 {
-    int lost = (s.kind != STEP_BYTE_FALLBACK && s.kind != STEP_FUSE && !s.a) ||
+    int needs_a = s.kind == STEP_PREPEND || s.kind == STEP_REPLACE || s.kind == STEP_STRIP;
+    int lost = (needs_a && !s.a) ||
                (s.kind == STEP_REPLACE && !s.b); /* a strdup failed */
     step_t *p = lost ? NULL : realloc(*steps, (size_t)(*n + 1) * sizeof *p);
     if (!p) {
@@ -123,10 +128,12 @@ static mkv_status_t load_normalizer(mkv_tokenizer_t *tok, const cJSON *n, char *
     } else if (strcmp(type, "Replace") == 0) {
         mkv_status_t st = load_replace(n, "normalizer", &s, err);
         if (st != MKV_STATUS_OK) return st;
+    } else if (strcmp(type, "NFC") == 0) {
+        s.kind = STEP_NFC;
     } else {
         return mkv_fail(err, MKV_STATUS_UNSUPPORTED,
                         "tokenizer.json: normalizer '%s' is not supported (only Sequence, "
-                        "Prepend, Replace)" FALLBACK_HINT, type);
+                        "Prepend, Replace, NFC)" FALLBACK_HINT, type);
     }
     return add_step(&tok->norm, &tok->n_norm, s, err);
 }
@@ -153,6 +160,8 @@ static mkv_status_t load_decoder(mkv_tokenizer_t *tok, const cJSON *n, char *err
         s.kind = STEP_BYTE_FALLBACK;
     } else if (strcmp(type, "Fuse") == 0) {
         s.kind = STEP_FUSE;
+    } else if (strcmp(type, "ByteLevel") == 0) {
+        s.kind = STEP_BYTE_LEVEL;
     } else if (strcmp(type, "Strip") == 0) {
         const char *c = jstr(n, "content");
         const cJSON *a = jget(n, "start"), *b = jget(n, "stop");
@@ -164,7 +173,7 @@ static mkv_status_t load_decoder(mkv_tokenizer_t *tok, const cJSON *n, char *err
     } else {
         return mkv_fail(err, MKV_STATUS_UNSUPPORTED,
                         "tokenizer.json: decoder '%s' is not supported (only Sequence, "
-                        "Replace, ByteFallback, Fuse, Strip)" FALLBACK_HINT, type);
+                        "Replace, ByteFallback, Fuse, Strip, ByteLevel)" FALLBACK_HINT, type);
     }
     return add_step(&tok->dec, &tok->n_dec, s, err);
 }
@@ -189,27 +198,16 @@ static mkv_status_t load_model(mkv_tokenizer_t *tok, const cJSON *m, char *err)
     if (!cJSON_IsObject(vocab) || !cJSON_IsArray(merges))
         return mkv_fail(err, MKV_STATUS_PARSE_ERROR, "tokenizer.json: BPE without vocab/merges");
 
-    size_t nv = (size_t)cJSON_GetArraySize(vocab), nm = (size_t)cJSON_GetArraySize(merges);
-    for (tok->vocab.cap = 16; tok->vocab.cap < 2 * nv; tok->vocab.cap *= 2) {}
-    for (tok->merges.cap = 16; tok->merges.cap < 2 * nm; tok->merges.cap *= 2) {}
-    tok->vocab.e = calloc(tok->vocab.cap, sizeof *tok->vocab.e);
-    tok->merges.e = malloc(tok->merges.cap * sizeof *tok->merges.e);
-    if (!tok->vocab.e || !tok->merges.e)
-        return mkv_fail(err, MKV_STATUS_OUT_OF_MEMORY, "tokenizer vocab");
-    for (size_t i = 0; i < tok->merges.cap; i++) tok->merges.e[i].rank = -1;
-
+    mkv_status_t st = mkv_tok_alloc_tables(tok, (size_t)cJSON_GetArraySize(vocab),
+                                           (size_t)cJSON_GetArraySize(merges), err);
+    if (st != MKV_STATUS_OK) return st;
     cJSON_ArrayForEach(item, vocab) {
-        size_t len = strlen(item->string);
         if (!cJSON_IsNumber(item) || item->valuedouble < 0 || item->valuedouble > 1e9 ||
             item->valuedouble != (double)item->valueint)
             return mkv_fail(err, MKV_STATUS_PARSE_ERROR, "tokenizer.json: bad id of '%s'",
                             item->string);
-        smap_entry_t *e = smap_slot(&tok->vocab, item->string, len);
-        if (!e->key && !(e->key = strdup(item->string)))
-            return mkv_fail(err, MKV_STATUS_OUT_OF_MEMORY, "tokenizer vocab");
-        e->len = len;
-        e->id = item->valueint;
-        if (e->id >= tok->n_vocab) tok->n_vocab = e->id + 1;
+        st = mkv_tok_add_vocab(tok, item->string, strlen(item->string), item->valueint, err);
+        if (st != MKV_STATUS_OK) return st;
     }
     int32_t rank = 0;
     cJSON_ArrayForEach(item, merges) {
@@ -229,23 +227,15 @@ static mkv_status_t load_model(mkv_tokenizer_t *tok, const cJSON *m, char *err)
             a = cJSON_GetArrayItem(item, 0)->valuestring;
             b = cJSON_GetArrayItem(item, 1)->valuestring;
         }
-        char joined[2048];
-        if (!a || snprintf(joined, sizeof joined, "%s%s", a, b) >= (int)sizeof joined)
-            return mkv_fail(err, MKV_STATUS_PARSE_ERROR, "tokenizer.json: malformed merge %d",
-                            rank);
-        int32_t ia = smap_get(&tok->vocab, a, strlen(a)), ib = smap_get(&tok->vocab, b, strlen(b));
-        int32_t ij = smap_get(&tok->vocab, joined, strlen(joined));
-        if (ia < 0 || ib < 0 || ij < 0)
-            return mkv_fail(err, MKV_STATUS_PARSE_ERROR,
-                            "tokenizer.json: merge %d ('%s' '%s') names a token not in the vocab",
-                            rank, a, b);
-        pmap_entry_t *e = &tok->merges.e[pmap_find(&tok->merges, pair_key(ia, ib))];
-        e->key = pair_key(ia, ib);
-        e->rank = rank++; /* a repeated pair keeps its last rank, as HF's HashMap collect does */
-        e->new_id = ij;
+        if (!a) return mkv_fail(err, MKV_STATUS_PARSE_ERROR, "tokenizer.json: malformed merge %d",
+                                rank);
+        if ((st = mkv_tok_add_merge(tok, a, b, rank++, err)) != MKV_STATUS_OK) return st;
     }
     const char *unk = jstr(m, "unk_token");
     tok->unk = unk ? smap_get(&tok->vocab, unk, strlen(unk)) : -1;
+    if (unk && tok->unk < 0)
+        return mkv_fail(err, MKV_STATUS_PARSE_ERROR, "tokenizer.json: unk_token '%s' is not in "
+                        "the vocabulary", unk);
     tok->fuse_unk = jbool(m, "fuse_unk", 0);
     tok->ignore_merges = jbool(m, "ignore_merges", 0);
     for (int b = 0; b < 256; b++) {
@@ -286,9 +276,9 @@ static mkv_status_t load_added(mkv_tokenizer_t *tok, const cJSON *arr, char *err
     return MKV_STATUS_OK;
 }
 
-/* Id of a token text: added tokens first, then the model vocab; -1 when absent. */
-static int32_t token_id(const mkv_tokenizer_t *tok, const char *s)
+int32_t mkv_tokenizer_token_id(const mkv_tokenizer_t *tok, const char *s)
 {
+    if (!tok || !s) return -1;
     for (int32_t k = 0; k < tok->n_added; k++)
         if (strcmp(tok->added[k].content, s) == 0) return tok->added[k].id;
     return smap_get(&tok->vocab, s, strlen(s));
@@ -301,7 +291,7 @@ static mkv_status_t config_token(const mkv_tokenizer_t *tok, const cJSON *cfg, c
     const cJSON *v = jget(cfg, key);
     const char *s = cJSON_IsString(v) ? v->valuestring : jstr(v, "content");
     if (!s) return MKV_STATUS_OK;
-    if ((*id = token_id(tok, s)) < 0)
+    if ((*id = mkv_tokenizer_token_id(tok, s)) < 0)
         return mkv_fail(err, MKV_STATUS_PARSE_ERROR,
                         "tokenizer_config.json: %s '%s' is not in the vocabulary", key, s);
     return MKV_STATUS_OK;
@@ -312,28 +302,43 @@ static mkv_status_t load_post(mkv_tokenizer_t *tok, const cJSON *pp, char *err)
 {
     if (!pp) return MKV_STATUS_OK;
     const char *type = jstr(pp, "type");
+    if (type && strcmp(type, "Sequence") == 0) {
+        const cJSON *item;
+        cJSON_ArrayForEach(item, jget(pp, "processors")) {
+            mkv_status_t st = load_post(tok, item, err);
+            if (st != MKV_STATUS_OK) return st;
+        }
+        return MKV_STATUS_OK;
+    }
+    if (type && strcmp(type, "ByteLevel") == 0) return MKV_STATUS_OK; /* offsets only */
     if (!type || strcmp(type, "TemplateProcessing") != 0)
         return mkv_fail(err, MKV_STATUS_UNSUPPORTED, "tokenizer.json: post_processor '%s' is "
-                        "not supported (only TemplateProcessing)" FALLBACK_HINT,
-                        type ? type : "?");
+                        "not supported (only TemplateProcessing, ByteLevel, Sequence)"
+                        FALLBACK_HINT, type ? type : "?");
     const cJSON *first = cJSON_GetArrayItem(jget(pp, "single"), 0);
     const char *name = jstr(jget(first, "SpecialToken"), "id");
     const cJSON *ids = name ? jget(jget(jget(pp, "special_tokens"), name), "ids") : NULL;
     if (cJSON_GetArraySize(ids) == 1 && cJSON_IsNumber(cJSON_GetArrayItem(ids, 0)))
         tok->bos = cJSON_GetArrayItem(ids, 0)->valueint;
     else if (name)
-        tok->bos = token_id(tok, name);
+        tok->bos = mkv_tokenizer_token_id(tok, name);
     return MKV_STATUS_OK;
 }
 
-static mkv_status_t finish(mkv_tokenizer_t *tok, char *err)
+mkv_status_t mkv_tok_finish(mkv_tokenizer_t *tok, char *err)
 {
     sbuf_t norm = {0}, tmp = {0};
     tok->text = calloc((size_t)tok->n_vocab + 1, sizeof *tok->text);
     tok->special = calloc((size_t)tok->n_vocab + 1, 1);
     if (!tok->text || !tok->special) return mkv_fail(err, MKV_STATUS_OUT_OF_MEMORY, "tokenizer");
-    for (size_t i = 0; i < tok->vocab.cap; i++)
-        if (tok->vocab.e[i].key) tok->text[tok->vocab.e[i].id] = tok->vocab.e[i].key;
+    for (size_t i = 0; i < tok->vocab.cap; i++) {
+        const smap_entry_t *e = &tok->vocab.e[i];
+        if (!e->key) continue;
+        if (tok->text[e->id])
+            return mkv_fail(err, MKV_STATUS_PARSE_ERROR, "tokenizer: id %d is given to both "
+                            "'%s' and '%s'", e->id, tok->text[e->id], e->key);
+        tok->text[e->id] = e->key;
+    }
     for (int32_t k = 0; k < tok->n_added; k++) {
         added_t *a = &tok->added[k];
         tok->text[a->id] = a->content;
@@ -352,6 +357,12 @@ static mkv_status_t finish(mkv_tokenizer_t *tok, char *err)
     free(tmp.p);
     for (int32_t k = 0; k < tok->n_added; k++)
         if (!tok->added[k].match) return mkv_fail(err, MKV_STATUS_OUT_OF_MEMORY, "tokenizer");
+    static const char *const names[3] = {"bos", "eos", "unk"};
+    const int32_t ids[3] = {tok->bos, tok->eos, tok->unk};
+    for (int i = 0; i < 3; i++)
+        if (ids[i] < -1 || ids[i] >= tok->n_vocab || (ids[i] >= 0 && !tok->text[ids[i]]))
+            return mkv_fail(err, MKV_STATUS_PARSE_ERROR, "tokenizer: %s id %d is not a token "
+                            "(vocabulary of %d)", names[i], ids[i], tok->n_vocab);
     return MKV_STATUS_OK;
 }
 
@@ -371,13 +382,11 @@ mkv_status_t mkv_tokenizer_load(const char *dir, mkv_tokenizer_t **out, char *er
         status = mkv_fail(err, MKV_STATUS_OUT_OF_MEMORY, "tokenizer");
         goto fail;
     }
-    tok->bos = tok->eos = tok->unk = -1;
-    if (jget(root, "pre_tokenizer")) {
-        const char *t = jstr(jget(root, "pre_tokenizer"), "type");
-        status = mkv_fail(err, MKV_STATUS_UNSUPPORTED, "tokenizer.json: pre_tokenizer '%s' is "
-                          "not supported (only null)" FALLBACK_HINT, t ? t : "?");
-        goto fail;
-    }
+    tok->bos = tok->eos = tok->unk = tok->pad = tok->add_bos = -1;
+    mkv_tok_init_byte_level(tok); /* for a ByteLevel decoder, with or without the pre-tokenizer */
+    if (jget(root, "pre_tokenizer"))
+        MKV_TRY(mkv_pretok_from_json(jget(root, "pre_tokenizer"), &tok->pre, &tok->byte_level,
+                                     err));
     MKV_TRY(load_model(tok, jget(root, "model"), err));
     MKV_TRY(load_added(tok, jget(root, "added_tokens"), err));
     MKV_TRY(load_normalizer(tok, jget(root, "normalizer"), err));
@@ -385,12 +394,12 @@ mkv_status_t mkv_tokenizer_load(const char *dir, mkv_tokenizer_t **out, char *er
         tok->has_decoder = 1;
         MKV_TRY(load_decoder(tok, jget(root, "decoder"), err));
     }
-    MKV_TRY(finish(tok, err));
     MKV_TRY(load_post(tok, jget(root, "post_processor"), err));
     snprintf(path, sizeof path, "%s/tokenizer_config.json", dir);
     MKV_TRY(read_json(path, 1, &cfg, err));
     MKV_TRY(config_token(tok, cfg, "bos_token", &tok->bos, err));
     MKV_TRY(config_token(tok, cfg, "eos_token", &tok->eos, err));
+    MKV_TRY(mkv_tok_finish(tok, err));
     cJSON_Delete(root);
     cJSON_Delete(cfg);
     *out = tok;
@@ -412,6 +421,7 @@ void mkv_tokenizer_free(mkv_tokenizer_t *tok)
     }
     for (int32_t k = 0; k < tok->n_norm; k++) { free(tok->norm[k].a); free(tok->norm[k].b); }
     for (int32_t k = 0; k < tok->n_dec; k++) { free(tok->dec[k].a); free(tok->dec[k].b); }
+    mkv_pretok_free(tok->pre);
     free(tok->vocab.e);
     free(tok->merges.e);
     free(tok->added);
@@ -426,3 +436,55 @@ int32_t mkv_tokenizer_vocab_size(const mkv_tokenizer_t *tok) { return tok ? tok-
 int32_t mkv_tokenizer_bos(const mkv_tokenizer_t *tok) { return tok ? tok->bos : -1; }
 int32_t mkv_tokenizer_eos(const mkv_tokenizer_t *tok) { return tok ? tok->eos : -1; }
 int32_t mkv_tokenizer_unk(const mkv_tokenizer_t *tok) { return tok ? tok->unk : -1; }
+
+/* ---------------------------------------------------------------------------------------- */
+/* Table builders (also used by mkv_tokenizer_create_bpe)                                   */
+/* ---------------------------------------------------------------------------------------- */
+
+mkv_status_t mkv_tok_alloc_tables(mkv_tokenizer_t *tok, size_t n_vocab, size_t n_merges,
+                                  char *err)
+{
+    for (tok->vocab.cap = 16; tok->vocab.cap < 2 * n_vocab; tok->vocab.cap *= 2) {}
+    for (tok->merges.cap = 16; tok->merges.cap < 2 * n_merges; tok->merges.cap *= 2) {}
+    tok->vocab.e = calloc(tok->vocab.cap, sizeof *tok->vocab.e);
+    tok->merges.e = malloc(tok->merges.cap * sizeof *tok->merges.e);
+    if (!tok->vocab.e || !tok->merges.e)
+        return mkv_fail(err, MKV_STATUS_OUT_OF_MEMORY, "tokenizer vocab");
+    for (size_t i = 0; i < tok->merges.cap; i++) tok->merges.e[i].rank = -1;
+    return MKV_STATUS_OK;
+}
+
+mkv_status_t mkv_tok_add_vocab(mkv_tokenizer_t *tok, const char *s, size_t n, int32_t id,
+                               char *err)
+{
+    smap_entry_t *e = smap_slot(&tok->vocab, s, n);
+    if (e->key)
+        return mkv_fail(err, MKV_STATUS_PARSE_ERROR, "tokenizer: token '%.*s' appears twice in "
+                        "the vocabulary (ids %d and %d)", (int)n, s, e->id, id);
+    if (!(e->key = malloc(n + 1))) return mkv_fail(err, MKV_STATUS_OUT_OF_MEMORY, "tokenizer");
+    memcpy(e->key, s, n);
+    e->key[n] = '\0';
+    e->len = n;
+    e->id = id;
+    if (id >= tok->n_vocab) tok->n_vocab = id + 1;
+    return MKV_STATUS_OK;
+}
+
+mkv_status_t mkv_tok_add_merge(mkv_tokenizer_t *tok, const char *a, const char *b, int32_t rank,
+                               char *err)
+{
+    char joined[2048];
+    if (snprintf(joined, sizeof joined, "%s%s", a, b) >= (int)sizeof joined)
+        return mkv_fail(err, MKV_STATUS_PARSE_ERROR, "tokenizer: merge %d is too long", rank);
+    int32_t ia = smap_get(&tok->vocab, a, strlen(a)), ib = smap_get(&tok->vocab, b, strlen(b));
+    int32_t ij = smap_get(&tok->vocab, joined, strlen(joined));
+    if (ia < 0 || ib < 0 || ij < 0)
+        return mkv_fail(err, MKV_STATUS_PARSE_ERROR, "tokenizer: merge %d ('%s' '%s') names a "
+                        "token not in the vocabulary ('%s')", rank, a, b,
+                        ia < 0 ? a : ib < 0 ? b : joined);
+    pmap_entry_t *e = &tok->merges.e[pmap_find(&tok->merges, pair_key(ia, ib))];
+    e->key = pair_key(ia, ib);
+    e->rank = rank; /* a repeated pair keeps its last rank, as HF's HashMap collect does */
+    e->new_id = ij;
+    return MKV_STATUS_OK;
+}

@@ -133,7 +133,18 @@ typedef struct added {
     int special, normalized;
 } added_t;
 
-enum { STEP_PREPEND, STEP_REPLACE, STEP_BYTE_FALLBACK, STEP_FUSE, STEP_STRIP };
+/* Normalizers (PREPEND, REPLACE, NFC) and decoders (REPLACE, BYTE_FALLBACK, FUSE, STRIP,
+ * BYTE_LEVEL). */
+enum { STEP_PREPEND, STEP_REPLACE, STEP_BYTE_FALLBACK, STEP_FUSE, STEP_STRIP, STEP_NFC,
+       STEP_BYTE_LEVEL };
+
+/* The normalizer chain may grow a text to at most MKV_TOK_GROWTH times its length plus
+ * MKV_TOK_SLACK bytes: a Replace that expands a short prompt into megabytes is refused before
+ * it allocates them. */
+#define MKV_TOK_GROWTH 16
+#define MKV_TOK_SLACK 4096
+
+struct mkv_pretok;
 
 /* One normalizer or decoder of a (flattened) Sequence. */
 typedef struct step {
@@ -156,10 +167,46 @@ struct mkv_tokenizer {
     int32_t bos, eos, unk;
     int fuse_unk, ignore_merges;
     int32_t byte_tok[256]; /* <0xXX> ids (byte_fallback), -1 when absent */
+    struct mkv_pretok *pre; /* NULL: the whole piece goes to BPE */
+    int byte_level;         /* BPE sees each byte as GPT-2's character for it (bl_char) */
+    char bl_char[256][3];   /* [byte] UTF-8 of the byte's character, NUL-terminated */
+    uint8_t bl_len[256];    /* [byte] its length: 1 or 2 */
+    int16_t bl_byte[512];   /* [code point] the byte a character stands for, -1 when none */
+    int32_t pad;            /* GGUF's padding id, -1 when none */
+    int add_bos;            /* GGUF's add_bos_token; -1 for tokenizer.json */
 };
 
+/* engine/tokenizer_load.c, shared with the GGUF constructor (tokenizer_bpe.c) */
+
+/* Adds a model vocabulary entry; PARSE_ERROR when the text is there already. */
+mkv_status_t mkv_tok_add_vocab(mkv_tokenizer_t *tok, const char *s, size_t n, int32_t id,
+                               char *err);
+/* Adds merge `rank` of a and b (NUL-terminated); PARSE_ERROR naming a token not in the vocab. */
+mkv_status_t mkv_tok_add_merge(mkv_tokenizer_t *tok, const char *a, const char *b, int32_t rank,
+                               char *err);
+/* Allocates the vocab and merge tables for n_vocab tokens and n_merges merges. */
+mkv_status_t mkv_tok_alloc_tables(mkv_tokenizer_t *tok, size_t n_vocab, size_t n_merges,
+                                  char *err);
+/* Builds id -> text and the added tokens' match strings; refuses an id held by two vocab
+ * tokens and BOS / EOS / UNK ids that are not tokens. */
+mkv_status_t mkv_tok_finish(mkv_tokenizer_t *tok, char *err);
+
+/* engine/tokenizer_bpe.c */
+
+/* Fills bl_char / bl_len / bl_byte with GPT-2's bytes_to_unicode (byte_level is the caller's). */
+void mkv_tok_init_byte_level(mkv_tokenizer_t *tok);
+/* Appends NFC of s[0..n) to out; ill-formed bytes are copied as they are. -1 when out of
+ * memory or past limit bytes. */
+int mkv_tok_nfc(const char *s, size_t n, sbuf_t *out, size_t limit);
+/* Appends s[0..n) with each ill-formed sequence replaced by U+FFFD, as Rust's
+ * String::from_utf8_lossy does (one per maximal ill-formed subpart). */
+int mkv_tok_utf8_lossy(const char *s, size_t n, sbuf_t *out);
+/* Appends the bytes a byte-level token stands for (HF's ByteLevel decoder: a token with a
+ * character outside the map is taken as it is). */
+int mkv_tok_byte_level_bytes(const mkv_tokenizer_t *tok, const char *s, size_t n, sbuf_t *out);
+
 /* Applies the normalizer chain to s[0..n) into out (cleared first; tmp is scratch). -1 when out
- * of memory. */
+ * of memory, -2 when the text would grow past MKV_TOK_GROWTH x n + MKV_TOK_SLACK bytes. */
 int mkv_tok_normalize(const mkv_tokenizer_t *tok, const char *s, size_t n, sbuf_t *out,
                       sbuf_t *tmp);
 

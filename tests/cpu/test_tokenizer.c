@@ -597,8 +597,8 @@ Test(tokenizer, refused_files)
     st = load_min("null", "{\"type\":\"Metaspace\",\"replacement\":\"_\"}", "null", "BPE", NULL,
                   err);
     expect_refused(st, err, MKV_STATUS_UNSUPPORTED, "Metaspace");
-    st = load_min("null", "null", "{\"type\":\"ByteLevel\"}", "BPE", NULL, err);
-    expect_refused(st, err, MKV_STATUS_UNSUPPORTED, "ByteLevel");
+    st = load_min("null", "null", "{\"type\":\"CTC\"}", "BPE", NULL, err);
+    expect_refused(st, err, MKV_STATUS_UNSUPPORTED, "CTC");
     st = load_min("null", "null", "null", "BPE", "{\"bos_token\": ", err);
     expect_refused(st, err, MKV_STATUS_PARSE_ERROR, "tokenizer_config.json");
     st = load_min("null", "null", "null", "BPE", "{\"eos_token\": \"</s>\"}", err);
