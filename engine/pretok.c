@@ -85,7 +85,7 @@ static mkv_status_t add_split(mkv_pretok_t *pt, const char *pattern, int literal
 {
     int code;
     PCRE2_SIZE at;
-    uint32_t opts = PCRE2_UTF | PCRE2_UCP | PCRE2_MATCH_INVALID_UTF | (literal ? PCRE2_LITERAL : 0);
+    uint32_t opts = PCRE2_UTF | PCRE2_MATCH_INVALID_UTF | (literal ? PCRE2_LITERAL : PCRE2_UCP);
     pcre2_code *re = pcre2_compile((PCRE2_SPTR)pattern, PCRE2_ZERO_TERMINATED, opts, &code, &at,
                                    NULL);
     if (!re) {
