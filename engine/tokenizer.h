@@ -1,6 +1,7 @@
 /*
  * tokenizer.h — Hugging Face `tokenizer.json` tokenizers of the BPE kind the Llama-family
- * models use (docs/tokenizer.md), matching HF tokenizers 0.21 / 0.22 exactly. Two kinds:
+ * models use (docs/tokenizer.md), matching HF tokenizers exactly (0.21 / 0.22 for the
+ * SentencePiece kind, 0.23 for the byte-level fixtures). Two kinds:
  *
  * Byte-level BPE (GPT-2, Llama 3, Qwen2, SmolLM2), from tokenizer.json or from GGUF metadata
  * (mkv_tokenizer_create_bpe): added / special tokens are matched whole in the raw text; the

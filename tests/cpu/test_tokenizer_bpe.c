@@ -10,9 +10,16 @@
 #include "tokenizer_fixture.h"
 
 #include <cjson/cJSON.h>
+#include <criterion/logging.h>
+
+#include <glob.h>
+#include <time.h>
 
 #ifndef MIXKV_SOURCE_DIR
 #define MIXKV_SOURCE_DIR "."
+#endif
+#ifndef MIXKV_SHARED_DIR
+#define MIXKV_SHARED_DIR "../shared"
 #endif
 #define FIXTURES MIXKV_SOURCE_DIR "/tests/fixtures"
 #define SMOLLM2_GGUF MIXKV_SOURCE_DIR "/models/smollm2-135m-instruct/SmolLM2-135M-Instruct.Q4_1.gguf"
@@ -192,4 +199,41 @@ Test(tokenizer_bpe, smollm2_gguf)
     free(ids);
     check_cases(tok, FIXTURES "/tokenizer_smollm2");
     mkv_tokenizer_free(tok);
+}
+
+/* Every essay encoded in one call and decoded back to itself (no normalizer, no prefix
+ * space): guards the pre-tokenizer and the merge loop on megabytes of real text. */
+Test(tokenizer_bpe, essays_round_trip)
+{
+    static const char *const names[] = {"tokenizer_llama3", "tokenizer_gpt2"};
+    glob_t g;
+    size_t cap = 1 << 22, len = 0;
+    char *text = malloc(cap + 1);
+    cr_assert(text != NULL);
+    if (glob(MIXKV_SHARED_DIR "/data/essays/*.txt", 0, NULL, &g) != 0) g.gl_pathc = 0;
+    for (size_t i = 0; i < g.gl_pathc; i++) {
+        FILE *f = fopen(g.gl_pathv[i], "rb");
+        cr_assert(f != NULL, "%s", g.gl_pathv[i]);
+        len += fread(text + len, 1, cap - len, f);
+        fclose(f);
+    }
+    if (g.gl_pathc) globfree(&g);
+    text[len] = '\0';
+    if (len == 0) cr_skip_test("../shared/data/essays is absent: skipped");
+    for (int t = 0; t < 2; t++) {
+        mkv_tokenizer_t *tok = load_fixture(names[t]);
+        struct timespec t0, t1;
+        clock_gettime(CLOCK_MONOTONIC, &t0);
+        int32_t n, *ids = tf_encode(tok, text, len, 0, &n);
+        clock_gettime(CLOCK_MONOTONIC, &t1);
+        char *d = tf_decode(tok, ids, n, 0);
+        /* GPT-2's fixture adds a prefix space to the text's first piece only. */
+        cr_expect_str_eq(d + (t == 1 && text[0] != ' '), text, "%s: round trip", names[t]);
+        cr_log_info("%s: %zu bytes -> %d ids in %.3f s", names[t], len, n,
+                    (double)(t1.tv_sec - t0.tv_sec) + 1e-9 * (double)(t1.tv_nsec - t0.tv_nsec));
+        free(d);
+        free(ids);
+        mkv_tokenizer_free(tok);
+    }
+    free(text);
 }
