@@ -24,6 +24,10 @@ typedef struct ppl_opts {
     int32_t window, prompt_len, max_windows, windows_per_doc;
     int quiet;
     mkv_policy_opts_t policy;
+    /* --also: more mixkv policies, each in a mode of its own */
+    mkv_policy_opts_t also[MKV_PPL_MAX_MODES - 2];
+    const char *also_text[MKV_PPL_MAX_MODES - 2];
+    int32_t n_also;
 } ppl_opts_t;
 
 void mkv_perplexity_usage(FILE *f)
@@ -52,13 +56,42 @@ void mkv_perplexity_usage(FILE *f)
             "  --max-windows N     at most N windows in all, 0: all [0]\n"
             "  --windows-per-doc N at most N windows of each document, 0: all [0]\n"
             MKV_POLICY_OPTS_HELP
+            "  --also 'OPTIONS'    one more mixkv mode with these policy options (from the\n"
+            "                      defaults, e.g. --also '--alpha-l 0.05'); up to %d times\n"
             "  --dump FILE         write mixkv's cache at the end of the last window (for\n"
             "                      'mixkv inspect')\n"
             "  --json FILE         write the results as JSON ('-': stdout)\n"
             "  --quiet             no progress line\n"
             "  -h, --help          this help\n"
             "\n"
-            "exit status: 0 success, 1 a run failed, 2 bad usage or input.\n");
+            "exit status: 0 success, 1 a run failed, 2 bad usage or input.\n",
+            MKV_PPL_MAX_MODES - 2);
+}
+
+/* --also 'OPTIONS': the policy options of one more mode, split at spaces. */
+static int parse_also(const char *text, mkv_policy_opts_t *p)
+{
+    char buf[1024], *argv[64];
+    int argc = 1;
+    snprintf(buf, sizeof buf, "%s", text);
+    argv[0] = (char *)"--also";
+    for (char *save = NULL, *t = strtok_r(buf, " \t", &save); t; t = strtok_r(NULL, " \t", &save)) {
+        if (argc == 63) {
+            mkv_cli_error(CMD, "--also '%s': too many words", text);
+            return -1;
+        }
+        argv[argc++] = t;
+    }
+    mkv_policy_opts_default(p);
+    for (int i = 1; i < argc; i++) {
+        const int m = mkv_policy_opts_parse(CMD, argc, argv, &i, p);
+        if (m < 0) return -1;
+        if (m == 0) {
+            mkv_cli_error(CMD, "--also '%s': '%s' is not a policy option", text, argv[i]);
+            return -1;
+        }
+    }
+    return 0;
 }
 
 static int parse(int argc, char **argv, ppl_opts_t *o)
@@ -87,6 +120,16 @@ static int parse(int argc, char **argv, ppl_opts_t *o)
         if ((m = mkv_cli_option(CMD, argc, argv, &i, "--json", 1, 0, &v)) != 0) {
             if (m < 0) return -1;
             o->json_path = v;
+            continue;
+        }
+        if ((m = mkv_cli_option(CMD, argc, argv, &i, "--also", 1, 0, &v)) != 0) {
+            if (m < 0) return -1;
+            if (o->n_also == MKV_PPL_MAX_MODES - 2) {
+                mkv_cli_error(CMD, "--also: at most %d times", MKV_PPL_MAX_MODES - 2);
+                return -1;
+            }
+            if (parse_also(v, &o->also[o->n_also]) < 0) return -1;
+            o->also_text[o->n_also++] = v;
             continue;
         }
         if ((m = mkv_cli_option(CMD, argc, argv, &i, "--dump", 1, 0, &v)) != 0) {
@@ -227,8 +270,26 @@ static int docs_load(docs_t *d, const mkv_tokenizer_t *tok, const char *data)
     return rc;
 }
 
-#define N_MODES 2
-static const char *const mode_names[N_MODES] = {"fp16", "mixkv"};
+static const char *const mode_names[MKV_PPL_MAX_MODES] = {"fp16",   "mixkv",  "mixkv2", "mixkv3",
+                                                           "mixkv4", "mixkv5", "mixkv6", "mixkv7"};
+
+/* The policy of mode k >= 1. */
+static const mkv_policy_opts_t *mode_policy(const ppl_opts_t *o, int k)
+{
+    return k <= 1 ? &o->policy : &o->also[k - 2];
+}
+
+static cJSON *policy_json(const mkv_policy_opts_t *p)
+{
+    cJSON *pol = cJSON_CreateObject();
+    cJSON_AddStringToObject(pol, "hi_format", mkv_format_name(p->hi));
+    cJSON_AddStringToObject(pol, "lo_format", mkv_format_name(p->lo));
+    cJSON_AddNumberToObject(pol, "alpha_h", p->alpha_h);
+    cJSON_AddNumberToObject(pol, "alpha_l", p->alpha_l);
+    cJSON_AddNumberToObject(pol, "window", p->window);
+    cJSON_AddNumberToObject(pol, "obs_window", p->obs_window);
+    return pol;
+}
 
 /* Perplexity of a sum of NLLs over n predictions; NAN (printed "n/a", JSON null) when n is 0. */
 static double ppl(double nll, int64_t n) { return n > 0 ? exp(nll / (double)n) : NAN; }
@@ -292,41 +353,44 @@ static cJSON *mode_json(const char *name, const mkv_ppl_mode_t *m, int32_t windo
 
 static void print_table(FILE *tf, const ppl_opts_t *o, const mkv_ppl_result_t *r)
 {
+    const int n = r->n_modes;
     fprintf(tf, "\nperplexity: %d windows of %d tokens (%d prompt) from %d document%s, %lld "
-            "predictions per mode\n\n",
+            "predictions per mode\n",
             r->windows, o->window, o->prompt_len, r->docs_used, r->docs_used == 1 ? "" : "s",
             (long long)r->mode[0].predictions);
-    fprintf(tf, "%-26s%14s%14s\n", "", mode_names[0], mode_names[1]);
-#define ROW(label, fmt, expr)                                                                  \
+    for (int k = 2; k < n; k++) fprintf(tf, "%s: --also '%s'\n", mode_names[k], o->also_text[k - 2]);
+    fprintf(tf, "\n%-26s", "");
+    for (int k = 0; k < n; k++) fprintf(tf, "%14s", mode_names[k]);
+    fputc('\n', tf);
+/* skip_ref: the figure compares with mode 0, which has none of its own (n/a). */
+#define ROW(label, fmt, expr, skip_ref)                                                        \
     fprintf(tf, "%-26s", label);                                                               \
-    for (int k = 0; k < N_MODES; k++) {                                                        \
+    for (int k = 0; k < n; k++) {                                                              \
         const mkv_ppl_mode_t *m = &r->mode[k];                                                 \
         const double seen = (double)(m->tokens_hi + m->tokens_lo + m->tokens_pruned);          \
         (void)seen;                                                                            \
-        cell(tf, fmt, (expr));                                                                 \
+        cell(tf, fmt, k == 0 && (skip_ref) ? NAN : (expr));                                    \
     }                                                                                          \
     fputc('\n', tf);
-    ROW("perplexity", "%14.4f", ppl(m->nll, m->predictions))
-    ROW("  prompt positions", "%14.4f", ppl(m->prompt_nll, m->prompt_predictions))
+    ROW("perplexity", "%14.4f", ppl(m->nll, m->predictions), 0)
+    ROW("  prompt positions", "%14.4f", ppl(m->prompt_nll, m->prompt_predictions), 0)
     ROW("  generation positions", "%14.4f",
-        ppl(m->nll - m->prompt_nll, m->predictions - m->prompt_predictions))
-    ROW("memory ratio to FP16", "%14.3f", ratio(m->memory_ratio_sum, r->windows))
-    ROW("tokens high", "%13.1f%%", 100.0 * ratio((double)m->tokens_hi, seen))
-    ROW("tokens low", "%13.1f%%", 100.0 * ratio((double)m->tokens_lo, seen))
-    ROW("tokens pruned", "%13.1f%%", 100.0 * ratio((double)m->tokens_pruned, seen))
-    ROW("seconds", "%14.2f", m->seconds)
+        ppl(m->nll - m->prompt_nll, m->predictions - m->prompt_predictions), 0)
+    ROW("change vs fp16", "%+13.2f%%",
+        100.0 * (ppl(m->nll, m->predictions) / ppl(r->mode[0].nll, r->mode[0].predictions) - 1.0), 1)
+    ROW("greedy agreement", "%13.2f%%", 100.0 * ratio((double)m->agree, (double)m->predictions), 1)
+    ROW("memory ratio to FP16", "%14.3f", ratio(m->memory_ratio_sum, r->windows), 0)
+    ROW("tokens high", "%13.1f%%", 100.0 * ratio((double)m->tokens_hi, seen), 0)
+    ROW("tokens low", "%13.1f%%", 100.0 * ratio((double)m->tokens_lo, seen), 0)
+    ROW("tokens pruned", "%13.1f%%", 100.0 * ratio((double)m->tokens_pruned, seen), 0)
+    ROW("seconds", "%14.2f", m->seconds, 0)
 #undef ROW
-    const mkv_ppl_mode_t *mx = &r->mode[1];
-    fprintf(tf, "\ngreedy predictions agree: ");
-    if (mx->predictions > 0)
-        fprintf(tf, "%.2f%% (%lld of %lld)\n", 100.0 * (double)mx->agree / (double)mx->predictions,
-                (long long)mx->agree, (long long)mx->predictions);
-    else
-        fprintf(tf, "n/a\n");
-    fprintf(tf, "\nby position in the window:\n%-16s%12s%14s%14s%12s%10s\n", "positions",
-            "predictions", "fp16", "mixkv", "change", "agree");
+    fprintf(tf, "\nperplexity by position in the window (greedy agreement with fp16):\n%-14s%12s",
+            "positions", "predictions");
+    for (int k = 0; k < n; k++) fprintf(tf, k ? "%22s" : "%12s", mode_names[k]);
+    fputc('\n', tf);
     for (int b = 0; b < MKV_PPL_BUCKETS; b++) {
-        const mkv_ppl_bucket_t *f = &r->mode[0].bucket[b], *x = &r->mode[1].bucket[b];
+        const mkv_ppl_bucket_t *f = &r->mode[0].bucket[b];
         if (f->predictions == 0) continue;
         char label[40];
         if (b + 1 < MKV_PPL_BUCKETS)
@@ -334,9 +398,13 @@ static void print_table(FILE *tf, const ppl_opts_t *o, const mkv_ppl_result_t *r
                      (long long)mkv_ppl_bucket_start(b + 1) - 1);
         else
             snprintf(label, sizeof label, "%lld+", (long long)mkv_ppl_bucket_start(b));
-        const double pf = ppl(f->nll, f->predictions), px = ppl(x->nll, x->predictions);
-        fprintf(tf, "%-16s%12lld%14.4f%14.4f%+11.2f%%%9.2f%%\n", label, (long long)f->predictions,
-                pf, px, 100.0 * (px / pf - 1.0), 100.0 * (double)x->agree / (double)x->predictions);
+        fprintf(tf, "%-14s%12lld%12.4f", label, (long long)f->predictions, ppl(f->nll, f->predictions));
+        for (int k = 1; k < n; k++) {
+            const mkv_ppl_bucket_t *x = &r->mode[k].bucket[b];
+            fprintf(tf, "%12.4f (%5.1f%%)", ppl(x->nll, x->predictions),
+                    100.0 * (double)x->agree / (double)x->predictions);
+        }
+        fputc('\n', tf);
     }
 }
 
@@ -351,7 +419,8 @@ int mkv_perplexity_main(int argc, char **argv)
     char err[512];
     mkv_model_t *model = NULL;
     mkv_tokenizer_t *tok = NULL;
-    mkv_cache_t *caches[N_MODES] = {NULL, NULL};
+    mkv_cache_t *caches[MKV_PPL_MAX_MODES] = {NULL};
+    const int32_t n_modes = 2 + o.n_also;
     docs_t docs = {0};
     if (mkv_model_load(o.model, &model, err) != MKV_STATUS_OK) {
         mkv_cli_error(CMD, "%s", err);
@@ -385,8 +454,8 @@ int mkv_perplexity_main(int argc, char **argv)
         rc = MKV_EXIT_USAGE;
         goto done;
     }
-    for (int k = 0; k < N_MODES; k++)
-        if (!(caches[k] = mkv_tools_make_cache(CMD, model, k == 0, &o.policy, 1, o.window, 1.0)))
+    for (int k = 0; k < n_modes; k++)
+        if (!(caches[k] = mkv_tools_make_cache(CMD, model, k == 0, mode_policy(&o, k), 1, o.window, 1.0)))
             goto done;
     if (!o.quiet) {
         int64_t total = 0;
@@ -396,7 +465,7 @@ int mkv_perplexity_main(int argc, char **argv)
                 o.window, o.prompt_len);
     }
     mkv_ppl_result_t r;
-    if (mkv_perplexity(model, caches, N_MODES, docs.doc, docs.n, &po, &r) != MKV_STATUS_OK) {
+    if (mkv_perplexity(model, caches, n_modes, docs.doc, docs.n, &po, &r) != MKV_STATUS_OK) {
         mkv_cli_error(CMD, "%s", mkv_last_error());
         goto done;
     }
@@ -417,15 +486,13 @@ int mkv_perplexity_main(int argc, char **argv)
         cJSON_AddNumberToObject(root, "window", o.window);
         cJSON_AddNumberToObject(root, "prompt_len", o.prompt_len);
         cJSON_AddNumberToObject(root, "windows", r.windows);
-        cJSON *pol = cJSON_AddObjectToObject(root, "mixkv_policy");
-        cJSON_AddStringToObject(pol, "hi_format", mkv_format_name(o.policy.hi));
-        cJSON_AddStringToObject(pol, "lo_format", mkv_format_name(o.policy.lo));
-        cJSON_AddNumberToObject(pol, "alpha_h", o.policy.alpha_h);
-        cJSON_AddNumberToObject(pol, "alpha_l", o.policy.alpha_l);
-        cJSON_AddNumberToObject(pol, "window", o.policy.window);
+        cJSON_AddItemToObject(root, "mixkv_policy", policy_json(&o.policy));
         cJSON *modes = cJSON_AddArrayToObject(root, "modes");
-        for (int k = 0; k < N_MODES; k++)
-            cJSON_AddItemToArray(modes, mode_json(mode_names[k], &r.mode[k], r.windows, k == 0));
+        for (int k = 0; k < n_modes; k++) {
+            cJSON *mj = mode_json(mode_names[k], &r.mode[k], r.windows, k == 0);
+            if (k > 0) cJSON_AddItemToObject(mj, "policy", policy_json(mode_policy(&o, k)));
+            cJSON_AddItemToArray(modes, mj);
+        }
         add_num(root, "greedy_agreement", ratio((double)r.mode[1].agree, (double)r.mode[1].predictions));
         const int w = mkv_cli_write_json(CMD, root, o.json_path);
         cJSON_Delete(root);
@@ -434,7 +501,7 @@ int mkv_perplexity_main(int argc, char **argv)
     rc = MKV_EXIT_OK;
 done:
     docs_free(&docs);
-    for (int k = 0; k < N_MODES; k++) mkv_cache_destroy(caches[k]);
+    for (int k = 0; k < MKV_PPL_MAX_MODES; k++) mkv_cache_destroy(caches[k]);
     mkv_tokenizer_free(tok);
     mkv_model_free(model);
     return rc;

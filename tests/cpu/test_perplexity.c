@@ -259,6 +259,26 @@ Test(perplexity, command_stdin_directory_dump_and_usage_errors)
     cr_assert_eq(cJSON_GetObjectItem(root, "windows")->valueint, 1);
     cJSON_Delete(root);
 
+    /* --also: one more mode per policy, in the table and the JSON. */
+    snprintf(cmd, sizeof cmd,
+             "head -c 3000 '%s' | '%s' perplexity --model '%s' --data - --window 100 "
+             "--prompt-len 20 --max-windows 1 --also '--hi-format K8V8  --alpha-l 0.1' --quiet "
+             "--json - 2>/dev/null",
+             DATA_FILE, MIXKV_CLI_PATH, MODEL_DIR);
+    cr_assert_eq(run_cli(cmd, out, sizeof out), 0, "%s", out);
+    root = cJSON_Parse(out);
+    cr_assert_not_null(root, "not JSON: %s", out);
+    const cJSON *m2 = cJSON_GetArrayItem(cJSON_GetObjectItem(root, "modes"), 2);
+    cr_assert_not_null(m2);
+    cr_assert_str_eq(cJSON_GetObjectItem(cJSON_GetObjectItem(m2, "policy"), "hi_format")->valuestring, "K8V8");
+    cr_assert_float_eq(cJSON_GetObjectItem(cJSON_GetObjectItem(m2, "policy"), "alpha_l")->valuedouble, 0.1, 1e-6);
+    cr_assert_eq(cJSON_GetObjectItem(m2, "predictions")->valueint, 99);
+    cJSON_Delete(root);
+    snprintf(cmd, sizeof cmd, "'%s' perplexity --model x --data - --also '--window 3' 2>&1 </dev/null",
+             MIXKV_CLI_PATH);
+    cr_assert_eq(run_cli(cmd, out, sizeof out), 2, "%s", out);
+    cr_assert(strstr(out, "'--window' is not a policy option"), "%s", out);
+
     /* Shorter than one window: bad input, exit 2, with a message. */
     snprintf(cmd, sizeof cmd,
              "echo 'Once upon a time.' | '%s' perplexity --model '%s' --data - --window 100 2>&1",
