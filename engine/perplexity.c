@@ -1,5 +1,5 @@
 /*
- * perplexity.c — teacher-forced perplexity through two caches (see perplexity.h).
+ * perplexity.c — teacher-forced perplexity through several caches (see perplexity.h).
  */
 #include "engine/perplexity.h"
 
@@ -35,92 +35,145 @@ static int32_t argmax(const float *x, int32_t n)
     return b;
 }
 
-mkv_status_t mkv_perplexity(const mkv_model_t *m, mkv_cache_t *const caches[2],
-                            const int32_t *tokens, int64_t n, int32_t window, int32_t prompt_len,
-                            int32_t max_windows, mkv_ppl_progress_fn progress, void *ctx,
+int64_t mkv_perplexity_windows(const mkv_ppl_doc_t *docs, int32_t n_docs, const mkv_ppl_opts_t *o)
+{
+    if (o->window < 2) return 0;
+    int64_t total = 0;
+    for (int32_t d = 0; d < n_docs; d++) {
+        int64_t w = docs[d].n / o->window;
+        if (o->windows_per_doc > 0 && w > o->windows_per_doc) w = o->windows_per_doc;
+        total += w;
+    }
+    if (o->max_windows > 0 && total > o->max_windows) total = o->max_windows;
+    return total;
+}
+
+/* Scores the prediction at position i of a window (logits lg, next token `target`) for mode k;
+ * pred0 holds mode 0's argmax per position. */
+static void score(mkv_ppl_mode_t *md, int k, int32_t *pred0, const float *lg, int32_t V,
+                  int32_t i, int32_t target, int prompt)
+{
+    const double x = nll(lg, V, target);
+    const int32_t a = argmax(lg, V);
+    mkv_ppl_bucket_t *b = &md->bucket[mkv_ppl_bucket_of(i)];
+    md->nll += x;
+    md->predictions++;
+    b->nll += x;
+    b->predictions++;
+    if (prompt) {
+        md->prompt_nll += x;
+        md->prompt_predictions++;
+    }
+    if (k == 0) pred0[i] = a;
+    const int same = a == pred0[i];
+    md->agree += same;
+    b->agree += same;
+}
+
+/* One window of tokens t[window] through cache c as mode k. */
+static mkv_status_t run_window(const mkv_model_t *m, mkv_cache_t *c, int k, const int32_t *t,
+                               const mkv_ppl_opts_t *o, int last, mkv_forward_ws_t *ws,
+                               float *logits, int32_t *pred0, mkv_ppl_mode_t *md)
+{
+    const int32_t V = m->cfg.vocab, P = o->prompt_len;
+    mkv_status_t st;
+    int32_t slot;
+    const double t0 = now_s();
+    if ((st = mkv_cache_admit(c, P, &slot)) != MKV_STATUS_OK)
+        return mkv_fail_global(st, "%s", mkv_cache_last_error(c));
+    /* Prompt: logits of every prompt position. */
+    if ((st = mkv_model_prefill(m, c, slot, t, P, logits, NULL, ws)) != MKV_STATUS_OK) return st;
+    double busy = now_s() - t0;
+    for (int32_t i = 0; i < P; i++)
+        score(md, k, pred0, logits + (int64_t)i * V, V, i, t[i + 1], 1);
+    /* Generation: feed the true next token, one at a time. */
+    for (int32_t i = P; i < o->window - 1; i++) {
+        const double t1 = now_s();
+        if ((st = mkv_model_decode(m, c, 1, &slot, &t[i], logits, ws)) != MKV_STATUS_OK) return st;
+        busy += now_s() - t1;
+        score(md, k, pred0, logits, V, i, t[i + 1], 0);
+    }
+    md->seconds += busy;
+    mkv_cache_stats_t cs;
+    mkv_cache_stats(c, &cs);
+    md->memory_ratio_sum += (double)cs.bytes_in_use / (double)cs.bytes_fp16;
+    md->tokens_hi += cs.tokens_hi;
+    md->tokens_lo += cs.tokens_lo;
+    md->tokens_pruned += cs.tokens_pruned;
+    if ((st = mkv_cache_validate(c)) != MKV_STATUS_OK)
+        return mkv_fail_global(st, "%s", mkv_cache_last_error(c));
+    if (last && o->dump_path && (st = mkv_cache_dump_json(c, o->dump_path)) != MKV_STATUS_OK)
+        return mkv_fail_global(st, "%s", mkv_cache_last_error(c));
+    if ((st = mkv_cache_release(c, slot, NULL)) != MKV_STATUS_OK)
+        return mkv_fail_global(st, "%s", mkv_cache_last_error(c));
+    return MKV_STATUS_OK;
+}
+
+mkv_status_t mkv_perplexity(const mkv_model_t *m, mkv_cache_t *const *caches, int32_t n_modes,
+                            const mkv_ppl_doc_t *docs, int32_t n_docs, const mkv_ppl_opts_t *o,
                             mkv_ppl_result_t *out)
 {
     char err[MKV_ERR_LEN];
     mkv_status_t st = MKV_STATUS_OK;
     mkv_forward_ws_t *ws = NULL;
     float *logits = NULL;
-    int32_t *pred = NULL;
+    int32_t *pred0 = NULL;
     mkv_clear_global_error();
     memset(out, 0, sizeof *out);
-    if (window < 2 || prompt_len < 1 || prompt_len >= window)
+    if (n_modes < 1 || n_modes > MKV_PPL_MAX_MODES)
+        return mkv_fail_global(MKV_STATUS_INVALID_ARGUMENT, "%d modes: 1 to %d", n_modes,
+                               MKV_PPL_MAX_MODES);
+    if (o->window < 2 || o->prompt_len < 1 || o->prompt_len >= o->window)
         return mkv_fail_global(MKV_STATUS_INVALID_ARGUMENT,
-                               "window %d and prompt length %d: need 1 <= prompt < window", window,
-                               prompt_len);
-    if (window > m->cfg.max_pos)
+                               "window %d and prompt length %d: need 1 <= prompt < window",
+                               o->window, o->prompt_len);
+    if (o->window > m->cfg.max_pos)
         return mkv_fail_global(MKV_STATUS_INVALID_ARGUMENT,
-                               "window %d exceeds the model's %d positions", window, m->cfg.max_pos);
-    int64_t windows = n / window;
-    if (max_windows > 0 && windows > max_windows) windows = max_windows;
-    if (windows < 1)
+                               "window %d exceeds the model's %d positions", o->window,
+                               m->cfg.max_pos);
+    if (o->max_windows < 0 || o->windows_per_doc < 0)
+        return mkv_fail_global(MKV_STATUS_INVALID_ARGUMENT, "negative window limits");
+    const int64_t windows = mkv_perplexity_windows(docs, n_docs, o);
+    if (windows < 1) {
+        int64_t longest = 0;
+        for (int32_t d = 0; d < n_docs; d++) longest = docs[d].n > longest ? docs[d].n : longest;
         return mkv_fail_global(MKV_STATUS_INVALID_ARGUMENT,
-                               "the text has %lld tokens, fewer than one window of %d",
-                               (long long)n, window);
+                               "no document holds a window of %d tokens (the longest has %lld)",
+                               o->window, (long long)longest);
+    }
     const int32_t V = m->cfg.vocab;
-    if ((st = mkv_forward_ws_create(m, window, &ws, err)) != MKV_STATUS_OK)
+    if ((st = mkv_forward_ws_create(m, o->prompt_len, &ws, err)) != MKV_STATUS_OK)
         return mkv_fail_global(st, "%s", err);
-    logits = malloc((size_t)window * V * sizeof(float));
-    pred = malloc((size_t)window * sizeof(int32_t)); /* mode 0's argmax per position */
-    if (!logits || !pred) {
-        st = mkv_fail_global(MKV_STATUS_OUT_OF_MEMORY, "cannot allocate the logits");
+    logits = malloc((size_t)o->prompt_len * V * sizeof(float));
+    pred0 = malloc((size_t)o->window * sizeof(int32_t));
+    if (!logits || !pred0) {
+        st = mkv_fail_global(MKV_STATUS_OUT_OF_MEMORY, "cannot allocate the logits of %d positions",
+                             o->prompt_len);
         goto done;
     }
-
-    for (int64_t w = 0; w < windows; w++) {
-        const int32_t *t = tokens + w * window;
-        for (int k = 0; k < 2; k++) {
-            mkv_cache_t *c = caches[k];
-            mkv_ppl_mode_t *md = &out->mode[k];
-            int32_t slot;
-            const double t0 = now_s();
-            if ((st = mkv_cache_admit(c, prompt_len, &slot)) != MKV_STATUS_OK) {
-                mkv_fail_global(st, "%s", mkv_cache_last_error(c));
-                goto done;
-            }
-            /* Prompt: logits of every prompt position. */
-            if ((st = mkv_model_prefill(m, c, slot, t, prompt_len, logits, NULL, ws)) != MKV_STATUS_OK)
-                goto done;
-            /* Generation: feed the true next token, one at a time. */
-            for (int32_t i = prompt_len; i < window - 1; i++)
-                if ((st = mkv_model_decode(m, c, 1, &slot, &t[i], logits + (int64_t)i * V, ws)) !=
-                    MKV_STATUS_OK)
+    out->n_modes = n_modes;
+    for (int32_t d = 0; d < n_docs; d++) out->docs_short += docs[d].n < o->window;
+    int64_t w = 0;
+    for (int32_t d = 0; d < n_docs && w < windows; d++) {
+        int64_t nw = docs[d].n / o->window;
+        if (o->windows_per_doc > 0 && nw > o->windows_per_doc) nw = o->windows_per_doc;
+        if (nw == 0) continue;
+        out->docs_used++;
+        for (int64_t j = 0; j < nw && w < windows; j++, w++) {
+            const int32_t *t = docs[d].tokens + j * o->window;
+            for (int k = 0; k < n_modes; k++) {
+                const int last = w + 1 == windows && k == n_modes - 1;
+                if ((st = run_window(m, caches[k], k, t, o, last, ws, logits, pred0,
+                                     &out->mode[k])) != MKV_STATUS_OK)
                     goto done;
-            md->seconds += now_s() - t0;
-            for (int32_t i = 0; i + 1 < window; i++) {
-                const float *lg = logits + (int64_t)i * V;
-                const double x = nll(lg, V, t[i + 1]);
-                md->nll += x;
-                md->predictions++;
-                if (i < prompt_len) {
-                    md->prompt_nll += x;
-                    md->prompt_predictions++;
-                }
-                const int32_t a = argmax(lg, V);
-                if (k == 0) pred[i] = a;
-                else out->agree += a == pred[i];
             }
-            mkv_cache_stats_t cs;
-            mkv_cache_stats(c, &cs);
-            md->memory_ratio_sum += (double)cs.bytes_in_use / (double)cs.bytes_fp16;
-            md->tokens_hi += cs.tokens_hi;
-            md->tokens_lo += cs.tokens_lo;
-            md->tokens_pruned += cs.tokens_pruned;
-            if ((st = mkv_cache_validate(c)) != MKV_STATUS_OK ||
-                (st = mkv_cache_release(c, slot, NULL)) != MKV_STATUS_OK) {
-                mkv_fail_global(st, "%s", mkv_cache_last_error(c));
-                goto done;
-            }
+            out->windows = (int32_t)(w + 1);
+            if (o->progress) o->progress(o->progress_ctx, out->windows, (int32_t)windows, out);
         }
-        out->windows = (int32_t)(w + 1);
-        if (progress) progress(ctx, (int32_t)(w + 1), (int32_t)windows, out);
     }
 done:
     mkv_forward_ws_free(ws);
     free(logits);
-    free(pred);
+    free(pred0);
     return st;
 }

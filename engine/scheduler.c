@@ -32,6 +32,8 @@ struct mkv_scheduler {
     int32_t finished;
     mkv_token_fn on_token;
     void *ctx;
+    mkv_finish_fn on_finish;
+    void *finish_ctx;
 };
 
 void mkv_scheduler_free(mkv_scheduler_t *s)
@@ -97,6 +99,12 @@ void mkv_scheduler_on_token(mkv_scheduler_t *s, mkv_token_fn fn, void *ctx)
 {
     s->on_token = fn;
     s->ctx = ctx;
+}
+
+void mkv_scheduler_on_finish(mkv_scheduler_t *s, mkv_finish_fn fn, void *ctx)
+{
+    s->on_finish = fn;
+    s->finish_ctx = ctx;
 }
 
 /* Room for one more waiting request. */
@@ -182,6 +190,10 @@ static mkv_status_t finish(mkv_scheduler_t *s, int32_t j)
 {
     mkv_request_t *r = s->running[j];
     mkv_status_t st = mkv_cache_slot_info(s->cache, r->slot, &r->kv);
+    if (st == MKV_STATUS_OK && s->on_finish) {
+        const mkv_status_t hs = s->on_finish(s->finish_ctx, r, s->cache);
+        if (hs != MKV_STATUS_OK) return hs;
+    }
     if (st == MKV_STATUS_OK) st = mkv_cache_release(s->cache, r->slot, NULL);
     if (st != MKV_STATUS_OK) return cache_fail(s, st);
     r->state = MKV_REQ_FINISHED;

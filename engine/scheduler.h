@@ -70,6 +70,12 @@ void mkv_scheduler_free(mkv_scheduler_t *s);
 
 void mkv_scheduler_on_token(mkv_scheduler_t *s, mkv_token_fn fn, void *ctx);
 
+/* Called when a request finishes, before its slot is released: the cache still holds the
+ * request's tokens (for a dump, say). A status other than OK stops the step with it; the hook
+ * reports its message into mkv_last_error(). */
+typedef mkv_status_t (*mkv_finish_fn)(void *ctx, const mkv_request_t *req, mkv_cache_t *cache);
+void mkv_scheduler_on_finish(mkv_scheduler_t *s, mkv_finish_fn fn, void *ctx);
+
 /* Queues a request (FCFS). INVALID_ARGUMENT when its prompt plus max_new_tokens exceeds the
  * cache's max_seq_len or the model's positions, or a field is out of range. */
 mkv_status_t mkv_scheduler_add(mkv_scheduler_t *s, mkv_request_t *req);

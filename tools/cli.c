@@ -3,6 +3,9 @@
  */
 #include "tools/cli.h"
 
+#include <sys/stat.h>
+#include <unistd.h>
+
 #include <errno.h>
 #include <inttypes.h>
 #include <math.h>
@@ -144,4 +147,59 @@ cJSON *mkv_cli_json_ids(const int32_t *ids, int64_t n)
         if (!cJSON_AddItemToArray(arr, item)) cJSON_Delete(item);
     }
     return arr;
+}
+
+int mkv_cli_check_writable(const char *cmd, const char *what, const char *path)
+{
+    if (!path || strcmp(path, "-") == 0) return 0;
+    const int existed = access(path, F_OK) == 0;
+    FILE *f = fopen(path, "a"); /* creates it if needed, truncates nothing */
+    if (!f) {
+        mkv_cli_error(cmd, "%s: cannot open '%s' for writing: %s", what, path, strerror(errno));
+        return -1;
+    }
+    fclose(f);
+    if (!existed) unlink(path); /* leave nothing behind if the run fails */
+    return 0;
+}
+
+char *mkv_cli_read_file(const char *cmd, const char *path, size_t *len)
+{
+    const int from_stdin = strcmp(path, "-") == 0;
+    FILE *f = from_stdin ? stdin : fopen(path, "rb");
+    if (!f) {
+        mkv_cli_error(cmd, "cannot open '%s': %s", path, strerror(errno));
+        return NULL;
+    }
+    struct stat sb;
+    if (!from_stdin && (fstat(fileno(f), &sb) != 0 || S_ISDIR(sb.st_mode))) {
+        mkv_cli_error(cmd, "'%s' is a directory, not a file", path);
+        fclose(f);
+        return NULL;
+    }
+    size_t cap = 1 << 16, n = 0;
+    char *buf = malloc(cap + 1);
+    while (buf) {
+        const size_t r = fread(buf + n, 1, cap - n, f);
+        n += r;
+        if (n < cap) break;
+        char *g = realloc(buf, (cap *= 2) + 1);
+        if (!g) {
+            free(buf);
+            buf = NULL;
+        } else {
+            buf = g;
+        }
+    }
+    const int bad = ferror(f);
+    if (!from_stdin) fclose(f);
+    if (!buf || bad) {
+        mkv_cli_error(cmd, "cannot read '%s'%s", from_stdin ? "standard input" : path,
+                      buf ? "" : ": out of memory");
+        free(buf);
+        return NULL;
+    }
+    buf[n] = '\0';
+    *len = n;
+    return buf;
 }

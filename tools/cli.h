@@ -51,6 +51,15 @@ int mkv_cli_parse_double(const char *cmd, const char *what, const char *text, do
  * Prints a message and returns -1 on failure. */
 int mkv_cli_write_json(const char *cmd, const cJSON *root, const char *path);
 
+/* Checks, before the work starts, that a result file can be written (path "-" or NULL:
+ * stdout, always fine): opens it for appending and closes it, removing it again when it did
+ * not exist. Prints "<what>: cannot open ..." and returns -1 on failure. */
+int mkv_cli_check_writable(const char *cmd, const char *what, const char *path);
+
+/* Reads a whole file ("-": standard input) into a malloc'ed, NUL-terminated buffer; *len
+ * its length. Prints a message and returns NULL on failure (a directory included). */
+char *mkv_cli_read_file(const char *cmd, const char *path, size_t *len);
+
 /* cJSON helpers that keep int64 values exact (cJSON stores numbers as double). */
 cJSON *mkv_cli_json_i64(int64_t v);
 void mkv_cli_json_add_i64(cJSON *obj, const char *key, int64_t v);
@@ -66,5 +75,7 @@ int mkv_generate_main(int argc, char **argv);
 void mkv_generate_usage(FILE *f);
 int mkv_perplexity_main(int argc, char **argv);
 void mkv_perplexity_usage(FILE *f);
+int mkv_needle_main(int argc, char **argv);
+void mkv_needle_usage(FILE *f);
 
 #endif /* MKV_TOOLS_CLI_H */

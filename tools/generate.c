@@ -2,6 +2,8 @@
  * generate.c — `mixkv generate`: a prompt through a real model with the mixkv cache (or the
  * FP16 baseline), the text streamed as it is generated, then a summary of speed and KV memory.
  */
+#include "common/error.h"
+#include "engine/chat.h"
 #include "engine/scheduler.h"
 #include "engine/tokenizer.h"
 #include "tools/cli.h"
@@ -14,7 +16,7 @@
 #define CMD "generate"
 
 typedef struct gen_opts {
-    const char *model, *prompt, *tokens, *json_path;
+    const char *model, *prompt, *chat, *tokens, *json_path, *dump_path;
     int fp16, no_bos, ignore_eos, quiet;
     int32_t max_tokens, budget;
     double temperature, top_p;
@@ -25,16 +27,20 @@ typedef struct gen_opts {
 void mkv_generate_usage(FILE *f)
 {
     fprintf(f,
-            "usage: mixkv generate --model DIR (--prompt TEXT | --tokens ID,ID,...) [OPTIONS]\n"
+            "usage: mixkv generate --model PATH (--prompt TEXT | --chat TEXT | --tokens ID,...) [OPTIONS]\n"
             "\n"
-            "Generates text with a Hugging Face Llama-family model (config.json, *.safetensors,\n"
-            "tokenizer.json) on the CPU, its KV cache managed by mixkv, and prints the text as it\n"
+            "Generates text with a Llama-family model (a Hugging Face folder: config.json,\n"
+            "*.safetensors, tokenizer.json; or a GGUF file) on the CPU, its KV cache managed by\n"
+            "mixkv, and prints the text as it\n"
             "is generated, then tokens/s, KV bytes used versus FP16 and the fractions of tokens\n"
             "kept high, low and pruned.\n"
             "\n"
             "options (defaults in brackets):\n"
-            "  --model DIR         the model folder (required)\n"
+            "  --model PATH        a model folder or a GGUF file (required)\n"
             "  --prompt TEXT       the prompt, encoded with the model's tokenizer\n"
+            "  --chat TEXT         a user message wrapped in the model's chat template (ChatML or\n"
+            "                      Llama 3, recognised from its special tokens); generation also\n"
+            "                      stops at the end of the assistant's turn\n"
             "  --tokens LIST       the prompt as token ids (works without a tokenizer)\n"
             "  --mode M            fp16 (the FP16 paged baseline) or mixkv [mixkv]\n"
             "  --max-tokens N      tokens to generate at most [128]\n"
@@ -43,8 +49,11 @@ void mkv_generate_usage(FILE *f)
             "  --seed N            sampling seed [1]\n"
             "  --no-bos            do not prepend the BOS token\n"
             "  --ignore-eos        keep generating after EOS\n"
-            "  --budget N          tokens kept per head-region, 0: none [0]\n"
+            "  --budget N          mixkv: tokens kept per head-region, 0: none [0] (the FP16\n"
+            "                      baseline compresses nothing, so not with --mode fp16)\n"
             MKV_POLICY_OPTS_HELP
+            "  --dump FILE         write the cache when the request finishes, before its pages\n"
+            "                      are released (for 'mixkv inspect')\n"
             "  --json FILE         write the result as JSON ('-': stdout, then no streaming)\n"
             "  --quiet             print only the summary\n"
             "  -h, --help          this help\n"
@@ -73,8 +82,10 @@ static int parse(int argc, char **argv, gen_opts_t *o)
     }
         STR_OPT("--model", model)
         STR_OPT("--prompt", prompt)
+        STR_OPT("--chat", chat)
         STR_OPT("--tokens", tokens)
         STR_OPT("--json", json_path)
+        STR_OPT("--dump", dump_path)
 #undef STR_OPT
         if ((m = mkv_cli_option(CMD, argc, argv, &i, "--mode", 1, 0, &v)) != 0) {
             if (m < 0) return -1;
@@ -115,10 +126,17 @@ static int parse(int argc, char **argv, gen_opts_t *o)
         mkv_cli_error(CMD, "--model DIR is required");
         return -1;
     }
-    if (!o->prompt == !o->tokens) {
-        mkv_cli_error(CMD, "give exactly one of --prompt TEXT and --tokens LIST");
+    if (!!o->prompt + !!o->chat + !!o->tokens != 1) {
+        mkv_cli_error(CMD, "give exactly one of --prompt TEXT, --chat TEXT and --tokens LIST");
         return -1;
     }
+    if (o->fp16 && o->budget > 0) {
+        mkv_cli_error(CMD, "--budget with --mode fp16: the FP16 baseline compresses nothing");
+        return -1;
+    }
+    if (mkv_cli_check_writable(CMD, "--json", o->json_path) < 0 ||
+        mkv_cli_check_writable(CMD, "--dump", o->dump_path) < 0)
+        return -1;
     return 0;
 }
 
@@ -185,6 +203,15 @@ static void on_token(void *ctx, const mkv_request_t *r, int32_t t)
     fflush(stdout);
 }
 
+/* --dump: the cache when the request finishes, before its slot is released. */
+static mkv_status_t dump_at_finish(void *ctx, const mkv_request_t *r, mkv_cache_t *cache)
+{
+    (void)r;
+    const mkv_status_t st = mkv_cache_dump_json(cache, (const char *)ctx);
+    if (st != MKV_STATUS_OK) mkv_fail_global(st, "--dump: %s", mkv_cache_last_error(cache));
+    return st;
+}
+
 static double now_s(void)
 {
     struct timespec ts;
@@ -217,14 +244,24 @@ int mkv_generate_main(int argc, char **argv)
         return MKV_EXIT_USAGE;
     }
     if (mkv_tokenizer_load(o.model, &tok, err) != MKV_STATUS_OK) {
-        if (o.prompt) {
-            mkv_cli_error(CMD, "%s (use --tokens to give token ids instead)", err);
+        if (!o.tokens) {
+            mkv_cli_error(CMD, "%s", err);
             rc = MKV_EXIT_USAGE;
             goto done;
         }
         tok = NULL; /* ids in, ids out */
     }
-    if (o.prompt) {
+    int32_t eos = model->cfg.eos;
+    if (o.chat) {
+        const mkv_chat_template_t t = mkv_chat_detect(tok);
+        if (mkv_chat_encode(tok, t, o.chat, &ids, &n_ids, err) != MKV_STATUS_OK) {
+            mkv_cli_error(CMD, "--chat: %s", err);
+            rc = MKV_EXIT_USAGE;
+            goto done;
+        }
+        const int32_t end = mkv_chat_end_token(tok, t);
+        if (end >= 0) eos = end;
+    } else if (o.prompt) {
         if (mkv_tokenizer_encode(tok, o.prompt, strlen(o.prompt), !o.no_bos, &ids, &n_ids, err) !=
             MKV_STATUS_OK) {
             mkv_cli_error(CMD, "%s", err);
@@ -243,10 +280,11 @@ int mkv_generate_main(int argc, char **argv)
         goto done;
     }
     if (!(cache = mkv_tools_make_cache(CMD, model, o.fp16, &o.policy, 1, max_len, 1.0))) goto done;
-    if (mkv_scheduler_create(model, cache, model->cfg.eos, 1, &sched) != MKV_STATUS_OK) {
+    if (mkv_scheduler_create(model, cache, eos, 1, &sched) != MKV_STATUS_OK) {
         mkv_cli_error(CMD, "%s", mkv_last_error());
         goto done;
     }
+    if (o.dump_path) mkv_scheduler_on_finish(sched, dump_at_finish, (void *)o.dump_path);
     const int stream_on = !o.quiet && !(o.json_path && !strcmp(o.json_path, "-"));
     stream_t stream = {tok, -1, stream_on, 0, 0.0};
     mkv_scheduler_on_token(sched, on_token, &stream);

@@ -24,7 +24,9 @@ static const command_t g_commands[] = {
      mkv_generate_main, mkv_generate_usage},
     {"inspect", "check, summarise and diff cache dumps (mkv_cache_dump_json)", mkv_inspect_main,
      mkv_inspect_usage},
-    {"perplexity", "perplexity of a model on a text, FP16 baseline and mixkv in one run",
+    {"needle", "needle-in-a-haystack retrieval, FP16 baseline and mixkv, over lengths and depths",
+     mkv_needle_main, mkv_needle_usage},
+    {"perplexity", "perplexity of a model on texts, FP16 baseline and mixkv in one run",
      mkv_perplexity_main, mkv_perplexity_usage},
 };
 #define N_COMMANDS (sizeof g_commands / sizeof g_commands[0])

@@ -15,6 +15,7 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/wait.h>
 #include <unistd.h>
 
 #define MODEL_DIR MIXKV_SHARED_DIR "/models/tinystories-656k"
@@ -75,13 +76,14 @@ Test(perplexity, mixkv_stays_within_bound_at_a_fraction_of_the_memory)
     mkv_cache_t *c[2] = {cache(f.m, MKV_FORMAT_K16V16, MKV_FORMAT_K16V16, 0.0f, 0.0f),
                          cache(f.m, MKV_FORMAT_K8V4, MKV_FORMAT_K4V2, 1.0f, 0.02f)};
     mkv_ppl_result_t r;
-    cr_assert_eq(mkv_perplexity(f.m, c, f.ids, f.n, 255, 64, 16, NULL, NULL, &r), MKV_STATUS_OK, "%s",
-                 mkv_last_error());
+    const mkv_ppl_doc_t doc = {f.ids, f.n};
+    const mkv_ppl_opts_t o = {.window = 255, .prompt_len = 64, .max_windows = 16};
+    cr_assert_eq(mkv_perplexity(f.m, c, 2, &doc, 1, &o, &r), MKV_STATUS_OK, "%s", mkv_last_error());
     cr_assert_eq(r.windows, 16);
     cr_assert_eq(r.mode[0].predictions, 16 * 254);
     const double p16 = ppl(&r.mode[0]), pmix = ppl(&r.mode[1]);
     const double mem = r.mode[1].memory_ratio_sum / r.windows;
-    const double agree = (double)r.agree / (double)r.mode[1].predictions;
+    const double agree = (double)r.mode[1].agree / (double)r.mode[1].predictions;
     fprintf(stderr, "perplexity fp16 %.4f, mixkv %.4f (%+.3f%%); memory %.3f of FP16; agreement %.2f%%; "
             "low %lld, pruned %lld token-heads\n",
             p16, pmix, 100.0 * (pmix / p16 - 1.0), mem, 100.0 * agree, (long long)r.mode[1].tokens_lo,
@@ -109,10 +111,12 @@ Test(perplexity, k16v16_without_compression_equals_fp16_exactly)
     mkv_cache_t *c[2] = {cache(f.m, MKV_FORMAT_K16V16, MKV_FORMAT_K16V16, 0.0f, 0.0f),
                          cache(f.m, MKV_FORMAT_K16V16, MKV_FORMAT_K16V16, 0.0f, 0.0f)};
     mkv_ppl_result_t r;
-    cr_assert_eq(mkv_perplexity(f.m, c, f.ids, f.n, 200, 50, 3, NULL, NULL, &r), MKV_STATUS_OK, "%s",
-                 mkv_last_error());
+    const mkv_ppl_doc_t doc = {f.ids, f.n};
+    const mkv_ppl_opts_t o = {.window = 200, .prompt_len = 50, .max_windows = 3};
+    cr_assert_eq(mkv_perplexity(f.m, c, 2, &doc, 1, &o, &r), MKV_STATUS_OK, "%s", mkv_last_error());
     cr_assert_eq(r.mode[0].nll, r.mode[1].nll);
-    cr_assert_eq(r.agree, r.mode[1].predictions);
+    cr_assert_eq(r.mode[1].agree, r.mode[1].predictions);
+    cr_assert_eq(r.mode[0].agree, r.mode[0].predictions, "mode 0 agrees with itself");
     mkv_cache_destroy(c[0]);
     mkv_cache_destroy(c[1]);
     free(f.ids);
@@ -146,4 +150,148 @@ Test(perplexity, command_windows_and_json)
     cr_assert_eq(cJSON_GetObjectItem(cJSON_GetObjectItem(root, "mixkv_policy"), "window")->valueint, 16,
                  "the policy's W comes from --recent-window");
     cJSON_Delete(root);
+}
+
+/* Several documents: windows are cut inside each (a document's tail and a document shorter
+ * than a window are not used), --windows-per-doc caps each, and the per-bucket sums add up to
+ * the totals. */
+Test(perplexity, documents_windows_and_buckets)
+{
+    fixture_t f;
+    load(&f);
+    mkv_cache_t *c[2] = {cache(f.m, MKV_FORMAT_K16V16, MKV_FORMAT_K16V16, 0.0f, 0.0f),
+                         cache(f.m, MKV_FORMAT_K8V4, MKV_FORMAT_K4V2, 1.0f, 0.02f)};
+    cr_assert_geq(f.n, 1000);
+    /* Three documents from the stream: 450 tokens (2 windows of 200), 150 (none), 400 (2). */
+    const mkv_ppl_doc_t docs[3] = {{f.ids, 450}, {f.ids + 450, 150}, {f.ids + 600, 400}};
+    mkv_ppl_opts_t o = {.window = 200, .prompt_len = 40};
+    cr_assert_eq(mkv_perplexity_windows(docs, 3, &o), 4);
+    o.windows_per_doc = 1;
+    cr_assert_eq(mkv_perplexity_windows(docs, 3, &o), 2);
+    mkv_ppl_result_t r;
+    cr_assert_eq(mkv_perplexity(f.m, c, 2, docs, 3, &o, &r), MKV_STATUS_OK, "%s", mkv_last_error());
+    cr_assert_eq(r.windows, 2);
+    cr_assert_eq(r.docs_used, 2);
+    cr_assert_eq(r.docs_short, 1);
+    for (int k = 0; k < 2; k++) {
+        int64_t n = 0, agree = 0;
+        double nll = 0.0;
+        for (int b = 0; b < MKV_PPL_BUCKETS; b++) {
+            n += r.mode[k].bucket[b].predictions;
+            nll += r.mode[k].bucket[b].nll;
+            agree += r.mode[k].bucket[b].agree;
+        }
+        cr_assert_eq(n, 2 * 199);
+        cr_assert_eq(agree, r.mode[k].agree);
+        cr_assert_float_eq(nll, r.mode[k].nll, 1e-9 * fabs(nll));
+    }
+    /* Positions 0-127 and 128-198 of each window. */
+    cr_assert_eq(r.mode[0].bucket[0].predictions, 2 * 128);
+    cr_assert_eq(r.mode[0].bucket[1].predictions, 2 * 71);
+    cr_assert_eq(mkv_ppl_bucket_of(127), 0);
+    cr_assert_eq(mkv_ppl_bucket_of(128), 1);
+    cr_assert_eq(mkv_ppl_bucket_of(8191), 6);
+    cr_assert_eq(mkv_ppl_bucket_of(1 << 20), MKV_PPL_BUCKETS - 1);
+    cr_assert_eq(mkv_ppl_bucket_start(mkv_ppl_bucket_of(300)), 256);
+    /* No document holds a window: refused, nothing run. */
+    o.window = 500;
+    o.prompt_len = 100;
+    cr_assert_eq(mkv_perplexity(f.m, c, 2, docs, 3, &o, &r), MKV_STATUS_INVALID_ARGUMENT);
+    cr_assert(strstr(mkv_last_error(), "no document holds a window"), "%s", mkv_last_error());
+    mkv_cache_destroy(c[0]);
+    mkv_cache_destroy(c[1]);
+    free(f.ids);
+    mkv_model_free(f.m);
+}
+
+/* Runs a command line; returns its exit status, output into out. */
+static int run_cli(const char *cmd, char *out, size_t cap)
+{
+    FILE *p = popen(cmd, "r");
+    cr_assert_not_null(p);
+    const size_t n = fread(out, 1, cap - 1, p);
+    out[n] = '\0';
+    const int st = pclose(p);
+    return WIFEXITED(st) ? WEXITSTATUS(st) : -1;
+}
+
+/* --data - reads standard input; a directory is a set of documents; --dump writes the cache;
+ * a text shorter than one window and an unwritable --json exit 2 before any work. */
+Test(perplexity, command_stdin_directory_dump_and_usage_errors)
+{
+    if (access(MODEL_DIR "/config.json", R_OK) != 0 || access(DATA_FILE, R_OK) != 0)
+        cr_skip_test("model or data fixture absent under %s: perplexity tests skipped", MIXKV_SHARED_DIR);
+    static char out[1 << 16];
+    char cmd[2048], dir[] = "/tmp/mixkv_ppl_XXXXXX";
+    cr_assert_not_null(mkdtemp(dir));
+    /* Two documents: the first 3000 and the next 3000 bytes of the text. */
+    snprintf(cmd, sizeof cmd,
+             "head -c 3000 '%s' > %s/a.txt && head -c 6000 '%s' | tail -c 3000 > %s/b.txt && "
+             "mkdir %s/sub && touch %s/.hidden",
+             DATA_FILE, dir, DATA_FILE, dir, dir, dir);
+    cr_assert_eq(system(cmd), 0);
+    snprintf(cmd, sizeof cmd,
+             "'%s' perplexity --model '%s' --data %s --window 100 --prompt-len 20 "
+             "--windows-per-doc 1 --quiet --dump %s/dump.json --json - 2>/dev/null",
+             MIXKV_CLI_PATH, MODEL_DIR, dir, dir);
+    cr_assert_eq(run_cli(cmd, out, sizeof out), 0, "%s", out);
+    cJSON *root = cJSON_Parse(out);
+    cr_assert_not_null(root, "not JSON: %s", out);
+    cr_assert_eq(cJSON_GetObjectItem(root, "documents")->valueint, 2);
+    cr_assert_eq(cJSON_GetObjectItem(root, "windows")->valueint, 2);
+    const cJSON *mx = cJSON_GetArrayItem(cJSON_GetObjectItem(root, "modes"), 1);
+    cr_assert_eq(cJSON_GetArraySize(cJSON_GetObjectItem(mx, "buckets")), 1, "positions 0-98 only");
+    cr_assert(cJSON_IsNull(cJSON_GetObjectItem(cJSON_GetArrayItem(cJSON_GetObjectItem(root, "modes"), 0),
+                                               "greedy_agreement")),
+              "the reference mode has no agreement figure");
+    cJSON_Delete(root);
+    snprintf(cmd, sizeof cmd, "'%s' inspect %s/dump.json >/dev/null 2>&1", MIXKV_CLI_PATH, dir);
+    cr_assert_eq(system(cmd), 0, "the dump of the last window is a valid cache state");
+
+    /* Standard input. */
+    snprintf(cmd, sizeof cmd,
+             "head -c 3000 '%s' | '%s' perplexity --model '%s' --data - --window 100 "
+             "--prompt-len 20 --max-windows 1 --quiet --json - 2>/dev/null",
+             DATA_FILE, MIXKV_CLI_PATH, MODEL_DIR);
+    cr_assert_eq(run_cli(cmd, out, sizeof out), 0, "%s", out);
+    root = cJSON_Parse(out);
+    cr_assert_not_null(root, "not JSON: %s", out);
+    cr_assert_eq(cJSON_GetObjectItem(root, "windows")->valueint, 1);
+    cJSON_Delete(root);
+
+    /* --also: one more mode per policy, in the table and the JSON. */
+    snprintf(cmd, sizeof cmd,
+             "head -c 3000 '%s' | '%s' perplexity --model '%s' --data - --window 100 "
+             "--prompt-len 20 --max-windows 1 --also '--hi-format K8V8  --alpha-l 0.1' --quiet "
+             "--json - 2>/dev/null",
+             DATA_FILE, MIXKV_CLI_PATH, MODEL_DIR);
+    cr_assert_eq(run_cli(cmd, out, sizeof out), 0, "%s", out);
+    root = cJSON_Parse(out);
+    cr_assert_not_null(root, "not JSON: %s", out);
+    const cJSON *m2 = cJSON_GetArrayItem(cJSON_GetObjectItem(root, "modes"), 2);
+    cr_assert_not_null(m2);
+    cr_assert_str_eq(cJSON_GetObjectItem(cJSON_GetObjectItem(m2, "policy"), "hi_format")->valuestring, "K8V8");
+    cr_assert_float_eq(cJSON_GetObjectItem(cJSON_GetObjectItem(m2, "policy"), "alpha_l")->valuedouble, 0.1, 1e-6);
+    cr_assert_eq(cJSON_GetObjectItem(m2, "predictions")->valueint, 99);
+    cJSON_Delete(root);
+    snprintf(cmd, sizeof cmd, "'%s' perplexity --model x --data - --also '--window 3' 2>&1 </dev/null",
+             MIXKV_CLI_PATH);
+    cr_assert_eq(run_cli(cmd, out, sizeof out), 2, "%s", out);
+    cr_assert(strstr(out, "'--window' is not a policy option"), "%s", out);
+
+    /* Shorter than one window: bad input, exit 2, with a message. */
+    snprintf(cmd, sizeof cmd,
+             "echo 'Once upon a time.' | '%s' perplexity --model '%s' --data - --window 100 2>&1",
+             MIXKV_CLI_PATH, MODEL_DIR);
+    cr_assert_eq(run_cli(cmd, out, sizeof out), 2, "%s", out);
+    cr_assert(strstr(out, "no document holds a window of 100 tokens"), "%s", out);
+    /* An unwritable --json is refused before the model is even loaded. */
+    snprintf(cmd, sizeof cmd,
+             "'%s' perplexity --model /nonexistent --data - --json /nonexistent/dir/x.json 2>&1 </dev/null",
+             MIXKV_CLI_PATH);
+    cr_assert_eq(run_cli(cmd, out, sizeof out), 2, "%s", out);
+    cr_assert(strstr(out, "--json: cannot open '/nonexistent/dir/x.json'"), "%s", out);
+
+    snprintf(cmd, sizeof cmd, "rm -rf %s", dir);
+    cr_assert_eq(system(cmd), 0);
 }

@@ -1,0 +1,128 @@
+/*
+ * test_cli_model.c — the model commands' behaviour at the command line (`generate`, `needle`):
+ * chat templates, dumps of real runs, the FP16 baseline compressing nothing, bad usage exiting
+ * 2 before any work, and the needle grid's JSON. On the bundled TinyStories model.
+ */
+#include <cjson/cJSON.h>
+#include <criterion/criterion.h>
+#include <stdarg.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/wait.h>
+#include <unistd.h>
+
+#define MODEL_DIR MIXKV_SHARED_DIR "/models/tinystories-656k"
+#define DATA_FILE MIXKV_SHARED_DIR "/data/tinystories/tinystories_val_dev.txt"
+
+static void need_fixture(void)
+{
+    if (access(MODEL_DIR "/config.json", R_OK) != 0 || access(DATA_FILE, R_OK) != 0)
+        cr_skip_test("model or data fixture absent under %s: command tests skipped", MIXKV_SHARED_DIR);
+}
+
+/* Runs a shell command; its exit status, stdout (and whatever it redirects) into out. */
+static int run(char *out, size_t cap, const char *fmt, ...)
+{
+    char cmd[4096];
+    va_list ap;
+    va_start(ap, fmt);
+    vsnprintf(cmd, sizeof cmd, fmt, ap);
+    va_end(ap);
+    FILE *p = popen(cmd, "r");
+    cr_assert_not_null(p);
+    const size_t n = fread(out, 1, cap - 1, p);
+    out[n] = '\0';
+    const int st = pclose(p);
+    return WIFEXITED(st) ? WEXITSTATUS(st) : -1;
+}
+
+static char g_out[1 << 17];
+
+Test(cli_generate, chat_without_a_known_template_is_bad_input)
+{
+    need_fixture();
+    cr_assert_eq(run(g_out, sizeof g_out, "'%s' generate --model '%s' --chat 'Hello' 2>&1",
+                     MIXKV_CLI_PATH, MODEL_DIR), 2, "%s", g_out);
+    cr_assert(strstr(g_out, "no known chat template"), "%s", g_out);
+    cr_assert_eq(run(g_out, sizeof g_out, "'%s' generate --model '%s' --chat a --prompt b 2>&1",
+                     MIXKV_CLI_PATH, MODEL_DIR), 2, "%s", g_out);
+    cr_assert(strstr(g_out, "exactly one of"), "%s", g_out);
+}
+
+Test(cli_generate, fp16_baseline_refuses_a_budget)
+{
+    need_fixture();
+    cr_assert_eq(run(g_out, sizeof g_out,
+                     "'%s' generate --model '%s' --prompt hi --mode fp16 --budget 8 2>&1",
+                     MIXKV_CLI_PATH, MODEL_DIR), 2, "%s", g_out);
+    cr_assert(strstr(g_out, "compresses nothing"), "%s", g_out);
+}
+
+Test(cli_generate, unwritable_outputs_are_refused_before_the_work)
+{
+    /* The model path does not exist either: the output is checked first. */
+    cr_assert_eq(run(g_out, sizeof g_out,
+                     "'%s' generate --model /nonexistent --prompt hi --dump /nonexistent/d/x.json 2>&1",
+                     MIXKV_CLI_PATH), 2, "%s", g_out);
+    cr_assert(strstr(g_out, "--dump: cannot open"), "%s", g_out);
+    cr_assert_eq(run(g_out, sizeof g_out,
+                     "'%s' generate --model /nonexistent --prompt hi --json /nonexistent/d/x.json 2>&1",
+                     MIXKV_CLI_PATH), 2, "%s", g_out);
+    cr_assert(strstr(g_out, "--json: cannot open"), "%s", g_out);
+}
+
+/* --dump writes the cache while the finished request still holds its pages: the dump has the
+ * request's tokens (prompt + generated - 1 appended, per layer and head) and passes inspect. */
+Test(cli_generate, dump_holds_the_finished_request)
+{
+    need_fixture();
+    char path[] = "/tmp/mixkv_gen_dump_XXXXXX";
+    const int fd = mkstemp(path);
+    cr_assert_geq(fd, 0);
+    close(fd);
+    cr_assert_eq(run(g_out, sizeof g_out,
+                     "'%s' generate --model '%s' --tokens 1,34,56,78 --max-tokens 30 --ignore-eos "
+                     "--quiet --dump %s 2>&1", MIXKV_CLI_PATH, MODEL_DIR, path), 0, "%s", g_out);
+    cr_assert_eq(run(g_out, sizeof g_out, "'%s' inspect --json %s 2>&1", MIXKV_CLI_PATH, path), 0,
+                 "%s", g_out);
+    cJSON *root = cJSON_Parse(g_out);
+    cr_assert_not_null(root, "not JSON: %s", g_out);
+    const cJSON *tot = cJSON_GetObjectItem(root, "summary");
+    cr_assert_not_null(tot, "%s", g_out);
+    const cJSON *seen = cJSON_GetObjectItem(tot, "tokens_seen");
+    cr_assert_not_null(seen, "%s", g_out);
+    /* 2 layers x 4 KV heads x (4 prompt + 29 appended) tokens. */
+    cr_assert_eq((int)seen->valuedouble, 2 * 4 * 33, "%s", g_out);
+    cJSON_Delete(root);
+    unlink(path);
+}
+
+Test(cli_needle, grid_json_and_bad_usage)
+{
+    need_fixture();
+    cr_assert_eq(run(g_out, sizeof g_out,
+                     "'%s' needle --model '%s' --haystack '%s' --lengths 96,160 --depths 0,1 "
+                     "--trials 1 --max-new 4 --quiet --json - 2>/dev/null",
+                     MIXKV_CLI_PATH, MODEL_DIR, DATA_FILE), 0, "%s", g_out);
+    cJSON *root = cJSON_Parse(g_out);
+    cr_assert_not_null(root, "not JSON: %s", g_out);
+    const cJSON *cells = cJSON_GetObjectItem(root, "cells");
+    cr_assert_eq(cJSON_GetArraySize(cells), 4);
+    for (int i = 0; i < 4; i++) {
+        const cJSON *c = cJSON_GetArrayItem(cells, i);
+        const double len = cJSON_GetObjectItem(c, "length")->valuedouble;
+        const double got = cJSON_GetObjectItem(c, "mean_prompt_tokens")->valuedouble;
+        cr_assert(got <= len && got >= len - 24, "prompt of %g tokens for length %g", got, len);
+        const double mem = cJSON_GetObjectItem(c, "mixkv_memory_ratio_to_fp16")->valuedouble;
+        cr_assert(mem > 0.0 && mem < 1.0, "mixkv memory ratio %g", mem);
+    }
+    cr_assert_str_eq(cJSON_GetObjectItem(root, "chat_template")->valuestring, "none");
+    cJSON_Delete(root);
+    cr_assert_eq(run(g_out, sizeof g_out, "'%s' needle --model '%s' --haystack '%s' --depths 0,1.5 2>&1",
+                     MIXKV_CLI_PATH, MODEL_DIR, DATA_FILE), 2, "%s", g_out);
+    cr_assert(strstr(g_out, "--depths"), "%s", g_out);
+    cr_assert_eq(run(g_out, sizeof g_out, "'%s' needle --model '%s' --haystack '%s' --lengths 600 2>&1",
+                     MIXKV_CLI_PATH, MODEL_DIR, DATA_FILE), 2, "%s", g_out);
+    cr_assert(strstr(g_out, "positions"), "%s", g_out);
+}
