@@ -19,7 +19,6 @@
 #include <stdlib.h>
 #include <string.h>
 
-#define FALLBACK_HINT "; pass token ids with --tokens instead"
 
 static const cJSON *jget(const cJSON *o, const char *k)
 {
@@ -96,8 +95,7 @@ static mkv_status_t load_replace(const cJSON *n, const char *what, step_t *s, ch
     const char *from = jstr(pat, "String"), *to = jstr(n, "content");
     if (jget(pat, "Regex"))
         return mkv_fail(err, MKV_STATUS_UNSUPPORTED,
-                        "tokenizer.json: %s Replace with a Regex pattern is not supported"
-                        FALLBACK_HINT, what);
+                        "tokenizer.json: %s Replace with a Regex pattern is not supported", what);
     if (!from || !from[0] || !to)
         return mkv_fail(err, MKV_STATUS_PARSE_ERROR, "tokenizer.json: malformed %s Replace",
                         what);
@@ -133,7 +131,7 @@ static mkv_status_t load_normalizer(mkv_tokenizer_t *tok, const cJSON *n, char *
     } else {
         return mkv_fail(err, MKV_STATUS_UNSUPPORTED,
                         "tokenizer.json: normalizer '%s' is not supported (only Sequence, "
-                        "Prepend, Replace, NFC)" FALLBACK_HINT, type);
+                        "Prepend, Replace, NFC)", type);
     }
     return add_step(&tok->norm, &tok->n_norm, s, err);
 }
@@ -173,7 +171,7 @@ static mkv_status_t load_decoder(mkv_tokenizer_t *tok, const cJSON *n, char *err
     } else {
         return mkv_fail(err, MKV_STATUS_UNSUPPORTED,
                         "tokenizer.json: decoder '%s' is not supported (only Sequence, "
-                        "Replace, ByteFallback, Fuse, Strip, ByteLevel)" FALLBACK_HINT, type);
+                        "Replace, ByteFallback, Fuse, Strip, ByteLevel)", type);
     }
     return add_step(&tok->dec, &tok->n_dec, s, err);
 }
@@ -186,15 +184,13 @@ static mkv_status_t load_model(mkv_tokenizer_t *tok, const cJSON *m, char *err)
         return mkv_fail(err, MKV_STATUS_PARSE_ERROR, "tokenizer.json: no typed \"model\"");
     if (strcmp(type, "BPE") != 0)
         return mkv_fail(err, MKV_STATUS_UNSUPPORTED,
-                        "tokenizer.json: model type '%s' is not supported (only BPE)"
-                        FALLBACK_HINT, type);
+                        "tokenizer.json: model type '%s' is not supported (only BPE)", type);
     drop = jget(m, "dropout");
     if ((drop && (!cJSON_IsNumber(drop) || drop->valuedouble != 0.0)) ||
         (jstr(m, "continuing_subword_prefix") && jstr(m, "continuing_subword_prefix")[0]) ||
         (jstr(m, "end_of_word_suffix") && jstr(m, "end_of_word_suffix")[0]))
         return mkv_fail(err, MKV_STATUS_UNSUPPORTED, "tokenizer.json: BPE dropout, "
-                        "continuing_subword_prefix and end_of_word_suffix are not supported"
-                        FALLBACK_HINT);
+                        "continuing_subword_prefix and end_of_word_suffix are not supported");
     if (!cJSON_IsObject(vocab) || !cJSON_IsArray(merges))
         return mkv_fail(err, MKV_STATUS_PARSE_ERROR, "tokenizer.json: BPE without vocab/merges");
 
@@ -264,7 +260,7 @@ static mkv_status_t load_added(mkv_tokenizer_t *tok, const cJSON *arr, char *err
         for (int f = 0; f < 3; f++)
             if (jbool(item, flags[f], 0))
                 return mkv_fail(err, MKV_STATUS_UNSUPPORTED, "tokenizer.json: added token "
-                                "'%s' has %s set (not supported)" FALLBACK_HINT, content, flags[f]);
+                                "'%s' has %s set (not supported)", content, flags[f]);
         added_t *a = &tok->added[tok->n_added++];
         a->id = id->valueint;
         a->special = jbool(item, "special", 0);
@@ -313,8 +309,7 @@ static mkv_status_t load_post(mkv_tokenizer_t *tok, const cJSON *pp, char *err)
     if (type && strcmp(type, "ByteLevel") == 0) return MKV_STATUS_OK; /* offsets only */
     if (!type || strcmp(type, "TemplateProcessing") != 0)
         return mkv_fail(err, MKV_STATUS_UNSUPPORTED, "tokenizer.json: post_processor '%s' is "
-                        "not supported (only TemplateProcessing, ByteLevel, Sequence)"
-                        FALLBACK_HINT, type ? type : "?");
+                        "not supported (only TemplateProcessing, ByteLevel, Sequence)", type ? type : "?");
     const cJSON *first = cJSON_GetArrayItem(jget(pp, "single"), 0);
     const char *name = jstr(jget(first, "SpecialToken"), "id");
     const cJSON *ids = name ? jget(jget(jget(pp, "special_tokens"), name), "ids") : NULL;

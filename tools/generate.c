@@ -245,7 +245,7 @@ int mkv_generate_main(int argc, char **argv)
     }
     if (mkv_tokenizer_load(o.model, &tok, err) != MKV_STATUS_OK) {
         if (!o.tokens) {
-            mkv_cli_error(CMD, "%s", err);
+            mkv_cli_error(CMD, "%s (give token ids with --tokens instead)", err);
             rc = MKV_EXIT_USAGE;
             goto done;
         }

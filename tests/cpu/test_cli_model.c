@@ -126,3 +126,25 @@ Test(cli_needle, grid_json_and_bad_usage)
                      MIXKV_CLI_PATH, MODEL_DIR, DATA_FILE), 2, "%s", g_out);
     cr_assert(strstr(g_out, "positions"), "%s", g_out);
 }
+
+/* A tokenizer mixkv cannot load: generate names the reason and the --tokens way out once. */
+Test(cli_generate, tokenizer_message_and_hint_once)
+{
+    need_fixture();
+    char dir[] = "/tmp/mixkv_tok_XXXXXX";
+    cr_assert_not_null(mkdtemp(dir));
+    cr_assert_eq(run(g_out, sizeof g_out,
+                     "cp '%s'/config.json '%s'/model.safetensors %s/ && sed 's/\"BPE\"/\"WordPiece\"/' "
+                     "'%s'/tokenizer.json > %s/tokenizer.json 2>&1",
+                     MODEL_DIR, MODEL_DIR, dir, MODEL_DIR, dir), 0, "%s", g_out);
+    cr_assert_eq(run(g_out, sizeof g_out, "'%s' generate --model %s --prompt hi 2>&1", MIXKV_CLI_PATH, dir),
+                 2, "%s", g_out);
+    cr_assert(strstr(g_out, "WordPiece"), "%s", g_out);
+    const char *hint = strstr(g_out, "--tokens");
+    cr_assert_not_null(hint, "%s", g_out);
+    cr_assert_null(strstr(hint + 1, "--tokens"), "the hint is printed once: %s", g_out);
+    /* With ids the model still runs. */
+    cr_assert_eq(run(g_out, sizeof g_out, "'%s' generate --model %s --tokens 1,2,3 --max-tokens 2 --quiet 2>&1",
+                     MIXKV_CLI_PATH, dir), 0, "%s", g_out);
+    run(g_out, sizeof g_out, "rm -rf %s", dir);
+}
