@@ -174,7 +174,7 @@ __device__ __forceinline__ uint4 load_chunk(const uint8_t *p, int32_t chunk_byte
 }
 
 /* The {scale, zero} of the quantization group last asked for: reloaded only when the group
- * changes (a chunk spans several groups only at d = 16 or 32 with 2 or 4 groups). */
+ * changes (a 16-byte chunk spans up to four groups of 16 elements at 2 bits). */
 struct meta_cache {
     int32_t grp;
     float s, z;
@@ -527,8 +527,11 @@ static bool vec_ok(const mkv_vec_layout_t *v, int32_t d)
         return false;
     if (v->n_chunks * v->chunk_bytes != v->vec_bytes || v->chunk_elems != v->chunk_bytes * 8 / b)
         return false;
-    if (v->groups != 1 && (b == 16 || (v->groups != 2 && v->groups != 4))) return false;
-    return v->group_elems * v->groups == d;
+    /* groups: 1 for 16-bit; else d / group_elems with group_elems a power of two >= 16 (the
+     * dequantizers find an element's group by a shift), so 1 .. 16 groups. */
+    const int32_t ge = v->group_elems;
+    if (ge < 16 || (ge & (ge - 1)) != 0 || (b == 16 && v->groups != 1)) return false;
+    return ge * v->groups == d;
 }
 
 static bool layout_ok(const mkv_page_layout_t *l, int32_t d, int64_t page_bytes)

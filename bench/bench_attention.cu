@@ -100,9 +100,9 @@ static shape shape_of(const variant &v, int batch, int len, int H, int G, int d,
     char err[512] = "bench_attention: no page size for this format";
     /* Each variant's default page: 32 tokens of its high format. */
     s.page_bytes = 0;
-    if (mkv_page_bytes_for(v.hi, d, 1, 32, &s.page_bytes) != MKV_STATUS_OK ||
-        mkv_page_layout(v.hi, d, 1, s.page_bytes, &s.lh, err) != MKV_STATUS_OK ||
-        mkv_page_layout(v.lo, d, 1, s.page_bytes, &s.ll, err) != MKV_STATUS_OK) {
+    if (mkv_page_bytes_for(v.hi, d, 256, 256, 32, &s.page_bytes) != MKV_STATUS_OK ||
+        mkv_page_layout(v.hi, d, 256, 256, s.page_bytes, &s.lh, err) != MKV_STATUS_OK ||
+        mkv_page_layout(v.lo, d, 256, 256, s.page_bytes, &s.ll, err) != MKV_STATUS_OK) {
         fprintf(stderr, "%s\n", err);
         exit(1);
     }

@@ -114,8 +114,10 @@ static mkv_status_t kv_get(mkv_cache_t *c, struct mkv_kv **out)
     if (!kv) return mkv_fail(c->err, MKV_STATUS_OUT_OF_MEMORY, "cannot allocate the KV backend");
     kv->max_seqs = g->max_seqs;
     char why[MKV_ERR_LEN];
-    mkv_page_layout(cfg->hi_format, cfg->head_dim, cfg->quant_groups, cfg->page_bytes, &kv->lay_hi, why);
-    mkv_page_layout(cfg->lo_format, cfg->head_dim, cfg->quant_groups, cfg->page_bytes, &kv->lay_lo, why);
+    mkv_page_layout(cfg->hi_format, cfg->head_dim, cfg->hi_key_group, cfg->hi_value_group,
+                    cfg->page_bytes, &kv->lay_hi, why);
+    mkv_page_layout(cfg->lo_format, cfg->head_dim, cfg->lo_key_group, cfg->lo_value_group,
+                    cfg->page_bytes, &kv->lay_lo, why);
     kv->ws = calloc((size_t)g->max_seqs, sizeof *kv->ws);
     kv->decoded = calloc((size_t)g->max_seqs * g->n_layers, sizeof *kv->decoded);
     kv->compressed = calloc((size_t)g->max_seqs, sizeof *kv->compressed);

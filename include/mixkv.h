@@ -89,17 +89,26 @@ const char *mkv_format_name(mkv_format_t format);
 mkv_status_t mkv_format_from_name(const char *name, mkv_format_t *out_format);
 
 /* How many tokens of one head-region a page of page_bytes holds in this format, with head
- * dimension d (16, 32, 64, 128 or 256) and quant_groups quantization groups per vector
- * (1, 2 or 4). The page's six segments each start on a 16-byte boundary
+ * dimension d (16, 32, 64, 128 or 256) and key_group / value_group elements per quantization
+ * group of a key / value vector (16, 32, 64, 128 or 256; a size >= d means one group for the
+ * whole vector; 0 means the library's default for that side's bit width; ignored for 16-bit
+ * sides, which have no metadata). The page's six segments each start on a 16-byte boundary
  * (docs/page-layout.md). Fails with INVALID_ARGUMENT when not even one token fits. */
-mkv_status_t mkv_tokens_per_page(mkv_format_t format, int32_t head_dim, int32_t quant_groups,
-                                 int64_t page_bytes, int32_t *out_tokens);
+mkv_status_t mkv_tokens_per_page(mkv_format_t format, int32_t head_dim, int32_t key_group,
+                                 int32_t value_group, int64_t page_bytes, int32_t *out_tokens);
 
 /* The smallest page size (a multiple of 16 bytes) that holds at least `tokens` tokens in this
- * format. It holds exactly `tokens` unless no multiple of 16 does (a few formats at d = 16,
- * e.g. K4V4: one token needs 84 bytes, and 96 hold two). */
-mkv_status_t mkv_page_bytes_for(mkv_format_t format, int32_t head_dim, int32_t quant_groups,
-                                int32_t tokens, int64_t *out_bytes);
+ * format, groups as for mkv_tokens_per_page. It holds exactly `tokens` unless no multiple of
+ * 16 does (a few formats at d = 16, e.g. one-group K4V4: one token needs 84 bytes, and 96 hold
+ * two). */
+mkv_status_t mkv_page_bytes_for(mkv_format_t format, int32_t head_dim, int32_t key_group,
+                                int32_t value_group, int32_t tokens, int64_t *out_bytes);
+
+/* The library's default elements per quantization group for one side of a format: bits 8, 4
+ * or 2, is_value 0 for keys, 1 for values (what a 0 in a config's *_group field means). 256
+ * (the largest head dimension) stands for the whole vector; 16-bit sides return 256 too (they
+ * have no metadata). */
+int32_t mkv_default_group_elems(int32_t bits, int is_value);
 
 /* ---------------------------------------------------------------------------------------- */
 /* Backends                                                                                 */
@@ -123,7 +132,7 @@ mkv_status_t mkv_backend_available(mkv_backend_t backend, int *out_available);
 /* Cache configuration                                                                      */
 /* ---------------------------------------------------------------------------------------- */
 
-#define MKV_CACHE_CONFIG_VERSION 1
+#define MKV_CACHE_CONFIG_VERSION 2 /* 2: per-side group sizes replace quant_groups */
 
 /* flags */
 #define MKV_CACHE_METADATA_ONLY 0x1u /* manage pages but allocate no page storage: for
@@ -142,9 +151,19 @@ typedef struct mkv_cache_config {
     int32_t head_dim;     /* d: 16, 32, 64, 128 or 256 */
     int32_t max_seqs;     /* S >= 1: sequence slots */
     int32_t max_seq_len;  /* most tokens a sequence may see (pruned ones included) */
-    int32_t quant_groups; /* quantization groups per vector: 1, 2 or 4 */
 
-    int64_t page_bytes; /* bytes per page; 0: the page that holds 32 tokens of hi_format */
+    /* Elements per quantization group (one fp16 scale and zero each), per side of each
+     * format: 16, 32, 64, 128 or 256; a size >= head_dim means one group for the whole
+     * vector; 0 asks for mkv_default_group_elems(bits, side). Ignored for 16-bit sides. The
+     * resolved config (mkv_cache_info, dumps) holds min(size, head_dim), head_dim for 16-bit
+     * sides. */
+    int32_t hi_key_group;
+    int32_t hi_value_group;
+    int32_t lo_key_group;
+    int32_t lo_value_group;
+
+    int64_t page_bytes; /* bytes per page; 0: the page that holds 32 tokens of hi_format with
+                           its (resolved) hi groups */
     int64_t pool_pages; /* P, pages in the pool; 0: pool_bytes / page_bytes */
     int64_t pool_bytes; /* used only when pool_pages is 0 */
 
@@ -164,11 +183,12 @@ typedef struct mkv_cache_config {
 } mkv_cache_config_t;
 
 /* Llama-3-8B's KV geometry (32 layers, 8 KV heads, G 4, d 128), 64 slots of up to 4096 tokens,
- * K8V4 / K4V2 with DiffKV's Llama-3 alphas, W 64, CPU backend. The pool size must be set. */
+ * default group sizes, K8V4 / K4V2 with DiffKV's Llama-3 alphas, W 64, CPU backend. The pool
+ * size must be set. */
 #define MKV_CACHE_CONFIG_INIT                                                                   \
     {                                                                                          \
         MKV_CACHE_CONFIG_VERSION, (uint32_t)sizeof(mkv_cache_config_t), 32, 8, 4, 128, 64, 4096, \
-            1, 0, 0, 0, MKV_FORMAT_K8V4, MKV_FORMAT_K4V2, 1.0f, 0.02f, 64, 0, 0.0f,            \
+            0, 0, 0, 0, 0, 0, 0, MKV_FORMAT_K8V4, MKV_FORMAT_K4V2, 1.0f, 0.02f, 64, 0, 0.0f,   \
             MKV_BACKEND_CPU, 0, 1, 0u                                                          \
     }
 

@@ -50,11 +50,38 @@ mkv_status_t mkv_config_resolve(const mkv_cache_config_t *in, mkv_cache_config_t
         return bad(err, "config.lo_format = %lld is not a valid mkv_format_t", (long long)c.lo_format);
     int64_t per_token[MKV_PAGE_SEGMENTS];
     char why[MKV_ERR_LEN];
-    if (mkv_segment_bytes(c.hi_format, c.head_dim, c.quant_groups, per_token, why) != MKV_STATUS_OK)
+    /* Group sizes: checked one by one so the message names the field, then resolved (0 ->
+     * the default for the side's bits, capped at d; 16-bit sides -> d) so that the resolved
+     * config, dumps and layouts all say what the pages hold. */
+    struct {
+        const char *name;
+        int32_t *v;
+        mkv_format_t format;
+        int is_value;
+    } groups[4] = {{"hi_key_group", &c.hi_key_group, c.hi_format, 0},
+                   {"hi_value_group", &c.hi_value_group, c.hi_format, 1},
+                   {"lo_key_group", &c.lo_key_group, c.lo_format, 0},
+                   {"lo_value_group", &c.lo_value_group, c.lo_format, 1}};
+    if (mkv_segment_bytes(c.hi_format, c.head_dim, 0, 0, per_token, why) != MKV_STATUS_OK)
+        return mkv_fail(err, MKV_STATUS_INVALID_ARGUMENT, "config: %s", why);
+    for (int i = 0; i < 4; i++) {
+        const mkv_format_desc_t *f = mkv_format_desc(groups[i].format);
+        const int32_t bits = groups[i].is_value ? f->value_bits : f->key_bits;
+        const int32_t e = mkv_resolve_group_elems(*groups[i].v, bits, groups[i].is_value, c.head_dim);
+        if (e == 0)
+            return mkv_fail(err, MKV_STATUS_INVALID_ARGUMENT,
+                            "config.%s = %d must be 16, 32, 64, 128 or 256 elements per "
+                            "quantization group (0: the default)",
+                            groups[i].name, *groups[i].v);
+        *groups[i].v = e;
+    }
+    if (mkv_segment_bytes(c.hi_format, c.head_dim, c.hi_key_group, c.hi_value_group, per_token,
+                          why) != MKV_STATUS_OK)
         return mkv_fail(err, MKV_STATUS_INVALID_ARGUMENT, "config: %s", why);
 
     if (c.page_bytes == 0) {
-        /* Default page: exactly MKV_DEFAULT_TOKENS_PER_PAGE tokens of the high format. */
+        /* Default page: exactly MKV_DEFAULT_TOKENS_PER_PAGE tokens of the high format, with
+         * its resolved groups (so finer groups make a larger default page, not fewer tokens). */
         c.page_bytes = 0;
         for (int s = 0; s < MKV_PAGE_SEGMENTS; s++)
             c.page_bytes += mkv_align_up64(per_token[s] * MKV_DEFAULT_TOKENS_PER_PAGE,
@@ -63,11 +90,11 @@ mkv_status_t mkv_config_resolve(const mkv_cache_config_t *in, mkv_cache_config_t
     if (c.page_bytes < MKV_SEGMENT_ALIGN || c.page_bytes % MKV_SEGMENT_ALIGN != 0)
         return bad(err, "config.page_bytes = %lld must be a positive multiple of 16", c.page_bytes);
     mkv_page_layout_t lay_hi, lay_lo;
-    if (mkv_page_layout(c.hi_format, c.head_dim, c.quant_groups, c.page_bytes, &lay_hi, why) !=
-        MKV_STATUS_OK)
+    if (mkv_page_layout(c.hi_format, c.head_dim, c.hi_key_group, c.hi_value_group, c.page_bytes,
+                        &lay_hi, why) != MKV_STATUS_OK)
         return mkv_fail(err, MKV_STATUS_INVALID_ARGUMENT, "config.page_bytes: %s", why);
-    if (mkv_page_layout(c.lo_format, c.head_dim, c.quant_groups, c.page_bytes, &lay_lo, why) !=
-        MKV_STATUS_OK)
+    if (mkv_page_layout(c.lo_format, c.head_dim, c.lo_key_group, c.lo_value_group, c.page_bytes,
+                        &lay_lo, why) != MKV_STATUS_OK)
         return mkv_fail(err, MKV_STATUS_INVALID_ARGUMENT, "config.page_bytes: %s", why);
 
     if (c.pool_pages < 0) return bad(err, "config.pool_pages = %lld must be >= 0", c.pool_pages);

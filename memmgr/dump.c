@@ -34,7 +34,8 @@
 const mkv_config_field_t mkv_config_fields[] = {
     CF(n_layers, MKV_CF_I32),      CF(n_kv_heads, MKV_CF_I32),    CF(group_size, MKV_CF_I32),
     CF(head_dim, MKV_CF_I32),      CF(max_seqs, MKV_CF_I32),      CF(max_seq_len, MKV_CF_I32),
-    CF(quant_groups, MKV_CF_I32),  CF(page_bytes, MKV_CF_I64),    CF(pool_pages, MKV_CF_I64),
+    CF(hi_key_group, MKV_CF_I32),  CF(hi_value_group, MKV_CF_I32), CF(lo_key_group, MKV_CF_I32),
+    CF(lo_value_group, MKV_CF_I32), CF(page_bytes, MKV_CF_I64),   CF(pool_pages, MKV_CF_I64),
     CF(hi_format, MKV_CF_FORMAT),  CF(lo_format, MKV_CF_FORMAT),  CF(alpha_h, MKV_CF_F32),
     CF(alpha_l, MKV_CF_F32),       CF(window, MKV_CF_I32),        CF(obs_window, MKV_CF_I32),
     CF(softmax_scale, MKV_CF_F32), CF(flags, MKV_CF_U32),

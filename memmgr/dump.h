@@ -12,7 +12,8 @@
 #include <stddef.h>
 
 #define MKV_DUMP_FORMAT_NAME "mixkv-cache-dump"
-#define MKV_DUMP_FORMAT_VERSION 1
+#define MKV_DUMP_FORMAT_VERSION 2 /* 2: four per-side group sizes replace quant_groups */
+#define MKV_DUMP_FORMAT_OLDEST 1  /* version 1 is read and converted (docs/dump-format.md) */
 
 /* A dump as read from a file. Structurally sound (every field present with the right type,
  * integers integral and within their types) but not checked against the invariants: row
@@ -22,6 +23,7 @@ typedef struct mkv_dump {
     mkv_cache_config_t config; /* as recorded (resolved) */
     mkv_mm_geom_t g;           /* derived from config; recorded derived values must agree */
     char mixkv_version[32];    /* the library that wrote it */
+    int32_t version;           /* the dump format version read (1 is converted on reading) */
     int64_t head, tail;
     int32_t *free_ids;         /* [n_free_ids] free region in ring order from head */
     int64_t n_free_ids;

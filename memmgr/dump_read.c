@@ -129,7 +129,30 @@ static mkv_status_t get_ids(const cJSON *arr, const char *path, int32_t *dst, ch
     return MKV_STATUS_OK;
 }
 
-static mkv_status_t read_config(const cJSON *root, mkv_dump_t *d, char *err)
+static int is_group_field(const char *name)
+{
+    return strcmp(name, "hi_key_group") == 0 || strcmp(name, "hi_value_group") == 0 ||
+           strcmp(name, "lo_key_group") == 0 || strcmp(name, "lo_value_group") == 0;
+}
+
+/* A version-1 config has one "quant_groups" (1, 2 or 4 groups per vector, every side) where
+ * version 2 has four group sizes in elements: d / quant_groups for each side. */
+static mkv_status_t convert_v1_groups(const cJSON *obj, mkv_cache_config_t *c, char *err)
+{
+    int64_t qg;
+    mkv_status_t st = get_int(obj, "config", "quant_groups", 1, 4, &qg, err);
+    if (st != MKV_STATUS_OK) return st;
+    if (qg == 3) return perr(err, "config.quant_groups", "3 is not 1, 2 or 4");
+    const int64_t e = c->head_dim > 0 ? c->head_dim / qg : 0;
+    if (e < 16)
+        return perr(err, "config.quant_groups",
+                    "%" PRId64 " groups at head_dim %d are %" PRId64 " elements each, below the "
+                    "16 this version supports", qg, c->head_dim, e);
+    c->hi_key_group = c->hi_value_group = c->lo_key_group = c->lo_value_group = (int32_t)e;
+    return MKV_STATUS_OK;
+}
+
+static mkv_status_t read_config(const cJSON *root, int version, mkv_dump_t *d, char *err)
 {
     mkv_status_t status;
     const cJSON *obj = NULL, *it = NULL;
@@ -140,6 +163,7 @@ static mkv_status_t read_config(const cJSON *root, mkv_dump_t *d, char *err)
         const mkv_config_field_t *f = &mkv_config_fields[i];
         void *p = (char *)&c + f->offset;
         int64_t v;
+        if (version == 1 && is_group_field(f->name)) continue; /* convert_v1_groups */
         join(path, "config", f->name);
         switch (f->type) {
         case MKV_CF_I32:
@@ -181,6 +205,7 @@ static mkv_status_t read_config(const cJSON *root, mkv_dump_t *d, char *err)
         }
         }
     }
+    if (version == 1) MKV_TRY(convert_v1_groups(obj, &c, err));
     /* Validate as a CPU config: a dump of a CUDA cache must be inspectable anywhere. */
     mkv_cache_config_t in = c, res;
     in.backend = MKV_BACKEND_CPU;
@@ -379,15 +404,18 @@ mkv_status_t mkv_dump_read_string(const char *json, size_t len, mkv_dump_t *out,
         status = perr(err, "version", "missing or not a number");
         goto fail;
     }
-    if (it->valuedouble != MKV_DUMP_FORMAT_VERSION) {
-        status = perr(err, NULL, "unsupported dump version %.17g (this mixkv reads version %d)",
-                      it->valuedouble, MKV_DUMP_FORMAT_VERSION);
+    if (it->valuedouble != MKV_DUMP_FORMAT_VERSION && it->valuedouble != MKV_DUMP_FORMAT_OLDEST) {
+        status = perr(err, NULL, "unsupported dump version %.17g (this mixkv reads versions %d "
+                                 "to %d)", it->valuedouble, MKV_DUMP_FORMAT_OLDEST,
+                      MKV_DUMP_FORMAT_VERSION);
         goto fail;
     }
+    const int version = (int)it->valuedouble;
     MKV_TRY(get_item(root, "", "mixkv_version", cJSON_IsString, "a string", &it, err));
     snprintf(out->mixkv_version, sizeof out->mixkv_version, "%s", it->valuestring);
 
-    MKV_TRY(read_config(root, out, err));
+    out->version = version;
+    MKV_TRY(read_config(root, version, out, err));
     MKV_TRY(read_ring(root, out, err));
     MKV_TRY(read_slots(root, out, err));
     MKV_TRY(read_rows(root, out, err));

@@ -318,11 +318,11 @@ static mkv_status_t check_layout(const mkv_page_layout_t *lay, int64_t page_byte
     if (lay->head_dim < 1 || lay->head_dim > QC_MAX_D)
         return mkv_fail(err, MKV_STATUS_INVALID_ARGUMENT, "%s: head_dim %d is not in 1..%d",
                         what, lay->head_dim, QC_MAX_D);
-    const int32_t groups = lay->key.bits != 16 ? lay->key.groups : lay->value.groups;
+    const int32_t kg = lay->key.group_elems, vg = lay->value.group_elems;
     const mkv_format_t format = (mkv_format_t)f;
     char why[MKV_ERR_LEN];
     mkv_page_layout_t ref;
-    if (mkv_page_layout(format, lay->head_dim, groups, page_bytes, &ref, why) != MKV_STATUS_OK)
+    if (mkv_page_layout(format, lay->head_dim, kg, vg, page_bytes, &ref, why) != MKV_STATUS_OK)
         return mkv_fail(err, MKV_STATUS_INVALID_ARGUMENT, "%s: %s", what, why);
     bool same = lay->tokens == ref.tokens && lay->head_dim == ref.head_dim &&
                 same_vec(&lay->key, &ref.key) && same_vec(&lay->value, &ref.value) &&
@@ -331,9 +331,9 @@ static mkv_status_t check_layout(const mkv_page_layout_t *lay, int64_t page_byte
         same = same && lay->offset[s] == ref.offset[s] && lay->bytes[s] == ref.bytes[s];
     if (!same)
         return mkv_fail(err, MKV_STATUS_INVALID_ARGUMENT,
-                        "%s: the layout is not mkv_page_layout(%s, d = %d, groups = %d, "
-                        "page_bytes = %lld) (groups or head dims mismatching?)",
-                        what, mkv_format_name(format), lay->head_dim, groups,
+                        "%s: the layout is not mkv_page_layout(%s, d = %d, groups of %d / %d "
+                        "elements, page_bytes = %lld) (groups or head dims mismatching?)",
+                        what, mkv_format_name(format), lay->head_dim, kg, vg,
                         (long long)page_bytes);
     return MKV_STATUS_OK;
 }

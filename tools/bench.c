@@ -10,7 +10,9 @@
 #include "engine/synthetic.h"
 #include "mixkv.h"
 #include "tools/cli.h"
+#include "tools/model_opts.h"
 
+#include <errno.h>
 #include <math.h>
 #include <stdlib.h>
 #include <string.h>
@@ -21,7 +23,8 @@
 
 typedef struct bench_opts {
     int32_t layers, kv_heads, group, head_dim, batch, prompt_min, prompt_max, gen, window;
-    int32_t obs_window, quant_groups;
+    int32_t obs_window;
+    int32_t groups[4]; /* elements per group: hi key, hi value, lo key, lo value; 0: default */
     float alpha_h, alpha_l;
     mkv_format_t hi, lo;
     int64_t pool_mib;
@@ -79,6 +82,16 @@ static void exact_attention(const float *q, const float *k, const float *v, int6
     for (int64_t e = 0; e < d; e++) out[e] /= z;
 }
 
+/* The nearest-rank percentile of sorted x[n] (n >= 1): the smallest value with at least pct
+ * percent of the samples at or below it, x[ceil(pct / 100 * n) - 1]. For n < 100 the 99th is
+ * the maximum; it is never below the median. Integer arithmetic: no rounding surprises. */
+static double percentile(const double *x, int64_t n, int pct)
+{
+    int64_t rank = (pct * n + 99) / 100; /* ceil(pct * n / 100) */
+    if (rank < 1) rank = 1;
+    return x[rank - 1];
+}
+
 #define TRY_MKV(call, c)                                                                       \
     do {                                                                                       \
         mkv_status_t st_ = (call);                                                             \
@@ -104,7 +117,10 @@ static int run_mode(const bench_opts_t *o, mode_result_t *res)
     cfg.n_kv_heads = o->kv_heads;
     cfg.group_size = o->group;
     cfg.head_dim = o->head_dim;
-    cfg.quant_groups = o->quant_groups;
+    cfg.hi_key_group = o->groups[0];
+    cfg.hi_value_group = o->groups[1];
+    cfg.lo_key_group = o->groups[2];
+    cfg.lo_value_group = o->groups[3];
     cfg.max_seqs = o->batch;
     cfg.max_seq_len = (int32_t)max_len;
     cfg.hi_format = res->hi;
@@ -113,12 +129,19 @@ static int run_mode(const bench_opts_t *o, mode_result_t *res)
     cfg.alpha_l = res->alpha_l;
     cfg.window = o->window;
     cfg.obs_window = o->obs_window;
-    /* Room for every sequence at full length in high precision, plus the admission slack. */
-    int32_t tpp;
+    /* Room for every sequence at full length in whichever format takes more pages (a low
+     * format may be wider than the high one), plus the admission slack and a partial page per
+     * section. */
+    int32_t tpp, tpp_lo;
     int64_t page_bytes;
-    TRY_MKV(mkv_page_bytes_for(res->hi, cfg.head_dim, cfg.quant_groups, 32, &page_bytes), c);
-    TRY_MKV(mkv_tokens_per_page(res->hi, cfg.head_dim, cfg.quant_groups, page_bytes, &tpp), c);
-    cfg.pool_pages = B * L * H * ((max_len + tpp - 1) / tpp + 2);
+    TRY_MKV(mkv_page_bytes_for(res->hi, cfg.head_dim, cfg.hi_key_group, cfg.hi_value_group, 32,
+                               &page_bytes), c);
+    TRY_MKV(mkv_tokens_per_page(res->hi, cfg.head_dim, cfg.hi_key_group, cfg.hi_value_group,
+                                page_bytes, &tpp), c);
+    TRY_MKV(mkv_tokens_per_page(res->lo, cfg.head_dim, cfg.lo_key_group, cfg.lo_value_group,
+                                page_bytes, &tpp_lo), c);
+    if (tpp_lo < tpp) tpp = tpp_lo;
+    cfg.pool_pages = B * L * H * ((max_len + tpp - 1) / tpp + 3);
     TRY_MKV(mkv_cache_create(&cfg, &c), c);
     mkv_cache_info_t info;
     TRY_MKV(mkv_cache_info(c, &info), c);
@@ -222,8 +245,8 @@ static int run_mode(const bench_opts_t *o, mode_result_t *res)
         for (int64_t i = 0; i < ne; i++) sum += errs[i];
         qsort(errs, (size_t)ne, sizeof *errs, cmp_double);
         res->err_mean = sum / (double)ne;
-        res->err_p50 = errs[ne / 2];
-        res->err_p99 = errs[(int64_t)((double)(ne - 1) * 0.99)];
+        res->err_p50 = percentile(errs, ne, 50);
+        res->err_p99 = percentile(errs, ne, 99);
         res->err_max = errs[ne - 1];
     }
     res->n_outputs = ne;
@@ -277,7 +300,12 @@ void mkv_bench_usage(FILE *f)
             "  --alpha-l X         [0.02]\n"
             "  --window N          recent tokens kept high [64]\n"
             "  --obs-window N      prompt significance from the last N queries (0: all) [0]\n"
-            "  --quant-groups N    quantization groups per vector: 1, 2 or 4 [1]\n"
+            "  --group-size N      elements per quantization group, all four sides: 16, 32,\n"
+            "                      64, 128 or 256 (>= d: whole vector; 0: library default)\n"
+            "  --hi-key-group N    the same for one side: high format's keys [0: default]\n"
+            "  --hi-value-group N  high format's values [0: default]\n"
+            "  --lo-key-group N    low format's keys [0: default]\n"
+            "  --lo-value-group N  low format's values [0: default]\n"
             "  --pool-mib N        the fixed pool for 'sequences that fit' [1024]\n"
             "  --seed N            workload seed [1]\n"
             "  --json FILE         write the results as JSON ('-': stdout)\n"
@@ -317,8 +345,22 @@ static int parse_opts(int argc, char **argv, bench_opts_t *o)
         OPT_I32("--gen", gen, 0, 1 << 20)
         OPT_I32("--window", window, 0, 1 << 20)
         OPT_I32("--obs-window", obs_window, 0, 1 << 20)
-        OPT_I32("--quant-groups", quant_groups, 1, 4)
 #undef OPT_I32
+        static const char *const group_opts[4] = {"--hi-key-group", "--hi-value-group",
+                                                  "--lo-key-group", "--lo-value-group"};
+        int matched = 0;
+        for (int k = 0; k < 4 && !matched; k++) {
+            if ((m = mkv_cli_option(CMD, argc, argv, &i, group_opts[k], 1, 0, &v)) == 0) continue;
+            if (m < 0 || mkv_cli_parse_group(CMD, group_opts[k], v, &o->groups[k]) < 0) return -1;
+            matched = 1;
+        }
+        if (matched) continue;
+        if ((m = mkv_cli_option(CMD, argc, argv, &i, "--group-size", 1, 0, &v)) != 0) {
+            int32_t e;
+            if (m < 0 || mkv_cli_parse_group(CMD, "--group-size", v, &e) < 0) return -1;
+            for (int k = 0; k < 4; k++) o->groups[k] = e;
+            continue;
+        }
         if ((m = mkv_cli_option(CMD, argc, argv, &i, "--prompt", 1, 0, &v)) != 0) {
             int a, b, n = 0;
             if (m < 0) return -1;
@@ -384,6 +426,24 @@ static int parse_opts(int argc, char **argv, bench_opts_t *o)
     return 0;
 }
 
+/* A figure, or null when there is no data for it (no decode outputs, no timed step). */
+static void add_figure(cJSON *obj, const char *key, int have, double v)
+{
+    if (have)
+        cJSON_AddNumberToObject(obj, key, v);
+    else
+        cJSON_AddNullToObject(obj, key);
+}
+
+/* A table cell: the figure in fmt, or "n/a" right-aligned in width columns. */
+static void print_cell(const char *fmt, int width, int have, double v)
+{
+    if (have)
+        printf(fmt, v);
+    else
+        printf("%*s", width, "n/a");
+}
+
 static cJSON *mode_json(const mode_result_t *r, const bench_opts_t *o)
 {
     const mkv_cache_stats_t *s = &r->end;
@@ -405,19 +465,19 @@ static cJSON *mode_json(const mode_result_t *r, const bench_opts_t *o)
     cJSON_AddNumberToObject(m, "fraction_low", (double)s->tokens_lo / seen);
     cJSON_AddNumberToObject(m, "fraction_pruned", (double)s->tokens_pruned / seen);
     cJSON *e = cJSON_AddObjectToObject(m, "relative_error");
-    cJSON_AddNumberToObject(e, "mean", r->err_mean);
-    cJSON_AddNumberToObject(e, "p50", r->err_p50);
-    cJSON_AddNumberToObject(e, "p99", r->err_p99);
-    cJSON_AddNumberToObject(e, "max", r->err_max);
+    add_figure(e, "mean", r->n_outputs > 0, r->err_mean);
+    add_figure(e, "p50", r->n_outputs > 0, r->err_p50);
+    add_figure(e, "p99", r->n_outputs > 0, r->err_p99);
+    add_figure(e, "max", r->n_outputs > 0, r->err_max);
     mkv_cli_json_add_i64(e, "outputs", r->n_outputs);
     mkv_cli_json_add_i64(m, "peak_pages", r->peak_pages);
     mkv_cli_json_add_i64(m, "sequences_fit", r->fits);
     cJSON_AddNumberToObject(m, "prefill_seconds", r->prefill_s);
     cJSON_AddNumberToObject(m, "decode_seconds", r->decode_s);
-    cJSON_AddNumberToObject(m, "step_ms_median", r->step_ms_median);
-    cJSON_AddNumberToObject(m, "steps_per_second", r->step_ms_median > 0 ? 1e3 / r->step_ms_median : 0);
-    cJSON_AddNumberToObject(m, "tokens_per_second",
-                            r->step_ms_median > 0 ? 1e3 * o->batch / r->step_ms_median : 0);
+    const int timed = r->step_ms_median > 0; /* no decode step (--gen 0), or too fast to time */
+    add_figure(m, "step_ms_median", timed, r->step_ms_median);
+    add_figure(m, "steps_per_second", timed, timed ? 1e3 / r->step_ms_median : 0);
+    add_figure(m, "tokens_per_second", timed, timed ? 1e3 * o->batch / r->step_ms_median : 0);
     return m;
 }
 
@@ -443,33 +503,59 @@ static void print_table(const bench_opts_t *o, const mode_result_t *r, int n)
     ROW("tokens high", "%17.1f%%", 100.0 * (double)r[i].end.tokens_hi / (double)r[i].end.tokens_seen)
     ROW("tokens low", "%17.1f%%", 100.0 * (double)r[i].end.tokens_lo / (double)r[i].end.tokens_seen)
     ROW("tokens pruned", "%17.1f%%", 100.0 * (double)r[i].end.tokens_pruned / (double)r[i].end.tokens_seen)
-    ROW("rel. error mean", "%18.2e", r[i].err_mean)
-    ROW("rel. error p99", "%18.2e", r[i].err_p99)
-    ROW("rel. error max", "%18.2e", r[i].err_max)
+#define CELL(label, fmt, have, expr)                                                           \
+    printf("\n%-28s", label);                                                                  \
+    for (int i = 0; i < n; i++) print_cell(fmt, 18, (have), (have) ? (expr) : 0.0);
+    CELL("rel. error mean", "%18.2e", r[i].n_outputs > 0, r[i].err_mean)
+    CELL("rel. error p99", "%18.2e", r[i].n_outputs > 0, r[i].err_p99)
+    CELL("rel. error max", "%18.2e", r[i].n_outputs > 0, r[i].err_max)
     ROW("peak KiB per sequence", "%18.1f",
         (double)r[i].peak_pages * (double)r[i].page_bytes / 1024.0 / (double)o->batch)
     ROW("sequences fit", "%18lld", (long long)r[i].fits)
-    ROW("decode steps/s", "%18.1f", r[i].step_ms_median > 0 ? 1e3 / r[i].step_ms_median : 0.0)
-    ROW("decode tokens/s", "%18.1f", r[i].step_ms_median > 0 ? 1e3 * o->batch / r[i].step_ms_median : 0.0)
+    CELL("decode steps/s", "%18.1f", r[i].step_ms_median > 0, 1e3 / r[i].step_ms_median)
+    CELL("decode tokens/s", "%18.1f", r[i].step_ms_median > 0,
+         1e3 * o->batch / r[i].step_ms_median)
     ROW("prefill seconds", "%18.2f", r[i].prefill_s)
 #undef ROW
+#undef CELL
     printf("\n\n(sequences fit: in a %lld MiB pool at the measured peak pages per sequence; "
            "relative error: L2, per decode output, against exact float64 attention over the "
            "full-precision K/V)\n",
            (long long)o->pool_mib);
-    if (n == 2)
-        printf("mixkv vs FP16: %.2fx less KV memory, %.2fx the sequences, %.2fx the decode speed\n",
-               (double)r[0].end.bytes_in_use / (double)r[1].end.bytes_in_use,
-               (double)r[1].fits / (double)(r[0].fits > 0 ? r[0].fits : 1),
-               r[1].step_ms_median > 0 ? r[0].step_ms_median / r[1].step_ms_median : 0.0);
+    if (n == 2) {
+        printf("mixkv vs FP16: %.2fx less KV memory, ",
+               (double)r[0].end.bytes_in_use / (double)r[1].end.bytes_in_use);
+        if (r[0].fits > 0)
+            printf("%.2fx the sequences, ", (double)r[1].fits / (double)r[0].fits);
+        else
+            printf("n/a the sequences (none fits at FP16), ");
+        if (r[0].step_ms_median > 0 && r[1].step_ms_median > 0)
+            printf("%.2fx the decode speed\n", r[0].step_ms_median / r[1].step_ms_median);
+        else
+            printf("n/a the decode speed (no timed decode step)\n");
+    }
 }
 
 int mkv_bench_main(int argc, char **argv)
 {
-    bench_opts_t o = {4, 4, 4, 128, 8, 192, 320, 64, 64, 0, 1, 1.0f, 0.02f, MKV_FORMAT_K8V4,
-                      MKV_FORMAT_K4V2, 1024, 1, NULL, 0};
+    bench_opts_t o = {.layers = 4, .kv_heads = 4, .group = 4, .head_dim = 128, .batch = 8,
+                      .prompt_min = 192, .prompt_max = 320, .gen = 64, .window = 64,
+                      .obs_window = 0, .groups = {0, 0, 0, 0}, .alpha_h = 1.0f, .alpha_l = 0.02f,
+                      .hi = MKV_FORMAT_K8V4, .lo = MKV_FORMAT_K4V2, .pool_mib = 1024, .seed = 1,
+                      .json_path = NULL, .quiet = 0};
     const int p = parse_opts(argc, argv, &o);
     if (p != 0) return p > 0 ? MKV_EXIT_OK : MKV_EXIT_USAGE;
+    /* Check the JSON destination before the work, not after it: an unwritable path must not
+     * cost a whole run. (Opened for writing now; written in full at the end.) */
+    if (o.json_path && strcmp(o.json_path, "-") != 0) {
+        FILE *f = fopen(o.json_path, "w");
+        if (!f) {
+            mkv_cli_error(CMD, "--json: cannot open '%s' for writing: %s", o.json_path,
+                          strerror(errno));
+            return MKV_EXIT_USAGE;
+        }
+        fclose(f);
+    }
 
     mode_result_t r[2] = {
         {.name = "fp16", .hi = MKV_FORMAT_K16V16, .lo = MKV_FORMAT_K16V16, .alpha_h = 0, .alpha_l = 0},
@@ -494,7 +580,11 @@ int mkv_bench_main(int argc, char **argv)
         cJSON_AddNumberToObject(cfg, "kv_heads", o.kv_heads);
         cJSON_AddNumberToObject(cfg, "group_size", o.group);
         cJSON_AddNumberToObject(cfg, "head_dim", o.head_dim);
-        cJSON_AddNumberToObject(cfg, "quant_groups", o.quant_groups);
+        cJSON *gr = cJSON_AddObjectToObject(cfg, "group_elems"); /* as given; 0: default */
+        cJSON_AddNumberToObject(gr, "hi_key", o.groups[0]);
+        cJSON_AddNumberToObject(gr, "hi_value", o.groups[1]);
+        cJSON_AddNumberToObject(gr, "lo_key", o.groups[2]);
+        cJSON_AddNumberToObject(gr, "lo_value", o.groups[3]);
         cJSON_AddNumberToObject(cfg, "batch", o.batch);
         cJSON_AddNumberToObject(cfg, "prompt_min", o.prompt_min);
         cJSON_AddNumberToObject(cfg, "prompt_max", o.prompt_max);
@@ -507,9 +597,11 @@ int mkv_bench_main(int argc, char **argv)
         for (int i = 0; i < 2; i++) cJSON_AddItemToArray(modes, mode_json(&r[i], &o));
         cJSON *cmp = cJSON_AddObjectToObject(root, "mixkv_vs_fp16");
         cJSON_AddNumberToObject(cmp, "memory_saving", (double)r[0].end.bytes_in_use / (double)r[1].end.bytes_in_use);
-        cJSON_AddNumberToObject(cmp, "sequences_fit_ratio", (double)r[1].fits / (double)(r[0].fits > 0 ? r[0].fits : 1));
-        cJSON_AddNumberToObject(cmp, "decode_speed_ratio",
-                                r[1].step_ms_median > 0 ? r[0].step_ms_median / r[1].step_ms_median : 0.0);
+        add_figure(cmp, "sequences_fit_ratio", r[0].fits > 0,
+                   r[0].fits > 0 ? (double)r[1].fits / (double)r[0].fits : 0.0);
+        const int both_timed = r[0].step_ms_median > 0 && r[1].step_ms_median > 0;
+        add_figure(cmp, "decode_speed_ratio", both_timed,
+                   both_timed ? r[0].step_ms_median / r[1].step_ms_median : 0.0);
         const int w = mkv_cli_write_json(CMD, root, o.json_path);
         cJSON_Delete(root);
         if (w < 0) return MKV_EXIT_USAGE;

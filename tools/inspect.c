@@ -125,11 +125,12 @@ static void print_config(const mkv_dump_t *d)
     const mkv_cache_config_t *c = &d->config;
     printf("config: L=%d H=%d G=%d d=%d S=%d max_seq_len=%d page_bytes=%" PRId64
            " hi=%s (%d tokens/page) lo=%s (%d tokens/page) T=%d W=%d alpha_h=%g alpha_l=%g "
-           "groups=%d%s\n",
+           "groups hi k%d/v%d lo k%d/v%d%s\n",
            c->n_layers, c->n_kv_heads, c->group_size, c->head_dim, c->max_seqs, c->max_seq_len,
            c->page_bytes, mkv_format_name(c->hi_format), d->g.tpp_hi, mkv_format_name(c->lo_format),
            d->g.tpp_lo, d->g.row_entries, c->window, (double)c->alpha_h, (double)c->alpha_l,
-           c->quant_groups, (c->flags & MKV_CACHE_METADATA_ONLY) ? " metadata-only" : "");
+           c->hi_key_group, c->hi_value_group, c->lo_key_group, c->lo_value_group,
+           (c->flags & MKV_CACHE_METADATA_ONLY) ? " metadata-only" : "");
 }
 
 static void print_slot_header(void)
@@ -151,7 +152,7 @@ static void print_summary(const char *path, const mkv_dump_t *d, const summary_t
 {
     const usage_sum_t *a = &s->all;
     printf("dump: %s (written by mixkv %s, dump format %d)\n", path, d->mixkv_version,
-           MKV_DUMP_FORMAT_VERSION);
+           d->version);
     print_config(d);
     printf("pool: %" PRId64 " pages: %" PRId64 " free, %" PRId64 " reserved, %" PRId64
            " available, %" PRId64 " in use (ring head %" PRId64 ", tail %" PRId64 ")\n",
@@ -262,7 +263,7 @@ static cJSON *report_json(const char *path, const mkv_dump_t *d, const summary_t
 {
     cJSON *root = cJSON_CreateObject();
     cJSON_AddStringToObject(root, "file", path);
-    cJSON_AddNumberToObject(root, "dump_version", MKV_DUMP_FORMAT_VERSION);
+    cJSON_AddNumberToObject(root, "dump_version", d->version);
     cJSON_AddStringToObject(root, "mixkv_version", d->mixkv_version);
     cJSON_AddItemToObject(root, "config", mkv_dump_config_json(&d->config));
     cJSON *layout = cJSON_AddObjectToObject(root, "layout");

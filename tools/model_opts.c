@@ -16,7 +16,42 @@ void mkv_policy_opts_default(mkv_policy_opts_t *p)
     p->alpha_l = d.alpha_l;
     p->window = d.window;
     p->obs_window = d.obs_window;
-    p->quant_groups = d.quant_groups;
+    p->hi_key_group = d.hi_key_group;
+    p->hi_value_group = d.hi_value_group;
+    p->lo_key_group = d.lo_key_group;
+    p->lo_value_group = d.lo_value_group;
+}
+
+int mkv_cli_parse_group(const char *cmd, const char *what, const char *text, int32_t *out)
+{
+    int32_t v;
+    if (mkv_cli_parse_i32(cmd, what, text, 0, 256, &v) < 0) return -1;
+    if (v != 0 && v != 16 && v != 32 && v != 64 && v != 128 && v != 256) {
+        mkv_cli_error(cmd, "%s: %d elements per quantization group is not supported (16, 32, "
+                           "64, 128 or 256; 0: the library's default)", what, v);
+        return -1;
+    }
+    *out = v;
+    return 0;
+}
+
+/* 1 when a later argument is another --alpha-h / --alpha-l (either spelling). */
+static int later_alpha(int argc, char **argv, int i)
+{
+    for (int k = i + 1; k < argc; k++)
+        if (strncmp(argv[k], "--alpha-h", 9) == 0 || strncmp(argv[k], "--alpha-l", 9) == 0)
+            return 1;
+    return 0;
+}
+
+/* The library's rule (memmgr/config.c): 0 <= alpha_l <= alpha_h. */
+static int alpha_pair_ok(const char *cmd, int argc, char **argv, int i, const mkv_policy_opts_t *p)
+{
+    if (later_alpha(argc, argv, i) || p->alpha_l <= p->alpha_h) return 1;
+    mkv_cli_error(cmd, "--alpha-l %g must not exceed --alpha-h %g (tokens are kept high when "
+                       "significance >= alpha_h / N, low when >= alpha_l / N)",
+                  (double)p->alpha_l, (double)p->alpha_h);
+    return -1;
 }
 
 static int format_opt(const char *cmd, const char *text, mkv_format_t *out)
@@ -38,19 +73,30 @@ int mkv_policy_opts_parse(const char *cmd, int argc, char **argv, int *i, mkv_po
     if ((m = mkv_cli_option(cmd, argc, argv, i, "--alpha-h", 1, 0, &v)) != 0) {
         if (m < 0 || mkv_cli_parse_double(cmd, "--alpha-h", v, 0.0, 1e6, &x) < 0) return -1;
         p->alpha_h = (float)x;
-        return 1;
+        return alpha_pair_ok(cmd, argc, argv, *i, p);
     }
     if ((m = mkv_cli_option(cmd, argc, argv, i, "--alpha-l", 1, 0, &v)) != 0) {
         if (m < 0 || mkv_cli_parse_double(cmd, "--alpha-l", v, 0.0, 1e6, &x) < 0) return -1;
         p->alpha_l = (float)x;
-        return 1;
+        return alpha_pair_ok(cmd, argc, argv, *i, p);
     }
     if ((m = mkv_cli_option(cmd, argc, argv, i, "--recent-window", 1, 0, &v)) != 0)
         return m < 0 || mkv_cli_parse_i32(cmd, "--recent-window", v, 0, 1 << 20, &p->window) < 0 ? -1 : 1;
     if ((m = mkv_cli_option(cmd, argc, argv, i, "--obs-window", 1, 0, &v)) != 0)
         return m < 0 || mkv_cli_parse_i32(cmd, "--obs-window", v, 0, 1 << 20, &p->obs_window) < 0 ? -1 : 1;
-    if ((m = mkv_cli_option(cmd, argc, argv, i, "--quant-groups", 1, 0, &v)) != 0)
-        return m < 0 || mkv_cli_parse_i32(cmd, "--quant-groups", v, 1, 4, &p->quant_groups) < 0 ? -1 : 1;
+    if ((m = mkv_cli_option(cmd, argc, argv, i, "--group-size", 1, 0, &v)) != 0) {
+        int32_t e;
+        if (m < 0 || mkv_cli_parse_group(cmd, "--group-size", v, &e) < 0) return -1;
+        p->hi_key_group = p->hi_value_group = p->lo_key_group = p->lo_value_group = e;
+        return 1;
+    }
+    static const char *const names[4] = {"--hi-key-group", "--hi-value-group", "--lo-key-group",
+                                         "--lo-value-group"};
+    int32_t *const fields[4] = {&p->hi_key_group, &p->hi_value_group, &p->lo_key_group,
+                                &p->lo_value_group};
+    for (int k = 0; k < 4; k++)
+        if ((m = mkv_cli_option(cmd, argc, argv, i, names[k], 1, 0, &v)) != 0)
+            return m < 0 || mkv_cli_parse_group(cmd, names[k], v, fields[k]) < 0 ? -1 : 1;
     return 0;
 }
 
@@ -65,20 +111,28 @@ mkv_cache_t *mkv_tools_make_cache(const char *cmd, const mkv_model_t *model, int
     base.alpha_l = fp16 ? 0.0f : p->alpha_l;
     base.window = p->window;
     base.obs_window = p->obs_window;
-    base.quant_groups = fp16 ? 1 : p->quant_groups;
+    base.hi_key_group = p->hi_key_group;
+    base.hi_value_group = p->hi_value_group;
+    base.lo_key_group = p->lo_key_group;
+    base.lo_value_group = p->lo_value_group;
     base.max_seqs = max_seqs;
     base.max_seq_len = max_seq_len;
     mkv_model_cache_config(model, &base, &cfg);
-    int32_t tpp;
+    int32_t tpp, tpp_lo;
     int64_t page_bytes;
-    if (mkv_page_bytes_for(cfg.hi_format, cfg.head_dim, cfg.quant_groups, 32, &page_bytes) !=
-            MKV_STATUS_OK ||
-        mkv_tokens_per_page(cfg.hi_format, cfg.head_dim, cfg.quant_groups, page_bytes, &tpp) !=
-            MKV_STATUS_OK) {
+    if (mkv_page_bytes_for(cfg.hi_format, cfg.head_dim, cfg.hi_key_group, cfg.hi_value_group, 32,
+                           &page_bytes) != MKV_STATUS_OK ||
+        mkv_tokens_per_page(cfg.hi_format, cfg.head_dim, cfg.hi_key_group, cfg.hi_value_group,
+                            page_bytes, &tpp) != MKV_STATUS_OK ||
+        mkv_tokens_per_page(cfg.lo_format, cfg.head_dim, cfg.lo_key_group, cfg.lo_value_group,
+                            page_bytes, &tpp_lo) != MKV_STATUS_OK) {
         mkv_cli_error(cmd, "%s", mkv_last_error());
         return NULL;
     }
-    /* Per head-region: every token in high precision, plus the scheduler's admission margin
+    /* A low format wider than the high one (K4V2 / K16V16) takes more pages per token: size
+     * for whichever takes more, or demotions run out of pages midway. */
+    if (tpp_lo < tpp) tpp = tpp_lo;
+    /* Per head-region: every token in the wider format, plus the scheduler's admission margin
      * (the prompt's extra page and two pages of headroom for the next step) and a low page. */
     const double full = (double)max_seqs * cfg.n_layers * cfg.n_kv_heads *
                         ((cfg.max_seq_len + tpp - 1) / tpp + 4);

@@ -11,22 +11,31 @@
 typedef struct mkv_policy_opts {
     mkv_format_t hi, lo;
     float alpha_h, alpha_l;
-    int32_t window, obs_window, quant_groups;
+    int32_t window, obs_window;
+    int32_t hi_key_group, hi_value_group, lo_key_group, lo_value_group; /* elements; 0: default */
 } mkv_policy_opts_t;
 
-/* DiffKV's defaults: K8V4 / K4V2, alpha_h 1, alpha_l 0.02, W 64, one group. */
+/* DiffKV's defaults: K8V4 / K4V2, alpha_h 1, alpha_l 0.02, W 64, the library's group sizes. */
 void mkv_policy_opts_default(mkv_policy_opts_t *p);
 
 /* Tries argv[*i] against --hi-format, --lo-format, --alpha-h, --alpha-l, --recent-window (W;
- * not --window, which `perplexity` uses for its text windows),
- * --obs-window, --quant-groups. Returns 1 when consumed, 0 when not ours, -1 on a bad value
- * (message printed). */
+ * not --window, which `perplexity` uses for its text windows), --obs-window, --group-size
+ * (all four sides), --hi-key-group, --hi-value-group, --lo-key-group, --lo-value-group.
+ * Returns 1 when consumed, 0 when not ours, -1 on a bad value (message printed). Everything
+ * the library would refuse later is refused here: group sizes other than 0, 16, 32, 64, 128,
+ * 256, and alphas outside 0 <= alpha_l <= alpha_h (that pair is checked when the last
+ * --alpha-h / --alpha-l of the command line is consumed, so callers need no check after
+ * their loop). */
 int mkv_policy_opts_parse(const char *cmd, int argc, char **argv, int *i, mkv_policy_opts_t *p);
+
+/* Parses a group size option's value: 0 (default) or 16, 32, 64, 128, 256. -1 with a message. */
+int mkv_cli_parse_group(const char *cmd, const char *what, const char *text, int32_t *out);
 
 /* A CPU cache for `model` in mode fp16 (K16V16, thresholds 0) or mixkv (the policy options),
  * with max_seqs slots of up to max_seq_len tokens, and pool pages for all of them at full
- * length in high precision plus the scheduler's admission margin, times pool_scale (1.0: no
- * pressure). NULL on failure, message printed. */
+ * length in whichever of the two formats takes more pages (a low format may be the wider one)
+ * plus the scheduler's admission margin, times pool_scale (1.0: no pressure). NULL on
+ * failure, message printed. */
 mkv_cache_t *mkv_tools_make_cache(const char *cmd, const mkv_model_t *model, int fp16,
                                   const mkv_policy_opts_t *p, int32_t max_seqs,
                                   int32_t max_seq_len, double pool_scale);
@@ -38,6 +47,11 @@ mkv_cache_t *mkv_tools_make_cache(const char *cmd, const mkv_model_t *model, int
     "  --alpha-l X         keep low when significance >= X / N, else prune [0.02]\n"            \
     "  --recent-window N   W: the most recent tokens, always high [64]\n"                       \
     "  --obs-window N      prompt significance from the last N queries only (0: all) [0]\n"     \
-    "  --quant-groups N    quantization groups per vector: 1, 2 or 4 [1]\n"
+    "  --group-size N      elements per quantization group, all four sides: 16, 32, 64,\n"    \
+    "                      128 or 256 (>= d: the whole vector; 0: the library's default)\n"    \
+    "  --hi-key-group N    the same for one side: high format's keys [0: default]\n"           \
+    "  --hi-value-group N  high format's values [0: default]\n"                                \
+    "  --lo-key-group N    low format's keys [0: default]\n"                                   \
+    "  --lo-value-group N  low format's values [0: default]\n"
 
 #endif /* MKV_TOOLS_MODEL_OPTS_H */

@@ -512,6 +512,13 @@ int mkv_needle_main(int argc, char **argv)
         cJSON_AddNumberToObject(pol, "alpha_h", o.policy.alpha_h);
         cJSON_AddNumberToObject(pol, "alpha_l", o.policy.alpha_l);
         cJSON_AddNumberToObject(pol, "window", o.policy.window);
+        mkv_cache_info_t info;
+        if (mkv_cache_info(x.cache[1], &info) == MKV_STATUS_OK) {
+            cJSON_AddNumberToObject(pol, "hi_key_group", info.config.hi_key_group);
+            cJSON_AddNumberToObject(pol, "hi_value_group", info.config.hi_value_group);
+            cJSON_AddNumberToObject(pol, "lo_key_group", info.config.lo_key_group);
+            cJSON_AddNumberToObject(pol, "lo_value_group", info.config.lo_value_group);
+        }
         cJSON *arr = cJSON_AddArrayToObject(root, "cells");
         for (int32_t li = 0; li < o.n_lengths; li++)
             for (int32_t di = 0; di < o.n_depths; di++) {

@@ -5,6 +5,8 @@
  */
 #include "testutil.h"
 
+#include "quant/format.h"
+
 #include <criterion/criterion.h>
 
 #include <math.h>
@@ -185,8 +187,13 @@ Test(api, config_validation)
     BAD(cfg.max_seq_len = -5, "max_seq_len");
     BAD(cfg.head_dim = 48, "head_dim");
     BAD(cfg.head_dim = 0, "head_dim");
-    BAD(cfg.quant_groups = 3, "quant_groups");
-    BAD(cfg.quant_groups = 0, "quant_groups");
+    BAD(cfg.hi_key_group = 3, "hi_key_group");
+    BAD(cfg.hi_value_group = 8, "hi_value_group");
+    BAD(cfg.lo_key_group = -16, "lo_key_group");
+    BAD(cfg.lo_value_group = 512, "lo_value_group");
+    BAD(cfg.lo_value_group = 48, "lo_value_group");
+    /* Checked on 16-bit sides too, where the size is otherwise ignored. */
+    BAD((cfg.lo_format = MKV_FORMAT_K16V16, cfg.lo_key_group = 1), "lo_key_group");
     BAD(cfg.hi_format = MKV_FORMAT_COUNT, "hi_format");
     BAD(cfg.hi_format = (mkv_format_t)-1, "hi_format");
     BAD(cfg.lo_format = (mkv_format_t)42, "lo_format");
@@ -210,7 +217,7 @@ Test(api, config_validation)
     BAD(cfg.flags = 0x80u, "flags");
     /* A page that holds one high token (K4V2) but no low token (K16V16). */
     int64_t one = 0;
-    TU_OK(mkv_page_bytes_for(MKV_FORMAT_K4V2, 128, 1, 1, &one));
+    TU_OK(mkv_page_bytes_for(MKV_FORMAT_K4V2, 128, 256, 256, 1, &one));
     BAD((cfg.hi_format = MKV_FORMAT_K4V2, cfg.lo_format = MKV_FORMAT_K16V16, cfg.page_bytes = one),
         "page_bytes|lo_format");
 }
@@ -230,7 +237,7 @@ Test(api, last_error_is_per_thread)
     int32_t t;
     cr_assert_eq(mkv_format_from_name("K9V9", &f), MKV_STATUS_INVALID_ARGUMENT);
     cr_assert_str_neq(mkv_last_error(), "");
-    cr_assert_eq(mkv_tokens_per_page(MKV_FORMAT_K8V4, 128, 1, 6656, &t), MKV_STATUS_OK);
+    cr_assert_eq(mkv_tokens_per_page(MKV_FORMAT_K8V4, 128, 256, 256, 6656, &t), MKV_STATUS_OK);
     cr_assert_str_eq(mkv_last_error(), "", "a success left '%s'", mkv_last_error());
     pthread_t th;
     void *had_message = NULL;
@@ -248,17 +255,28 @@ Test(api, config_defaults_and_info)
     cfg.n_layers = 2;
     cfg.n_kv_heads = 4;
     cfg.max_seq_len = 100;
-    cfg.pool_bytes = 6656 * 40 + 100; /* 40 default pages and change */
+    /* The default page: 32 K8V4 tokens with the default groups (quant/format.h). */
+    const int64_t page = MKV_DEFAULT_PAGE_BYTES_D128;
+    cfg.pool_bytes = page * 40 + 100; /* 40 default pages and change */
     cfg.flags = MKV_CACHE_METADATA_ONLY;
     mkv_cache_t *c = tu_create(&cfg);
     mkv_cache_info_t info = tu_info(c);
     int64_t want_page = 0;
-    TU_OK(mkv_page_bytes_for(cfg.hi_format, cfg.head_dim, cfg.quant_groups, 32, &want_page));
-    cr_assert_eq(want_page, 6656);
+    TU_OK(mkv_page_bytes_for(cfg.hi_format, cfg.head_dim, 0, 0, 32, &want_page));
+    cr_assert_eq(want_page, page);
     cr_assert_eq(info.config.page_bytes, want_page);
     cr_assert_eq(info.config.pool_pages, 40);
     cr_assert_eq(info.tokens_per_page_hi, 32);
-    cr_assert_eq(info.tokens_per_page_lo, 59);
+    int32_t lo_tpp = 0;
+    TU_OK(mkv_tokens_per_page(MKV_FORMAT_K4V2, 128, 0, 0, page, &lo_tpp));
+    cr_assert_eq(info.tokens_per_page_lo, lo_tpp);
+    cr_assert_gt(lo_tpp, 32);
+    /* The resolved config names the group sizes the pages hold: defaults capped at d. */
+    cr_assert_eq(info.config.hi_key_group, mkv_resolve_group_elems(0, 8, 0, 128));
+    cr_assert_eq(info.config.hi_value_group, mkv_resolve_group_elems(0, 4, 1, 128));
+    cr_assert_eq(info.config.lo_key_group, mkv_resolve_group_elems(0, 4, 0, 128));
+    cr_assert_eq(info.config.lo_value_group, mkv_resolve_group_elems(0, 2, 1, 128));
+    cr_assert_eq(info.config.hi_key_group, 128, "the 8-bit key default is the whole vector");
     cr_assert_eq(info.row_entries, 4 + 1); /* ceil(100 / 32) + 1 */
     cr_assert_eq(info.region_count, 3 * 2 * 4);
     cr_assert_eq(info.pool_bytes, 0, "a METADATA_ONLY cache reports pool bytes");
@@ -293,7 +311,7 @@ Test(api, row_entries_use_smaller_tpp)
     mkv_cache_t *c = tu_create(&cfg);
     mkv_cache_info_t info = tu_info(c);
     int32_t lo = 0;
-    TU_OK(mkv_tokens_per_page(MKV_FORMAT_K16V16, 128, 1, cfg.page_bytes, &lo));
+    TU_OK(mkv_tokens_per_page(MKV_FORMAT_K16V16, 128, 0, 0, cfg.page_bytes, &lo));
     cr_assert_eq(info.tokens_per_page_hi, 8);
     cr_assert_eq(info.tokens_per_page_lo, lo);
     cr_assert_lt(lo, 8);
@@ -379,5 +397,36 @@ Test(api, validate_detects_corruption)
     CORRUPT((st->reserved[1] = 100, st->reserved_total += 100),
             (st->reserved[1] = 0, st->reserved_total -= 100)); /* reserved above free */
 #undef CORRUPT
+    mkv_cache_destroy(c);
+}
+
+/* Group sizes per side: resolved in the config (0 -> default, capped at d; 16-bit -> d), and
+ * the pages sized with them. */
+Test(api, config_group_sizes_resolve)
+{
+    mkv_cache_config_t cfg = tu_config(1, 1, 1, 64, 8, 16);
+    cfg.head_dim = 64;
+    cfg.page_bytes = 0;
+    cfg.hi_format = MKV_FORMAT_K8V4, cfg.lo_format = MKV_FORMAT_K16V16;
+    cfg.hi_key_group = 256, cfg.hi_value_group = 16, cfg.lo_key_group = 16, cfg.lo_value_group = 0;
+    mkv_cache_t *c = tu_create(&cfg);
+    mkv_cache_info_t info = tu_info(c);
+    cr_assert_eq(info.config.hi_key_group, 64);
+    cr_assert_eq(info.config.hi_value_group, 16);
+    cr_assert_eq(info.config.lo_key_group, 64, "16-bit sides resolve to d");
+    cr_assert_eq(info.config.lo_value_group, 64);
+    int64_t want = 0;
+    TU_OK(mkv_page_bytes_for(MKV_FORMAT_K8V4, 64, 256, 16, 32, &want));
+    cr_assert_eq(info.config.page_bytes, want);
+    /* 64 + 4 + 32 + 16 + 4 + 4 = 124 bytes a token, 32 tokens: 3968 */
+    cr_assert_eq(want, 3968);
+    mkv_cache_destroy(c);
+    /* A resolved config is a fixed point. */
+    cfg = info.config;
+    c = tu_create(&cfg);
+    mkv_cache_info_t again = tu_info(c);
+    cr_assert(again.config.page_bytes == info.config.page_bytes &&
+              again.config.hi_key_group == 64 && again.config.hi_value_group == 16 &&
+              again.config.lo_key_group == 64 && again.config.lo_value_group == 64);
     mkv_cache_destroy(c);
 }

@@ -123,7 +123,8 @@ static void ref_attend(int32_t n, int32_t d, const float *q, const float *K, con
 
 typedef struct dcase {
     mkv_format_t hi, lo;
-    int32_t d, G, groups;
+    int32_t d, G;
+    int32_t groups[4];  /* elements per group: hi key, hi value, lo key, lo value (0: default) */
     int32_t tpp;        /* high tokens per page asked of mkv_page_bytes_for */
     int32_t n_hi, n_lo;
     uint64_t seed;
@@ -158,18 +159,22 @@ static void dfix_build(dfix_t *f, const dcase_t *c)
     const int32_t d = c->d;
     tu_rng_t r = {c->seed};
     char err[512] = "";
-    TU_OK(mkv_page_bytes_for(c->hi, d, c->groups, c->tpp, &f->page_bytes));
-    cr_assert_eq(mkv_page_layout(c->hi, d, c->groups, f->page_bytes, &f->lay_hi, err),
+    const int32_t *gr = c->groups;
+    TU_OK(mkv_page_bytes_for(c->hi, d, gr[0], gr[1], c->tpp, &f->page_bytes));
+    cr_assert_eq(mkv_page_layout(c->hi, d, gr[0], gr[1], f->page_bytes, &f->lay_hi, err),
                  MKV_STATUS_OK, "%s", err);
-    cr_assert_eq(mkv_page_layout(c->lo, d, c->groups, f->page_bytes, &f->lay_lo, err),
+    cr_assert_eq(mkv_page_layout(c->lo, d, gr[2], gr[3], f->page_bytes, &f->lay_lo, err),
                  MKV_STATUS_OK, "%s", err);
     const int32_t tpp_hi = f->lay_hi.tokens, tpp_lo = f->lay_lo.tokens;
     const int32_t np_hi = (c->n_hi + tpp_hi - 1) / tpp_hi, np_lo = (c->n_lo + tpp_lo - 1) / tpp_lo;
     f->n = c->n_hi + c->n_lo;
     f->T = np_hi + np_lo + tu_rand_range(&r, 0, 2);
     f->P = f->T + tu_rand_range(&r, 1, 4); /* pages outside the row too */
-    snprintf(f->ctx, sizeof f->ctx, "%s/%s d=%d G=%d groups=%d tpp=%d/%d n=%d+%d T=%d seed=%llu",
-             mkv_format_name(c->hi), mkv_format_name(c->lo), d, c->G, c->groups, tpp_hi, tpp_lo,
+    snprintf(f->ctx, sizeof f->ctx,
+             "%s/%s d=%d G=%d groups=%d/%d,%d/%d tpp=%d/%d n=%d+%d T=%d seed=%llu",
+             mkv_format_name(c->hi), mkv_format_name(c->lo), d, c->G, f->lay_hi.key.group_elems,
+             f->lay_hi.value.group_elems, f->lay_lo.key.group_elems, f->lay_lo.value.group_elems,
+             tpp_hi, tpp_lo,
              c->n_hi, c->n_lo, f->T, (unsigned long long)c->seed);
 
     /* A shuffled pool; the first used entry never holds its own index, so the row is never
@@ -323,20 +328,32 @@ static const int32_t k_lengths[][4] = {
 };
 #define N_LENGTHS ((int)(sizeof k_lengths / sizeof k_lengths[0]))
 
-static int32_t tpp_of(mkv_format_t fmt, mkv_format_t hi, int32_t d, int32_t groups, int32_t tpp)
+/* Tokens per page of format fmt (groups g[0..1] for the high format, g[2..3] for the low one)
+ * in the page that holds tpp high tokens. */
+static int32_t tpp_of(mkv_format_t fmt, int lo, mkv_format_t hi, int32_t d, const int32_t *g,
+                      int32_t tpp)
 {
     int64_t bytes;
     int32_t tokens;
-    TU_OK(mkv_page_bytes_for(hi, d, groups, tpp, &bytes));
-    TU_OK(mkv_tokens_per_page(fmt, d, groups, bytes, &tokens));
+    TU_OK(mkv_page_bytes_for(hi, d, g[0], g[1], tpp, &bytes));
+    TU_OK(mkv_tokens_per_page(fmt, d, g[2 * lo], g[2 * lo + 1], bytes, &tokens));
     return tokens;
 }
+
+/* Per-side group choices (elements; 0: the default): one group everywhere, 16 everywhere
+ * (at 2 bits a quarter of a 16-byte chunk; 16 groups at d 256), mixed sides, the defaults. */
+static const int32_t k_side_groups[][4] = {
+    {256, 256, 256, 256}, {16, 16, 16, 16}, {128, 32, 64, 16}, {32, 16, 16, 32}, {0, 0, 0, 0},
+};
+#define N_SIDE_GROUPS ((int)(sizeof k_side_groups / sizeof k_side_groups[0]))
+
+static void set_groups(dcase_t *c, int i) { memcpy(c->groups, k_side_groups[i], sizeof c->groups); }
 
 /* Runs one decode case for every length pattern; returns through the checkers. */
 static void decode_lengths(dcase_t c, tu_rng_t *r, checker_t *ck_out, checker_t *ck_score)
 {
-    const int32_t th = tpp_of(c.hi, c.hi, c.d, c.groups, c.tpp);
-    const int32_t tl = tpp_of(c.lo, c.hi, c.d, c.groups, c.tpp);
+    const int32_t th = tpp_of(c.hi, 0, c.hi, c.d, c.groups, c.tpp);
+    const int32_t tl = tpp_of(c.lo, 1, c.hi, c.d, c.groups, c.tpp);
     for (int l = 0; l < N_LENGTHS; l++) {
         const int32_t *s = k_lengths[l];
         c.n_hi = s[0] < 0 ? tu_rand_range(r, 0, 3 * th) : s[0] * th + s[1];
@@ -362,8 +379,9 @@ Test(attention, decode_formats)
     for (int pr = 0; pr < N_PAIRS; pr++)
         for (int di = 0; di < 5; di++)
             for (int gi = 0; gi < 4; gi++, k++) {
-                const dcase_t c = {.hi = k_pairs[pr][0], .lo = k_pairs[pr][1], .d = k_dims[di],
-                                   .G = k_heads[gi], .groups = 1 << (k % 3), .tpp = tpps[k % 3]};
+                dcase_t c = {.hi = k_pairs[pr][0], .lo = k_pairs[pr][1], .d = k_dims[di],
+                             .G = k_heads[gi], .tpp = tpps[k % 3]};
+                set_groups(&c, k % N_SIDE_GROUPS);
                 decode_lengths(c, &r, &ck_out, &ck_score);
             }
     expect_clean(&ck_out, "decode_formats");
@@ -375,10 +393,10 @@ Test(attention, decode_one_token_pages)
     tu_rng_t r = {202};
     checker_t ck_out = {.what = "out"}, ck_score = {.what = "score"};
     for (int pr = 0; pr < N_PAIRS; pr++)
-        for (int groups = 1; groups <= 4; groups *= 2) {
-            const dcase_t c = {.hi = k_pairs[pr][0], .lo = k_pairs[pr][1],
-                               .d = groups == 4 ? 128 : 16, .G = groups == 2 ? 4 : 1,
-                               .groups = groups, .tpp = 1};
+        for (int gi = 0; gi < 3; gi++) {
+            dcase_t c = {.hi = k_pairs[pr][0], .lo = k_pairs[pr][1], .d = gi == 2 ? 128 : 16,
+                         .G = gi == 1 ? 4 : 1, .tpp = 1};
+            set_groups(&c, gi == 0 ? 0 : gi == 1 ? 4 : 2);
             decode_lengths(c, &r, &ck_out, &ck_score);
         }
     expect_clean(&ck_out, "decode_one_token_pages");
@@ -388,7 +406,7 @@ Test(attention, decode_one_token_pages)
 Test(attention, decode_empty_region_does_nothing)
 {
     const dcase_t c = {.hi = MKV_FORMAT_K8V4, .lo = MKV_FORMAT_K4V2, .d = 32, .G = 2,
-                       .groups = 1, .tpp = 4, .seed = 7};
+                       .tpp = 4, .seed = 7};
     dfix_t f;
     dfix_build(&f, &c);
     dfix_run(&f);
@@ -426,7 +444,7 @@ Test(attention, decode_k16v16_is_exact_up_to_fp16_rounding)
     for (int di = 0; di < 5; di++)
         for (int gi = 0; gi < 4; gi++) {
             const dcase_t c = {.hi = MKV_FORMAT_K16V16, .lo = MKV_FORMAT_K16V16, .d = k_dims[di],
-                               .G = k_heads[gi], .groups = 1, .tpp = 5,
+                               .G = k_heads[gi], .tpp = 5,
                                .n_hi = tu_rand_range(&r, 1, 23), .n_lo = tu_rand_range(&r, 0, 17),
                                .seed = tu_rand(&r)};
             dfix_t f;
@@ -616,7 +634,7 @@ Test(attention, decode_matches_last_prefill_row)
             }
             const int32_t n_hi = tu_rand_range(&r, 1, n);
             const dcase_t c = {.hi = MKV_FORMAT_K16V16, .lo = MKV_FORMAT_K16V16, .d = d, .G = G,
-                               .groups = 1, .tpp = 6, .n_hi = n_hi, .n_lo = n - n_hi,
+                               .tpp = 6, .n_hi = n_hi, .n_lo = n - n_hi,
                                .seed = tu_rand(&r), .k_src = kh, .v_src = vh,
                                .q_src = p.q + ((int64_t)(n - 1) * H * G + (int64_t)h * G) * d,
                                .zero_scores = 1};

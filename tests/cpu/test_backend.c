@@ -30,7 +30,9 @@ enum { M_NONE = 0, M_HI = 1, M_LO = 2 }; /* where a position is stored */
 #define K4V2 MKV_FORMAT_K4V2
 
 typedef struct geom {
-    int32_t L, H, G, d, S, max_len, tpp, groups; /* tpp: high tokens per page */
+    int32_t L, H, G, d, S, max_len, tpp; /* tpp: high tokens per page */
+    int32_t ge; /* elements per group of the high keys; the other sides take ge / 2, ge / 2 and
+                   ge / 4 (at least 16): mixed groups per side, end to end */
     mkv_format_t hi, lo;
     float ah, al;
     int32_t W, obs;
@@ -60,12 +62,23 @@ static void fill(tu_rng_t *r, float *x, int64_t n, float scale)
         x[i] = scale * (float)((double)(tu_rand(r) >> 11) * 0x1p-52 - 1.0);
 }
 
+/* Elements per group of side k (hi key, hi value, lo key, lo value). */
+static int32_t side_group(const geom_t *g, int k)
+{
+    static const int32_t div[4] = {1, 2, 2, 4};
+    const int32_t e = g->ge / div[k];
+    return e < 16 ? 16 : e;
+}
+
 static mkv_cache_config_t make_config(const geom_t *g)
 {
     mkv_cache_config_t cfg = MKV_CACHE_CONFIG_INIT;
     cfg.n_layers = g->L, cfg.n_kv_heads = g->H, cfg.group_size = g->G, cfg.head_dim = g->d;
-    cfg.max_seqs = g->S, cfg.max_seq_len = g->max_len, cfg.quant_groups = g->groups;
-    TU_OK(mkv_page_bytes_for(g->hi, g->d, g->groups, g->tpp, &cfg.page_bytes));
+    cfg.max_seqs = g->S, cfg.max_seq_len = g->max_len;
+    cfg.hi_key_group = side_group(g, 0), cfg.hi_value_group = side_group(g, 1);
+    cfg.lo_key_group = side_group(g, 2), cfg.lo_value_group = side_group(g, 3);
+    TU_OK(mkv_page_bytes_for(g->hi, g->d, cfg.hi_key_group, cfg.hi_value_group, g->tpp,
+                             &cfg.page_bytes));
     cfg.pool_pages = g->pool_pages ? g->pool_pages
                                    : (int64_t)g->S * g->L * g->H * (g->max_len / g->tpp + 2);
     cfg.hi_format = g->hi, cfg.lo_format = g->lo;
@@ -82,8 +95,10 @@ static void bk_init(bk_t *b, const geom_t *g, uint64_t seed)
     b->c = tu_create(&cfg);
     b->T = tu_info(b->c).row_entries;
     b->page_bytes = cfg.page_bytes;
-    TU_OK(mkv_page_layout(g->hi, g->d, g->groups, b->page_bytes, &b->lay[0], NULL));
-    TU_OK(mkv_page_layout(g->lo, g->d, g->groups, b->page_bytes, &b->lay[1], NULL));
+    TU_OK(mkv_page_layout(g->hi, g->d, side_group(g, 0), side_group(g, 1), b->page_bytes,
+                          &b->lay[0], NULL));
+    TU_OK(mkv_page_layout(g->lo, g->d, side_group(g, 2), side_group(g, 3), b->page_bytes,
+                          &b->lay[1], NULL));
     cr_assert_eq(b->lay[0].tokens, g->tpp);
     b->rng.s = seed;
     const size_t n = (size_t)g->S * g->max_len * g->L * g->H * g->d;
@@ -462,9 +477,9 @@ static void drive(const geom_t *g, uint64_t seed, const int32_t *plens, const in
 Test(backend, exact_without_compression)
 {
     const geom_t gs[] = {
-        {2, 2, 2, 32, 2, 40, 1, 1, F16, F16, 0, 0, 4, 0, 0},
-        {1, 3, 1, 16, 2, 40, 3, 1, F16, F16, 0, 0, 2, 0, 0},
-        {3, 1, 4, 64, 2, 40, 2, 2, F16, F16, 0, 0, 1, 3, 0},
+        {2, 2, 2, 32, 2, 40, 1, 256, F16, F16, 0, 0, 4, 0, 0},
+        {1, 3, 1, 16, 2, 40, 3, 256, F16, F16, 0, 0, 2, 0, 0},
+        {3, 1, 4, 64, 2, 40, 2, 32, F16, F16, 0, 0, 1, 3, 0},
     };
     for (int gi = 0; gi < 3; gi++) {
         bk_t b;
@@ -490,10 +505,10 @@ Test(backend, exact_without_compression)
 /* ---- 2. Token integrity; 3. compress against the pure policy; 5. budgets ---- */
 
 static const geom_t G_DIFF[] = {
-    {2, 2, 2, 32, 3, 64, 1, 1, K8V4, K4V2, 1.5f, 0.5f, 4, 0, 0},
-    {1, 3, 4, 16, 3, 64, 3, 2, K8V4, K4V2, 1.5f, 0.5f, 4, 0, 0},
-    {3, 1, 1, 64, 3, 64, 2, 4, K8V4, K4V2, 1.0f, 0.3f, 3, 6, 0},
-    {2, 3, 3, 16, 3, 64, 1, 1, MKV_FORMAT_K8V8, MKV_FORMAT_K2V4, 1.2f, 0.6f, 5, 0, 0},
+    {2, 2, 2, 32, 3, 64, 1, 256, K8V4, K4V2, 1.5f, 0.5f, 4, 0, 0},
+    {1, 3, 4, 16, 3, 64, 3, 16, K8V4, K4V2, 1.5f, 0.5f, 4, 0, 0},
+    {3, 1, 1, 64, 3, 64, 2, 16, K8V4, K4V2, 1.0f, 0.3f, 3, 6, 0},
+    {2, 3, 3, 16, 3, 64, 1, 256, MKV_FORMAT_K8V8, MKV_FORMAT_K2V4, 1.2f, 0.6f, 5, 0, 0},
 };
 
 Test(backend, token_integrity)
@@ -579,9 +594,9 @@ static void prompt_case(const geom_t *g, uint64_t seed, int32_t n, int64_t cnt[3
 Test(backend, prompt_classification)
 {
     const geom_t gs[] = {
-        {2, 2, 2, 32, 1, 64, 1, 1, K8V4, K4V2, 1.0f, 0.3f, 3, 0, 0},
-        {1, 3, 4, 16, 1, 64, 3, 1, K8V4, K4V2, 1.5f, 0.5f, 4, 5, 0},
-        {3, 1, 1, 64, 1, 64, 2, 2, K8V4, K4V2, 1.2f, 0.4f, 1, 0, 0},
+        {2, 2, 2, 32, 1, 64, 1, 256, K8V4, K4V2, 1.0f, 0.3f, 3, 0, 0},
+        {1, 3, 4, 16, 1, 64, 3, 256, K8V4, K4V2, 1.5f, 0.5f, 4, 5, 0},
+        {3, 1, 1, 64, 1, 64, 2, 32, K8V4, K4V2, 1.2f, 0.4f, 1, 0, 0},
     };
     const int32_t lens[] = {1, 2, 5, 8, 13, 21, 34, 50};
     int64_t cnt[3] = {0, 0, 0}, ties = 0;
@@ -639,7 +654,7 @@ static void drop(int32_t *run, int32_t *nrun, int32_t k)
 
 Test(backend, random_long_run, .timeout = 60)
 {
-    const geom_t g = {2, 2, 2, 16, 8, 40, 2, 1, K8V4, K4V2, 1.0f, 0.3f, 4, 0, 110};
+    const geom_t g = {2, 2, 2, 16, 8, 40, 2, 256, K8V4, K4V2, 1.0f, 0.3f, 4, 0, 110};
     bk_t b;
     bk_init(&b, &g, 4242);
     const size_t pool_bytes = (size_t)(g.pool_pages * b.page_bytes);
@@ -733,7 +748,7 @@ Test(backend, random_long_run, .timeout = 60)
         tu_expect_valid((c), #call);                                                             \
     } while (0)
 
-static const geom_t G_ERR = {2, 1, 2, 16, 3, 32, 1, 1, K8V4, K4V2, 1.0f, 0.3f, 2, 0, 64};
+static const geom_t G_ERR = {2, 1, 2, 16, 3, 32, 1, 256, K8V4, K4V2, 1.0f, 0.3f, 2, 0, 64};
 
 Test(backend, errors_metadata_only)
 {
@@ -811,7 +826,7 @@ Test(backend, errors_prompt_and_decode)
  * low section full, alpha_h so high that the candidate is demoted (alpha_l 0). */
 Test(backend, compress_out_of_pages)
 {
-    const geom_t g = {1, 1, 1, 16, 2, 32, 2, 1, K8V4, K4V2, 1000.0f, 0.0f, 3, 0, 16};
+    const geom_t g = {1, 1, 1, 16, 2, 32, 2, 256, K8V4, K4V2, 1000.0f, 0.0f, 3, 0, 16};
     bk_t b;
     bk_init(&b, &g, 5);
     const int32_t tpp_lo = b.lay[1].tokens, n0 = g.W + 2 * tpp_lo;

@@ -161,7 +161,7 @@ Test(dump, text_matches_state)
     cJSON *root = cJSON_Parse(s);
     cr_assert_not_null(root, "the dump is valid JSON");
     cr_assert_str_eq(cJSON_GetObjectItem(root, "format")->valuestring, "mixkv-cache-dump");
-    cr_assert_eq(cJSON_GetObjectItem(root, "version")->valueint, 1);
+    cr_assert_eq(cJSON_GetObjectItem(root, "version")->valueint, 2);
     cr_assert_str_eq(cJSON_GetObjectItem(root, "mixkv_version")->valuestring, mkv_version());
     cJSON *cfg = cJSON_GetObjectItem(root, "config");
     cr_assert_eq(cJSON_GetObjectItem(cfg, "n_kv_heads")->valueint, 3);
@@ -446,8 +446,18 @@ static void set(cJSON *o, const char *key, cJSON *v) { cJSON_ReplaceItemInObject
 Test(dump, wrong_format_version_fields_and_types)
 {
     cJSON *root = sample_json();
-    set(root, "version", cJSON_CreateNumber(2));
-    expect_load_error_json(root, MKV_STATUS_PARSE_ERROR, "unsupported dump version 2");
+    set(root, "version", cJSON_CreateNumber(3));
+    expect_load_error_json(root, MKV_STATUS_PARSE_ERROR, "unsupported dump version 3");
+    cJSON_Delete(root);
+
+    root = sample_json();
+    cJSON_DeleteItemFromObject(at(root, "config"), "lo_value_group");
+    expect_load_error_json(root, MKV_STATUS_PARSE_ERROR, "config.lo_value_group: missing");
+    cJSON_Delete(root);
+
+    root = sample_json();
+    set(at(root, "config"), "hi_key_group", cJSON_CreateNumber(24));
+    expect_load_error_json(root, MKV_STATUS_PARSE_ERROR, "hi_key_group = 24");
     cJSON_Delete(root);
 
     root = sample_json();
@@ -611,5 +621,87 @@ Test(dump, random_damage_never_crashes)
     cr_assert(parse_errors > 100, "the damage should usually be detected (%d)", parse_errors);
     free(buf);
     mkv_free(s);
+    mkv_cache_destroy(c);
+}
+
+/* The dump of a cache with per-side groups g[4], rewritten as version 1 with one quant_groups
+ * member in place of the four sizes. */
+static char *as_version1(const char *v2, int32_t quant_groups)
+{
+    cJSON *root = cJSON_Parse(v2);
+    cr_assert_not_null(root);
+    set(root, "version", cJSON_CreateNumber(1));
+    cJSON *cfg = at(root, "config");
+    static const char *const names[] = {"hi_key_group", "hi_value_group", "lo_key_group",
+                                        "lo_value_group"};
+    for (int i = 0; i < 4; i++) cJSON_DeleteItemFromObject(cfg, names[i]);
+    cJSON_AddNumberToObject(cfg, "quant_groups", quant_groups);
+    char *text = cJSON_PrintUnformatted(root);
+    cJSON_Delete(root);
+    return text;
+}
+
+/* Version-1 dumps (one quant_groups count for every side) load, converted to d / quant_groups
+ * elements a side; the reloaded cache dumps as version 2, identical to a cache created with
+ * those sizes. */
+Test(dump, version1_converted)
+{
+    for (int32_t qg = 1; qg <= 4; qg *= 2) {
+        mkv_cache_config_t cfg = tu_config(2, 3, 5, 64, 4, 40);
+        cfg.hi_key_group = cfg.hi_value_group = cfg.lo_key_group = cfg.lo_value_group = 128 / qg;
+        int64_t bytes = 0;
+        TU_OK(mkv_page_bytes_for(cfg.hi_format, 128, 128 / qg, 128 / qg, 4, &bytes));
+        cfg.page_bytes = bytes;
+        mkv_cache_t *c = tu_create(&cfg);
+        int32_t slot;
+        TU_COK(c, mkv_cache_admit(c, 9, &slot));
+        char *v2 = dump_string(c);
+        char *v1 = as_version1(v2, qg);
+        char *path = tmp_file(v1, strlen(v1));
+        mkv_cache_t *loaded = NULL;
+        mkv_status_t st = mkv_cache_load_json(path, &loaded);
+        cr_assert_eq(st, MKV_STATUS_OK, "quant_groups %d: %s", qg, mkv_last_error());
+        cr_assert_eq(loaded->cfg.hi_key_group, 128 / qg);
+        cr_assert_eq(loaded->cfg.lo_value_group, 128 / qg);
+        char *again = dump_string(loaded);
+        cr_assert_str_eq(again, v2, "quant_groups %d: v1 -> load -> dump differs from v2", qg);
+        mkv_dump_t d;
+        char err[512];
+        cr_assert_eq(mkv_dump_read_file(path, &d, err), MKV_STATUS_OK, "%s", err);
+        cr_assert_eq(d.version, 1);
+        cr_assert_eq(d.config.hi_value_group, 128 / qg);
+        mkv_dump_free(&d);
+        rm_tmp(path);
+        mkv_free(v2);
+        mkv_free(again);
+        cJSON_free(v1);
+        mkv_cache_destroy(loaded);
+        mkv_cache_destroy(c);
+    }
+    /* A v1 dump without quant_groups, or with a count that is not 1, 2 or 4, or whose groups
+     * would be under 16 elements (4 groups at d 16 were allowed then), is refused. */
+    mkv_cache_t *c = sample_cache(MKV_CACHE_METADATA_ONLY);
+    char *v2 = dump_string(c);
+    char *v1 = as_version1(v2, 3);
+    expect_load_error(v1, strlen(v1), MKV_STATUS_PARSE_ERROR, "config.quant_groups: 3");
+    cJSON_free(v1);
+    cJSON *root = cJSON_Parse(v2);
+    set(root, "version", cJSON_CreateNumber(1));
+    expect_load_error_json(root, MKV_STATUS_PARSE_ERROR, "config.quant_groups: missing");
+    cJSON_Delete(root);
+    mkv_free(v2);
+    mkv_cache_destroy(c);
+
+    mkv_cache_config_t cfg = tu_config(1, 1, 1, 16, 4, 8);
+    cfg.head_dim = 16;
+    int64_t bytes = 0;
+    TU_OK(mkv_page_bytes_for(cfg.hi_format, 16, 16, 16, 4, &bytes));
+    cfg.page_bytes = bytes;
+    c = tu_create(&cfg);
+    v2 = dump_string(c);
+    v1 = as_version1(v2, 4);
+    expect_load_error(v1, strlen(v1), MKV_STATUS_PARSE_ERROR, "below the 16");
+    cJSON_free(v1);
+    mkv_free(v2);
     mkv_cache_destroy(c);
 }

@@ -167,7 +167,7 @@ static mkv_cache_t *make_cache(const mkv_model_t *m, int mixkv, int32_t slots)
     mkv_model_cache_config(m, &base, &cfg);
     if (mixkv) {
         cfg.window = 4;
-        cr_assert_eq(mkv_page_bytes_for(MKV_FORMAT_K16V16, cfg.head_dim, 1, 3, &cfg.page_bytes), 0);
+        cr_assert_eq(mkv_page_bytes_for(MKV_FORMAT_K16V16, cfg.head_dim, 0, 0, 3, &cfg.page_bytes), 0);
         cfg.pool_pages = (int64_t)slots * cfg.n_layers * cfg.n_kv_heads * (256 / 3 + 2);
     } else {
         cfg.pool_pages = (int64_t)slots * cfg.n_layers * cfg.n_kv_heads * (256 / 32 + 2);

@@ -513,7 +513,7 @@ Test(inspect, bad_files_exit_2)
     char *wrong = write_json(root);
     r = run_cli("inspect", wrong, NULL);
     cr_assert_eq(r.status, 2);
-    EXPECT_IN(r.err, "unsupported dump version 7 (this mixkv reads version 1)");
+    EXPECT_IN(r.err, "unsupported dump version 7 (this mixkv reads versions 1 to 2)");
     run_free(&r);
 
     r = run_cli("inspect", "/nonexistent-mkv/dump.json", NULL);

@@ -31,7 +31,8 @@ static mkv_cache_t *make_cache(const run_cfg_t *rc)
     int64_t bytes = 0;
     cfg.hi_format = rc->hi;
     cfg.lo_format = rc->lo;
-    TU_OK(mkv_page_bytes_for(rc->hi, cfg.head_dim, cfg.quant_groups, rc->hi_tpp, &bytes));
+    TU_OK(mkv_page_bytes_for(rc->hi, cfg.head_dim, cfg.hi_key_group, cfg.hi_value_group, rc->hi_tpp,
+                             &bytes));
     cfg.page_bytes = bytes;
     return tu_create(&cfg);
 }

@@ -28,7 +28,10 @@
     } while (0)
 
 static const int32_t k_dims[] = {16, 32, 64, 128, 256};
-static const int32_t k_groups[] = {1, 2, 4};
+/* Elements per group, key and value (0: the default): one group, groups smaller than a chunk
+ * (16 elements at 2 bits are 4 bytes), mixed sides, and the defaults. */
+static const int32_t k_groups[][2] = {{256, 256}, {16, 32}, {32, 16}, {64, 128}, {16, 16}, {0, 0}};
+#define N_GROUPS ((int)(sizeof k_groups / sizeof k_groups[0]))
 
 /* ---------------------------------------------------------------------------------------- */
 /* Slow fp16 reference                                                                       */
@@ -235,20 +238,22 @@ static void check_group(const float *x, int32_t n, int32_t bits, const char *wha
 /* Page helpers                                                                              */
 /* ---------------------------------------------------------------------------------------- */
 
-static mkv_page_layout_t layout(mkv_format_t f, int32_t d, int32_t groups, int64_t page_bytes)
+static mkv_page_layout_t layout(mkv_format_t f, int32_t d, int32_t kg, int32_t vg,
+                                int64_t page_bytes)
 {
     mkv_page_layout_t lay;
     char err[512] = "";
-    cr_assert_eq(mkv_page_layout(f, d, groups, page_bytes, &lay, err), MKV_STATUS_OK,
-                 "layout %s d %d groups %d: %s", mkv_format_name(f), d, groups, err);
+    cr_assert_eq(mkv_page_layout(f, d, kg, vg, page_bytes, &lay, err), MKV_STATUS_OK,
+                 "layout %s d %d groups %d/%d: %s", mkv_format_name(f), d, kg, vg, err);
     return lay;
 }
 
-static mkv_page_layout_t layout_tokens(mkv_format_t f, int32_t d, int32_t groups, int32_t tokens)
+static mkv_page_layout_t layout_tokens(mkv_format_t f, int32_t d, int32_t kg, int32_t vg,
+                                       int32_t tokens)
 {
     int64_t bytes = 0;
-    cr_assert_eq(mkv_page_bytes_for(f, d, groups, tokens, &bytes), MKV_STATUS_OK);
-    return layout(f, d, groups, bytes);
+    cr_assert_eq(mkv_page_bytes_for(f, d, kg, vg, tokens, &bytes), MKV_STATUS_OK);
+    return layout(f, d, kg, vg, bytes);
 }
 
 static uint8_t *poisoned_page(const mkv_page_layout_t *lay)
@@ -277,7 +282,7 @@ static int32_t slot_bytes(const mkv_page_layout_t *lay, int32_t t, int64_t *offs
     return n;
 }
 
-#define MAX_SLOT_BYTES (2 * 512 + 2 * 16 + 8)
+#define MAX_SLOT_BYTES (2 * 512 + 2 * 16 * 4 + 8) /* codes, up to 16 groups a side, score, pos */
 
 /* Fails unless a and b agree on every byte outside slot t. */
 static void expect_same_except_slot(const uint8_t *a, const uint8_t *b,
@@ -536,17 +541,17 @@ Test(quant_page, round_trip_every_format)
     float k[256], v[256], kd[256], vd[256];
     char what[128];
     for (int f = 0; f < MKV_FORMAT_COUNT; f++)
-        for (int gi = 0; gi < 3; gi++)
+        for (int gi = 0; gi < N_GROUPS; gi++)
             for (int di = 0; di < 5; di++) {
                 const int32_t tokens = tu_rand_range(&r, 1, 40);
                 const mkv_page_layout_t lay = layout_tokens((mkv_format_t)f, k_dims[di],
-                                                            k_groups[gi], tokens);
+                                                            k_groups[gi][0], k_groups[gi][1], tokens);
                 uint8_t *page = poisoned_page(&lay), *before = malloc((size_t)lay.used_bytes);
                 for (int w = 0; w < 8; w++) {
                     const int32_t t = w == 0 ? 0 : w == 1 ? lay.tokens - 1
                                                           : tu_rand_range(&r, 0, lay.tokens - 1);
-                    snprintf(what, sizeof what, "%s d %d groups %d slot %d/%d",
-                             mkv_format_name((mkv_format_t)f), k_dims[di], k_groups[gi], t,
+                    snprintf(what, sizeof what, "%s d %d groups %d/%d slot %d/%d",
+                             mkv_format_name((mkv_format_t)f), k_dims[di], k_groups[gi][0], k_groups[gi][1], t,
                              lay.tokens);
                     random_vector(&r, k, lay.head_dim);
                     random_vector(&r, v, lay.head_dim);
@@ -576,7 +581,7 @@ Test(quant_page, codes_packed_as_documented)
      * bytes (64 elements). Key x[i] = i % 16 on a grid {0..15} gives code i % 16, so byte j of
      * a chunk is (2j % 16) | (2j + 1) % 16 << 4; value x[i] = i % 4 gives code i % 4, so every
      * value byte is 0 | 1 << 2 | 2 << 4 | 3 << 6 = 0xe4. */
-    const mkv_page_layout_t lay = layout_tokens(MKV_FORMAT_K4V2, 64, 1, 5);
+    const mkv_page_layout_t lay = layout_tokens(MKV_FORMAT_K4V2, 64, 256, 256, 5);
     uint8_t *page = poisoned_page(&lay);
     float k[64], v[64];
     for (int i = 0; i < 64; i++) k[i] = (float)(i % 16), v[i] = (float)(i % 4);
@@ -597,7 +602,7 @@ Test(quant_page, codes_packed_as_documented)
     free(page);
 
     /* 16-bit: little-endian halves, 8 per chunk. */
-    const mkv_page_layout_t l16 = layout_tokens(MKV_FORMAT_K16V16, 16, 1, 3);
+    const mkv_page_layout_t l16 = layout_tokens(MKV_FORMAT_K16V16, 16, 256, 256, 3);
     page = poisoned_page(&l16);
     for (int i = 0; i < 16; i++) k[i] = (float)i + 0.5f, v[i] = -(float)i;
     mkv_page_write_token(page, &l16, 1, k, v, 0.0f, 0);
@@ -617,8 +622,8 @@ Test(quant_page, deterministic_across_runs_and_slots)
     const mkv_format_t fmts[] = {MKV_FORMAT_K8V4, MKV_FORMAT_K4V2, MKV_FORMAT_K16V16,
                                  MKV_FORMAT_K2V4};
     for (int fi = 0; fi < 4; fi++)
-        for (int gi = 0; gi < 3; gi++) {
-            const mkv_page_layout_t lay = layout(fmts[fi], 128, k_groups[gi], 6656);
+        for (int gi = 0; gi < N_GROUPS; gi++) {
+            const mkv_page_layout_t lay = layout(fmts[fi], 128, k_groups[gi][0], k_groups[gi][1], 6656);
             uint8_t *a = poisoned_page(&lay), *b = poisoned_page(&lay), *c = poisoned_page(&lay);
             random_vector(&r, k, 128);
             random_vector(&r, v, 128);
@@ -629,15 +634,15 @@ Test(quant_page, deterministic_across_runs_and_slots)
             /* b: first another token, then ours: nothing of the old one may remain */
             mkv_page_write_token(b, &lay, s, other, other, 2.5f, 8);
             mkv_page_write_token(b, &lay, s, k, v, 1.5f, 7);
-            cr_assert(memcmp(a, b, (size_t)lay.used_bytes) == 0, "%s groups %d: rewrite differs",
-                      mkv_format_name(fmts[fi]), k_groups[gi]);
+            cr_assert(memcmp(a, b, (size_t)lay.used_bytes) == 0, "%s groups %d/%d: rewrite differs",
+                      mkv_format_name(fmts[fi]), k_groups[gi][0], k_groups[gi][1]);
             mkv_page_write_token(c, &lay, s2, k, v, 1.5f, 7);
             int64_t oa[MAX_SLOT_BYTES], oc[MAX_SLOT_BYTES];
             const int32_t n = slot_bytes(&lay, s, oa);
             slot_bytes(&lay, s2, oc);
             for (int32_t i = 0; i < n; i++)
-                cr_assert_eq(a[oa[i]], c[oc[i]], "%s groups %d: slot %d vs %d byte %d",
-                             mkv_format_name(fmts[fi]), k_groups[gi], s, s2, i);
+                cr_assert_eq(a[oa[i]], c[oc[i]], "%s groups %d/%d: slot %d vs %d byte %d",
+                             mkv_format_name(fmts[fi]), k_groups[gi][0], k_groups[gi][1], s, s2, i);
             free(a);
             free(b);
             free(c);
@@ -650,7 +655,7 @@ Test(quant_page, non_finite_input_is_contained)
     tu_rng_t r = {5};
     const mkv_format_t fmts[] = {MKV_FORMAT_K8V4, MKV_FORMAT_K4V2, MKV_FORMAT_K16V16};
     for (int fi = 0; fi < 3; fi++) {
-        const mkv_page_layout_t lay = layout(fmts[fi], 128, 4, 6656);
+        const mkv_page_layout_t lay = layout(fmts[fi], 128, 32, 32, 6656);
         uint8_t *clean = poisoned_page(&lay), *dirty = poisoned_page(&lay);
         float k[128], v[128], kb[128], vb[128], kd[128], vd[128], kc[128], vc[128];
         random_vector(&r, k, 128);
@@ -704,8 +709,8 @@ Test(quant_page, copy_token_moves_every_segment)
     tu_rng_t r = {77};
     float k[128], v[128], k1[128], v1[128], k2[128], v2[128];
     for (int f = 0; f < MKV_FORMAT_COUNT; f++)
-        for (int gi = 0; gi < 3; gi++) {
-            const mkv_page_layout_t lay = layout((mkv_format_t)f, 128, k_groups[gi], 6656);
+        for (int gi = 0; gi < N_GROUPS; gi++) {
+            const mkv_page_layout_t lay = layout((mkv_format_t)f, 128, k_groups[gi][0], k_groups[gi][1], 6656);
             uint8_t *src = poisoned_page(&lay), *dst = poisoned_page(&lay);
             uint8_t *before = malloc((size_t)lay.used_bytes);
             for (int32_t t = 0; t < lay.tokens; t++) {
@@ -722,8 +727,8 @@ Test(quant_page, copy_token_moves_every_segment)
             const int32_t n = slot_bytes(&lay, a, oa);
             slot_bytes(&lay, b, ob);
             for (int32_t i = 0; i < n; i++)
-                cr_assert_eq(src[oa[i]], dst[ob[i]], "%s groups %d: byte %d of the slot",
-                             mkv_format_name((mkv_format_t)f), k_groups[gi], i);
+                cr_assert_eq(src[oa[i]], dst[ob[i]], "%s groups %d/%d: byte %d of the slot",
+                             mkv_format_name((mkv_format_t)f), k_groups[gi][0], k_groups[gi][1], i);
             float s1, s2;
             int32_t p1, p2;
             mkv_page_read_token(src, &lay, a, k1, v1, &s1, &p1);
@@ -750,10 +755,10 @@ Test(quant_page, demote_requantizes_decoded_values)
     tu_rng_t r = {31};
     float k[256], v[256], kd[256], vd[256], scratch[512];
     for (int di = 2; di < 5; di++)
-        for (int gi = 0; gi < 3; gi++) {
+        for (int gi = 0; gi < N_GROUPS; gi++) {
             const int32_t d = k_dims[di];
-            const mkv_page_layout_t hi = layout_tokens(MKV_FORMAT_K8V4, d, k_groups[gi], 32);
-            const mkv_page_layout_t lo = layout_tokens(MKV_FORMAT_K4V2, d, k_groups[gi], 59);
+            const mkv_page_layout_t hi = layout_tokens(MKV_FORMAT_K8V4, d, k_groups[gi][0], k_groups[gi][1], 32);
+            const mkv_page_layout_t lo = layout_tokens(MKV_FORMAT_K4V2, d, k_groups[gi][0], k_groups[gi][1], 59);
             uint8_t *src = poisoned_page(&hi), *dst = poisoned_page(&lo);
             uint8_t *before = malloc((size_t)lo.used_bytes);
             for (int rep = 0; rep < 8; rep++) {
@@ -776,13 +781,13 @@ Test(quant_page, demote_requantizes_decoded_values)
                         mkv_quant_group(x + g * vl->group_elems, vl->group_elems, vl->bits,
                                         &scale, &zero, codes);
                         read_meta(dst, &lo, which, b, g, &s2, &z2);
-                        cr_assert(s2 == scale && z2 == zero, "d %d groups %d %s group %d meta",
-                                  d, k_groups[gi], which ? "value" : "key", g);
+                        cr_assert(s2 == scale && z2 == zero, "d %d groups %d/%d %s group %d meta",
+                                  d, k_groups[gi][0], k_groups[gi][1], which ? "value" : "key", g);
                         for (int32_t i = 0; i < vl->group_elems; i++) {
                             const int32_t e = g * vl->group_elems + i;
                             cr_assert_eq(read_code(dst, &lo, which, b, e), codes[i],
-                                         "d %d groups %d %s element %d", d, k_groups[gi],
-                                         which ? "value" : "key", e);
+                                         "d %d groups %d/%d %s element %d", d, k_groups[gi][0],
+                                         k_groups[gi][1], which ? "value" : "key", e);
                         }
                     }
                 }
@@ -825,7 +830,7 @@ static void expect_vec(const mkv_vec_layout_t *v, int32_t bits, int32_t vec, int
 Test(quant_layout, default_pages_by_hand)
 {
     /* K8V4, d 128, one group: 32 tokens, every segment a multiple of 16 bytes. */
-    const mkv_page_layout_t a = layout(MKV_FORMAT_K8V4, 128, 1, 6656);
+    const mkv_page_layout_t a = layout(MKV_FORMAT_K8V4, 128, 256, 256, 6656);
     expect_layout(&a, 32, (const int64_t[]){0, 4096, 4224, 6272, 6400, 6528},
                   (const int64_t[]){4096, 128, 2048, 128, 128, 128}, 6656, "K8V4");
     expect_vec(&a.key, 8, 128, 16, 8, 16, 1, "K8V4 key");
@@ -833,13 +838,13 @@ Test(quant_layout, default_pages_by_hand)
     /* K4V2: 59 tokens; 59 * 64 = 3776 key bytes; meta 236 ends at 4012, value codes start at
      * 4016 (1888 bytes, to 5904); value meta 236 to 6140; scores at 6144 to 6380; positions at
      * 6384 to 6620. */
-    const mkv_page_layout_t b = layout(MKV_FORMAT_K4V2, 128, 1, 6656);
+    const mkv_page_layout_t b = layout(MKV_FORMAT_K4V2, 128, 256, 256, 6656);
     expect_layout(&b, 59, (const int64_t[]){0, 3776, 4016, 5904, 6144, 6384},
                   (const int64_t[]){3776, 236, 1888, 236, 236, 236}, 6620, "K4V2");
     expect_vec(&b.key, 4, 64, 16, 4, 32, 1, "K4V2 key");
     expect_vec(&b.value, 2, 32, 16, 2, 64, 1, "K4V2 value");
     /* K16V16: 12 tokens, no metadata segments. */
-    const mkv_page_layout_t c = layout(MKV_FORMAT_K16V16, 128, 1, 6656);
+    const mkv_page_layout_t c = layout(MKV_FORMAT_K16V16, 128, 256, 256, 6656);
     expect_layout(&c, 12, (const int64_t[]){0, 3072, 3072, 6144, 6144, 6192},
                   (const int64_t[]){3072, 0, 3072, 0, 48, 48}, 6240, "K16V16");
     expect_vec(&c.key, 16, 256, 16, 16, 8, 1, "K16V16 key");
@@ -847,7 +852,7 @@ Test(quant_layout, default_pages_by_hand)
 
 Test(quant_layout, accessors_by_hand)
 {
-    const mkv_page_layout_t a = layout(MKV_FORMAT_K8V4, 128, 1, 6656);
+    const mkv_page_layout_t a = layout(MKV_FORMAT_K8V4, 128, 256, 256, 6656);
     /* key chunk c of slot t at c * 32 * 16 + t * 16; value at 4224 + c * 512 + t * 16 */
     const int32_t ct[][2] = {{0, 0}, {0, 1}, {0, 31}, {1, 0}, {3, 17}, {7, 31}};
     const int64_t key_off[] = {0, 16, 496, 512, 1808, 4080};
@@ -860,7 +865,7 @@ Test(quant_layout, accessors_by_hand)
     cr_assert_eq(mkv_score_offset(&a, 3), 6412);
     cr_assert_eq(mkv_pos_offset(&a, 31), 6652);
 
-    const mkv_page_layout_t b = layout(MKV_FORMAT_K4V2, 128, 1, 6656);
+    const mkv_page_layout_t b = layout(MKV_FORMAT_K4V2, 128, 256, 256, 6656);
     /* 59 tokens: a chunk row is 59 * 16 = 944 bytes */
     cr_assert_eq(mkv_code_offset(&b, 0, 58, 3), 3 * 944 + 58 * 16);       /* 3760, ends 3776 */
     cr_assert_eq(mkv_code_offset(&b, 1, 58, 1), 4016 + 944 + 58 * 16);    /* 5888, ends 5904 */
@@ -869,14 +874,14 @@ Test(quant_layout, accessors_by_hand)
     cr_assert_eq(mkv_pos_offset(&b, 58), 6384 + 232);
 
     /* K8V4 with 4 groups: 232 bytes a token, 28 tokens; meta [group][token]. */
-    const mkv_page_layout_t c = layout(MKV_FORMAT_K8V4, 128, 4, 6656);
+    const mkv_page_layout_t c = layout(MKV_FORMAT_K8V4, 128, 32, 32, 6656);
     cr_assert_eq(c.tokens, 28);
     cr_assert_eq(c.offset[MKV_SEG_KEY_META], 28 * 128);
     cr_assert_eq(mkv_meta_offset(&c, 0, 5, 2), 3584 + (2 * 28 + 5) * 4);
     cr_assert_eq(mkv_meta_offset(&c, 1, 27, 3), 3584 + 448 + 1792 + (3 * 28 + 27) * 4);
 
     /* K2V4 at d = 16: a 2-bit key is 4 bytes, one chunk of 4 bytes. */
-    const mkv_page_layout_t d = layout_tokens(MKV_FORMAT_K2V4, 16, 1, 10);
+    const mkv_page_layout_t d = layout_tokens(MKV_FORMAT_K2V4, 16, 256, 256, 10);
     cr_assert(d.key.chunk_bytes == 4 && d.key.n_chunks == 1 && d.value.chunk_bytes == 8);
     cr_assert_eq(mkv_code_offset(&d, 0, 7, 0), 28);
     cr_assert_eq(mkv_code_offset(&d, 1, 7, 0), d.offset[MKV_SEG_VALUE] + 56);

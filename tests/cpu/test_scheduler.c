@@ -45,7 +45,8 @@ static mkv_cache_t *make_cache(const mkv_model_t *m, int fp16, int32_t max_seqs,
     base.max_seq_len = max_len;
     mkv_model_cache_config(m, &base, &cfg);
     /* Pages of 8 high tokens: page boundaries, and so pressure, come often. */
-    cr_assert_eq(mkv_page_bytes_for(cfg.hi_format, cfg.head_dim, cfg.quant_groups, 8, &cfg.page_bytes),
+    cr_assert_eq(mkv_page_bytes_for(cfg.hi_format, cfg.head_dim, cfg.hi_key_group, cfg.hi_value_group, 8,
+                                    &cfg.page_bytes),
                  MKV_STATUS_OK);
     const int64_t full = (int64_t)max_seqs * cfg.n_layers * cfg.n_kv_heads * (max_len / 8 + 2);
     cfg.pool_pages = (int64_t)((double)full * pool_scale) + 1;

@@ -22,9 +22,10 @@ mkv_cache_config_t tu_config(int32_t L, int32_t H, int32_t S, int32_t max_seq_le
     cfg.max_seqs = S;
     cfg.max_seq_len = max_seq_len;
     cfg.head_dim = 128;
-    cfg.quant_groups = 1;
+    cfg.hi_key_group = cfg.hi_value_group = cfg.lo_key_group = cfg.lo_value_group = 256;
     int64_t bytes = 0;
-    TU_OK(mkv_page_bytes_for(cfg.hi_format, cfg.head_dim, cfg.quant_groups, hi_tpp, &bytes));
+    TU_OK(mkv_page_bytes_for(cfg.hi_format, cfg.head_dim, cfg.hi_key_group, cfg.hi_value_group,
+                             hi_tpp, &bytes));
     cfg.page_bytes = bytes;
     cfg.pool_pages = pool_pages;
     cfg.window = 8;

@@ -75,7 +75,9 @@ static float frand(uint64_t *r, double lo, double hi)
 
 typedef struct spec {
     mkv_format_t hi, lo;
-    int32_t d, G, groups, tpp; /* tpp: high tokens per page asked of mkv_page_bytes_for */
+    int32_t d, G, tpp;         /* tpp: high tokens per page asked of mkv_page_bytes_for */
+    int32_t groups[4];         /* elements per group: hi key, hi value, lo key, lo value;
+                                  0: the library's default */
     int32_t n_seq, H;
     const int32_t *len;        /* [n_seq * H][2] n_hi, n_lo of listed head-region j * H + h */
     uint64_t seed;
@@ -141,10 +143,11 @@ static void batch_build(batch_t *b, const spec_t *c)
     uint64_t r = c->seed;
     const int32_t d = c->d;
     char err[ERR_LEN] = "";
-    cr_assert_eq(mkv_page_bytes_for(c->hi, d, c->groups, c->tpp, &b->page_bytes), MKV_STATUS_OK);
-    cr_assert_eq(mkv_page_layout(c->hi, d, c->groups, b->page_bytes, &b->lay_hi, err),
+    const int32_t *gr = c->groups;
+    cr_assert_eq(mkv_page_bytes_for(c->hi, d, gr[0], gr[1], c->tpp, &b->page_bytes), MKV_STATUS_OK);
+    cr_assert_eq(mkv_page_layout(c->hi, d, gr[0], gr[1], b->page_bytes, &b->lay_hi, err),
                  MKV_STATUS_OK, "%s", err);
-    cr_assert_eq(mkv_page_layout(c->lo, d, c->groups, b->page_bytes, &b->lay_lo, err),
+    cr_assert_eq(mkv_page_layout(c->lo, d, gr[2], gr[3], b->page_bytes, &b->lay_lo, err),
                  MKV_STATUS_OK, "%s", err);
     const int32_t th = b->lay_hi.tokens, tl = b->lay_lo.tokens;
     b->nl = c->n_seq * c->H;
@@ -161,9 +164,11 @@ static void batch_build(batch_t *b, const spec_t *c)
     b->T = most + test_rand_range(&r, 0, 2);
     b->P = used + test_rand_range(&r, 1, 4);
     b->max_tokens = b->max_n + test_rand_range(&r, 0, 3);
-    snprintf(b->ctx, sizeof b->ctx, "%s/%s d=%d G=%d groups=%d tpp=%d/%d seqs=%d H=%d T=%d "
-             "max_n=%d seed=%llu", mkv_format_name(c->hi), mkv_format_name(c->lo), d, c->G,
-             c->groups, th, tl, c->n_seq, c->H, b->T, b->max_n, (unsigned long long)c->seed);
+    snprintf(b->ctx, sizeof b->ctx, "%s/%s d=%d G=%d groups=%d/%d,%d/%d tpp=%d/%d seqs=%d H=%d "
+             "T=%d max_n=%d seed=%llu", mkv_format_name(c->hi), mkv_format_name(c->lo), d, c->G,
+             b->lay_hi.key.group_elems, b->lay_hi.value.group_elems, b->lay_lo.key.group_elems,
+             b->lay_lo.value.group_elems, th, tl, c->n_seq, c->H, b->T, b->max_n,
+             (unsigned long long)c->seed);
 
     /* Rows in a shuffled order, pages from a shuffled permutation (never the identity). */
     int32_t *rperm = malloc(sizeof(int32_t) * (size_t)b->R);
@@ -401,15 +406,25 @@ static const mkv_format_t k_pairs[][2] = {
 static const int32_t k_dims[] = {16, 32, 64, 128, 256};
 static const int32_t k_groups[] = {1, 2, 4, 8};
 
-static int32_t tokens_per_page(mkv_format_t fmt, mkv_format_t hi, int32_t d, int32_t groups,
-                               int32_t tpp)
+/* Tokens per page of the high (lo = 0) or low format in the page of tpp high tokens. */
+static int32_t tokens_per_page(const spec_t *c, int lo)
 {
     int64_t bytes;
     int32_t tokens;
-    cr_assert_eq(mkv_page_bytes_for(hi, d, groups, tpp, &bytes), MKV_STATUS_OK);
-    cr_assert_eq(mkv_tokens_per_page(fmt, d, groups, bytes, &tokens), MKV_STATUS_OK);
+    const int32_t *g = c->groups;
+    cr_assert_eq(mkv_page_bytes_for(c->hi, c->d, g[0], g[1], c->tpp, &bytes), MKV_STATUS_OK);
+    cr_assert_eq(mkv_tokens_per_page(lo ? c->lo : c->hi, c->d, g[2 * lo], g[2 * lo + 1], bytes,
+                                     &tokens), MKV_STATUS_OK);
     return tokens;
 }
+
+/* Per-side group choices (elements; 0: the default): one group everywhere, 16 everywhere (a
+ * quarter of a 16-byte chunk at 2 bits; 16 groups at d 256), mixed sides, the defaults. */
+static const int32_t k_side_groups[][4] = {
+    {256, 256, 256, 256}, {16, 16, 16, 16}, {128, 32, 64, 16}, {32, 16, 16, 32}, {0, 0, 0, 0},
+};
+#define N_SIDE_GROUPS ((int)(sizeof k_side_groups / sizeof k_side_groups[0]))
+#define ONE_GROUP {256, 256, 256, 256}
 
 /* Section lengths of pattern p for pages of th / tl tokens: one token in either section,
  * one section empty with the other not a whole number of pages, partly filled last pages,
@@ -435,7 +450,6 @@ Test(decode_cuda, every_format_dim_and_group)
 {
     GPU_REQUIRE();
     static const int32_t tpps[] = {1, 3, 5, 2};
-    static const int32_t qgroups[] = {1, 2, 4};
     static const int32_t splits[] = {0, 7, 32, 0, 100};
     stats_t ck_out = {.what = "out"}, ck_score = {.what = "score"};
     stats_t ck_out_t = {.what = "out (auto: tensor-core kernels)"};
@@ -446,11 +460,11 @@ Test(decode_cuda, every_format_dim_and_group)
         for (int di = 0; di < 5; di++)
             for (int gi = 0; gi < 4; gi++, n_case++) {
                 spec_t c = {.hi = k_pairs[pr][0], .lo = k_pairs[pr][1], .d = k_dims[di],
-                            .G = k_groups[gi], .groups = qgroups[n_case % 3],
-                            .tpp = tpps[n_case % 4], .n_seq = 3, .H = 2,
+                            .G = k_groups[gi], .tpp = tpps[n_case % 4], .n_seq = 3, .H = 2,
                             .seed = test_rand_next(&r)};
-                const int32_t th = tokens_per_page(c.hi, c.hi, c.d, c.groups, c.tpp);
-                const int32_t tl = tokens_per_page(c.lo, c.hi, c.d, c.groups, c.tpp);
+                memcpy(c.groups, k_side_groups[n_case % N_SIDE_GROUPS], sizeof c.groups);
+                const int32_t th = tokens_per_page(&c, 0);
+                const int32_t tl = tokens_per_page(&c, 1);
                 int32_t len[6 * 2];
                 for (int i = 0; i < 6; i++) pattern_lengths(n_case + i, th, tl, &r, len + 2 * i);
                 c.len = len;
@@ -492,7 +506,7 @@ Test(decode_cuda, long_sequences_with_splits, .timeout = 600)
                 const int32_t n = lens[j], hi = test_rand_range(&r, 0, n);
                 len[2 * (j * H + h)] = hi, len[2 * (j * H + h) + 1] = n - hi;
             }
-        const spec_t c = {.hi = pairs[pr][0], .lo = pairs[pr][1], .d = 128, .G = 4, .groups = 1,
+        const spec_t c = {.hi = pairs[pr][0], .lo = pairs[pr][1], .d = 128, .G = 4, .groups = ONE_GROUP,
                           .tpp = 32, .n_seq = 4, .H = H, .len = len, .seed = test_rand_next(&r)};
         batch_t b;
         batch_build(&b, &c);
@@ -522,9 +536,9 @@ Test(decode_cuda, split_matches_unsplit)
     stats_t ck_vs_out = {.what = "out split vs unsplit"};
     stats_t ck_vs_score = {.what = "score split vs unsplit"};
     static const struct { mkv_format_t hi, lo; int32_t d, G, groups, tpp; } cases[] = {
-        {MKV_FORMAT_K8V4, MKV_FORMAT_K4V2, 64, 8, 1, 16},
-        {MKV_FORMAT_K4V8, MKV_FORMAT_K2V4, 32, 12, 2, 3},
-        {MKV_FORMAT_K16V16, MKV_FORMAT_K8V2, 256, 2, 4, 7},
+        {MKV_FORMAT_K8V4, MKV_FORMAT_K4V2, 64, 8, 256, 16}, /* groups: elements, every side */
+        {MKV_FORMAT_K4V8, MKV_FORMAT_K2V4, 32, 12, 16, 3},
+        {MKV_FORMAT_K16V16, MKV_FORMAT_K8V2, 256, 2, 64, 7},
     };
     uint64_t r = 0x5b1;
     for (int ci = 0; ci < 3; ci++) {
@@ -535,7 +549,9 @@ Test(decode_cuda, split_matches_unsplit)
             len[2 * i] = hi, len[2 * i + 1] = n - hi;
         }
         const spec_t c = {.hi = cases[ci].hi, .lo = cases[ci].lo, .d = cases[ci].d,
-                          .G = cases[ci].G, .groups = cases[ci].groups, .tpp = cases[ci].tpp,
+                          .G = cases[ci].G,
+                          .groups = {cases[ci].groups, cases[ci].groups, cases[ci].groups,
+                                     cases[ci].groups}, .tpp = cases[ci].tpp,
                           .n_seq = 4, .H = 3, .len = len, .seed = test_rand_next(&r)};
         batch_t b;
         batch_build(&b, &c);
@@ -553,6 +569,43 @@ Test(decode_cuda, split_matches_unsplit)
 /* The tensor-core kernels on their own: every format in either section, d 64 and 128, G 1, 2,
  * 4 and 8, pages of 1 to 32 high tokens, mixed batches, item sizes from 64 up, and values
  * large enough (some cases) that scales pass 64 and the unfused dequantization runs. */
+/* Multiple groups on a side: the tensor-core kernels do not take them (one group a side), so
+ * AUTO falls back to the generic kernels and must still match the reference; TENSOR refuses.
+ * The default groups at d 64 and 128 are such layouts, with DiffKV's and SmolLM2's shapes. */
+Test(decode_cuda, multi_group_falls_back_to_generic, .timeout = 300)
+{
+    GPU_REQUIRE();
+    stats_t ck_out = {.what = "out"}, ck_score = {.what = "score"};
+    stats_t ck_vs_out = {.what = "out split vs unsplit"};
+    stats_t ck_vs_score = {.what = "score split vs unsplit"};
+    static const int32_t groups[][4] = {{0, 0, 0, 0}, {128, 64, 64, 32}, {256, 16, 32, 16},
+                                        {16, 256, 256, 256}};
+    uint64_t r = 0x9a0;
+    for (int gi = 0; gi < 4; gi++)
+        for (int di = 0; di < 2; di++) {
+            int32_t len[3 * 2 * 2];
+            for (int i = 0; i < 6; i++) {
+                const int32_t n = test_rand_range(&r, 1, 700), hi = test_rand_range(&r, 0, n);
+                len[2 * i] = hi, len[2 * i + 1] = n - hi;
+            }
+            spec_t c = {.hi = MKV_FORMAT_K8V4, .lo = MKV_FORMAT_K4V2, .d = di ? 128 : 64,
+                        .G = 4 + gi, .tpp = 32, .n_seq = 3, .H = 2, .len = len,
+                        .seed = test_rand_next(&r)};
+            memcpy(c.groups, groups[gi], sizeof c.groups);
+            batch_t b;
+            batch_build(&b, &c);
+            cr_assert_not(batch_uses_tensor(&b, MKV_DECODE_KERNEL_AUTO), "%s: tensor path", b.ctx);
+            const int32_t splits[] = {0, 64};
+            batch_check_splits(&b, MKV_DECODE_KERNEL_AUTO, splits, 2, &ck_out, &ck_score,
+                               &ck_vs_out, &ck_vs_score);
+            batch_free(&b);
+        }
+    stats_expect(&ck_out, "multi_group_falls_back_to_generic");
+    stats_expect(&ck_score, "multi_group_falls_back_to_generic");
+    stats_expect(&ck_vs_out, "multi_group_falls_back_to_generic");
+    stats_expect(&ck_vs_score, "multi_group_falls_back_to_generic");
+}
+
 Test(decode_cuda, tensor_every_format, .timeout = 300)
 {
     GPU_REQUIRE();
@@ -571,18 +624,18 @@ Test(decode_cuda, tensor_every_format, .timeout = 300)
             for (int gi = 0; gi < 4; gi++, n_case++) {
                 int32_t len[6 * 2];
                 spec_t c = {.hi = fmts[fh], .lo = fmts[(fh + 1 + n_case) % 8],
-                            .d = di ? 128 : 64, .G = gs[gi], .groups = 1,
+                            .d = di ? 128 : 64, .G = gs[gi], .groups = ONE_GROUP,
                             .tpp = tpps[n_case % 5], .n_seq = 3, .H = 2, .len = len,
                             .seed = test_rand_next(&r), .vamp = n_case % 3 == 2 ? 150.0f : 0.0f};
                 for (;; c.tpp++) { /* pages big enough for one token of the low format */
                     int64_t bytes;
                     int32_t fit = 0;
-                    cr_assert_eq(mkv_page_bytes_for(c.hi, c.d, 1, c.tpp, &bytes), MKV_STATUS_OK);
-                    if (mkv_tokens_per_page(c.lo, c.d, 1, bytes, &fit) == MKV_STATUS_OK && fit > 0)
+                    cr_assert_eq(mkv_page_bytes_for(c.hi, c.d, 256, 256, c.tpp, &bytes), MKV_STATUS_OK);
+                    if (mkv_tokens_per_page(c.lo, c.d, 256, 256, bytes, &fit) == MKV_STATUS_OK && fit > 0)
                         break;
                 }
-                const int32_t th = tokens_per_page(c.hi, c.hi, c.d, c.groups, c.tpp);
-                const int32_t tl = tokens_per_page(c.lo, c.hi, c.d, c.groups, c.tpp);
+                const int32_t th = tokens_per_page(&c, 0);
+                const int32_t tl = tokens_per_page(&c, 1);
                 for (int i = 0; i < 6; i++) pattern_lengths(n_case + i, th, tl, &r, len + 2 * i);
                 len[10] = test_rand_range(&r, 300, 700), len[11] = test_rand_range(&r, 1, 90);
                 batch_t b;
@@ -617,7 +670,7 @@ static void fused_case(int fi, int di, int compact, uint64_t *r, stats_t *ck)
         len[2 * i] = hi, len[2 * i + 1] = n - hi;
     }
     const spec_t c = {.hi = fmts[fi], .lo = fmts[fi], .d = di ? 128 : 64,
-                      .G = compact ? Gs[(fi + di) % 4] : 1 << ((fi + di) % 4), .groups = 1,
+                      .G = compact ? Gs[(fi + di) % 4] : 1 << ((fi + di) % 4), .groups = ONE_GROUP,
                       .tpp = compact ? 16 * (1 + (fi + 2 * di) % 3) : 5 + 9 * di + fi,
                       .n_seq = n_seq, .H = H, .len = len, .seed = test_rand_next(r),
                       .vamp = fi % 3 == 1 ? 150.0f : 0.0f, .zero_scores = compact};
@@ -682,9 +735,9 @@ Test(decode_cuda, bad_arguments)
     mkv_page_layout_t hi, lo;
     int64_t page_bytes;
     char err[ERR_LEN];
-    cr_assert_eq(mkv_page_bytes_for(MKV_FORMAT_K8V4, 128, 1, 32, &page_bytes), MKV_STATUS_OK);
-    cr_assert_eq(mkv_page_layout(MKV_FORMAT_K8V4, 128, 1, page_bytes, &hi, err), MKV_STATUS_OK);
-    cr_assert_eq(mkv_page_layout(MKV_FORMAT_K4V2, 128, 1, page_bytes, &lo, err), MKV_STATUS_OK);
+    cr_assert_eq(mkv_page_bytes_for(MKV_FORMAT_K8V4, 128, 256, 256, 32, &page_bytes), MKV_STATUS_OK);
+    cr_assert_eq(mkv_page_layout(MKV_FORMAT_K8V4, 128, 256, 256, page_bytes, &hi, err), MKV_STATUS_OK);
+    cr_assert_eq(mkv_page_layout(MKV_FORMAT_K4V2, 128, 256, 256, page_bytes, &lo, err), MKV_STATUS_OK);
     /* n_seq = 0: valid, and a call with nothing to do touches no pointer. */
     const mkv_cuda_decode_t good = {
         .pool = fake, .page_bytes = page_bytes, .lay_hi = hi, .lay_lo = lo,
@@ -714,6 +767,8 @@ Test(decode_cuda, bad_arguments)
     bad[n++].head_dim = 64;      /* the layouts are for d = 128 */
     bad[n++].lay_lo.head_dim = 64; /* hi and lo disagree */
     bad[n++].lay_lo.key.vec_bytes = 32;
+    bad[n].lay_lo.value.groups = 16, bad[n++].lay_lo.value.group_elems = 8; /* under 16 */
+    bad[n].lay_hi.key.groups = 3, bad[n++].lay_hi.key.group_elems = 43;    /* not a power of 2 */
     bad[n++].lay_hi.tokens = 0;
     bad[n++].max_tokens = -1;
     bad[n++].split_tokens = -2;
@@ -745,7 +800,7 @@ Test(decode_cuda, bad_arguments)
     cr_assert_eq(mkv_cuda_decode(&t, NULL, err), MKV_STATUS_UNSUPPORTED);
     cr_assert_neq(strstr(err, "group_size 12"), NULL, "%s", err);
     mkv_page_layout_t hi2;
-    cr_assert_eq(mkv_page_layout(MKV_FORMAT_K8V4, 128, 2, page_bytes, &hi2, err), MKV_STATUS_OK);
+    cr_assert_eq(mkv_page_layout(MKV_FORMAT_K8V4, 128, 64, 64, page_bytes, &hi2, err), MKV_STATUS_OK);
     t = good;
     t.kernel = MKV_DECODE_KERNEL_TENSOR;
     t.lay_hi = hi2;

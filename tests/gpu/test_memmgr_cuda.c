@@ -29,9 +29,10 @@ static mkv_cache_config_t small_config(int32_t L, int32_t H, int32_t S, int32_t 
 {
     mkv_cache_config_t cfg = MKV_CACHE_CONFIG_INIT;
     cfg.n_layers = L, cfg.n_kv_heads = H, cfg.max_seqs = S, cfg.max_seq_len = M, cfg.head_dim = d;
-    cfg.quant_groups = 1, cfg.hi_format = hi, cfg.lo_format = lo, cfg.pool_pages = P, cfg.window = 8;
+    cfg.hi_key_group = cfg.hi_value_group = cfg.lo_key_group = cfg.lo_value_group = 256;
+    cfg.hi_format = hi, cfg.lo_format = lo, cfg.pool_pages = P, cfg.window = 8;
     cfg.flags = MKV_CACHE_METADATA_ONLY;
-    cr_assert_eq(mkv_page_bytes_for(hi, d, 1, hi_tpp, &cfg.page_bytes), OK, "%s", mkv_last_error());
+    cr_assert_eq(mkv_page_bytes_for(hi, d, 256, 256, hi_tpp, &cfg.page_bytes), OK, "%s", mkv_last_error());
     return cfg;
 }
 

@@ -27,7 +27,12 @@
 enum input_kind { IN_F16, IN_BF16, IN_F16_NONFINITE, IN_BF16_NONFINITE };
 
 static const int32_t k_dims[] = {16, 32, 64, 128, 256};
-static const int32_t k_groups[] = {1, 2, 4};
+/* Per-side group sizes (elements; 0: the default): hi key, hi value, lo key, lo value. One
+ * group, 16 everywhere (a quarter of a 16-byte chunk at 2 bits; 16 groups at d 256), mixed
+ * sides, the defaults. Appends use the first two of a row. */
+static const int32_t k_groups[][4] = {
+    {256, 256, 256, 256}, {16, 16, 16, 16}, {128, 32, 64, 16}, {32, 16, 16, 32}, {0, 0, 0, 0},
+};
 static const int32_t k_tpp[] = {1, 2, 3, 5, 7};
 
 /* ---- Inputs ------------------------------------------------------------------------------ */
@@ -249,19 +254,19 @@ static void *dev_copy(const void *host, size_t bytes)
     return d;
 }
 
-static void make_layout(mkv_format_t f, int32_t d, int32_t groups, int32_t tpp, int64_t *page_bytes,
-                        mkv_page_layout_t *lay)
+static void make_layout(mkv_format_t f, int32_t d, int32_t kg, int32_t vg, int32_t tpp,
+                        int64_t *page_bytes, mkv_page_layout_t *lay)
 {
     char err[MKV_ERR_LEN];
-    cr_assert_eq(mkv_page_bytes_for(f, d, groups, tpp, page_bytes), OK, "%s", mkv_last_error());
-    cr_assert_eq(mkv_page_layout(f, d, groups, *page_bytes, lay, err), OK, "%s", err);
+    cr_assert_eq(mkv_page_bytes_for(f, d, kg, vg, tpp, page_bytes), OK, "%s", mkv_last_error());
+    cr_assert_eq(mkv_page_layout(f, d, kg, vg, *page_bytes, lay, err), OK, "%s", err);
 }
 
 /* ---- Append: one call on the GPU against mkv_page_write_token ----------------------------- */
 
 typedef struct append_case {
     mkv_format_t format;
-    int32_t d, groups, tpp, n_tok, n_heads;
+    int32_t d, kg, vg, tpp, n_tok, n_heads; /* kg, vg: elements per key / value group */
     int kind;
 } append_case_t;
 
@@ -270,7 +275,7 @@ static int64_t run_append(const append_case_t *c, uint64_t *rng, int64_t *saniti
 {
     int64_t page_bytes;
     mkv_page_layout_t lay;
-    make_layout(c->format, c->d, c->groups, c->tpp, &page_bytes, &lay);
+    make_layout(c->format, c->d, c->kg, c->vg, c->tpp, &page_bytes, &lay);
     const int bf16 = is_bf16_kind(c->kind);
     const int32_t d = c->d, T = lay.tokens;
     const int64_t jobs = (int64_t)c->n_tok * c->n_heads;
@@ -317,8 +322,9 @@ static int64_t run_append(const append_case_t *c, uint64_t *rng, int64_t *saniti
     CUDA_CHECK(cudaMemcpy(got, a.pool, (size_t)pool_bytes, cudaMemcpyDeviceToHost));
 
     char label[128];
-    snprintf(label, sizeof label, "%s d=%d groups=%d tokens/page=%d %s%s", mkv_format_name(c->format),
-             d, c->groups, T, bf16 ? "bf16" : "fp16",
+    snprintf(label, sizeof label, "%s d=%d groups=%d/%d tokens/page=%d %s%s",
+             mkv_format_name(c->format), d, lay.key.group_elems, lay.value.group_elems, T,
+             bf16 ? "bf16" : "fp16",
              c->kind == IN_F16_NONFINITE || c->kind == IN_BF16_NONFINITE ? " non-finite" : "");
     const mkv_page_layout_t **lay_of = malloc((size_t)n_pages * sizeof *lay_of);
     cr_assert(lay_of);
@@ -342,7 +348,9 @@ static void append_sweep(int kind, uint64_t seed, int64_t *sanitised)
     for (int f = 0; f < MKV_FORMAT_COUNT; f++)
         for (size_t di = 0; di < sizeof k_dims / sizeof *k_dims; di++)
             for (size_t gi = 0; gi < sizeof k_groups / sizeof *k_groups; gi++) {
-                const append_case_t c = {(mkv_format_t)f, k_dims[di], k_groups[gi],
+                /* high or low pair of the row, alternately */
+                const int32_t *g = k_groups[gi] + 2 * ((f + (int)di) % 2);
+                const append_case_t c = {(mkv_format_t)f, k_dims[di], g[0], g[1],
                                          k_tpp[test_rand_range(&rng, 0, 4)], 97, 3, kind};
                 int64_t s = 0;
                 const int64_t b = run_append(&c, &rng, &s);
@@ -383,22 +391,23 @@ Test(gpu_quant, append_page_of_one_token_and_grid_stride)
     GPU_REQUIRE();
     uint64_t rng = 0x1u;
     int64_t s;
-    const append_case_t one = {MKV_FORMAT_K4V2, 64, 2, 1, 37, 5, IN_F16};
+    const append_case_t one = {MKV_FORMAT_K4V2, 64, 32, 16, 1, 37, 5, IN_F16};
     cr_assert_eq(run_append(&one, &rng, &s), 0);
-    const append_case_t big = {MKV_FORMAT_K8V4, 16, 1, 32, 100003, 3, IN_F16};
+    const append_case_t big = {MKV_FORMAT_K8V4, 16, 256, 16, 32, 100003, 3, IN_F16};
     cr_assert_eq(run_append(&big, &rng, &s), 0);
 }
 
 /* ---- Demotion: mkv_cuda_demote against mkv_page_demote_token ----------------------------- */
 
-static int64_t run_demote(mkv_format_t from, mkv_format_t to, int32_t d, int32_t groups, int32_t tpp,
-                          int32_t n, uint64_t *rng)
+/* groups: elements per group of the source's keys and values, then the destination's. */
+static int64_t run_demote(mkv_format_t from, mkv_format_t to, int32_t d, const int32_t *groups,
+                          int32_t tpp, int32_t n, uint64_t *rng)
 {
     int64_t page_bytes;
     mkv_page_layout_t src, dst;
     char err[MKV_ERR_LEN] = "";
-    make_layout(from, d, groups, tpp, &page_bytes, &src);
-    cr_assert_eq(mkv_page_layout(to, d, groups, page_bytes, &dst, err), OK, "%s", err);
+    make_layout(from, d, groups[0], groups[1], tpp, &page_bytes, &src);
+    cr_assert_eq(mkv_page_layout(to, d, groups[2], groups[3], page_bytes, &dst, err), OK, "%s", err);
     const int64_t n_src = (n + src.tokens - 1) / src.tokens + 1, n_dst = (n + dst.tokens - 1) / dst.tokens + 1;
     const int64_t n_pages = n_src + n_dst + 2, pool_bytes = n_pages * page_bytes;
     /* page roles shuffled: the first n_src of the permutation hold sources, then destinations */
@@ -437,8 +446,9 @@ static int64_t run_demote(mkv_format_t from, mkv_format_t to, int32_t d, int32_t
     CUDA_CHECK(cudaMemcpy(got, pool, (size_t)pool_bytes, cudaMemcpyDeviceToHost));
 
     char label[128];
-    snprintf(label, sizeof label, "demote %s -> %s d=%d groups=%d", mkv_format_name(from),
-             mkv_format_name(to), d, groups);
+    snprintf(label, sizeof label, "demote %s -> %s d=%d groups=%d/%d -> %d/%d",
+             mkv_format_name(from), mkv_format_name(to), d, src.key.group_elems,
+             src.value.group_elems, dst.key.group_elems, dst.value.group_elems);
     const int64_t bad = compare_pools(want, got, n_pages, page_bytes, lay_of, label);
     cudaFree(pool), cudaFree(d_ids);
     free(role), free(sp), free(dp), free(lay_of), free(ids), free(bits), free(k), free(v);
@@ -479,8 +489,8 @@ Test(gpu_quant_args, bad_arguments_refused_without_a_device)
     char err[MKV_ERR_LEN];
     int64_t pb;
     mkv_page_layout_t hi, lo, lay;
-    make_layout(MKV_FORMAT_K8V4, 128, 1, 8, &pb, &hi);
-    cr_assert_eq(mkv_page_layout(MKV_FORMAT_K4V2, 128, 1, pb, &lo, err), OK, "%s", err);
+    make_layout(MKV_FORMAT_K8V4, 128, 256, 256, 8, &pb, &hi);
+    cr_assert_eq(mkv_page_layout(MKV_FORMAT_K4V2, 128, 256, 256, pb, &lo, err), OK, "%s", err);
     /* never dereferenced: every call below must fail on the host */
     static uint8_t fake[64];
     const uint16_t *fk = (const uint16_t *)(void *)fake;
@@ -507,7 +517,7 @@ Test(gpu_quant_args, bad_arguments_refused_without_a_device)
     EXPECT_INVALID(mkv_cuda_quant_append(&a, NULL, err), "3-bit keys");
     a = good, a.page_bytes = pb / 2;
     EXPECT_INVALID(mkv_cuda_quant_append(&a, NULL, err), "layout for a larger page");
-    cr_assert_eq(mkv_page_layout(MKV_FORMAT_K8V4, 64, 1, pb, &lay, err), OK, "%s", err);
+    cr_assert_eq(mkv_page_layout(MKV_FORMAT_K8V4, 64, 256, 256, pb, &lay, err), OK, "%s", err);
     a = good, a.lay = lay, a.lay.head_dim = 128;
     EXPECT_INVALID(mkv_cuda_quant_append(&a, NULL, err), "head_dim not the layout's");
     a = good, a.k = NULL;
@@ -519,10 +529,12 @@ Test(gpu_quant_args, bad_arguments_refused_without_a_device)
     EXPECT_INVALID(mkv_cuda_demote(pool, pb, NULL, &lo, 3, fi, fi, fi, fi, NULL, err), "null src");
     EXPECT_INVALID(mkv_cuda_demote(pool, pb, &hi, &lo, 3, fi, NULL, fi, fi, NULL, err), "null src_slot");
     EXPECT_INVALID(mkv_cuda_demote(pool, pb, &hi, &lo, 3, fi, fi, fi, NULL, NULL, err), "null dst_slot");
-    cr_assert_eq(mkv_page_layout(MKV_FORMAT_K4V2, 64, 1, pb, &lay, err), OK, "%s", err);
+    cr_assert_eq(mkv_page_layout(MKV_FORMAT_K4V2, 64, 256, 256, pb, &lay, err), OK, "%s", err);
     EXPECT_INVALID(mkv_cuda_demote(pool, pb, &hi, &lay, 3, fi, fi, fi, fi, NULL, err), "head dims differ");
     lay = lo, lay.value.group_elems = 64;
     EXPECT_INVALID(mkv_cuda_demote(pool, pb, &hi, &lay, 3, fi, fi, fi, fi, NULL, err), "bad dst groups");
+    lay = lo, lay.key.group_elems = 8, lay.key.groups = 16;
+    EXPECT_INVALID(mkv_cuda_demote(pool, pb, &hi, &lay, 3, fi, fi, fi, fi, NULL, err), "8-element groups");
 
     /* empty calls are valid and launch nothing */
     a = good, a.n_tok = 0;
