@@ -16,6 +16,7 @@
 #ifndef MKV_ATTENTION_DECODE_FAST_H
 #define MKV_ATTENTION_DECODE_FAST_H
 
+#include "attention/decode_tuning.h"
 #include "quant/format.h"
 
 #include <cuda_runtime.h>
