@@ -1,7 +1,8 @@
 /*
  * decode_fast.cuh — the tensor-core decode kernel template (interface in decode_fast.h, design
- * and numerics in docs/decode-kernel.md, "Version 2"). Included only by the generated
- * per-format translation units, each instantiating one (key bits, value bits, head_dim).
+ * and numerics in docs/decode-kernel.md, "The tensor-core kernels"). Included only by the
+ * generated per-format translation units, each instantiating one (key bits, value bits,
+ * head_dim).
  *
  * A warp walks its item 16 tokens (a subtile) at a time, staged in shared memory by cp.async
  * two or three stages ahead (the whole warp copies the subtile's page segments in 16-byte units;
@@ -941,8 +942,8 @@ __device__ __forceinline__ void region_ms(const fast_args &a, int64_t rs, int32_
 
 /* The fused kernel's merge (by a region's last block) and score jobs, through the block's
  * staging area, idle between items: data come in chunks by cp.async, a whole chunk in flight
- * at once without holding registers (loads into registers raised the kernel's register count
- * from 142 to 230 at K8V4). */
+ * at once without holding registers (loads into registers raise the whole kernel's register
+ * count: ptxas sizes it for the worst path, and the decode loop would lose occupancy). */
 template <int KB, int VB, int D>
 struct region_finish {
     static constexpr int32_t NTH = MKV_FAST_WARPS * 32;
