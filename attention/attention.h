@@ -1,7 +1,7 @@
 /*
  * attention.h — the reference attention of the CPU backend: decode attention over the
  * mixed-precision pages of a head-region, with significance accumulation, and causal prefill
- * attention over a full-precision prompt. The fused CUDA kernels (issue 6) must match these
+ * attention over a full-precision prompt. The CUDA kernels (decode_cuda.h) must match these
  * within the tolerances stated by the tests.
  *
  * GQA: KV head h serves query heads h * G .. h * G + G - 1 (Hugging Face's repeat_kv order).

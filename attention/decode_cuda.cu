@@ -41,9 +41,6 @@
 #define MAX_VT 64                      /* most tokens per value tile */
 #define VS_PAD 4                       /* floats of padding per value-tile row (banks, float4) */
 #define BUF_FLOATS (MAX_VT * (64 + VS_PAD)) /* largest vt(d) * (d + pad): d = 64 */
-#define SPLIT_SMALL 256                /* auto split: tokens per block */
-#define SPLIT_LARGE 512                /* ... when there are blocks enough to fill the GPU */
-#define AUTO_MIN_BLOCKS 264            /* two waves of an H100's 132 SMs */
 #define SCORE_THREADS 256
 #define WS_ALIGN 256
 #define MKV_MAX_DEVICES 64 /* devices whose properties are cached */
@@ -90,11 +87,13 @@ struct ws_plan {
     size_t off_logits, off_part_o, off_part_ml, off_final, bytes;
 };
 
+/* Tokens per block of the generic kernels (mkv_decode_tuning's split_*). */
 static int32_t auto_split(int32_t n_seq, int32_t H, int32_t max_tokens)
 {
-    if (max_tokens <= SPLIT_SMALL) return max_tokens > 0 ? max_tokens : 1; /* no split */
-    const int64_t blocks = (int64_t)n_seq * H * ((max_tokens + SPLIT_LARGE - 1) / SPLIT_LARGE);
-    return blocks >= AUTO_MIN_BLOCKS ? SPLIT_LARGE : SPLIT_SMALL;
+    using T = mkv_decode_tuning;
+    if (max_tokens <= T::split_small) return max_tokens > 0 ? max_tokens : 1; /* no split */
+    const int64_t blocks = (int64_t)n_seq * H * ((max_tokens + T::split_large - 1) / T::split_large);
+    return blocks >= T::split_large_min_blocks ? T::split_large : T::split_small;
 }
 
 static ws_plan plan_workspace(int32_t n_seq, int32_t H, int32_t G, int32_t d, int32_t max_tokens,
@@ -582,29 +581,31 @@ static int32_t device_attr(cudaDeviceAttr attr, int32_t fallback)
     return n;
 }
 
-/* cap_blocks: 0, the default item size; 1 to 4, items small enough for the logits of the items
- * in flight (cap_blocks resident blocks per multiprocessor) to fill at most about half of L2,
- * for the fused write-back of 8-bit-or-wider keys (docs/decode-kernel.md). fused: room for
- * the fused kernel's counters and log-sum-exps. */
+/* cap_blocks: 0, the default item size; 1 to mkv_decode_tuning::l2_cap_max_blocks, items small
+ * enough for the logits of the items in flight (cap_blocks resident blocks per multiprocessor)
+ * to fill at most about half of L2 (plan_for). fused: room for the fused kernel's counters and
+ * log-sum-exps. */
 static fast_plan plan_fast(int32_t n_seq, int32_t H, int32_t G, int32_t d, int32_t max_tokens,
                            int32_t split_tokens, bool fused, int32_t cap_blocks,
                            int32_t max_item = MKV_FAST_MAX_ITEM)
 {
+    using T = mkv_decode_tuning;
     fast_plan w;
     w.compact = false;
-    const int32_t sms = device_attr(cudaDevAttrMultiProcessorCount, 132);
+    const int32_t sms = device_attr(cudaDevAttrMultiProcessorCount, T::fallback_sms);
     if (split_tokens > 0) {
         w.item_tokens = (int32_t)mkv_align_up64(split_tokens, MKV_FAST_MIN_ITEM);
     } else {
         w.item_tokens = mkv_fast_item_tokens(n_seq, H, max_tokens, sms);
         if (w.item_tokens > max_item) w.item_tokens = max_item;
         /* cap_blocks > 0: halved while the logits of the items in flight would fill more than
-         * 9/16 of L2, as long as a section keeps at most 256 items. */
-        const int64_t l2 = device_attr(cudaDevAttrL2CacheSize, 50 << 20);
+         * l2_logits_num / l2_logits_den of L2, as long as a section keeps at most
+         * l2_cap_max_items items. */
+        const int64_t l2 = device_attr(cudaDevAttrL2CacheSize, T::fallback_l2_bytes);
         const int64_t warps = (int64_t)sms * cap_blocks * MKV_FAST_WARPS;
         while (cap_blocks > 0 && w.item_tokens > MKV_FAST_MIN_ITEM &&
-               warps * w.item_tokens * G * 4 > l2 * 9 / 16 &&
-               ((int64_t)max_tokens + w.item_tokens / 2 - 1) / (w.item_tokens / 2) <= 256)
+               warps * w.item_tokens * G * 4 > l2 * T::l2_logits_num / T::l2_logits_den &&
+               ((int64_t)max_tokens + w.item_tokens / 2 - 1) / (w.item_tokens / 2) <= T::l2_cap_max_items)
             w.item_tokens /= 2;
     }
     w.sec_items = (int32_t)(((int64_t)max_tokens + w.item_tokens - 1) / w.item_tokens);
@@ -658,26 +659,23 @@ static fast_section section_of(const mkv_page_layout_t &l)
 }
 
 /* Whether a tensor-core call may write its scores back inside the decode kernel: one launch
- * for both sections (one format), and asked for (FUSED), or under AUTO where the H200 grids of
- * both passes say it is faster (docs/decode-kernel.md, "Score write-back inside the kernel"):
- *   - small calls, up to 2^18 token-heads (one launch instead of two: 1 x 32k K4V2 93 against
- *     127 us);
- *   - calls of at least 16k tokens per region (256 x 32k: K8V4 4.24 against 4.49 ms, K4V2 3.21
- *     against 3.37);
- *   - K16V16 in calls of at least 2^21 token-heads (256 x 4k: 1.12 against 1.16 ms).
- * Elsewhere, shorter regions in larger calls, it is slower (256 x 4k, K4V2: 519 against 497 us). */
+ * for both sections (one format), and asked for (FUSED), or under AUTO where it is faster
+ * (mkv_decode_tuning's fuse_*): small calls, where one launch instead of two matters; long
+ * regions; K16V16 in large calls. Shorter regions in larger quantized calls measured faster
+ * with the separate pass. */
 static bool fast_may_fuse(const mkv_cuda_decode_t *a, const fast_kernel &fh, const fast_kernel &fl)
 {
+    using T = mkv_decode_tuning;
     if (a->scores == MKV_DECODE_SCORES_SEPARATE || fh.launch != fl.launch) return false;
     if (a->scores == MKV_DECODE_SCORES_FUSED) return true;
     const mkv_page_layout_t &l = a->lay_hi;
     const int64_t token_heads = (int64_t)a->n_seq * a->n_heads * a->max_tokens;
-    return token_heads <= ((int64_t)1 << 18) || a->max_tokens >= 16384 ||
-           (l.key.bits == 16 && l.value.bits == 16 && token_heads >= ((int64_t)1 << 21));
+    return token_heads <= T::fuse_max_small_token_heads || a->max_tokens >= T::fuse_min_region_tokens ||
+           (l.key.bits == 16 && l.value.bits == 16 && token_heads >= T::fuse_min_k16v16_token_heads);
 }
 
-/* Cached per device: the clock-rate attributes cost ~0.3 ms per query (H100, CUDA 13), which a
- * decode call would otherwise spend before its launch. */
+/* Cached per device: querying the clock-rate attributes is slow (a fraction of a millisecond),
+ * which a decode call would otherwise spend before its launch. */
 extern "C" double mkv_cuda_dram_bytes_per_sm_cycle(void)
 {
     static std::atomic<double> cache[MKV_MAX_DEVICES];
@@ -709,22 +707,23 @@ static bool fast_compact(const mkv_cuda_decode_t *a)
         return false;
     if (a->logits == MKV_DECODE_LOGITS_COMPACT) return true;
     const double b = mkv_cuda_dram_bytes_per_sm_cycle();
-    return b > 0.0 && b < 16.0;
+    return b > 0.0 && b < mkv_decode_tuning::compact_max_dram_bytes_per_sm_cycle;
 }
 
 /* blocks: the kernel's resident blocks per multiprocessor (0 if unknown). */
 static fast_plan plan_for(const mkv_cuda_decode_t *a, bool fused, int32_t blocks)
 {
-    /* Fused with 8-bit-or-wider keys: items capped for L2 (measured faster there); 4-bit keys
-     * gain more from long items, whose fill and drain cost less issue slots (H200 256 x 32k,
-     * K4V2: 3.20 ms at 4096 tokens per item against 3.41 at 1024), up to 2048 tokens with
-     * compact logits (H100 256 x 32k, K4V2: 3.26 ms against 3.36 at 4096). */
+    /* Fused with wide keys: items capped for L2, so that more logits are read back from it;
+     * narrower keys are bound by instruction issue and gain more from long items, whose
+     * pipeline fill and drain cost fewer issue slots: uncapped with fp32 logits, at most
+     * compact_max_item tokens with compact logits (mkv_decode_tuning). */
+    using T = mkv_decode_tuning;
     int32_t cap = 0, max_item = MKV_FAST_MAX_ITEM;
     const bool compact = fused && fast_compact(a);
-    if (fused && a->lay_hi.key.bits >= 8)
-        cap = blocks >= 1 && blocks <= 4 ? blocks : 4; /* 4: the most any kernel keeps, assumed for sizing */
+    if (fused && a->lay_hi.key.bits >= T::l2_cap_min_key_bits)
+        cap = blocks >= 1 && blocks <= T::l2_cap_max_blocks ? blocks : +T::l2_cap_max_blocks;
     else if (compact)
-        max_item = 2048;
+        max_item = T::compact_max_item;
     fast_plan w = plan_fast(a->n_seq, a->n_heads, a->group_size, a->head_dim, a->max_tokens,
                             a->split_tokens, fused, cap, max_item);
     w.compact = compact;
@@ -859,11 +858,12 @@ extern "C" size_t mkv_cuda_decode_workspace_size(int32_t n_seq, int32_t n_heads,
     if (head_dim != 64 && head_dim != 128) return generic;
     /* Any tensor-core plan: separate, or fused with any item cap. */
     size_t fast = plan_fast(n_seq, n_heads, group_size, head_dim, max_tokens, split_tokens, false, 0).bytes;
-    for (int32_t cap = 0; cap <= 4; cap++) {
+    for (int32_t cap = 0; cap <= mkv_decode_tuning::l2_cap_max_blocks; cap++) {
         const size_t f = plan_fast(n_seq, n_heads, group_size, head_dim, max_tokens, split_tokens, true, cap).bytes;
         if (f > fast) fast = f;
     }
-    const size_t f2 = plan_fast(n_seq, n_heads, group_size, head_dim, max_tokens, split_tokens, true, 0, 2048).bytes;
+    const size_t f2 = plan_fast(n_seq, n_heads, group_size, head_dim, max_tokens, split_tokens, true, 0,
+                                mkv_decode_tuning::compact_max_item).bytes;
     if (f2 > fast) fast = f2;
     return fast > generic ? fast : generic;
 }

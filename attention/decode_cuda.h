@@ -1,5 +1,5 @@
 /*
- * decode_cuda.h — decode attention on the GPU over mixed-precision pages (issue 6): the kernel
+ * decode_cuda.h — decode attention on the GPU over mixed-precision pages: the kernel
  * family that mkv_attn_decode_region (attention/decode_ref.c) is the reference of. For each
  * sequence and KV head: high pages, then low pages; dequantization fused into the dot products
  * and the value accumulation; each page read once per GQA group; long sequences split across
@@ -42,7 +42,8 @@ typedef struct mkv_cuda_decode {
 
 /* Which kernels a call uses. AUTO takes the tensor-core kernels where they apply (head_dim 64
  * or 128, G <= 8, one quantization group, both formats instantiated: docs/decode-kernel.md)
- * and the generic fp32 kernels elsewhere; TENSOR fails with UNSUPPORTED where they do not. */
+ * and the generic fp32 kernels elsewhere; TENSOR fails with UNSUPPORTED where they do not.
+ * Every AUTO threshold below is in one table, attention/decode_tuning.h, with its origin. */
 typedef enum mkv_cuda_decode_kernel {
     MKV_DECODE_KERNEL_AUTO = 0,
     MKV_DECODE_KERNEL_GENERIC = 1,
@@ -53,9 +54,9 @@ typedef enum mkv_cuda_decode_kernel {
  * token's logits back from the workspace once the decode kernel is done. FUSED (where one
  * launch covers the call: both sections of one format): inside the decode kernel, a persistent
  * grid whose blocks also take "score jobs" for head-regions that are complete. AUTO: FUSED
- * where it is measured faster (calls of up to 2^18 token-heads, n_seq * n_heads * max_tokens;
- * max_tokens >= 16384; K16V16 calls of at least 2^21 token-heads), SEPARATE elsewhere
- * (docs/decode-kernel.md). */
+ * where it measured faster (small calls, counted in token-heads n_seq * n_heads * max_tokens;
+ * long regions, by max_tokens; K16V16 in large calls), SEPARATE elsewhere
+ * (mkv_decode_tuning's fuse_*, docs/decode-kernel.md). */
 typedef enum mkv_cuda_decode_scores {
     MKV_DECODE_SCORES_AUTO = 0,
     MKV_DECODE_SCORES_SEPARATE = 1,
@@ -68,9 +69,10 @@ typedef enum mkv_cuda_decode_scores {
  * fixed-point probabilities relative to each softmax step's maximum, 10.25 bytes per token at
  * G = 4 instead of 16, for ~65 more instructions per 16 tokens and warp; each probability
  * added to a score then carries an absolute error of at most 2^-21 more. AUTO: COMPACT on GPUs
- * whose DRAM moves under 16 bytes per multiprocessor cycle (mkv_cuda_dram_bytes_per_sm_cycle;
- * H100: 12.8: K4V2 256 x 32k 3.12 against 3.51 ms), FP32 on faster ones (H200: 18.4, where
- * the kernel waits on instruction issue: 2.95 against 2.87 ms). */
+ * whose DRAM is slow for their multiprocessors (fewer peak DRAM bytes per SM cycle than
+ * mkv_decode_tuning::compact_max_dram_bytes_per_sm_cycle; mkv_cuda_dram_bytes_per_sm_cycle),
+ * where the kernel waits on DRAM and fewer logit bytes pay; FP32 on faster ones, where it
+ * waits on instruction issue and the extra instructions cost more than they save. */
 typedef enum mkv_cuda_decode_logits {
     MKV_DECODE_LOGITS_AUTO = 0,
     MKV_DECODE_LOGITS_FP32 = 1,

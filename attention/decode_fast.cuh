@@ -1,7 +1,8 @@
 /*
  * decode_fast.cuh — the tensor-core decode kernel template (interface in decode_fast.h, design
- * and numerics in docs/decode-kernel.md, "Version 2"). Included only by the generated
- * per-format translation units, each instantiating one (key bits, value bits, head_dim).
+ * and numerics in docs/decode-kernel.md, "The tensor-core kernels"). Included only by the
+ * generated per-format translation units, each instantiating one (key bits, value bits,
+ * head_dim).
  *
  * A warp walks its item 16 tokens (a subtile) at a time, staged in shared memory by cp.async
  * two or three stages ahead (the whole warp copies the subtile's page segments in 16-byte units;
@@ -177,9 +178,9 @@ __device__ __forceinline__ uint64_t policy_evict_first()
 
 /* cp.async of 16 or 4 bytes of page data; FIRST: under an L2 evict_first policy. The fused
  * write-back wants it (the pages stream through once, and the logits stored evict_last should
- * outlast them); the separate launches do not (the two-launch mix ran 5% slower with it). A
+ * outlast them); the separate launches do not (the two-launch mix measured slower with it). A
  * template parameter, not a runtime flag: the fused kernel and the separate launches inline
- * run_item each (a branch per copy, or a select of the policy, cost the fused K4V2 call 0.5%). */
+ * run_item each (a branch per copy, or a select of the policy, issued every copy twice). */
 template <int BYTES, bool FIRST>
 __device__ __forceinline__ void cp_async_page(uint32_t dst, const void *src, bool read)
 {
@@ -305,10 +306,11 @@ struct stage_layout {
     static constexpr int META = (KC + VC) * 256;
     static constexpr int BYTES_PER_SUBTILE = META + (KQ || VQ ? 128 : 0); /* per warp */
     /* Subtiles per stage: fewer, larger stages for small subtiles (one wait and one barrier per
-     * stage). */
-    static constexpr int NT = BYTES_PER_SUBTILE <= 1792 ? 4 : BYTES_PER_SUBTILE <= 3328 ? 2 : 1;
-    /* Three stages; two where a stage is over 6 KB, so that 12 warps fit an SM. */
-    static constexpr int STAGES = NT * BYTES_PER_SUBTILE > 6144 ? 2 : 3;
+     * stage); three stages, two where a stage is large, so that 12 warps fit an SM. The
+     * thresholds are tuning (decode_tuning.h). */
+    static constexpr int NT = BYTES_PER_SUBTILE <= mkv_decode_tuning::stage4_max_subtile_bytes ? 4
+                              : BYTES_PER_SUBTILE <= mkv_decode_tuning::stage2_max_subtile_bytes ? 2 : 1;
+    static constexpr int STAGES = NT * BYTES_PER_SUBTILE > mkv_decode_tuning::stage3_max_bytes ? 2 : 3;
     static constexpr int WARP_BYTES = STAGES * NT * BYTES_PER_SUBTILE;
     /* Byte offset of token t of key chunk c, of value chunk c. */
     __device__ static __forceinline__ int key_at(int c, int t)
@@ -940,8 +942,8 @@ __device__ __forceinline__ void region_ms(const fast_args &a, int64_t rs, int32_
 
 /* The fused kernel's merge (by a region's last block) and score jobs, through the block's
  * staging area, idle between items: data come in chunks by cp.async, a whole chunk in flight
- * at once without holding registers (loads into registers raised the kernel's register count
- * from 142 to 230 at K8V4). */
+ * at once without holding registers (loads into registers raise the whole kernel's register
+ * count: ptxas sizes it for the worst path, and the decode loop would lose occupancy). */
 template <int KB, int VB, int D>
 struct region_finish {
     static constexpr int32_t NTH = MKV_FAST_WARPS * 32;
@@ -1211,9 +1213,9 @@ struct region_finish {
  *     region's counter. The region's last block to arrive stores the region's log-sum-exp,
  *     publishes the region's blocks as score jobs and merges the items into out.
  * Spreading a region's write-back over many blocks at once, as soon as it is complete, keeps
- * more of its logits in L2 than one block writing it all back (ncu, K16V16 256 x 32k: 0.87
- * against 1.46 GB written to DRAM). Nobody waits for another block's work except to end: a
- * block leaves once every id is done and every score job taken.
+ * more of its logits in L2 than one block writing it all back (which drains a region slowly,
+ * while the page stream evicts its logits to DRAM). Nobody waits for another block's work
+ * except to end: a block leaves once every id is done and every score job taken.
  */
 template <int KB, int VB, int D>
 __global__ void __launch_bounds__(MKV_FAST_WARPS * 32, stage_layout<KB, VB, D>::NT >= 4 ? 3 : 0) decode_kernel(const fast_args a)
@@ -1295,8 +1297,8 @@ __global__ void __launch_bounds__(MKV_FAST_WARPS * 32, stage_layout<KB, VB, D>::
         }
         if (any) {
             /* Arrive (release: the barrier orders every thread's results before thread 0's
-             * fence, which is cumulative, and its increment; the pattern of a grid sync. A
-             * fence in every thread cost ~1% of the K4V2 call's warp time, MEMBAR.SC each). */
+             * fence, which is cumulative, and its increment; the pattern of a grid sync. One
+             * fence, not a MEMBAR.SC in each of the block's threads). */
             __syncthreads();
             const region_info &g = bs.reg;
             if (tid == 0) {

@@ -1,7 +1,8 @@
 /*
  * decode_fast.h — internal interface of the tensor-core decode kernels (CUDA only; the public
  * entry point is mkv_cuda_decode in decode_cuda.h, which chooses between these and the generic
- * kernels of decode_cuda.cu). Design and numerics: docs/decode-kernel.md, "Version 2".
+ * kernels of decode_cuda.cu). Design and numerics: docs/decode-kernel.md, "The tensor-core
+ * kernels".
  *
  * One kernel per (key bits, value bits, head_dim), each in its own generated translation unit
  * (CMake's MIXKV_DECODE_FAST_FORMATS and MIXKV_DECODE_FAST_DIMS list the instantiated ones).
@@ -16,6 +17,7 @@
 #ifndef MKV_ATTENTION_DECODE_FAST_H
 #define MKV_ATTENTION_DECODE_FAST_H
 
+#include "attention/decode_tuning.h"
 #include "quant/format.h"
 
 #include <cuda_runtime.h>

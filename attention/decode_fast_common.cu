@@ -27,10 +27,11 @@ fast_kernel mkv_fast_lookup(int32_t key_bits, int32_t value_bits, int32_t head_d
 
 int32_t mkv_fast_item_tokens(int32_t n_seq, int32_t H, int32_t max_tokens, int32_t sm_count)
 {
-    /* About 64 items per multiprocessor (several waves of 16 resident warps, so the last
-     * wave is short), each at least 64 tokens and at most 4096. */
+    /* About mkv_decode_tuning::items_per_sm items per multiprocessor, each at least
+     * MKV_FAST_MIN_ITEM tokens and at most MKV_FAST_MAX_ITEM. */
+    using T = mkv_decode_tuning;
     const int64_t total = (int64_t)n_seq * H * max_tokens;
-    const int64_t target = (int64_t)(sm_count > 0 ? sm_count : 132) * 64;
+    const int64_t target = (int64_t)(sm_count > 0 ? sm_count : T::fallback_sms) * T::items_per_sm;
     int32_t item = MKV_FAST_MIN_ITEM;
     while (item < MKV_FAST_MAX_ITEM && total / item > target) item *= 2;
     return item;

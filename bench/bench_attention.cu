@@ -211,10 +211,9 @@ int main(int argc, char **argv)
 
     /* Every buffer is allocated once, for the largest shape of the grid, before anything is
      * timed: after a large cudaFree and cudaMalloc the driver keeps working on the memory in the
-     * background (presumably clearing it) for ~100 ms, which slowed the kernels timed then by up
-     * to 15% (H100, K8V4 256 x 32k: 6.24 ms for the first dozen repetitions, 5.47 after) when
-     * each shape had buffers of its own. This sizing pass and the timing pass below take the
-     * same points: --format's variant and K16V16, where their pages fit in max_gib. */
+     * background (presumably clearing it) for about 100 ms, taking DRAM bandwidth from kernels
+     * timed in that window (docs/decisions.md, 33). This sizing pass and the timing pass below
+     * take the same points: --format's variant and K16V16, where their pages fit in max_gib. */
     const auto listed = [&](const variant &v) {
         return !only || !strcmp(only, v.name) || !strcmp(v.name, "K16V16");
     };

@@ -1,6 +1,6 @@
 /*
  * bench_memmgr.c — the CPU memory manager's cost per decode step, the baseline the GPU
- * memory manager (issue 5) is compared against (DiffKV, section 7: its GPU manager is three
+ * memory manager (cuda_mm.h) is compared against (DiffKV, section 7: its GPU manager is three
  * orders of magnitude faster than a multi-threaded CPU one).
  *
  * For each batch size and thread count: a metadata-only cache with Llama-3-8B's KV geometry

@@ -1,5 +1,5 @@
 /*
- * cuda_mm.h — the CUDA backend of the memory manager (DESIGN.md section 4, issue 5): the ring,
+ * cuda_mm.h — the CUDA backend of the memory manager (DESIGN.md section 4): the ring,
  * its head / tail counters, the page tables and the counts live in device memory, and every
  * batched call runs memmgr/resize.c's four phases as kernels (plan, CUB exclusive sums, a
  * one-thread fit check that writes a device status, recycle, allocate, finalize). Nothing moves

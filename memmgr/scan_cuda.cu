@@ -1,6 +1,6 @@
 /*
  * scan_cuda.cu — the device exclusive prefix sum (CUB), matched bit for bit against
- * mkv_exclusive_scan_i32 by tests/gpu/test_scan.c. The GPU memory manager (issue 5) runs its
+ * mkv_exclusive_scan_i32 by tests/gpu/test_scan.c. The GPU memory manager (cuda_mm.cu) runs its
  * coordination phase through this entry point.
  */
 #include "memmgr/scan.h"

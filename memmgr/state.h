@@ -1,7 +1,7 @@
 /*
  * state.h — the memory manager's state, as plain arrays (DESIGN.md section 4).
  *
- * The CPU backend works on this struct directly; the CUDA backend (issue 5) keeps the same
+ * The CPU backend works on this struct directly; the CUDA backend (cuda_mm.h) keeps the same
  * arrays in device memory and copies them into this struct for validation and dumps. Nothing
  * here knows about models or token data: only pages, rows and counts.
  *

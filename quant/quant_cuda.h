@@ -1,5 +1,5 @@
 /*
- * quant_cuda.h — the quantizer on the GPU (issue 6): new tokens' K/V written into their pages
+ * quant_cuda.h — the quantizer on the GPU: new tokens' K/V written into their pages
  * in any format, and the K8V4 -> K4V2 demotion, bit-identical to quant/quant.h (the CPU
  * reference: same sanitising, directed fp16 rounding of zero and scale, round-half-even codes).
  */

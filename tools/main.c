@@ -31,7 +31,7 @@ static const command_t g_commands[] = {
 };
 #define N_COMMANDS (sizeof g_commands / sizeof g_commands[0])
 
-/* Subcommands that later issues add; named so that a user gets a clear answer. */
+/* Subcommands not implemented yet; named so that a user gets a clear answer. */
 static const char *const g_planned[] = {"calibrate"};
 #define N_PLANNED (sizeof g_planned / sizeof g_planned[0])
 
