@@ -268,7 +268,7 @@ static mkv_status_t read_tensor_infos(mkv_gguf_t *g, cursor_t *c, char *err)
             return mkv_fail(err, MKV_STATUS_PARSE_ERROR, "tensor %s: type past the end of the file",
                             t->name);
         int64_t be, bb;
-        if (!mkv_ggml_block((uint32_t)v, &be, &bb) || v > UINT32_MAX)
+        if (!mkv_ggml_block((uint32_t)v, &be, &bb))
             return mkv_fail(err, MKV_STATUS_PARSE_ERROR, "tensor %s: unknown ggml type %llu",
                             t->name, (unsigned long long)v);
         t->type = (uint32_t)v;

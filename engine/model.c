@@ -83,7 +83,12 @@ static mkv_status_t open_regular(const char *path, int *fd_out, struct stat *sb,
 {
     const int fd = open(path, O_RDONLY | O_NONBLOCK);
     if (fd < 0) return mkv_fail(err, MKV_STATUS_IO_ERROR, "cannot open %s: %s", path, strerror(errno));
-    if (fstat(fd, sb) != 0 || !S_ISREG(sb->st_mode)) {
+    if (fstat(fd, sb) != 0) {
+        const int e = errno;
+        close(fd);
+        return mkv_fail(err, MKV_STATUS_IO_ERROR, "cannot stat %s: %s", path, strerror(e));
+    }
+    if (!S_ISREG(sb->st_mode)) {
         const int isdir = S_ISDIR(sb->st_mode);
         close(fd);
         return mkv_fail(err, MKV_STATUS_IO_ERROR, "%s is %s, not a regular file", path,
@@ -346,9 +351,14 @@ static mkv_status_t parse_config(const char *dir, mkv_model_config_t *c, char *e
     }
     /* Mistral's sliding window: within it attention is plain causal attention, so the model
      * is exact up to that many positions; the cache has no windowed attention beyond. */
-    int32_t sw;
-    MKV_TRY(cfg_int(root, "sliding_window", INT32_MAX, &sw, err));
-    if (arch == 1 && sw < c->max_pos) c->max_pos = sw;
+    const cJSON *swj = cJSON_GetObjectItemCaseSensitive(root, "sliding_window");
+    int64_t sw = 0; /* 0 or null: no window */
+    if (swj && !cJSON_IsNull(swj) && (!json_uint(swj, &sw) || sw > INT32_MAX)) {
+        status = mkv_fail(err, MKV_STATUS_PARSE_ERROR,
+                          "config.json: sliding_window must be a non-negative integer or null");
+        goto fail;
+    }
+    if (arch == 1 && sw >= 1 && sw < c->max_pos) c->max_pos = (int32_t)sw;
     cJSON_Delete(root);
     return MKV_STATUS_OK;
 fail:

@@ -534,7 +534,7 @@ Test(model_load, config_type_checks)
         {"\"rope_theta\": \"1e4\",", "rope_theta must be a positive number"},
         {"\"rms_norm_eps\": [1e-5],", "rms_norm_eps must be a positive number"},
         {"\"model_type\": 7,", "model_type must be a string"},
-        {"\"sliding_window\": \"4k\",", "sliding_window must be a positive integer"},
+        {"\"sliding_window\": \"4k\",", "sliding_window must be a non-negative integer"},
         {"\"rope_scaling\": \"linear\",", "rope_scaling must be an object or null"},
         {"\"hidden_act\": 1,", "hidden_act (not a string)"},
         {"\"bos_token_id\": 10,", "bos_token_id must be a token id below vocab_size 10"},
