@@ -1,7 +1,8 @@
 /*
  * model.c — loads a Hugging Face Llama-family folder (docs/model.md) into an mkv_model_t:
  * config.json through cJSON, then the weights from model.safetensors or from the shards that
- * model.safetensors.index.json names.
+ * model.safetensors.index.json names. A regular file instead of a folder is a GGUF file
+ * (engine/model_gguf.c).
  *
  * Safetensors files are memory-mapped read-only. F32 tensors whose data is 4-byte aligned in
  * the mapping are used in place; unaligned F32, F16 and BF16 tensors are converted into owned
@@ -50,7 +51,7 @@ typedef struct storage {
     int32_t n_files, cap_files;
     st_tensor_t *tensors;  /* [n_tensors] the headers' entries; freed once loading ends */
     int32_t n_tensors, cap_tensors;
-    float **owned;         /* [n_owned] converted tensors */
+    void **owned;          /* [n_owned] converted tensors, GGUF weights and layers */
     int32_t n_owned, cap_owned;
     mkv_layer_weights_t *layers; /* [n_layers] */
 } storage_t;
@@ -76,11 +77,39 @@ static void path_join(char *out, size_t len, const char *dir, const char *name)
     snprintf(out, len, "%s/%s", dir, name);
 }
 
+/* Opens path for reading, refusing anything but a regular file. O_NONBLOCK: opening a FIFO
+ * would otherwise wait for a writer (it has no effect on a regular file's reads). */
+static mkv_status_t open_regular(const char *path, int *fd_out, struct stat *sb, char *err)
+{
+    const int fd = open(path, O_RDONLY | O_NONBLOCK);
+    if (fd < 0) return mkv_fail(err, MKV_STATUS_IO_ERROR, "cannot open %s: %s", path, strerror(errno));
+    if (fstat(fd, sb) != 0) {
+        const int e = errno;
+        close(fd);
+        return mkv_fail(err, MKV_STATUS_IO_ERROR, "cannot stat %s: %s", path, strerror(e));
+    }
+    if (!S_ISREG(sb->st_mode)) {
+        const int isdir = S_ISDIR(sb->st_mode);
+        close(fd);
+        return mkv_fail(err, MKV_STATUS_IO_ERROR, "%s is %s, not a regular file", path,
+                        isdir ? "a directory" : "a FIFO, device or socket");
+    }
+    *fd_out = fd;
+    return MKV_STATUS_OK;
+}
+
 /* Reads a whole text file (NUL-terminated, malloc'ed). */
 static mkv_status_t read_text(const char *path, char **out, char *err)
 {
-    FILE *f = fopen(path, "rb");
-    if (!f) return mkv_fail(err, MKV_STATUS_IO_ERROR, "cannot open %s: %s", path, strerror(errno));
+    struct stat sb;
+    int fd;
+    mkv_status_t st = open_regular(path, &fd, &sb, err);
+    if (st != MKV_STATUS_OK) return st;
+    FILE *f = fdopen(fd, "rb");
+    if (!f) {
+        close(fd);
+        return mkv_fail(err, MKV_STATUS_IO_ERROR, "cannot open %s: %s", path, strerror(errno));
+    }
     char *buf = NULL;
     size_t len = 0, cap = 0;
     for (;;) {
@@ -176,24 +205,45 @@ static mkv_status_t cfg_float(const cJSON *root, const char *key, double def, fl
     return MKV_STATUS_OK;
 }
 
-/* A token id: an integer, null or absent (-1), or a list (its first entry). */
-static mkv_status_t cfg_token(const cJSON *root, const char *key, int32_t *out, char *err)
+/* A token id below vocab: an integer, null or absent (-1), or a list of ids (its first). */
+static mkv_status_t cfg_token(const cJSON *root, const char *key, int32_t vocab, int32_t *out,
+                              char *err)
 {
     const cJSON *j = cJSON_GetObjectItemCaseSensitive(root, key);
     int64_t v;
     *out = -1;
-    if (cJSON_IsArray(j)) j = cJSON_GetArrayItem(j, 0);
     if (!j || cJSON_IsNull(j)) return MKV_STATUS_OK;
-    if (!json_uint(j, &v) || v > INT32_MAX)
-        return mkv_fail(err, MKV_STATUS_PARSE_ERROR, "config.json: %s must be a token id", key);
-    *out = (int32_t)v;
+    const cJSON *e = cJSON_IsArray(j) ? j->child : j;
+    if (cJSON_IsArray(j) && !e) return MKV_STATUS_OK; /* an empty list: none */
+    for (; e; e = cJSON_IsArray(j) ? e->next : NULL) {
+        if (!json_uint(e, &v) || v >= vocab)
+            return mkv_fail(err, MKV_STATUS_PARSE_ERROR,
+                            "config.json: %s must be a token id below vocab_size %d (or a list "
+                            "of them)",
+                            key, vocab);
+        if (*out < 0) *out = (int32_t)v;
+    }
     return MKV_STATUS_OK;
 }
 
-static int cfg_true(const cJSON *root, const char *key)
+/* A boolean field: true, false, null or absent (false); anything else is refused, so that
+ * "yes" or 1 is not silently read as one or the other. */
+static mkv_status_t cfg_bool(const cJSON *root, const char *key, int32_t *out, char *err)
 {
     const cJSON *j = cJSON_GetObjectItemCaseSensitive(root, key);
-    return cJSON_IsTrue(j) || (cJSON_IsNumber(j) && j->valuedouble != 0.0);
+    if (j && !cJSON_IsNull(j) && !cJSON_IsBool(j))
+        return mkv_fail(err, MKV_STATUS_PARSE_ERROR, "config.json: %s must be true or false", key);
+    *out = cJSON_IsTrue(j);
+    return MKV_STATUS_OK;
+}
+
+/* A field that must be a string when present (null counts as absent). */
+static mkv_status_t cfg_string(const cJSON *root, const char *key, char *err)
+{
+    const cJSON *j = cJSON_GetObjectItemCaseSensitive(root, key);
+    if (j && !cJSON_IsNull(j) && !cJSON_IsString(j))
+        return mkv_fail(err, MKV_STATUS_PARSE_ERROR, "config.json: %s must be a string", key);
+    return MKV_STATUS_OK;
 }
 
 static mkv_status_t parse_config(const char *dir, mkv_model_config_t *c, char *err)
@@ -206,12 +256,21 @@ static mkv_status_t parse_config(const char *dir, mkv_model_config_t *c, char *e
     path_join(path, sizeof path, dir, "config.json");
     MKV_TRY(parse_json_file(path, &root, err));
 
-    const cJSON *a = cJSON_GetObjectItemCaseSensitive(root, "architectures");
-    const cJSON *a0 = cJSON_GetArrayItem(a, 0);
-    if (!cJSON_IsString(a0)) {
-        status = mkv_fail(err, MKV_STATUS_PARSE_ERROR, "%s: architectures[0] is missing", path);
+    if (!cJSON_IsObject(root)) {
+        status = mkv_fail(err, MKV_STATUS_PARSE_ERROR, "%s: not a JSON object", path);
         goto fail;
     }
+    const cJSON *a = cJSON_GetObjectItemCaseSensitive(root, "architectures");
+    const cJSON *a0 = cJSON_GetArrayItem(a, 0);
+    if (!cJSON_IsArray(a) || !cJSON_IsString(a0)) {
+        status = mkv_fail(err, MKV_STATUS_PARSE_ERROR,
+                          "%s: architectures must be a list of strings (architectures[0] is "
+                          "missing)",
+                          path);
+        goto fail;
+    }
+    MKV_TRY(cfg_string(root, "model_type", err));
+    MKV_TRY(cfg_string(root, "torch_dtype", err));
     int arch = -1;
     for (int i = 0; i < 3; i++)
         if (strcmp(a0->valuestring, archs[i]) == 0) arch = i;
@@ -224,6 +283,11 @@ static mkv_status_t parse_config(const char *dir, mkv_model_config_t *c, char *e
     }
 
     const cJSON *rs = cJSON_GetObjectItemCaseSensitive(root, "rope_scaling");
+    if (rs && !cJSON_IsNull(rs) && !cJSON_IsObject(rs)) {
+        status = mkv_fail(err, MKV_STATUS_PARSE_ERROR, "%s: rope_scaling must be an object or null",
+                          path);
+        goto fail;
+    }
     if (rs && !cJSON_IsNull(rs)) {
         const cJSON *t = cJSON_GetObjectItemCaseSensitive(rs, "rope_type");
         if (!cJSON_IsString(t)) t = cJSON_GetObjectItemCaseSensitive(rs, "type");
@@ -239,12 +303,15 @@ static mkv_status_t parse_config(const char *dir, mkv_model_config_t *c, char *e
         goto fail;
     }
     static const char *const flags[] = {"attention_bias", "mlp_bias", "use_sliding_window"};
-    for (int i = 0; i < 3; i++)
-        if (cfg_true(root, flags[i])) {
+    for (int i = 0; i < 3; i++) {
+        int32_t on = 0;
+        MKV_TRY(cfg_bool(root, flags[i], &on, err));
+        if (on) {
             status = mkv_fail(err, MKV_STATUS_UNSUPPORTED, "%s: %s is not supported", path,
                               flags[i]);
             goto fail;
         }
+    }
 
     memset(c, 0, sizeof *c);
     MKV_TRY(cfg_int(root, "hidden_size", -1, &c->hidden, err));
@@ -252,6 +319,10 @@ static mkv_status_t parse_config(const char *dir, mkv_model_config_t *c, char *e
     MKV_TRY(cfg_int(root, "num_attention_heads", -1, &c->n_heads, err));
     MKV_TRY(cfg_int(root, "num_key_value_heads", c->n_heads, &c->n_kv_heads, err));
     const cJSON *hd = cJSON_GetObjectItemCaseSensitive(root, "head_dim");
+    if (hd && !cJSON_IsNull(hd) && !cJSON_IsNumber(hd)) {
+        status = mkv_fail(err, MKV_STATUS_PARSE_ERROR, "config.json: head_dim must be a positive integer");
+        goto fail;
+    }
     if (c->hidden % c->n_heads != 0 && (!hd || cJSON_IsNull(hd))) {
         status = mkv_fail(err, MKV_STATUS_PARSE_ERROR,
                           "config.json: hidden_size %d is not a multiple of num_attention_heads %d",
@@ -264,9 +335,9 @@ static mkv_status_t parse_config(const char *dir, mkv_model_config_t *c, char *e
     MKV_TRY(cfg_int(root, "max_position_embeddings", -1, &c->max_pos, err));
     MKV_TRY(cfg_float(root, "rope_theta", 10000.0, &c->rope_theta, err));
     MKV_TRY(cfg_float(root, "rms_norm_eps", 1e-6, &c->rms_eps, err));
-    c->tied = cfg_true(root, "tie_word_embeddings");
-    MKV_TRY(cfg_token(root, "bos_token_id", &c->bos, err));
-    MKV_TRY(cfg_token(root, "eos_token_id", &c->eos, err));
+    MKV_TRY(cfg_bool(root, "tie_word_embeddings", &c->tied, err));
+    MKV_TRY(cfg_token(root, "bos_token_id", c->vocab, &c->bos, err));
+    MKV_TRY(cfg_token(root, "eos_token_id", c->vocab, &c->eos, err));
     if (c->n_heads % c->n_kv_heads != 0) {
         status = mkv_fail(err, MKV_STATUS_PARSE_ERROR,
                           "config.json: num_attention_heads %d is not a multiple of "
@@ -281,8 +352,13 @@ static mkv_status_t parse_config(const char *dir, mkv_model_config_t *c, char *e
     /* Mistral's sliding window: within it attention is plain causal attention, so the model
      * is exact up to that many positions; the cache has no windowed attention beyond. */
     const cJSON *swj = cJSON_GetObjectItemCaseSensitive(root, "sliding_window");
-    int64_t sw;
-    if (arch == 1 && json_uint(swj, &sw) && sw >= 1 && sw < c->max_pos) c->max_pos = (int32_t)sw;
+    int64_t sw = 0; /* 0 or null: no window */
+    if (swj && !cJSON_IsNull(swj) && (!json_uint(swj, &sw) || sw > INT32_MAX)) {
+        status = mkv_fail(err, MKV_STATUS_PARSE_ERROR,
+                          "config.json: sliding_window must be a non-negative integer or null");
+        goto fail;
+    }
+    if (arch == 1 && sw >= 1 && sw < c->max_pos) c->max_pos = (int32_t)sw;
     cJSON_Delete(root);
     return MKV_STATUS_OK;
 fail:
@@ -368,10 +444,11 @@ static mkv_status_t open_safetensors(storage_t *s, const char *dir, const char *
 {
     char path[4096];
     path_join(path, sizeof path, dir, fname);
-    const int fd = open(path, O_RDONLY);
-    if (fd < 0) return mkv_fail(err, MKV_STATUS_IO_ERROR, "cannot open %s: %s", path, strerror(errno));
     struct stat sb;
-    if (fstat(fd, &sb) != 0 || sb.st_size < 8) {
+    int fd;
+    mkv_status_t st = open_regular(path, &fd, &sb, err);
+    if (st != MKV_STATUS_OK) return st;
+    if (sb.st_size < 8) {
         close(fd);
         return mkv_fail(err, MKV_STATUS_PARSE_ERROR, "%s: too short for a safetensors header",
                         path);
@@ -483,7 +560,7 @@ static mkv_status_t get_tensor(storage_t *s, const char *name, int32_t ndim, int
         *out = (const float *)(const void *)t->data;
         return MKV_STATUS_OK;
     }
-    if (!grow((void **)&s->owned, &s->cap_owned, s->n_owned + 1, sizeof(float *)))
+    if (!grow((void **)&s->owned, &s->cap_owned, s->n_owned + 1, sizeof(void *)))
         return mkv_fail(err, MKV_STATUS_OUT_OF_MEMORY, "out of memory converting %s", name);
     float *buf = malloc((size_t)n * sizeof(float));
     if (!buf) return mkv_fail(err, MKV_STATUS_OUT_OF_MEMORY, "out of memory converting %s", name);
@@ -554,6 +631,20 @@ static void free_tensor_table(storage_t *s)
     s->n_tensors = s->cap_tensors = 0;
 }
 
+void *mkv_model_own(mkv_model_t *m, size_t bytes, char *err)
+{
+    storage_t *s = m->storage;
+    void *p = NULL;
+    if (grow((void **)&s->owned, &s->cap_owned, s->n_owned + 1, sizeof(void *)))
+        p = malloc(bytes ? bytes : 1);
+    if (!p) {
+        mkv_fail(err, MKV_STATUS_OUT_OF_MEMORY, "out of memory (%zu bytes)", bytes);
+        return NULL;
+    }
+    s->owned[s->n_owned++] = p;
+    return p;
+}
+
 void mkv_model_free(mkv_model_t *m)
 {
     if (!m) return;
@@ -573,6 +664,7 @@ void mkv_model_free(mkv_model_t *m)
     free(m);
 }
 
+/* dir: a model folder, or a GGUF file. */
 mkv_status_t mkv_model_load(const char *dir, mkv_model_t **out, char *err)
 {
     char local[MKV_ERR_LEN], path[4096];
@@ -594,6 +686,15 @@ mkv_status_t mkv_model_load(const char *dir, mkv_model_t **out, char *err)
         goto fail;
     }
     m->storage = s;
+    if (stat(dir, &sb) != 0) {
+        status = mkv_fail(err, MKV_STATUS_IO_ERROR, "cannot open %s: %s", dir, strerror(errno));
+        goto fail;
+    }
+    if (!S_ISDIR(sb.st_mode)) { /* a GGUF file; anything but a regular file is refused there */
+        MKV_TRY(mkv_model_load_gguf(dir, m, err));
+        *out = m;
+        return MKV_STATUS_OK;
+    }
     MKV_TRY(parse_config(dir, &m->cfg, err));
     s->layers = calloc((size_t)m->cfg.n_layers, sizeof *s->layers);
     if (!s->layers) {

@@ -1,7 +1,7 @@
 /*
  * model.h — Llama-family models on the CPU reference path (docs/model.md): a Hugging Face
  * folder (config.json, *.safetensors, optionally sharded through model.safetensors.index.json)
- * loaded into fp32, and a forward pass whose attention goes through the mixkv cache.
+ * or a GGUF file loaded into fp32, and a forward pass whose attention goes through the mixkv cache.
  *
  * Kept separate from the KV backend: the model only produces Q, K, V per layer and consumes the
  * attention output; where tokens live and at which precision is the cache's business. The GPU
@@ -47,12 +47,21 @@ typedef struct mkv_model {
     void *storage;                    /* owned: converted tensors, mappings */
 } mkv_model_t;
 
-/* Loads a model folder. Errors name the file, tensor or field: IO_ERROR (missing files),
- * PARSE_ERROR (malformed JSON or safetensors header), UNSUPPORTED (architecture other than
- * LlamaForCausalLM / MistralForCausalLM / Qwen2ForCausalLM without biases, dtype other than
- * F32 / F16 / BF16, rope_scaling), INVALID_ARGUMENT (a missing tensor or a wrong shape). */
-mkv_status_t mkv_model_load(const char *dir, mkv_model_t **out, char *err);
+/* Loads a model: `path` is a Hugging Face folder, or a GGUF file (a regular file: architecture
+ * llama, weights dequantized to fp32, engine/model_gguf.c). Errors name the file, tensor or
+ * field: IO_ERROR (missing files, a FIFO or device where a file is expected), PARSE_ERROR
+ * (malformed JSON, safetensors or GGUF), UNSUPPORTED (architecture other than LlamaForCausalLM /
+ * MistralForCausalLM / Qwen2ForCausalLM without biases or GGUF llama, dtype other than F32 /
+ * F16 / BF16 or a GGUF type without a dequantizer, rope scaling), INVALID_ARGUMENT (a missing
+ * tensor or a wrong shape). */
+mkv_status_t mkv_model_load(const char *path, mkv_model_t **out, char *err);
 void mkv_model_free(mkv_model_t *m);
+
+/* Internal to the loaders. mkv_model_load_gguf fills a zeroed model whose storage model.c set
+ * up (cfg, weights, layers); mkv_model_own returns `bytes` bytes freed with the model, or NULL
+ * with OUT_OF_MEMORY's message in err. */
+mkv_status_t mkv_model_load_gguf(const char *path, mkv_model_t *m, char *err);
+void *mkv_model_own(mkv_model_t *m, size_t bytes, char *err);
 
 /* A cache config for this model (L, H, G, d, from the model; the rest from base). */
 void mkv_model_cache_config(const mkv_model_t *m, const mkv_cache_config_t *base,

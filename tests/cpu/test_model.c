@@ -18,6 +18,7 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/stat.h>
 #include <unistd.h>
 
 #ifndef MIXKV_SHARED_DIR
@@ -514,5 +515,65 @@ Test(model_load, sharded_equals_single)
     cJSON_Delete(idx);
     for (int s = 0; s < 2; s++) free_wts(t[s], n[s]);
     mkv_model_free(one);
+    rm_folder(dir);
+}
+
+/* Every config.json field is type-checked: a string where a number or a boolean belongs is
+ * refused (naming the field) instead of being read as a default. */
+Test(model_load, config_type_checks)
+{
+    static const struct {
+        const char *extra, *needle;
+    } cases[] = {
+        {"\"tie_word_embeddings\": \"yes\",", "tie_word_embeddings must be true or false"},
+        {"\"tie_word_embeddings\": 1,", "tie_word_embeddings must be true or false"},
+        {"\"attention_bias\": \"false\",", "attention_bias must be true or false"},
+        {"\"hidden_size\": \"16\",", "hidden_size must be a positive integer"},
+        {"\"hidden_size\": 16.5,", "hidden_size must be a positive integer"},
+        {"\"head_dim\": \"8\",", "head_dim must be a positive integer"},
+        {"\"rope_theta\": \"1e4\",", "rope_theta must be a positive number"},
+        {"\"rms_norm_eps\": [1e-5],", "rms_norm_eps must be a positive number"},
+        {"\"model_type\": 7,", "model_type must be a string"},
+        {"\"sliding_window\": \"4k\",", "sliding_window must be a non-negative integer"},
+        {"\"rope_scaling\": \"linear\",", "rope_scaling must be an object or null"},
+        {"\"hidden_act\": 1,", "hidden_act (not a string)"},
+        {"\"bos_token_id\": 10,", "bos_token_id must be a token id below vocab_size 10"},
+        {"\"bos_token_id\": -1,", "bos_token_id must be a token id"},
+        {"\"eos_token_id\": [2, 99],", "eos_token_id must be a token id below vocab_size 10"},
+        {"\"eos_token_id\": \"2\",", "eos_token_id must be a token id"},
+    };
+    char dir[256];
+    for (size_t i = 0; i < sizeof cases / sizeof cases[0]; i++) {
+        tiny_folder(dir, sizeof dir, "types", "LlamaForCausalLM", cases[i].extra);
+        const mkv_status_t want = strstr(cases[i].needle, "hidden_act") ? MKV_STATUS_UNSUPPORTED
+                                                                         : MKV_STATUS_PARSE_ERROR;
+        expect_load_fails(dir, want, cases[i].needle);
+    }
+    rm_folder(dir);
+}
+
+/* A FIFO where a file is expected must not block the loader, and a folder named like a file
+ * gets a message that says so. */
+Test(model_load, fifo_and_folder_in_place_of_files, .timeout = 20)
+{
+    char dir[256], path[600];
+    wt_t t[32];
+    const int n = tiny_tensors(t);
+    tiny_folder(dir, sizeof dir, "fifo", "LlamaForCausalLM", "");
+    snprintf(path, sizeof path, "%s/model.safetensors", dir);
+    cr_assert_eq(mkfifo(path, 0600), 0);
+    expect_load_fails(dir, MKV_STATUS_IO_ERROR, "model.safetensors is a FIFO, device or socket");
+    unlink(path);
+    cr_assert_eq(mkdir(path, 0700), 0);
+    expect_load_fails(dir, MKV_STATUS_IO_ERROR, "model.safetensors is a directory");
+    rmdir(path);
+    tiny_write(dir, t, n);
+    snprintf(path, sizeof path, "%s/config.json", dir);
+    unlink(path);
+    cr_assert_eq(mkfifo(path, 0600), 0);
+    expect_load_fails(dir, MKV_STATUS_IO_ERROR, "config.json is a FIFO");
+    /* The model path itself a FIFO: taken as a GGUF file, refused the same way. */
+    expect_load_fails(path, MKV_STATUS_IO_ERROR, "a FIFO");
+    free_wts(t, n);
     rm_folder(dir);
 }
