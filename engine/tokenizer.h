@@ -30,9 +30,14 @@
 
 typedef struct mkv_tokenizer mkv_tokenizer_t;
 
-/* Loads dir/tokenizer.json (and tokenizer_config.json for add_bos_token when present).
+/* Loads dir/tokenizer.json (or, when dir is a regular file, the GGUF tokenizer below) (and tokenizer_config.json for add_bos_token when present).
  * IO_ERROR, PARSE_ERROR or UNSUPPORTED with the reason in err (MKV_ERR_LEN bytes). */
 mkv_status_t mkv_tokenizer_load(const char *dir, mkv_tokenizer_t **out, char *err);
+
+/* The tokenizer in a GGUF file's metadata (tokenizer.ggml.*), through mkv_tokenizer_create_bpe;
+ * mkv_tokenizer_load calls it when its path is a file rather than a folder. Errors name the
+ * file and the key. */
+mkv_status_t mkv_tokenizer_load_gguf(const char *path, mkv_tokenizer_t **out, char *err);
 void mkv_tokenizer_free(mkv_tokenizer_t *tok);
 
 int32_t mkv_tokenizer_vocab_size(const mkv_tokenizer_t *tok);

@@ -16,6 +16,7 @@
 
 #include <errno.h>
 #include <stdio.h>
+#include <sys/stat.h>
 #include <stdlib.h>
 #include <string.h>
 
@@ -370,6 +371,8 @@ mkv_status_t mkv_tokenizer_load(const char *dir, mkv_tokenizer_t **out, char *er
     if (!err) err = dummy;
     if (!dir || !out) return mkv_fail(err, MKV_STATUS_INVALID_ARGUMENT, "null argument");
     *out = NULL;
+    struct stat sb;
+    if (stat(dir, &sb) == 0 && !S_ISDIR(sb.st_mode)) return mkv_tokenizer_load_gguf(dir, out, err);
     if (snprintf(path, sizeof path, "%s/tokenizer.json", dir) >= (int)sizeof path)
         return mkv_fail(err, MKV_STATUS_INVALID_ARGUMENT, "path too long");
     MKV_TRY(read_json(path, 0, &root, err));

@@ -262,7 +262,7 @@ int mkv_generate_main(int argc, char **argv)
         const int32_t end = mkv_chat_end_token(tok, t);
         if (end >= 0) eos = end;
     } else if (o.prompt) {
-        if (mkv_tokenizer_encode(tok, o.prompt, strlen(o.prompt), !o.no_bos, &ids, &n_ids, err) !=
+        if (mkv_tokenizer_encode(tok, o.prompt, strlen(o.prompt), !o.no_bos && mkv_tools_add_bos(tok), &ids, &n_ids, err) !=
             MKV_STATUS_OK) {
             mkv_cli_error(CMD, "%s", err);
             rc = MKV_EXIT_USAGE;

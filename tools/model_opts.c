@@ -144,3 +144,9 @@ mkv_cache_t *mkv_tools_make_cache(const char *cmd, const mkv_model_t *model, int
     }
     return c;
 }
+
+int mkv_tools_add_bos(const mkv_tokenizer_t *tok)
+{
+    const int b = mkv_tokenizer_add_bos(tok);
+    return b >= 0 ? b : 1;
+}

@@ -6,6 +6,7 @@
 #define MKV_TOOLS_MODEL_OPTS_H
 
 #include "engine/model.h"
+#include "engine/tokenizer.h"
 #include "mixkv.h"
 
 typedef struct mkv_policy_opts {
@@ -39,6 +40,10 @@ int mkv_cli_parse_group(const char *cmd, const char *what, const char *text, int
 mkv_cache_t *mkv_tools_make_cache(const char *cmd, const mkv_model_t *model, int fp16,
                                   const mkv_policy_opts_t *p, int32_t max_seqs,
                                   int32_t max_seq_len, double pool_scale);
+
+/* Whether text encoded for this model starts with BOS: the tokenizer's own setting where it
+ * has one (GGUF's add_bos_token), else yes. */
+int mkv_tools_add_bos(const mkv_tokenizer_t *tok);
 
 #define MKV_POLICY_OPTS_HELP                                                                   \
     "  --hi-format F       mixkv's high format [K8V4]\n"                                        \

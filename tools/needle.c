@@ -285,7 +285,7 @@ static mkv_status_t answer(ctx_t *x, mkv_cache_t *c, const int32_t *prompt, int3
 static mkv_status_t encode_message(const ctx_t *x, const char *msg, int32_t **ids, int32_t *n, char *err)
 {
     if (x->chat != MKV_CHAT_NONE) return mkv_chat_encode(x->tok, x->chat, msg, ids, n, err);
-    return mkv_tokenizer_encode(x->tok, msg, strlen(msg), 1, ids, n, err);
+    return mkv_tokenizer_encode(x->tok, msg, strlen(msg), mkv_tools_add_bos(x->tok), ids, n, err);
 }
 
 /* Builds the prompt for one trial: the haystack tokens hay[0 .. H) with the needle sentence

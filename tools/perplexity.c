@@ -49,7 +49,8 @@ void mkv_perplexity_usage(FILE *f)
             "  --model PATH        a model folder or a GGUF file (required)\n"
             "  --data FILE|DIR|-   UTF-8 text ('-': standard input), or a directory whose regular\n"
             "                      files are documents (in name order; windows inside each),\n"
-            "                      encoded with the model's tokenizer (BOS first)\n"
+            "                      encoded with the model's tokenizer (BOS first where the\n"
+            "                      tokenizer adds one)\n"
             "  --window N          tokens per window, up to the model's positions\n"
             "                      [min(512, the model's positions) - 1]\n"
             "  --prompt-len P      prompt-phase tokens per window [window / 4]\n"
@@ -187,7 +188,7 @@ static void docs_free(docs_t *d)
     memset(d, 0, sizeof *d);
 }
 
-/* Reads and encodes one document (BOS first). 0 on success; a message is printed otherwise. */
+/* Reads and encodes one document (BOS first where the tokenizer adds one). 0 on success; a message is printed otherwise. */
 static int docs_add(docs_t *d, const mkv_tokenizer_t *tok, const char *path)
 {
     size_t len = 0;
@@ -195,7 +196,7 @@ static int docs_add(docs_t *d, const mkv_tokenizer_t *tok, const char *path)
     char *text = mkv_cli_read_file(CMD, path, &len);
     if (!text) return -1;
     int32_t *ids = NULL, n = 0;
-    const mkv_status_t st = mkv_tokenizer_encode(tok, text, len, 1, &ids, &n, err);
+    const mkv_status_t st = mkv_tokenizer_encode(tok, text, len, mkv_tools_add_bos(tok), &ids, &n, err);
     free(text);
     if (st != MKV_STATUS_OK) {
         mkv_cli_error(CMD, "%s: %s", path, err);
