@@ -26,6 +26,7 @@
 
 struct mkv_forward_ws {
     int32_t max_tokens; /* T */
+    int32_t n_threads;
     int32_t hidden, q_dim, kv_dim, inter, head_dim; /* the model it was sized for */
     float *x;           /* [T][hidden] residual stream */
     float *a;           /* [T][hidden] a block's normed input, then its output */
@@ -162,6 +163,7 @@ mkv_status_t mkv_forward_ws_create(const mkv_model_t *m, int32_t max_tokens, mkv
         goto oom;
     for (int32_t i = 0; i < c->head_dim / 2; i++)
         ws->inv_freq[i] = pow((double)c->rope_theta, -2.0 * i / c->head_dim);
+    ws->n_threads = 1;
     *out = ws;
     return MKV_STATUS_OK;
 oom:
@@ -171,6 +173,17 @@ oom:
     mkv_set_global_error_text(err);
     return status;
 }
+
+mkv_status_t mkv_forward_ws_set_threads(mkv_forward_ws_t *ws, int32_t n_threads)
+{
+    if (!ws || n_threads < 1 || n_threads > 256)
+        return mkv_fail_global(MKV_STATUS_INVALID_ARGUMENT,
+                               "mkv_forward_ws_set_threads: null workspace or %d threads", n_threads);
+    ws->n_threads = n_threads;
+    return MKV_STATUS_OK;
+}
+
+int32_t mkv_forward_ws_threads(const mkv_forward_ws_t *ws) { return ws ? ws->n_threads : 0; }
 
 /* ---------------------------------------------------------------------------------------- */
 /* The forward pass                                                                         */
