@@ -27,7 +27,6 @@
 #endif
 
 typedef float v16f __attribute__((vector_size(64)));
-typedef uint16_t v16h __attribute__((vector_size(32)));
 typedef uint32_t v16u __attribute__((vector_size(64)));
 
 #define TOK_TILE 8
@@ -72,7 +71,8 @@ mkv_status_t mkv_wmat_pack(const float *w, int32_t out, int32_t in, int allow_lo
     dst->in = in;
     dst->panels = (out + MKV_PANEL - 1) / MKV_PANEL;
     dst->bf16 = allow_lossy || bf16_exact(w, (int64_t)out * in);
-    const size_t elems = (size_t)dst->panels * (size_t)in * MKV_PANEL;
+    const size_t in_pad = (size_t)in + (size_t)(in % 2); /* bf16 panels hold k in pairs */
+    const size_t elems = (size_t)dst->panels * in_pad * MKV_PANEL;
     dst->data = calloc(elems, dst->bf16 ? 2 : 4);
     if (!dst->data) return MKV_STATUS_OUT_OF_MEMORY;
     for (int32_t p = 0; p < dst->panels; p++)
@@ -80,8 +80,10 @@ mkv_status_t mkv_wmat_pack(const float *w, int32_t out, int32_t in, int allow_lo
             const float *row = w + (int64_t)(p * MKV_PANEL + j) * in;
             const size_t base = (size_t)p * in * MKV_PANEL + (size_t)j;
             if (dst->bf16) {
-                uint16_t *d = (uint16_t *)dst->data + base;
-                for (int32_t k = 0; k < in; k++) d[(size_t)k * MKV_PANEL] = to_bf16(row[k]);
+                /* k pairs: lane j's 32-bit word holds k (low half) and k + 1 (high half). */
+                uint16_t *d = (uint16_t *)dst->data + (size_t)p * in_pad * MKV_PANEL;
+                for (int32_t k = 0; k < in; k++)
+                    d[((size_t)(k / 2) * MKV_PANEL + (size_t)j) * 2 + (size_t)(k % 2)] = to_bf16(row[k]);
             } else {
                 float *d = (float *)dst->data + base;
                 for (int32_t k = 0; k < in; k++) d[(size_t)k * MKV_PANEL] = row[k];
@@ -153,6 +155,7 @@ mkv_status_t mkv_weights_prepare(const mkv_model_t *m, mkv_pool_t *pool, mkv_wei
     for (int64_t i = 0; i < (int64_t)c->n_layers * MKV_W_PER_LAYER; i++)
         w->bytes += (int64_t)w->mats[i].panels * w->mats[i].in * MKV_PANEL * (w->mats[i].bf16 ? 2 : 4);
     w->bytes += (int64_t)w->lm_head.panels * w->lm_head.in * MKV_PANEL * (w->lm_head.bf16 ? 2 : 4);
+    /* (odd `in` pads bf16 panels by one k; not counted) */
     *out = w;
     return MKV_STATUS_OK;
 }
@@ -162,11 +165,13 @@ mkv_status_t mkv_weights_prepare(const mkv_model_t *m, mkv_pool_t *pool, mkv_wei
 /* ---------------------------------------------------------------------------------------- */
 
 #define LOAD_F32(dst, p) memcpy(&(dst), (p), sizeof(v16f))
-#define LOAD_BF16(dst, p)                                                                      \
+/* A bf16 panel's k pair (2k, 2k + 1): one 64-byte load, two 32-bit lane operations. */
+#define LOAD_BF16_PAIR(lo, hi, p)                                                              \
     do {                                                                                       \
-        v16h h_;                                                                               \
-        memcpy(&h_, (p), sizeof h_);                                                           \
-        (dst) = (v16f)(__builtin_convertvector(h_, v16u) << 16);                               \
+        v16u u_;                                                                               \
+        memcpy(&u_, (p), sizeof u_);                                                           \
+        (lo) = (v16f)(u_ << 16);                                                               \
+        (hi) = (v16f)(u_ & 0xffff0000u);                                                       \
     } while (0)
 
 /* Stores the 16 outputs of panel p (its first output at column `col`) into row y, only those
@@ -194,17 +199,32 @@ tile_gemm(const mkv_wmat_t *w, int32_t p, const int NP, const int BF16, const fl
     v16f acc[TOK_TILE][PANEL_TILE];
     for (int t = 0; t < TOK_TILE; t++)
         for (int c = 0; c < PANEL_TILE; c++) acc[t][c] = (v16f){0};
-    const size_t pstride = (size_t)K * MKV_PANEL;
-    for (int32_t k = 0; k < K; k++) {
-        v16f wv[PANEL_TILE];
-        for (int c = 0; c < NP; c++) {
-            const size_t off = (size_t)(p + c) * pstride + (size_t)k * MKV_PANEL;
-            if (BF16) LOAD_BF16(wv[c], (const uint16_t *)w->data + off);
-            else LOAD_F32(wv[c], (const float *)w->data + off);
+    if (BF16) {
+        const size_t pstride = (size_t)(K + K % 2) * MKV_PANEL; /* uint16 per panel */
+        const uint16_t *wd = (const uint16_t *)w->data + (size_t)p * pstride;
+        int32_t k = 0;
+        for (; k < K; k += 2) {
+            v16f lo[PANEL_TILE], hi[PANEL_TILE];
+            for (int c = 0; c < NP; c++) LOAD_BF16_PAIR(lo[c], hi[c], wd + c * pstride + (size_t)k * MKV_PANEL);
+            const int odd = k + 1 == K; /* the last k of an odd K has no partner */
+            for (int t = 0; t < TOK_TILE; t++) {
+                const float x0 = xr[t][k];
+                for (int c = 0; c < NP; c++) acc[t][c] += x0 * lo[c];
+                if (!odd) {
+                    const float x1 = xr[t][k + 1];
+                    for (int c = 0; c < NP; c++) acc[t][c] += x1 * hi[c];
+                }
+            }
         }
-        for (int t = 0; t < TOK_TILE; t++) {
-            const float xv = xr[t][k];
-            for (int c = 0; c < NP; c++) acc[t][c] += xv * wv[c];
+    } else {
+        const size_t pstride = (size_t)K * MKV_PANEL;
+        for (int32_t k = 0; k < K; k++) {
+            v16f wv[PANEL_TILE];
+            for (int c = 0; c < NP; c++) LOAD_F32(wv[c], (const float *)w->data + (size_t)(p + c) * pstride + (size_t)k * MKV_PANEL);
+            for (int t = 0; t < TOK_TILE; t++) {
+                const float xv = xr[t][k];
+                for (int c = 0; c < NP; c++) acc[t][c] += xv * wv[c];
+            }
         }
     }
     for (int t = 0; t < tm; t++)
@@ -218,15 +238,35 @@ tile_matvec(const mkv_wmat_t *w, int32_t p, const int NP, const int BF16, const 
     const int32_t K = w->in;
     v16f acc[MV_TILE];
     for (int c = 0; c < MV_TILE; c++) acc[c] = (v16f){0};
-    const size_t pstride = (size_t)K * MKV_PANEL;
-    for (int32_t k = 0; k < K; k++) {
-        const float xv = x[k];
-        for (int c = 0; c < NP; c++) {
-            v16f wv;
-            const size_t off = (size_t)(p + c) * pstride + (size_t)k * MKV_PANEL;
-            if (BF16) LOAD_BF16(wv, (const uint16_t *)w->data + off);
-            else LOAD_F32(wv, (const float *)w->data + off);
-            acc[c] += xv * wv;
+    if (BF16) {
+        const size_t pstride = (size_t)(K + K % 2) * MKV_PANEL;
+        const uint16_t *wd = (const uint16_t *)w->data + (size_t)p * pstride;
+        int32_t k = 0;
+        for (; k + 2 <= K; k += 2) {
+            const float x0 = x[k], x1 = x[k + 1];
+            for (int c = 0; c < NP; c++) {
+                v16f lo, hi;
+                LOAD_BF16_PAIR(lo, hi, wd + c * pstride + (size_t)k * MKV_PANEL);
+                acc[c] += x0 * lo;
+                acc[c] += x1 * hi;
+            }
+        }
+        if (k < K)
+            for (int c = 0; c < NP; c++) {
+                v16f lo, hi;
+                LOAD_BF16_PAIR(lo, hi, wd + c * pstride + (size_t)k * MKV_PANEL);
+                (void)hi;
+                acc[c] += x[k] * lo;
+            }
+    } else {
+        const size_t pstride = (size_t)K * MKV_PANEL;
+        for (int32_t k = 0; k < K; k++) {
+            const float xv = x[k];
+            for (int c = 0; c < NP; c++) {
+                v16f wv;
+                LOAD_F32(wv, (const float *)w->data + (size_t)(p + c) * pstride + (size_t)k * MKV_PANEL);
+                acc[c] += xv * wv;
+            }
         }
     }
     for (int c = 0; c < NP; c++) STORE_PANEL(y, (p + c) * MKV_PANEL, w->out, acc[c]);

@@ -25,7 +25,7 @@ typedef struct mkv_wmat {
     int32_t out, in; /* the matrix is [out][in] */
     int32_t panels;  /* ceil(out / 16); the last panel's missing outputs are zero */
     int32_t bf16;    /* 1: data holds bf16 (uint16), 0: fp32 */
-    void *data;      /* [panels][in][16] */
+    void *data;      /* [panels][in][16]; bf16: [panels][in/2 rounded up][16][2] */
 } mkv_wmat_t;
 
 enum { MKV_W_Q, MKV_W_K, MKV_W_V, MKV_W_O, MKV_W_GATE, MKV_W_UP, MKV_W_DOWN, MKV_W_PER_LAYER };
