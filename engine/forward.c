@@ -26,6 +26,10 @@
 #include <math.h>
 #include <stdlib.h>
 #include <string.h>
+#ifdef MKV_HAVE_OPENBLAS
+#include <cblas.h>
+void openblas_set_num_threads(int num_threads);
+#endif
 
 struct mkv_forward_ws {
     int32_t max_tokens; /* T */
@@ -163,6 +167,9 @@ mkv_status_t mkv_forward_ws_create(const mkv_model_t *m, int32_t max_tokens, mkv
         goto oom;
     for (int32_t i = 0; i < c->head_dim / 2; i++)
         ws->inv_freq[i] = pow((double)c->rope_theta, -2.0 * i / c->head_dim);
+#ifdef MKV_HAVE_OPENBLAS
+    openblas_set_num_threads(1); /* our pool runs it (head()) */
+#endif
     ws->n_threads = mkv_cpu_count();
     if (ws->n_threads > 1 && !(ws->pool = mkv_pool_create(ws->n_threads))) ws->n_threads = 1;
     ws->model = m;
@@ -292,7 +299,7 @@ static mkv_status_t run_layers(const mkv_model_t *m, mkv_cache_t *cache, mkv_for
                                int32_t n, attend_fn attend, const void *arg)
 {
     const mkv_model_config_t *c = &m->cfg;
-    const int32_t D = c->hidden, QD = ws->q_dim, KD = ws->kv_dim, I = c->intermediate;
+    const int32_t D = c->hidden, QD = ws->q_dim, KD = ws->kv_dim, FF = c->intermediate;
     rope_table(ws->pos, n, c->head_dim, ws->inv_freq, ws->rope_cs);
     for (int32_t l = 0; l < c->n_layers; l++) {
         const mkv_layer_weights_t *w = &m->layers[l];
@@ -309,11 +316,11 @@ static mkv_status_t run_layers(const mkv_model_t *m, mkv_cache_t *cache, mkv_for
         add_into(ws->x, ws->a, (int64_t)n * D);
 
         rows_run(m, ws, 0, w->mlp_norm, n);
-        const mkv_matmul_t gu = {2, {&pw[MKV_W_GATE], &pw[MKV_W_UP]}, {ws->gate, ws->up}, {I, I}};
+        const mkv_matmul_t gu = {2, {&pw[MKV_W_GATE], &pw[MKV_W_UP]}, {ws->gate, ws->up}, {FF, FF}};
         mkv_matmul_run(ws->pool, &gu, ws->a, D, n);
         rows_run(m, ws, 2, NULL, n);
         const mkv_matmul_t down = {1, {&pw[MKV_W_DOWN]}, {ws->a}, {D}};
-        mkv_matmul_run(ws->pool, &down, ws->gate, I, n);
+        mkv_matmul_run(ws->pool, &down, ws->gate, FF, n);
         add_into(ws->x, ws->a, (int64_t)n * D);
     }
     return MKV_STATUS_OK;
@@ -326,12 +333,47 @@ static void embed(const mkv_model_t *m, const int32_t *tokens, int32_t n, float 
         memcpy(x + t * D, m->embed + (int64_t)tokens[t] * D, (size_t)D * sizeof(float));
 }
 
-/* logits of tokens [first, first + count) of ws->x, after the final norm. */
+#ifdef MKV_HAVE_OPENBLAS
+/* The logits of every position: OpenBLAS sgemm on the fp32 lm_head, in fixed column chunks run
+ * by our pool (OpenBLAS itself single-threaded: no second set of threads competes with ours,
+ * and the split does not depend on the thread count). */
+#define LOGIT_CHUNK 1024
+typedef struct blas_ctx {
+    const float *a, *w;
+    float *logits;
+    int32_t n, V, D;
+} blas_ctx_t;
+
+static void blas_range(void *ctx, int64_t b, int64_t e, int32_t part)
+{
+    (void)part;
+    const blas_ctx_t *c = ctx;
+    for (int64_t i = b; i < e; i++) {
+        const int32_t c0 = (int32_t)(i * LOGIT_CHUNK);
+        const int32_t nc = c->V - c0 < LOGIT_CHUNK ? c->V - c0 : LOGIT_CHUNK;
+        cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasTrans, c->n, nc, c->D, 1.0f, c->a, c->D,
+                    c->w + (int64_t)c0 * c->D, c->D, 0.0f, c->logits + c0, c->V);
+    }
+}
+#endif
+
+/* logits of tokens [first, first + count) of ws->x, after the final norm; blas: through
+ * OpenBLAS (a prefill's every position), else the packed kernels, whose rows equal a decode's
+ * bit for bit. */
 static void head(const mkv_model_t *m, mkv_forward_ws_t *ws, int32_t first, int32_t count,
-                 float *logits)
+                 float *logits, int blas)
 {
     const int64_t D = m->cfg.hidden;
     rmsnorm(ws->x + first * D, m->final_norm, (int32_t)D, count, m->cfg.rms_eps, ws->a);
+#ifdef MKV_HAVE_OPENBLAS
+    if (blas && count > 1) {
+        const blas_ctx_t c = {ws->a, m->lm_head, logits, count, m->cfg.vocab, (int32_t)D};
+        mkv_pool_run(ws->pool, blas_range, (void *)&c, (m->cfg.vocab + LOGIT_CHUNK - 1) / LOGIT_CHUNK);
+        return;
+    }
+#else
+    (void)blas;
+#endif
     const mkv_matmul_t lm = {1, {&ws->w->lm_head}, {logits}, {m->cfg.vocab}};
     mkv_matmul_run(ws->pool, &lm, ws->a, D, count);
 }
@@ -374,12 +416,12 @@ mkv_status_t mkv_model_prefill(const mkv_model_t *m, mkv_cache_t *cache, int32_t
     if ((st = mkv_cache_commit_prompt(cache, 1, &slot, NULL)) != MKV_STATUS_OK)
         return cache_failed(cache, st);
     if (logits) {
-        head(m, ws, 0, n, logits);
+        head(m, ws, 0, n, logits, 1);
         if (last_logits)
             memcpy(last_logits, logits + (int64_t)(n - 1) * m->cfg.vocab,
                    (size_t)m->cfg.vocab * sizeof(float));
     } else if (last_logits) {
-        head(m, ws, n - 1, 1, last_logits);
+        head(m, ws, n - 1, 1, last_logits, 0);
     }
     return MKV_STATUS_OK;
 }
@@ -423,6 +465,6 @@ mkv_status_t mkv_model_decode(const mkv_model_t *m, mkv_cache_t *cache, int32_t 
     if ((st = run_layers(m, cache, ws, n_slots, attend_decode, &arg)) != MKV_STATUS_OK) return st;
     if ((st = mkv_cache_compress(cache, n_slots, slots, NULL)) != MKV_STATUS_OK)
         return cache_failed(cache, st);
-    head(m, ws, 0, n_slots, logits);
+    head(m, ws, 0, n_slots, logits, 0);
     return MKV_STATUS_OK;
 }
