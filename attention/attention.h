@@ -49,6 +49,19 @@ void mkv_attn_prefill(int32_t n, int32_t H, int32_t G, int32_t d, const float *q
                       const float *v, float softmax_scale, int32_t obs_window, float *out,
                       float *sig_sum, float *scratch);
 
+/* The blocked prefill (attention/prefill_ref.c): mkv_attn_prefill's results, bit for bit (the
+ * same operations per row, in the same order), computed 16 query rows at a time and split into
+ * independent items that the caller's threads run. run(runner, fn, ctx, n) must call
+ * fn(ctx, begin, end, part) over a partition of [0, n), part < parts naming the thread (its
+ * scratch); run == NULL runs serially. scratch: mkv_attn_prefill_blocked_scratch floats. */
+typedef void (*mkv_attn_range_fn)(void *ctx, int64_t begin, int64_t end, int32_t part);
+typedef void (*mkv_attn_run_fn)(void *runner, mkv_attn_range_fn fn, void *ctx, int64_t n);
+int64_t mkv_attn_prefill_blocked_scratch(int32_t n, int32_t H, int32_t G, int32_t d, int32_t parts);
+void mkv_attn_prefill_blocked(int32_t n, int32_t H, int32_t G, int32_t d, const float *q,
+                              const float *k, const float *v, float softmax_scale,
+                              int32_t obs_window, float *out, float *sig_sum, float *scratch,
+                              int32_t parts, mkv_attn_run_fn run, void *runner);
+
 /* How many queries have observed the token at position pos when the sequence holds N tokens,
  * of which the first prompt_len were the prompt: prompt queries as prefill counts them, plus
  * every generated query (positions prompt_len .. N - 1, each observes all earlier tokens and

@@ -18,14 +18,25 @@
 #include "engine/model.h"
 
 #include "common/error.h"
+#include "engine/kv_backend.h"
+#include "engine/parallel.h"
+#include "engine/weights.h"
 #include "memmgr/cache.h" /* the admitted prompt length, to check a prefill's n */
 
 #include <math.h>
 #include <stdlib.h>
 #include <string.h>
+#ifdef MKV_HAVE_OPENBLAS
+#include <cblas.h>
+void openblas_set_num_threads(int num_threads);
+#endif
 
 struct mkv_forward_ws {
     int32_t max_tokens; /* T */
+    int32_t n_threads;
+    mkv_pool_t *pool;   /* n_threads - 1 workers; NULL for one thread */
+    mkv_weights_t *w;   /* the projections, packed (engine/weights.h) */
+    const mkv_model_t *model; /* the model w was packed from */
     int32_t hidden, q_dim, kv_dim, inter, head_dim; /* the model it was sized for */
     float *x;           /* [T][hidden] residual stream */
     float *a;           /* [T][hidden] a block's normed input, then its output */
@@ -35,34 +46,12 @@ struct mkv_forward_ws {
     float *gate, *up;   /* [T][inter] */
     int32_t *pos;       /* [T] each token's position */
     double *inv_freq;   /* [hd / 2] theta^(-2i / hd) */
+    float *rope_cs;     /* [T][hd / 2][2] cos, sin of each token's angles */
 };
 
 /* ---------------------------------------------------------------------------------------- */
 /* Kernels                                                                                  */
 /* ---------------------------------------------------------------------------------------- */
-
-static float dot(const float *restrict w, const float *restrict x, int32_t n)
-{
-    float acc[8] = {0};
-    int32_t i = 0;
-    for (; i + 8 <= n; i += 8)
-        for (int j = 0; j < 8; j++) acc[j] += w[i + j] * x[i + j];
-    float s = ((acc[0] + acc[4]) + (acc[1] + acc[5])) + ((acc[2] + acc[6]) + (acc[3] + acc[7]));
-    for (; i < n; i++) s += w[i] * x[i];
-    return s;
-}
-
-/* y[t][o] = sum_i w[o][i] x[t][i] for t < n: rows of w outside, so each row is read once per
- * call and stays in cache while every token uses it. */
-static void matmul(const float *w, int32_t out_dim, int32_t in_dim, const float *x, int32_t n,
-                   float *y)
-{
-    for (int32_t o = 0; o < out_dim; o++) {
-        const float *row = w + (int64_t)o * in_dim;
-        for (int32_t t = 0; t < n; t++)
-            y[(int64_t)t * out_dim + o] = dot(row, x + (int64_t)t * in_dim, in_dim);
-    }
-}
 
 /* y[t] = x[t] / sqrt(mean(x[t]^2) + eps) * w, the mean in double. y may not alias x. */
 static void rmsnorm(const float *x, const float *w, int32_t dim, int32_t n, float eps, float *y)
@@ -77,16 +66,28 @@ static void rmsnorm(const float *x, const float *w, int32_t dim, int32_t n, floa
     }
 }
 
-/* Hugging Face's rotate_half layout: in each head, element i pairs with i + hd/2 and turns by
- * pos * theta^(-2i/hd). The angle's cos and sin are taken in double, then rounded to fp32. */
-static void rope(float *x, int32_t n_heads, int32_t hd, const int32_t *pos, int32_t n,
-                 const double *inv_freq)
+/* Each token's cos and sin, once per call for every layer: the angle pos * theta^(-2i/hd) in
+ * double, its cos and sin rounded to fp32. */
+static void rope_table(const int32_t *pos, int32_t n, int32_t hd, const double *inv_freq,
+                       float *cs)
 {
     const int32_t half = hd / 2;
-    for (int32_t t = 0; t < n; t++) {
+    for (int32_t t = 0; t < n; t++)
         for (int32_t i = 0; i < half; i++) {
             const double ang = (double)pos[t] * inv_freq[i];
-            const float c = (float)cos(ang), s = (float)sin(ang);
+            cs[((int64_t)t * half + i) * 2] = (float)cos(ang);
+            cs[((int64_t)t * half + i) * 2 + 1] = (float)sin(ang);
+        }
+}
+
+/* Hugging Face's rotate_half layout: in each head, element i pairs with i + hd/2 and turns by
+ * pos * theta^(-2i/hd) (the angles from rope_table). */
+static void rope(float *x, int32_t n_heads, int32_t hd, int32_t t0, int32_t t1, const float *cs)
+{
+    const int32_t half = hd / 2;
+    for (int32_t t = t0; t < t1; t++) {
+        for (int32_t i = 0; i < half; i++) {
+            const float c = cs[((int64_t)t * half + i) * 2], s = cs[((int64_t)t * half + i) * 2 + 1];
             for (int32_t h = 0; h < n_heads; h++) {
                 float *p = x + ((int64_t)t * n_heads + h) * hd;
                 const float x1 = p[i], x2 = p[i + half];
@@ -119,6 +120,9 @@ void mkv_forward_ws_free(mkv_forward_ws_t *ws)
     free(ws->up);
     free(ws->pos);
     free(ws->inv_freq);
+    free(ws->rope_cs);
+    mkv_weights_free(ws->w);
+    mkv_pool_destroy(ws->pool);
     free(ws);
 }
 
@@ -157,11 +161,23 @@ mkv_status_t mkv_forward_ws_create(const mkv_model_t *m, int32_t max_tokens, mkv
     ws->up = malloc(T * (size_t)ws->inter * sizeof(float));
     ws->pos = malloc(T * sizeof(int32_t));
     ws->inv_freq = malloc((size_t)(c->head_dim / 2) * sizeof(double));
+    ws->rope_cs = malloc(T * (size_t)c->head_dim * sizeof(float));
     if (!ws->x || !ws->a || !ws->q || !ws->k || !ws->v || !ws->att || !ws->gate || !ws->up ||
-        !ws->pos || !ws->inv_freq)
+        !ws->pos || !ws->inv_freq || !ws->rope_cs)
         goto oom;
     for (int32_t i = 0; i < c->head_dim / 2; i++)
         ws->inv_freq[i] = pow((double)c->rope_theta, -2.0 * i / c->head_dim);
+#ifdef MKV_HAVE_OPENBLAS
+    openblas_set_num_threads(1); /* our pool runs it (head()) */
+#endif
+    ws->n_threads = mkv_cpu_count();
+    if (ws->n_threads > 1 && !(ws->pool = mkv_pool_create(ws->n_threads))) ws->n_threads = 1;
+    ws->model = m;
+    if ((status = mkv_weights_prepare(m, ws->pool, &ws->w, err)) != MKV_STATUS_OK) {
+        mkv_forward_ws_free(ws);
+        mkv_set_global_error_text(err);
+        return status;
+    }
     *out = ws;
     return MKV_STATUS_OK;
 oom:
@@ -171,6 +187,24 @@ oom:
     mkv_set_global_error_text(err);
     return status;
 }
+
+mkv_status_t mkv_forward_ws_set_threads(mkv_forward_ws_t *ws, int32_t n_threads)
+{
+    if (!ws || n_threads < 1 || n_threads > 256)
+        return mkv_fail_global(MKV_STATUS_INVALID_ARGUMENT,
+                               "mkv_forward_ws_set_threads: null workspace or %d threads", n_threads);
+    if (n_threads == ws->n_threads) return MKV_STATUS_OK;
+    mkv_pool_t *pool = NULL;
+    if (n_threads > 1 && !(pool = mkv_pool_create(n_threads)))
+        return mkv_fail_global(MKV_STATUS_OUT_OF_MEMORY,
+                               "mkv_forward_ws_set_threads: cannot start %d threads", n_threads);
+    mkv_pool_destroy(ws->pool);
+    ws->pool = pool;
+    ws->n_threads = n_threads;
+    return MKV_STATUS_OK;
+}
+
+int32_t mkv_forward_ws_threads(const mkv_forward_ws_t *ws) { return ws ? ws->n_threads : 0; }
 
 /* ---------------------------------------------------------------------------------------- */
 /* The forward pass                                                                         */
@@ -190,7 +224,8 @@ static mkv_status_t check_common(const char *fn, const mkv_model_t *m, const mkv
         return mkv_fail_global(MKV_STATUS_INVALID_ARGUMENT, "%s: null model, cache, workspace "
                                "or tokens", fn);
     const mkv_model_config_t *c = &m->cfg;
-    if (ws->hidden != c->hidden || ws->q_dim != c->n_heads * c->head_dim ||
+    if (ws->model != m ||
+        ws->hidden != c->hidden || ws->q_dim != c->n_heads * c->head_dim ||
         ws->kv_dim != c->n_kv_heads * c->head_dim || ws->inter != c->intermediate)
         return mkv_fail_global(MKV_STATUS_INVALID_ARGUMENT,
                                "%s: the workspace was created for another model", fn);
@@ -220,32 +255,72 @@ static mkv_status_t check_common(const char *fn, const mkv_model_t *m, const mkv
 typedef mkv_status_t (*attend_fn)(mkv_cache_t *cache, int32_t layer, const mkv_forward_ws_t *ws,
                                   const void *arg);
 
+/* Row-parallel elementwise steps (each row's arithmetic is the serial one). */
+typedef struct rows_ctx {
+    const mkv_forward_ws_t *ws;
+    const mkv_model_t *m;
+    const float *norm_w; /* rmsnorm's weight */
+    int32_t kind;        /* 0: rmsnorm x -> a, 1: rope q and k, 2: silu(gate) * up */
+} rows_ctx_t;
+
+static void rows_range(void *ctx, int64_t b, int64_t e, int32_t part)
+{
+    (void)part;
+    const rows_ctx_t *r = ctx;
+    const mkv_forward_ws_t *ws = r->ws;
+    const mkv_model_config_t *c = &r->m->cfg;
+    const int32_t t0 = (int32_t)b, t1 = (int32_t)e;
+    if (r->kind == 0) {
+        rmsnorm(ws->x + (int64_t)t0 * ws->hidden, r->norm_w, ws->hidden, t1 - t0, c->rms_eps,
+                ws->a + (int64_t)t0 * ws->hidden);
+    } else if (r->kind == 1) {
+        rope(ws->q, c->n_heads, c->head_dim, t0, t1, ws->rope_cs);
+        rope(ws->k, c->n_kv_heads, c->head_dim, t0, t1, ws->rope_cs);
+    } else {
+        for (int64_t i = (int64_t)t0 * ws->inter; i < (int64_t)t1 * ws->inter; i++) {
+            const float g = ws->gate[i];
+            ws->gate[i] = g / (1.0f + expf(-g)) * ws->up[i];
+        }
+    }
+}
+
+static void rows_run(const mkv_model_t *m, mkv_forward_ws_t *ws, int32_t kind, const float *norm_w,
+                     int32_t n)
+{
+    const rows_ctx_t r = {ws, m, norm_w, kind};
+    mkv_pool_run(n > 1 ? ws->pool : NULL, rows_range, (void *)&r, n);
+}
+
+/* Every layer over n tokens whose embeddings are in ws->x; `attend` runs the cache. */
+typedef mkv_status_t (*attend_fn)(mkv_cache_t *cache, int32_t layer, const mkv_forward_ws_t *ws,
+                                  const void *arg);
+
 static mkv_status_t run_layers(const mkv_model_t *m, mkv_cache_t *cache, mkv_forward_ws_t *ws,
                                int32_t n, attend_fn attend, const void *arg)
 {
     const mkv_model_config_t *c = &m->cfg;
-    const int32_t D = c->hidden, QD = ws->q_dim, KD = ws->kv_dim, I = c->intermediate;
+    const int32_t D = c->hidden, QD = ws->q_dim, KD = ws->kv_dim, FF = c->intermediate;
+    rope_table(ws->pos, n, c->head_dim, ws->inv_freq, ws->rope_cs);
     for (int32_t l = 0; l < c->n_layers; l++) {
         const mkv_layer_weights_t *w = &m->layers[l];
-        rmsnorm(ws->x, w->attn_norm, D, n, c->rms_eps, ws->a);
-        matmul(w->wq, QD, D, ws->a, n, ws->q);
-        matmul(w->wk, KD, D, ws->a, n, ws->k);
-        matmul(w->wv, KD, D, ws->a, n, ws->v);
-        rope(ws->q, c->n_heads, c->head_dim, ws->pos, n, ws->inv_freq);
-        rope(ws->k, c->n_kv_heads, c->head_dim, ws->pos, n, ws->inv_freq);
+        const mkv_wmat_t *pw = ws->w->mats + (int64_t)l * MKV_W_PER_LAYER;
+        rows_run(m, ws, 0, w->attn_norm, n);
+        const mkv_matmul_t qkv = {3, {&pw[MKV_W_Q], &pw[MKV_W_K], &pw[MKV_W_V]},
+                                  {ws->q, ws->k, ws->v}, {QD, KD, KD}};
+        mkv_matmul_run(ws->pool, &qkv, ws->a, D, n);
+        rows_run(m, ws, 1, NULL, n);
         const mkv_status_t st = attend(cache, l, ws, arg);
         if (st != MKV_STATUS_OK) return cache_failed(cache, st);
-        matmul(w->wo, D, QD, ws->att, n, ws->a);
+        const mkv_matmul_t o = {1, {&pw[MKV_W_O]}, {ws->a}, {D}};
+        mkv_matmul_run(ws->pool, &o, ws->att, QD, n);
         add_into(ws->x, ws->a, (int64_t)n * D);
 
-        rmsnorm(ws->x, w->mlp_norm, D, n, c->rms_eps, ws->a);
-        matmul(w->w_gate, I, D, ws->a, n, ws->gate);
-        matmul(w->w_up, I, D, ws->a, n, ws->up);
-        for (int64_t i = 0; i < (int64_t)n * I; i++) {
-            const float g = ws->gate[i];
-            ws->gate[i] = g / (1.0f + expf(-g)) * ws->up[i];
-        }
-        matmul(w->w_down, D, I, ws->gate, n, ws->a);
+        rows_run(m, ws, 0, w->mlp_norm, n);
+        const mkv_matmul_t gu = {2, {&pw[MKV_W_GATE], &pw[MKV_W_UP]}, {ws->gate, ws->up}, {FF, FF}};
+        mkv_matmul_run(ws->pool, &gu, ws->a, D, n);
+        rows_run(m, ws, 2, NULL, n);
+        const mkv_matmul_t down = {1, {&pw[MKV_W_DOWN]}, {ws->a}, {D}};
+        mkv_matmul_run(ws->pool, &down, ws->gate, FF, n);
         add_into(ws->x, ws->a, (int64_t)n * D);
     }
     return MKV_STATUS_OK;
@@ -258,13 +333,49 @@ static void embed(const mkv_model_t *m, const int32_t *tokens, int32_t n, float 
         memcpy(x + t * D, m->embed + (int64_t)tokens[t] * D, (size_t)D * sizeof(float));
 }
 
-/* logits of tokens [first, first + count) of ws->x, after the final norm. */
+#ifdef MKV_HAVE_OPENBLAS
+/* The logits of every position: OpenBLAS sgemm on the fp32 lm_head, in fixed column chunks run
+ * by our pool (OpenBLAS itself single-threaded: no second set of threads competes with ours,
+ * and the split does not depend on the thread count). */
+#define LOGIT_CHUNK 1024
+typedef struct blas_ctx {
+    const float *a, *w;
+    float *logits;
+    int32_t n, V, D;
+} blas_ctx_t;
+
+static void blas_range(void *ctx, int64_t b, int64_t e, int32_t part)
+{
+    (void)part;
+    const blas_ctx_t *c = ctx;
+    for (int64_t i = b; i < e; i++) {
+        const int32_t c0 = (int32_t)(i * LOGIT_CHUNK);
+        const int32_t nc = c->V - c0 < LOGIT_CHUNK ? c->V - c0 : LOGIT_CHUNK;
+        cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasTrans, c->n, nc, c->D, 1.0f, c->a, c->D,
+                    c->w + (int64_t)c0 * c->D, c->D, 0.0f, c->logits + c0, c->V);
+    }
+}
+#endif
+
+/* logits of tokens [first, first + count) of ws->x, after the final norm; blas: through
+ * OpenBLAS (a prefill's every position), else the packed kernels, whose rows equal a decode's
+ * bit for bit. */
 static void head(const mkv_model_t *m, mkv_forward_ws_t *ws, int32_t first, int32_t count,
-                 float *logits)
+                 float *logits, int blas)
 {
     const int64_t D = m->cfg.hidden;
     rmsnorm(ws->x + first * D, m->final_norm, (int32_t)D, count, m->cfg.rms_eps, ws->a);
-    matmul(m->lm_head, m->cfg.vocab, (int32_t)D, ws->a, count, logits);
+#ifdef MKV_HAVE_OPENBLAS
+    if (blas && count > 1) {
+        const blas_ctx_t c = {ws->a, m->lm_head, logits, count, m->cfg.vocab, (int32_t)D};
+        mkv_pool_run(ws->pool, blas_range, (void *)&c, (m->cfg.vocab + LOGIT_CHUNK - 1) / LOGIT_CHUNK);
+        return;
+    }
+#else
+    (void)blas;
+#endif
+    const mkv_matmul_t lm = {1, {&ws->w->lm_head}, {logits}, {m->cfg.vocab}};
+    mkv_matmul_run(ws->pool, &lm, ws->a, D, count);
 }
 
 typedef struct prefill_arg {
@@ -275,7 +386,8 @@ static mkv_status_t attend_prefill(mkv_cache_t *cache, int32_t layer, const mkv_
                                    const void *arg)
 {
     const prefill_arg_t *p = arg;
-    return mkv_cache_prefill_layer(cache, p->slot, layer, ws->q, ws->k, ws->v, ws->att, NULL);
+    return mkv_cache_prefill_layer_pool(cache, p->slot, layer, ws->q, ws->k, ws->v, ws->att,
+                                        ws->pool);
 }
 
 mkv_status_t mkv_model_prefill(const mkv_model_t *m, mkv_cache_t *cache, int32_t slot,
@@ -304,12 +416,12 @@ mkv_status_t mkv_model_prefill(const mkv_model_t *m, mkv_cache_t *cache, int32_t
     if ((st = mkv_cache_commit_prompt(cache, 1, &slot, NULL)) != MKV_STATUS_OK)
         return cache_failed(cache, st);
     if (logits) {
-        head(m, ws, 0, n, logits);
+        head(m, ws, 0, n, logits, 1);
         if (last_logits)
             memcpy(last_logits, logits + (int64_t)(n - 1) * m->cfg.vocab,
                    (size_t)m->cfg.vocab * sizeof(float));
     } else if (last_logits) {
-        head(m, ws, n - 1, 1, last_logits);
+        head(m, ws, n - 1, 1, last_logits, 0);
     }
     return MKV_STATUS_OK;
 }
@@ -323,8 +435,8 @@ static mkv_status_t attend_decode(mkv_cache_t *cache, int32_t layer, const mkv_f
                                   const void *arg)
 {
     const decode_arg_t *p = arg;
-    return mkv_cache_decode_layer(cache, p->n_slots, p->slots, layer, ws->q, ws->k, ws->v,
-                                  ws->att, NULL);
+    return mkv_cache_decode_layer_pool(cache, p->n_slots, p->slots, layer, ws->q, ws->k, ws->v,
+                                       ws->att, ws->pool);
 }
 
 mkv_status_t mkv_model_decode(const mkv_model_t *m, mkv_cache_t *cache, int32_t n_slots,
@@ -353,6 +465,6 @@ mkv_status_t mkv_model_decode(const mkv_model_t *m, mkv_cache_t *cache, int32_t 
     if ((st = run_layers(m, cache, ws, n_slots, attend_decode, &arg)) != MKV_STATUS_OK) return st;
     if ((st = mkv_cache_compress(cache, n_slots, slots, NULL)) != MKV_STATUS_OK)
         return cache_failed(cache, st);
-    head(m, ws, 0, n_slots, logits);
+    head(m, ws, 0, n_slots, logits, 0);
     return MKV_STATUS_OK;
 }

@@ -19,6 +19,7 @@
  * recycles.
  */
 #include "attention/attention.h"
+#include "engine/kv_backend.h"
 #include "engine/policy.h"
 #include "memmgr/cache.h"
 #include "quant/half.h"
@@ -55,6 +56,8 @@ struct mkv_kv {
     float *stage;                /* [S * L * H][2 * d] K and V of each region's demoted token */
     float *stage_score;          /* [S * L * H] */
     int32_t *stage_pos;          /* [S * L * H] */
+    float *par_scratch;          /* per-thread attention scratch (grown on demand) */
+    int64_t par_floats;          /* its size in floats */
 };
 
 static void ws_free(prompt_ws_t *ws)
@@ -89,6 +92,7 @@ static void kv_destroy(struct mkv_kv *kv)
     free(kv->stage);
     free(kv->stage_score);
     free(kv->stage_pos);
+    free(kv->par_scratch);
     free(kv);
 }
 
@@ -277,11 +281,37 @@ static mkv_status_t ws_for(mkv_cache_t *c, struct mkv_kv *kv, int32_t slot, prom
     return MKV_STATUS_OK;
 }
 
+/* Per-thread scratch of at least `floats` floats in total; grown once, never shrunk. */
+static mkv_status_t par_scratch(mkv_cache_t *c, struct mkv_kv *kv, int64_t floats)
+{
+    if (kv->par_floats >= floats) return MKV_STATUS_OK;
+    float *p = malloc((size_t)floats * sizeof(float));
+    if (!p)
+        return mkv_fail(c->err, MKV_STATUS_OUT_OF_MEMORY, "cannot allocate %lld bytes of attention scratch",
+                        (long long)floats * 4);
+    free(kv->par_scratch);
+    kv->par_scratch = p;
+    kv->par_floats = floats;
+    return MKV_STATUS_OK;
+}
+
+static void pool_runner(void *runner, mkv_attn_range_fn fn, void *ctx, int64_t n)
+{
+    mkv_pool_run(runner, fn, ctx, n);
+}
+
 mkv_status_t mkv_cache_prefill_layer(mkv_cache_t *cache, int32_t slot, int32_t layer,
                                      const float *q, const float *k, const float *v, float *out,
                                      void *stream)
 {
     (void)stream;
+    return mkv_cache_prefill_layer_pool(cache, slot, layer, q, k, v, out, NULL);
+}
+
+mkv_status_t mkv_cache_prefill_layer_pool(mkv_cache_t *cache, int32_t slot, int32_t layer,
+                                          const float *q, const float *k, const float *v,
+                                          float *out, mkv_pool_t *pool)
+{
     HANDLE_CHECK(cache);
     struct mkv_kv *kv;
     prompt_ws_t *ws = NULL;
@@ -305,8 +335,15 @@ mkv_status_t mkv_cache_prefill_layer(mkv_cache_t *cache, int32_t slot, int32_t l
         kw[i] = round_f16(k[i]);
         vw[i] = round_f16(v[i]);
     }
-    mkv_attn_prefill(ws->n, cfg->n_kv_heads, cfg->group_size, cfg->head_dim, q, kw, vw,
-                     cfg->softmax_scale, cfg->obs_window, out, ws->sig + layer * H * n, kv->scratch);
+    const int32_t parts = mkv_pool_threads(pool);
+    if ((st = par_scratch(cache, kv, mkv_attn_prefill_blocked_scratch(ws->n, cfg->n_kv_heads,
+                                                                       cfg->group_size,
+                                                                       cfg->head_dim, parts))) !=
+        MKV_STATUS_OK)
+        return st;
+    mkv_attn_prefill_blocked(ws->n, cfg->n_kv_heads, cfg->group_size, cfg->head_dim, q, kw, vw,
+                             cfg->softmax_scale, cfg->obs_window, out, ws->sig + layer * H * n,
+                             kv->par_scratch, parts, pool ? pool_runner : NULL, pool);
     ws->done[layer] = 1;
     return MKV_STATUS_OK;
 }
@@ -407,11 +444,47 @@ mkv_status_t mkv_cache_commit_prompt(mkv_cache_t *cache, int32_t n_slots, const 
 /* Decode                                                                                   */
 /* ---------------------------------------------------------------------------------------- */
 
+typedef struct decode_ctx {
+    mkv_cache_t *c;
+    struct mkv_kv *kv;
+    const int32_t *slots;
+    int32_t layer;
+    const float *q;
+    float *out;
+    int64_t part_floats;
+} decode_ctx_t;
+
+/* Items (slot j, KV head h), j-major: each head-region attends on one thread. */
+static void decode_range(void *ctx, int64_t b, int64_t e, int32_t part)
+{
+    const decode_ctx_t *x = ctx;
+    mkv_cache_t *cache = x->c;
+    const mkv_cache_config_t *cfg = &cache->cfg;
+    const int64_t H = cfg->n_kv_heads, G = cfg->group_size, d = cfg->head_dim;
+    float *scratch = x->kv->par_scratch + part * x->part_floats;
+    for (int64_t it = b; it < e; it++) {
+        const int64_t j = it / H, h = it % H;
+        const int64_t r = mkv_mm_region(&cache->st.g, x->slots[j], x->layer, (int32_t)h);
+        const mkv_region_pages_t rp = {cache->pool, cfg->page_bytes, &x->kv->lay_hi, &x->kv->lay_lo,
+                                       mkv_mm_row(&cache->st, r), cache->st.g.row_entries,
+                                       cache->st.n_hi[r], cache->st.n_lo[r]};
+        mkv_attn_decode_region(&rp, (int32_t)G, (int32_t)d, x->q + (j * H + h) * G * d,
+                               cfg->softmax_scale, x->out + (j * H + h) * G * d, scratch);
+    }
+}
+
 mkv_status_t mkv_cache_decode_layer(mkv_cache_t *cache, int32_t n_slots, const int32_t *slots,
                                     int32_t layer, const float *q, const float *k, const float *v,
                                     float *out, void *stream)
 {
     (void)stream;
+    return mkv_cache_decode_layer_pool(cache, n_slots, slots, layer, q, k, v, out, NULL);
+}
+
+mkv_status_t mkv_cache_decode_layer_pool(mkv_cache_t *cache, int32_t n_slots, const int32_t *slots,
+                                         int32_t layer, const float *q, const float *k,
+                                         const float *v, float *out, mkv_pool_t *pool)
+{
     HANDLE_CHECK(cache);
     struct mkv_kv *kv;
     mkv_status_t st = check_data_slots(cache, n_slots, slots, &kv);
@@ -442,14 +515,14 @@ mkv_status_t mkv_cache_decode_layer(mkv_cache_t *cache, int32_t n_slots, const i
                 kv->tok[d + e] = round_f16(v[(j * H + h) * d + e]);
             }
             mkv_page_write_token(page, &kv->lay_hi, slot_in_page, kv->tok, kv->tok + d, 0.0f, N - 1);
-            const mkv_region_pages_t rp = {cache->pool, cfg->page_bytes, &kv->lay_hi, &kv->lay_lo,
-                                           mkv_mm_row(&cache->st, r), cache->st.g.row_entries,
-                                           cache->st.n_hi[r], cache->st.n_lo[r]};
-            mkv_attn_decode_region(&rp, (int32_t)G, (int32_t)d, q + (j * H + h) * G * d,
-                                   cfg->softmax_scale, out + (j * H + h) * G * d, kv->scratch);
         }
         kv->decoded[s * L + layer] = N;
     }
+    /* Then attention, every head-region on one thread (mkv_attn_decode_region's scratch). */
+    const int64_t part_floats = G * cfg->max_seq_len + 2 * d + 16;
+    if ((st = par_scratch(cache, kv, part_floats * mkv_pool_threads(pool))) != MKV_STATUS_OK) return st;
+    const decode_ctx_t dc = {cache, kv, slots, layer, q, out, part_floats};
+    mkv_pool_run(pool, decode_range, (void *)&dc, (int64_t)n_slots * H);
     return MKV_STATUS_OK;
 }
 

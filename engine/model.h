@@ -74,6 +74,11 @@ mkv_status_t mkv_forward_ws_create(const mkv_model_t *m, int32_t max_tokens, mkv
                                    char *err);
 void mkv_forward_ws_free(mkv_forward_ws_t *ws);
 
+/* Threads the forward pass uses (the caller's thread counts as one): 1 to 256; a workspace
+ * starts with one per online core. Results do not depend on it (docs/model.md, "Speed"). */
+mkv_status_t mkv_forward_ws_set_threads(mkv_forward_ws_t *ws, int32_t n_threads);
+int32_t mkv_forward_ws_threads(const mkv_forward_ws_t *ws);
+
 /* The prompt of an admitted slot (tokens[n], n == the admitted prompt_len) through every layer
  * (mkv_cache_prefill_layer), then mkv_cache_commit_prompt. logits: [n][vocab] for every
  * position, or NULL; last_logits: [vocab] of the last position, or NULL. */

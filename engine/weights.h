@@ -1,0 +1,65 @@
+/*
+ * weights.h — the model's projection weights prepared for the forward pass's matrix products
+ * (docs/model.md, "Speed"): each [out][in] matrix repacked as [ceil(out/16)][in][16] panels,
+ * sixteen outputs side by side, stored as bf16 when every element is exactly a bf16 value (a
+ * bf16 checkpoint loaded into fp32: lossless, half the bytes a decode step streams) and fp32
+ * otherwise. Created from an mkv_model_t by the forward workspace; the model is not changed.
+ *
+ * One operation order for every path: each output y[t][o] is the sequential fp32 sum over
+ * k = 0 .. in-1 of round(x[t][k] * w[o][k]) (a multiply, then an add; no fused multiply-add),
+ * whatever the token count, the tiling, the thread split or the instruction set. So a prefill
+ * and a decode of the same token give the same bits (the recompute of docs/model.md), and the
+ * thread count never changes a result.
+ */
+#ifndef MKV_ENGINE_WEIGHTS_H
+#define MKV_ENGINE_WEIGHTS_H
+
+#include "engine/model.h"
+#include "engine/parallel.h"
+
+#include <stdint.h>
+
+#define MKV_PANEL 16 /* outputs per panel */
+
+typedef struct mkv_wmat {
+    int32_t out, in; /* the matrix is [out][in] */
+    int32_t panels;  /* ceil(out / 16); the last panel's missing outputs are zero */
+    int32_t bf16;    /* 1: data holds bf16 (uint16), 0: fp32 */
+    void *data;      /* [panels][in][16]; bf16: [panels][in/2 rounded up][16][2] */
+} mkv_wmat_t;
+
+enum { MKV_W_Q, MKV_W_K, MKV_W_V, MKV_W_O, MKV_W_GATE, MKV_W_UP, MKV_W_DOWN, MKV_W_PER_LAYER };
+
+typedef struct mkv_weights {
+    int32_t n_layers;
+    mkv_wmat_t *mats;   /* [n_layers][MKV_W_PER_LAYER] */
+    mkv_wmat_t lm_head; /* [vocab][hidden] */
+    int64_t bytes;      /* packed bytes, all matrices */
+} mkv_weights_t;
+
+/* Packs every projection and the lm_head (in parallel on pool, which may be NULL).
+ * OUT_OF_MEMORY with a message in err. */
+mkv_status_t mkv_weights_prepare(const mkv_model_t *m, mkv_pool_t *pool, mkv_weights_t **out,
+                                 char *err);
+void mkv_weights_free(mkv_weights_t *w);
+
+/* Packs one [out][in] fp32 matrix; bf16 storage when lossless (or when allow_lossy). */
+mkv_status_t mkv_wmat_pack(const float *w, int32_t out, int32_t in, int allow_lossy,
+                           mkv_wmat_t *dst);
+void mkv_wmat_free(mkv_wmat_t *w);
+
+/* y_i[t][o] = sum_k x[t][k] w_i[o][k], t < n, for up to 3 matrices sharing the input x
+ * ([n][ldx]); y_i is [n][ldy_i]. The panels of all matrices are split across the pool. */
+typedef struct mkv_matmul {
+    int32_t count;              /* 1 to 3 */
+    const mkv_wmat_t *w[3];
+    float *y[3];
+    int64_t ldy[3];
+} mkv_matmul_t;
+void mkv_matmul_run(mkv_pool_t *pool, const mkv_matmul_t *mm, const float *x, int64_t ldx,
+                    int32_t n);
+
+/* The kernels' instruction set: "avx512f" or "generic" (same results either way). */
+const char *mkv_weights_isa(void);
+
+#endif /* MKV_ENGINE_WEIGHTS_H */
