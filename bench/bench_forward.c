@@ -127,15 +127,16 @@ static mkv_cache_t *make_cache(const mkv_model_t *m, int fp16, int32_t max_len)
     if (fp16) {
         base.hi_format = base.lo_format = MKV_FORMAT_K16V16;
         base.alpha_h = base.alpha_l = 0.0f;
-        base.quant_groups = 1;
     }
     base.max_seqs = 1;
     base.max_seq_len = max_len;
     mkv_model_cache_config(m, &base, &cfg);
     int32_t tpp;
     int64_t page_bytes;
-    if (mkv_page_bytes_for(cfg.hi_format, cfg.head_dim, cfg.quant_groups, 32, &page_bytes) ||
-        mkv_tokens_per_page(cfg.hi_format, cfg.head_dim, cfg.quant_groups, page_bytes, &tpp))
+    if (mkv_page_bytes_for(cfg.hi_format, cfg.head_dim, cfg.hi_key_group, cfg.hi_value_group, 32,
+                           &page_bytes) ||
+        mkv_tokens_per_page(cfg.hi_format, cfg.head_dim, cfg.hi_key_group, cfg.hi_value_group,
+                            page_bytes, &tpp))
         return NULL;
     cfg.pool_pages = (int64_t)cfg.n_layers * cfg.n_kv_heads * ((max_len + tpp - 1) / tpp + 4) + 1;
     mkv_cache_t *c = NULL;
