@@ -144,6 +144,10 @@ mkv_status_t mkv_perplexity(const mkv_model_t *m, mkv_cache_t *const *caches, in
     const int32_t V = m->cfg.vocab;
     if ((st = mkv_forward_ws_create(m, o->prompt_len, &ws, err)) != MKV_STATUS_OK)
         return mkv_fail_global(st, "%s", err);
+    if (o->n_threads > 0 && (st = mkv_forward_ws_set_threads(ws, o->n_threads)) != MKV_STATUS_OK) {
+        mkv_forward_ws_free(ws);
+        return mkv_fail_global(st, "cannot use %d threads", o->n_threads);
+    }
     logits = malloc((size_t)o->prompt_len * V * sizeof(float));
     pred0 = malloc((size_t)o->window * sizeof(int32_t));
     if (!logits || !pred0) {

@@ -77,6 +77,7 @@ typedef struct mkv_ppl_opts {
                                 NULL: none */
     mkv_ppl_progress_fn progress;
     void *progress_ctx;
+    int32_t n_threads;       /* forward-pass threads; 0: one per online core */
 } mkv_ppl_opts_t;
 
 /* The number of windows mkv_perplexity will run for these documents and options. */

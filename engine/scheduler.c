@@ -101,6 +101,11 @@ void mkv_scheduler_on_token(mkv_scheduler_t *s, mkv_token_fn fn, void *ctx)
     s->ctx = ctx;
 }
 
+mkv_status_t mkv_scheduler_set_threads(mkv_scheduler_t *s, int32_t n_threads)
+{
+    return mkv_forward_ws_set_threads(s->ws, n_threads);
+}
+
 void mkv_scheduler_on_finish(mkv_scheduler_t *s, mkv_finish_fn fn, void *ctx)
 {
     s->on_finish = fn;

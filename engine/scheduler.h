@@ -70,6 +70,9 @@ void mkv_scheduler_free(mkv_scheduler_t *s);
 
 void mkv_scheduler_on_token(mkv_scheduler_t *s, mkv_token_fn fn, void *ctx);
 
+/* Threads of the forward pass (mkv_forward_ws_set_threads); by default one per online core. */
+mkv_status_t mkv_scheduler_set_threads(mkv_scheduler_t *s, int32_t n_threads);
+
 /* Called when a request finishes, before its slot is released: the cache still holds the
  * request's tokens (for a dump, say). A status other than OK stops the step with it; the hook
  * reports its message into mkv_last_error(). */

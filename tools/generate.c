@@ -18,7 +18,7 @@
 typedef struct gen_opts {
     const char *model, *prompt, *chat, *tokens, *json_path, *dump_path;
     int fp16, no_bos, ignore_eos, quiet;
-    int32_t max_tokens, budget;
+    int32_t max_tokens, budget, threads;
     double temperature, top_p;
     int64_t seed;
     mkv_policy_opts_t policy;
@@ -52,6 +52,7 @@ void mkv_generate_usage(FILE *f)
             "  --budget N          mixkv: tokens kept per head-region, 0: none [0] (the FP16\n"
             "                      baseline compresses nothing, so not with --mode fp16)\n"
             MKV_POLICY_OPTS_HELP
+            "  --threads N         forward-pass threads [one per core]\n"
             "  --dump FILE         write the cache when the request finishes, before its pages\n"
             "                      are released (for 'mixkv inspect')\n"
             "  --json FILE         write the result as JSON ('-': stdout, then no streaming)\n"
@@ -110,6 +111,10 @@ static int parse(int argc, char **argv, gen_opts_t *o)
         }
         if ((m = mkv_cli_option(CMD, argc, argv, &i, "--top-p", 1, 0, &v)) != 0) {
             if (m < 0 || mkv_cli_parse_double(CMD, "--top-p", v, 1e-6, 1.0, &o->top_p) < 0) return -1;
+            continue;
+        }
+        if ((m = mkv_cli_option(CMD, argc, argv, &i, "--threads", 1, 0, &v)) != 0) {
+            if (m < 0 || mkv_cli_parse_i32(CMD, "--threads", v, 1, 256, &o->threads) < 0) return -1;
             continue;
         }
         if ((m = mkv_cli_option(CMD, argc, argv, &i, "--seed", 1, 0, &v)) != 0) {
@@ -285,6 +290,10 @@ int mkv_generate_main(int argc, char **argv)
         goto done;
     }
     if (o.dump_path) mkv_scheduler_on_finish(sched, dump_at_finish, (void *)o.dump_path);
+    if (o.threads > 0 && mkv_scheduler_set_threads(sched, o.threads) != MKV_STATUS_OK) {
+        mkv_cli_error(CMD, "cannot use %d threads", o.threads);
+        goto done;
+    }
     const int stream_on = !o.quiet && !(o.json_path && !strcmp(o.json_path, "-"));
     stream_t stream = {tok, -1, stream_on, 0, 0.0};
     mkv_scheduler_on_token(sched, on_token, &stream);

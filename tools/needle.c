@@ -33,7 +33,7 @@ typedef struct needle_opts {
     int32_t lengths[MAX_GRID], n_lengths;
     double depths[MAX_GRID];
     int32_t n_depths;
-    int32_t trials, max_new;
+    int32_t trials, max_new, threads;
     int64_t seed;
     int plain, quiet;
     mkv_policy_opts_t policy;
@@ -61,6 +61,7 @@ void mkv_needle_usage(FILE *f)
             "  --plain             no chat template, even where the model has one\n"
             "  --seed N            seed of the secret numbers [1]\n"
             MKV_POLICY_OPTS_HELP
+            "  --threads N         forward-pass threads [one per core]\n"
             "  --json FILE         write the results as JSON ('-': stdout)\n"
             "  --quiet             no progress line\n"
             "  -h, --help          this help\n"
@@ -137,6 +138,10 @@ static int parse(int argc, char **argv, needle_opts_t *o)
         }
         if ((m = mkv_cli_option(CMD, argc, argv, &i, "--max-new", 1, 0, &v)) != 0) {
             if (m < 0 || mkv_cli_parse_i32(CMD, "--max-new", v, 1, 256, &o->max_new) < 0) return -1;
+            continue;
+        }
+        if ((m = mkv_cli_option(CMD, argc, argv, &i, "--threads", 1, 0, &v)) != 0) {
+            if (m < 0 || mkv_cli_parse_i32(CMD, "--threads", v, 1, 256, &o->threads) < 0) return -1;
             continue;
         }
         if ((m = mkv_cli_option(CMD, argc, argv, &i, "--seed", 1, 0, &v)) != 0) {
@@ -417,6 +422,10 @@ int mkv_needle_main(int argc, char **argv)
             goto done;
     if (mkv_forward_ws_create(model, longest, &x.ws, err) != MKV_STATUS_OK) {
         mkv_cli_error(CMD, "%s", err);
+        goto done;
+    }
+    if (o.threads > 0 && mkv_forward_ws_set_threads(x.ws, o.threads) != MKV_STATUS_OK) {
+        mkv_cli_error(CMD, "cannot use %d threads", o.threads);
         goto done;
     }
     x.logits = malloc((size_t)model->cfg.vocab * sizeof(float));

@@ -21,7 +21,7 @@
 
 typedef struct ppl_opts {
     const char *model, *data, *json_path, *dump_path;
-    int32_t window, prompt_len, max_windows, windows_per_doc;
+    int32_t window, prompt_len, max_windows, windows_per_doc, threads;
     int quiet;
     mkv_policy_opts_t policy;
     /* --also: more mixkv policies, each in a mode of its own */
@@ -61,6 +61,7 @@ void mkv_perplexity_usage(FILE *f)
             "                      defaults, e.g. --also '--alpha-l 0.05'); up to %d times\n"
             "  --dump FILE         write mixkv's cache at the end of the last window (for\n"
             "                      'mixkv inspect')\n"
+            "  --threads N         forward-pass threads [one per core]\n"
             "  --json FILE         write the results as JSON ('-': stdout)\n"
             "  --quiet             no progress line\n"
             "  -h, --help          this help\n"
@@ -136,6 +137,10 @@ static int parse(int argc, char **argv, ppl_opts_t *o)
         if ((m = mkv_cli_option(CMD, argc, argv, &i, "--dump", 1, 0, &v)) != 0) {
             if (m < 0) return -1;
             o->dump_path = v;
+            continue;
+        }
+        if ((m = mkv_cli_option(CMD, argc, argv, &i, "--threads", 1, 0, &v)) != 0) {
+            if (m < 0 || mkv_cli_parse_i32(CMD, "--threads", v, 1, 256, &o->threads) < 0) return -1;
             continue;
         }
         if ((m = mkv_cli_option(CMD, argc, argv, &i, "--windows-per-doc", 1, 0, &v)) != 0) {
@@ -453,7 +458,7 @@ int mkv_perplexity_main(int argc, char **argv)
         goto done;
     }
     mkv_ppl_opts_t po = {o.window, o.prompt_len, o.max_windows, o.windows_per_doc, o.dump_path,
-                         o.quiet ? NULL : progress, NULL};
+                         o.quiet ? NULL : progress, NULL, o.threads};
     const int64_t windows = mkv_perplexity_windows(docs.doc, docs.n, &po);
     if (windows < 1) {
         int64_t longest = 0;
