@@ -57,7 +57,7 @@ void mkv_needle_usage(FILE *f)
             "  --lengths L,L,...   prompt lengths in tokens [1024,2048,4096]\n"
             "  --depths D,D,...    needle depths as fractions of the haystack [0,0.25,0.5,0.75,1]\n"
             "  --trials N          needles per length and depth (different numbers and text) [2]\n"
-            "  --max-new N         answer tokens at most [12]\n"
+            "  --max-new N         answer tokens at most [24]\n"
             "  --plain             no chat template, even where the model has one\n"
             "  --seed N            seed of the secret numbers [1]\n"
             MKV_POLICY_OPTS_HELP
@@ -366,7 +366,7 @@ int mkv_needle_main(int argc, char **argv)
     memcpy(o.depths, dd, sizeof dd);
     o.n_depths = 5;
     o.trials = 2;
-    o.max_new = 12;
+    o.max_new = 24;
     o.seed = 1;
     mkv_policy_opts_default(&o.policy);
     const int p = parse(argc, argv, &o);
