@@ -20,6 +20,10 @@
  *           moved from the logits' accumulator layout by movmatrix.trans; the running max is
  *           raised so that these weights stay below 2^14.5. The zeros add z * sum(p) per head.
  *
+ * Several quantization groups a side (template parameters KG, VG; groups_supported): keys take
+ * one integer chain per group, each k-step inside one group; values carry their scale on the
+ * codes instead of on the probabilities, and the zeros take a second mma (unpack_values_scaled).
+ *
  * Element order inside a thread's run is permuted (the dot products do not care; q and the
  * output use the same maps). Tokens past the item's end are masked: zero codes, zero metadata
  * and a -inf logit, so that NaN-poisoned slots never reach an mma.
@@ -1414,8 +1418,10 @@ struct region_finish {
  * while the page stream evicts its logits to DRAM). Nobody waits for another block's work
  * except to end: a block leaves once every id is done and every score job taken.
  */
+/* 3 blocks per SM (168 registers) for four-subtile stages and for several key groups: without
+ * the bound the compiler takes more registers and the kernel keeps 2 blocks per SM. */
 template <int KB, int VB, int D, int KG, int VG>
-__global__ void __launch_bounds__(MKV_FAST_WARPS * 32, stage_layout<KB, VB, D, KG, VG>::NT >= 4 ? 3 : 0) decode_kernel(const fast_args a)
+__global__ void __launch_bounds__(MKV_FAST_WARPS * 32, stage_layout<KB, VB, D, KG, VG>::NT >= 4 || KG > 1 ? 3 : 0) decode_kernel(const fast_args a)
 {
     extern __shared__ __align__(16) uint8_t smem[];
     block_shared &bs = *reinterpret_cast<block_shared *>(smem + MKV_FAST_WARPS * stage_layout<KB, VB, D, KG, VG>::WARP_BYTES);
