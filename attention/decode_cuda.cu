@@ -632,20 +632,20 @@ static fast_plan plan_fast(int32_t n_seq, int32_t H, int32_t G, int32_t d, int32
     return w;
 }
 
-static bool fast_layout(const mkv_page_layout_t *l)
+/* The tensor-core kernel for a layout at head_dim ({NULL, NULL} where none is instantiated:
+ * a format or head_dim left out of the build, or quantization groups it does not cover). */
+static fast_kernel fast_for(const mkv_page_layout_t *l, int32_t head_dim)
 {
-    return l->key.groups == 1 && l->value.groups == 1;
+    return mkv_fast_lookup(l->key.bits, l->value.bits, head_dim, l->key.groups, l->value.groups);
 }
 
 extern "C" int mkv_cuda_decode_uses_tensor(const mkv_page_layout_t *lay_hi,
                                            const mkv_page_layout_t *lay_lo, int32_t group_size,
                                            int32_t head_dim)
 {
-    return group_size >= 1 && group_size <= MKV_FAST_MAX_G && fast_layout(lay_hi) &&
-           lay_hi->used_bytes < INT32_MAX / 2 && lay_lo->used_bytes < INT32_MAX / 2 &&
-           fast_layout(lay_lo) &&
-           mkv_fast_lookup(lay_hi->key.bits, lay_hi->value.bits, head_dim).launch != nullptr &&
-           mkv_fast_lookup(lay_lo->key.bits, lay_lo->value.bits, head_dim).launch != nullptr;
+    return group_size >= 1 && group_size <= MKV_FAST_MAX_G && lay_hi->used_bytes < INT32_MAX / 2 &&
+           lay_lo->used_bytes < INT32_MAX / 2 && fast_for(lay_hi, head_dim).launch != nullptr &&
+           fast_for(lay_lo, head_dim).launch != nullptr;
 }
 
 static fast_section section_of(const mkv_page_layout_t &l)
@@ -758,8 +758,7 @@ static bool query_plan(const mkv_cuda_decode_t *a, fast_plan *w, bool *fused)
         !mkv_cuda_decode_uses_tensor(&a->lay_hi, &a->lay_lo, a->group_size, a->head_dim))
         return false;
     int32_t blocks;
-    *w = plan_call(a, mkv_fast_lookup(a->lay_hi.key.bits, a->lay_hi.value.bits, a->head_dim),
-                   mkv_fast_lookup(a->lay_lo.key.bits, a->lay_lo.value.bits, a->head_dim), fused,
+    *w = plan_call(a, fast_for(&a->lay_hi, a->head_dim), fast_for(&a->lay_lo, a->head_dim), fused,
                    &blocks);
     return true;
 }
@@ -780,8 +779,8 @@ extern "C" int mkv_cuda_decode_compact_logits(const mkv_cuda_decode_t *a)
 
 static mkv_status_t launch_fast(const mkv_cuda_decode_t *a, cudaStream_t stream, char *err)
 {
-    const fast_kernel fh = mkv_fast_lookup(a->lay_hi.key.bits, a->lay_hi.value.bits, a->head_dim);
-    const fast_kernel fl = mkv_fast_lookup(a->lay_lo.key.bits, a->lay_lo.value.bits, a->head_dim);
+    const fast_kernel fh = fast_for(&a->lay_hi, a->head_dim);
+    const fast_kernel fl = fast_for(&a->lay_lo, a->head_dim);
     bool fused;
     int32_t blocks;
     const fast_plan w = plan_call(a, fh, fl, &fused, &blocks);
@@ -905,11 +904,12 @@ extern "C" mkv_status_t mkv_cuda_decode(const mkv_cuda_decode_t *a, void *stream
     if (a->kernel == MKV_DECODE_KERNEL_TENSOR && !tensor) {
         if (err)
             mkv_fail(err, MKV_STATUS_UNSUPPORTED, "mkv_cuda_decode: no tensor-core kernel for "
-                     "K%dV%d / K%dV%d, head_dim %d, group_size %d, quantization groups %d/%d "
-                     "(needs head_dim 64 or 128, group_size <= 8, one group, instantiated "
-                     "formats)", a->lay_hi.key.bits, a->lay_hi.value.bits, a->lay_lo.key.bits,
-                     a->lay_lo.value.bits, a->head_dim, a->group_size, a->lay_hi.key.groups,
-                     a->lay_lo.key.groups);
+                     "K%dV%d / K%dV%d, head_dim %d, group_size %d, quantization groups (key/value) "
+                     "%d/%d, %d/%d (needs head_dim 64 or 128, group_size <= 8, instantiated "
+                     "formats, one group a side or the default groups)", a->lay_hi.key.bits,
+                     a->lay_hi.value.bits, a->lay_lo.key.bits, a->lay_lo.value.bits, a->head_dim,
+                     a->group_size, a->lay_hi.key.groups, a->lay_hi.value.groups,
+                     a->lay_lo.key.groups, a->lay_lo.value.groups);
         return MKV_STATUS_UNSUPPORTED;
     }
     if (a->n_seq == 0 || a->max_tokens == 0) return MKV_STATUS_OK;

@@ -20,6 +20,10 @@
  *           moved from the logits' accumulator layout by movmatrix.trans; the running max is
  *           raised so that these weights stay below 2^14.5. The zeros add z * sum(p) per head.
  *
+ * Several quantization groups a side (template parameters KG, VG; groups_supported): keys take
+ * one integer chain per group, each k-step inside one group; values carry their scale on the
+ * codes instead of on the probabilities, and the zeros take a second mma (unpack_values_scaled).
+ *
  * Element order inside a thread's run is permuted (the dot products do not care; q and the
  * output use the same maps). Tokens past the item's end are masked: zero codes, zero metadata
  * and a -inf logit, so that NaN-poisoned slots never reach an mma.
@@ -149,6 +153,74 @@ __device__ __forceinline__ void unpack_values(const uint32_t (&a)[WORDS], const 
                 vp[q * EPB + k] = y & (((1u << VB) - 1u) << (VB * k)) * 0x00010001u;
         }
     }
+}
+
+/* fp16x2 arithmetic on packed words, rounded to nearest (subnormals kept). */
+__device__ __forceinline__ uint32_t hfma2(uint32_t a, uint32_t b, uint32_t c)
+{
+    uint32_t d;
+    asm("fma.rn.f16x2 %0, %1, %2, %3;" : "=r"(d) : "r"(a), "r"(b), "r"(c));
+    return d;
+}
+
+__device__ __forceinline__ uint32_t hmul2(uint32_t a, uint32_t b)
+{
+    uint32_t d;
+    asm("mul.rn.f16x2 %0, %1, %2;" : "=r"(d) : "r"(a), "r"(b));
+    return d;
+}
+
+/* 2^-e as an fp16 pair (0 <= e <= 14: normal). */
+__device__ __forceinline__ uint32_t h2_pow2_neg(int e) { return (uint32_t)((15 - e) << 10) * 0x00010001u; }
+
+/* Multi-group values (VG > 1): the scale cannot ride on the probabilities (a tile's 16 rows
+ * come from eight lanes' runs, which lie in different groups, and B is shared by the rows), so
+ * it rides on the codes. A lane's run lies in one group (VG <= 8), so its pairs of tokens
+ * (a, b) share one pair of scales s = (s_a, s_b) 2^-k; each code becomes a normal fp16
+ * 1024 + f(u) code (an OR of the exponent, exact), and one fma with s / f(u) and -1024 s / f(u)
+ * gives code * s 2^-k, rounded once (the product is exact inside the fma). s 2^-k <= 32 keeps
+ * 1024 s 2^-k in range (k: the softmax step's shift). */
+template <int VB, int WORDS, int RUN>
+__device__ __forceinline__ void unpack_values_scaled(const uint32_t (&a)[WORDS], const uint32_t (&b)[WORDS],
+                                                     uint32_t s, uint32_t (&vp)[RUN])
+{
+    static_assert(VB < 16, "quantized values");
+    constexpr int EPB = 8 / VB; /* codes per byte */
+    uint32_t sk[EPB], nk[EPB];
+#pragma unroll
+    for (int k = 0; k < EPB; k++) {
+        sk[k] = k ? hmul2(s, h2_pow2_neg(VB * k)) : s;
+        nk[k] = hmul2(sk[k], 0xE400E400u); /* -1024 */
+    }
+#pragma unroll
+    for (int q = 0; q < RUN / EPB; q++) {
+        const uint32_t y = __byte_perm(a[q / 4], b[q / 4], (q % 4) | ((4 + q % 4) << 8));
+#pragma unroll
+        for (int k = 0; k < EPB; k++)
+            vp[q * EPB + k] = hfma2((y & (((1u << VB) - 1u) << (VB * k)) * 0x00010001u) | 0x64006400u,
+                                    sk[k], nk[k]);
+    }
+}
+
+/* ldmatrix: four 8x8 b16 matrices, rows from the addresses of lanes 8i .. 8i + 7 for matrix i;
+ * lane (gr, tc) receives word tc of row gr of each. */
+__device__ __forceinline__ void ldsm_x4(uint32_t addr, uint32_t (&r)[4])
+{
+    asm volatile("ldmatrix.sync.aligned.m8n8.x4.shared.b16 {%0, %1, %2, %3}, [%4];"
+                 : "=r"(r[0]), "=r"(r[1]), "=r"(r[2]), "=r"(r[3]) : "r"(addr));
+}
+
+/* Which quantization groups the kernel takes: one a side, or several where
+ *   - keys: 8- or 4-bit codes in groups of 32 elements or more, so that each 32-element k-step
+ *     of the integer mma lies in one group (its own chain; 2-bit keys would need 64);
+ *   - values: quantized, at most 8 groups, so that a lane's run (d / 8 elements) lies in one.
+ * The instantiated variants: one group a side, and the library's default groups
+ * (MKV_DEFAULT_GROUPS) where they differ and are covered. */
+template <int KB, int VB, int D, int KG, int VG>
+__host__ __device__ constexpr bool groups_supported()
+{
+    return (KG == 1 || ((KB == 8 || KB == 4) && D / KG >= 32)) &&
+           (VG == 1 || (VB < 16 && VG <= 8 && D / VG >= 16));
 }
 
 /* ---------------------------------------------------------------------------------------- */
@@ -289,11 +361,11 @@ __device__ __forceinline__ void cp_async_wait() { asm volatile("cp.async.wait_gr
 
 /* A warp's staged subtile: the page segments of its (up to) 16 tokens as the page holds them,
  * copied by the whole warp in 16-byte units (every sector read whole, once). Key chunks, then
- * value chunks, each chunk a row of 16 tokens x 16 bytes, then the key and value metadata
- * (16 words each). Inside a chunk row, token t sits at unit t ^ swizzle(chunk), so that the
+ * value chunks, each chunk a row of 16 tokens x 16 bytes, then the key metadata (KG groups) and
+ * the value metadata (VG groups), each group 16 words, [group][token] as in the page. Inside a chunk row, token t sits at unit t ^ swizzle(chunk), so that the
  * fragment reads (thread (gr, tc): key run tc of tokens gr, gr + 8; value run gr of tokens 2tc,
  * 2tc + 1, 2tc + 8, 2tc + 9) hit distinct banks within each phase of a warp's load. */
-template <int KB, int VB, int D>
+template <int KB, int VB, int D, int KG, int VG>
 struct stage_layout {
     static constexpr int KBYTES = D / 4 * KB / 8, VBYTES_RAW = D / 8 * VB / 8; /* runs */
     static constexpr int VBYTES = VBYTES_RAW < 4 ? 4 : VBYTES_RAW; /* 2-byte runs: a word */
@@ -303,8 +375,9 @@ struct stage_layout {
     static constexpr int ROUNDS = (KC + VC + 1) / 2;            /* copy rounds (2 chunks each) */
     /* Quantized keys and values of up to 8 chunks: a lane copies whole tokens (run_item). */
     static constexpr bool WHOLE = KQ && VQ && KC + VC <= 8;
-    static constexpr int META = (KC + VC) * 256;
-    static constexpr int BYTES_PER_SUBTILE = META + (KQ || VQ ? 128 : 0); /* per warp */
+    static constexpr int META = (KC + VC) * 256;  /* key metadata, group g at META + 64 g */
+    static constexpr int VMETA = META + 64 * KG;  /* value metadata, group g at VMETA + 64 g */
+    static constexpr int BYTES_PER_SUBTILE = META + (KQ || VQ ? 64 * (KG + VG) : 0); /* per warp */
     /* Subtiles per stage: fewer, larger stages for small subtiles (one wait and one barrier per
      * stage); three stages, two where a stage is large, so that 12 warps fit an SM. The
      * thresholds are tuning (decode_tuning.h). */
@@ -346,14 +419,14 @@ struct block_shared {
 /* Subtiles per softmax step: all of a stage's where it holds two or four (one max, rescale
  * test and value-scale reduction per 32 or 64 tokens instead of 16). Four need the 3-block
  * bound of decode_kernel's __launch_bounds__ to stay at 168 registers. */
-template <int KB, int VB, int D>
+template <int KB, int VB, int D, int KG, int VG>
 __host__ __device__ constexpr int step_subtiles()
 {
-    return stage_layout<KB, VB, D>::NT >= 4 ? 4 : stage_layout<KB, VB, D>::NT >= 2 ? 2 : 1;
+    return stage_layout<KB, VB, D, KG, VG>::NT >= 4 ? 4 : stage_layout<KB, VB, D, KG, VG>::NT >= 2 ? 2 : 1;
 }
 
-template <int KB, int VB, int D>
-constexpr int smem_bytes() { return MKV_FAST_WARPS * stage_layout<KB, VB, D>::WARP_BYTES + (int)sizeof(block_shared); }
+template <int KB, int VB, int D, int KG, int VG>
+constexpr int smem_bytes() { return MKV_FAST_WARPS * stage_layout<KB, VB, D, KG, VG>::WARP_BYTES + (int)sizeof(block_shared); }
 
 /* Run R (BYTES bytes: run R of a vector is its bytes [R * BYTES, (R + 1) * BYTES)) of staged
  * token t, where at(c, t) is the byte offset of token t's unit in chunk row c. 2-byte runs: the
@@ -403,13 +476,13 @@ struct item_pos {
 
 /* One warp's item: the logits of its tokens (to the workspace), and its unnormalised partial
  * output, running max and sum. */
-template <int KB, int VB, int D, bool FUSED>
+template <int KB, int VB, int D, int KG, int VG, bool FUSED>
 __device__ __forceinline__ void run_item(const fast_args &a, uint8_t *smem, const item_pos &ip)
 {
-    using SL = stage_layout<KB, VB, D>;
+    using SL = stage_layout<KB, VB, D, KG, VG>;
     constexpr int NT = SL::NT, S = SL::STAGES;
     /* Subtiles per softmax step (step_subtiles), tokens per step of the compact logits. */
-    constexpr int PAIR = step_subtiles<KB, VB, D>(), STEP = 16 * PAIR;
+    constexpr int PAIR = step_subtiles<KB, VB, D, KG, VG>(), STEP = 16 * PAIR;
     /* Compact logits: the weights from the codes' y (p = y 2^(R - m)) where a step holds two or
      * more subtiles; with one (K16V16, K8V8) the second copy of the values' code that this needs
      * made K16V16 spill, and they keep p = 2^(l - m). */
@@ -427,19 +500,28 @@ __device__ __forceinline__ void run_item(const fast_args &a, uint8_t *smem, cons
     const int G = a.G;
     const int32_t sec_n = ip.sec_n;
 
-    /* q of head gr, run tc. 16-bit keys: q scaled by 2^E (max |q| in [2^14, 2^15)) and split
-     * into fp16 hi + lo. Quantized keys: q scaled to integers (max |q| in [2^21, 2^22)) and cut
-     * into three signed 8-bit digits, q = d0 + 256 d1 + 65536 d2, in key_byte_elem order. */
+    /* q of head gr: run tc (one key group), or (KG > 1) the thread's share of each 32-element
+     * k-step (elements 32 s + 4 tc and 32 s + 16 + 4 tc, four each, for 8-bit keys; 32 s + 8 tc,
+     * eight, for 4-bit ones), so that a k-step lies in one group. 16-bit keys: q scaled by 2^E
+     * (max |q| in [2^14, 2^15)) and split into fp16 hi + lo. Quantized keys: q scaled to
+     * integers (max |q| in [2^21, 2^22)) and cut into three signed 8-bit digits,
+     * q = d0 + 256 d1 + 65536 d2, in key_byte_elem order; qsum[g] = sum of q over group g. */
     constexpr int QWORDS = KQ ? KRUN / 4 : KRUN / 2; /* per hi / lo or per digit */
+    constexpr int KSPG = D / 32 / KG;                /* k-steps per key group (KG > 1) */
     uint32_t qw[KQ ? 3 : 2][QWORDS];
-    float fac[2], qsum[2];
+    float fac[2], qsum[KG][2];
     {
         float qv[KRUN];
-        const float *qp = a.q + ((rs * G + gr) * D + tc * KRUN);
+        const float *qp = a.q + (rs * G + gr) * D;
+        const auto quad = [&](int u) { /* element of the thread's q element u (u % 4 == 0) */
+            if constexpr (KG == 1) return tc * KRUN + u;
+            else if constexpr (KB == 8) return 32 * (u / 8) + 16 * ((u / 4) % 2) + 4 * tc;
+            else return 32 * (u / 8) + 8 * tc + u % 8;
+        };
 #pragma unroll
         for (int u = 0; u < KRUN; u += 4) {
             float4 v = make_float4(0.f, 0.f, 0.f, 0.f);
-            if (gr < G) v = __ldg(reinterpret_cast<const float4 *>(qp + u));
+            if (gr < G) v = __ldg(reinterpret_cast<const float4 *>(qp + quad(u)));
             qv[u] = v.x, qv[u + 1] = v.y, qv[u + 2] = v.z, qv[u + 3] = v.w;
         }
         float mx = 0.0f;
@@ -454,12 +536,13 @@ __device__ __forceinline__ void run_item(const fast_args &a, uint8_t *smem, cons
          * float's exponent range): ldexpf costs several instructions per element. */
         const float p2a = __int_as_float((127 + E / 2) << 23), p2b = __int_as_float((127 + E - E / 2) << 23);
         float s = 0.0f;
+        int is[KG] = {};
         if constexpr (KQ) {
-            int qi[KRUN], is = 0;
+            int qi[KRUN];
 #pragma unroll
             for (int u = 0; u < KRUN; u++) {
                 qi[u] = __float2int_rn(qv[u] * p2a * p2b);
-                is += qi[u];
+                is[KG == 1 ? 0 : u / 8 / KSPG] += qi[u];
             }
             /* The three signed digits of four elements at a time: with y = q + 0x8080, digit k
              * (k < 2) is byte k of y minus 128, stored as that byte ^ 0x80, and digit 2 is
@@ -477,9 +560,12 @@ __device__ __forceinline__ void run_item(const fast_args &a, uint8_t *smem, cons
                 qw[1][i] = gather(1) ^ 0x80808080u;
                 qw[2][i] = gather(2);
             }
-            is += __shfl_xor_sync(0xffffffffu, is, 1);
-            is += __shfl_xor_sync(0xffffffffu, is, 2);
-            s = (float)is;
+#pragma unroll
+            for (int g = 0; g < KG; g++) {
+                is[g] += __shfl_xor_sync(0xffffffffu, is[g], 1);
+                is[g] += __shfl_xor_sync(0xffffffffu, is[g], 2);
+            }
+            s = (float)is[0];
         } else {
 #pragma unroll
             for (int u = 0; u < KRUN; u++) {
@@ -500,7 +586,9 @@ __device__ __forceinline__ void run_item(const fast_args &a, uint8_t *smem, cons
 #pragma unroll
         for (int i = 0; i < 2; i++) {
             fac[i] = __shfl_sync(0xffffffffu, f, 4 * (2 * tc + i));
-            qsum[i] = __shfl_sync(0xffffffffu, s, 4 * (2 * tc + i));
+            qsum[0][i] = __shfl_sync(0xffffffffu, s, 4 * (2 * tc + i));
+#pragma unroll
+            for (int g = 1; g < KG; g++) qsum[g][i] = __shfl_sync(0xffffffffu, (float)is[g], 4 * (2 * tc + i));
         }
     }
 
@@ -508,6 +596,11 @@ __device__ __forceinline__ void run_item(const fast_args &a, uint8_t *smem, cons
 #pragma unroll
     for (int i = 0; i < MTILES; i++) o[i][0] = o[i][1] = o[i][2] = o[i][3] = 0.0f;
     float m[2] = {-INFINITY, -INFINITY}, lsum[2] = {0.0f, 0.0f}, zsum[2] = {0.0f, 0.0f};
+    /* Multi-group values: the zeros' mma accumulator (row gr: group gr, heads 2tc, 2tc + 1;
+     * rows gr + 8 stay 0), and the current softmax step's shift k (value scales times 2^-k on
+     * the codes, p' times 2^k on B). */
+    float zacc[4] = {0.0f, 0.0f, 0.0f, 0.0f};
+    int vshift = 0;
     /* This thread's logits of the next subtile: token gr, heads 2tc and 2tc + 1 (token gr + 8 is
      * 8 G further on); lanes 2tc >= G store none. */
     const int64_t lin = (rs * (a.sec_items + 1) + ip.slot_id) * a.item_tokens;
@@ -581,8 +674,14 @@ __device__ __forceinline__ void run_item(const fast_args &a, uint8_t *smem, cons
 #pragma unroll
                     for (int c = 0; c < SL::VC; c++)
                         cp_async_page_at<FUSED>(dst + SL::value_at(c, tl), tok, voff + c * stride, ok);
-                    cp_async_page<4, FUSED>(dst + SL::META + tl * 4, page + ((int32_t)L.off_key_meta + slot * 4), ok);
-                    cp_async_page<4, FUSED>(dst + SL::META + 64 + tl * 4, page + ((int32_t)L.off_value_meta + slot * 4), ok);
+#pragma unroll
+                    for (int g = 0; g < KG; g++)
+                        cp_async_page<4, FUSED>(dst + SL::META + g * 64 + tl * 4,
+                                                page + ((int32_t)L.off_key_meta + (g * L.tpp + slot) * 4), ok);
+#pragma unroll
+                    for (int g = 0; g < VG; g++)
+                        cp_async_page<4, FUSED>(dst + SL::VMETA + g * 64 + tl * 4,
+                                                page + ((int32_t)L.off_value_meta + (g * L.tpp + slot) * 4), ok);
                 }
                 P.advance(len, L.tpp);
                 u0 += (len + 15) >> 4;
@@ -610,8 +709,14 @@ __device__ __forceinline__ void run_item(const fast_args &a, uint8_t *smem, cons
                     }
                 }
                 if constexpr (KQ || VQ)
-                    if (meta_lane)
-                        cp_async_page<4, FUSED>(dst + SL::META + half * 64 + tl * 4, page + (moff + slot * 4), ok);
+                    if (meta_lane) {
+                        /* half 0: the key groups, half 1: the value groups */
+                        const uint32_t mdst = dst + (half ? SL::VMETA : SL::META) + tl * 4;
+#pragma unroll
+                        for (int g = 0; g < (KG > VG ? KG : VG); g++)
+                            if (g < (half ? VG : KG))
+                                cp_async_page<4, FUSED>(mdst + g * 64, page + (moff + (g * L.tpp + slot) * 4), ok);
+                    }
                 P.advance(cnt, L.tpp);
             }
         }
@@ -630,14 +735,63 @@ __device__ __forceinline__ void run_item(const fast_args &a, uint8_t *smem, cons
 #pragma unroll
         for (int r = 0; r < 2; r++) {
             const int t = gr + 8 * r;
-            load_run<SL::KBYTES>(sub, key_at, tc, t, kw[r]);
-            if constexpr (KQ) km[r] = *reinterpret_cast<const uint32_t *>(sub + SL::META + t * 4);
-            if constexpr (VQ) vm[r] = *reinterpret_cast<const uint32_t *>(sub + SL::META + 64 + t * 4);
+            if constexpr (KG == 1) load_run<SL::KBYTES>(sub, key_at, tc, t, kw[r]);
+            if constexpr (KQ && KG == 1) km[r] = *reinterpret_cast<const uint32_t *>(sub + SL::META + t * 4);
+            if constexpr (VQ && VG == 1) vm[r] = *reinterpret_cast<const uint32_t *>(sub + SL::VMETA + t * 4);
+        }
+        if constexpr (VQ && VG > 1) {
+            /* vm[0]: the largest value scale of the lane's group over its tokens 2tc, 2tc + 1,
+             * 2tc + 8, 2tc + 9 (fp32 bits), for the step's shift. Non-negative fp16 values
+             * order as their bit patterns. */
+            const int gv = gr * VG / 8;
+            const uint2 m01 = *reinterpret_cast<const uint2 *>(sub + SL::VMETA + gv * 64 + tc * 8);
+            const uint2 m23 = *reinterpret_cast<const uint2 *>(sub + SL::VMETA + gv * 64 + 32 + tc * 8);
+            const uint32_t mm = __vmaxu2(__byte_perm(m01.x, m01.y, 0x5410) & 0x7fff7fffu,
+                                         __byte_perm(m23.x, m23.y, 0x5410) & 0x7fff7fffu);
+            vm[0] = __float_as_uint(__half2float(__ushort_as_half((unsigned short)max(mm & 0xffffu, mm >> 16))));
         }
         const uint32_t(&kw0)[SL::KW] = kw[0];
         const uint32_t(&kw1)[SL::KW] = kw[1];
         float c[4];
-        if constexpr (KQ) {
+        if constexpr (KQ && KG > 1) {
+            /* Groups of 32 elements or more: k-step s takes elements [32 s, 32 s + 32), all in
+             * group s / KSPG, from word tc of each chunk (ldmatrix: matrices (chunk 2j, tokens
+             * 0-7), (2j, 8-15), (2j + 1, 0-7), (2j + 1, 8-15)); one exact integer chain per digit
+             * and group, then c = sum over groups of s_g S_g + z_g sum(q over g). */
+            constexpr int NCALL = SL::KC / 2;
+            uint32_t kr[NCALL][4];
+            const uint32_t sub_s = (uint32_t)__cvta_generic_to_shared(sub);
+#pragma unroll
+            for (int j = 0; j < NCALL; j++) ldsm_x4(sub_s + SL::key_at(2 * j + (lane >> 4), (lane & 7) + (lane & 8)), kr[j]);
+            c[0] = c[1] = c[2] = c[3] = 0.0f;
+#pragma unroll
+            for (int g = 0; g < KG; g++) {
+                int cc[3][4] = {};
+#pragma unroll
+                for (int ks = g * KSPG; ks < (g + 1) * KSPG; ks++) {
+                    uint32_t a0, a1, a2, a3;
+                    if constexpr (KB == 8) {
+                        a0 = kr[ks][0], a1 = kr[ks][1], a2 = kr[ks][2], a3 = kr[ks][3];
+                    } else {
+                        const uint32_t w0 = kr[ks / 2][2 * (ks % 2)], w1 = kr[ks / 2][2 * (ks % 2) + 1];
+                        a0 = w0 & 0x0F0F0F0Fu, a1 = w1 & 0x0F0F0F0Fu;
+                        a2 = (w0 >> 4) & 0x0F0F0F0Fu, a3 = (w1 >> 4) & 0x0F0F0F0Fu;
+                    }
+#pragma unroll
+                    for (int dg = 0; dg < 3; dg++) mma_u8s8(cc[dg], a0, a1, a2, a3, qw[dg][2 * ks], qw[dg][2 * ks + 1]);
+                }
+#pragma unroll
+                for (int r = 0; r < 2; r++) {
+                    const uint32_t mk = *reinterpret_cast<const uint32_t *>(sub + SL::META + g * 64 + (gr + 8 * r) * 4);
+#pragma unroll
+                    for (int i = 0; i < 2; i++) {
+                        const int x = 2 * r + i;
+                        const float cg = fmaf(65536.0f, (float)cc[2][x], (float)(cc[0][x] + 256 * cc[1][x]));
+                        c[x] = fmaf(lo_f(mk), cg, fmaf(hi_f(mk), qsum[g][i], c[x]));
+                    }
+                }
+            }
+        } else if constexpr (KQ) {
             /* One exact integer chain per digit of q, then S = c0 + 256 c1 + 65536 c2. */
             constexpr int BW = KRUN / 4;
             uint32_t k0[BW], k1[BW];
@@ -673,7 +827,7 @@ __device__ __forceinline__ void run_item(const fast_args &a, uint8_t *smem, cons
 #pragma unroll
             for (int i = 0; i < 2; i++) {
                 float raw = c[2 * r + i];
-                if constexpr (KQ) raw = fmaf(lo_f(km[r]), raw, hi_f(km[r]) * qsum[i]);
+                if constexpr (KQ && KG == 1) raw = fmaf(lo_f(km[r]), raw, hi_f(km[r]) * qsum[0][i]);
                 l[r][i] = valid ? fac[i] * raw : -INFINITY;
             }
             if (valid && lg_lane && !compact) {
@@ -701,9 +855,13 @@ __device__ __forceinline__ void run_item(const fast_args &a, uint8_t *smem, cons
                 if constexpr (decltype(ready)::value) p[r][i] = l[r][i];
                 else p[r][i] = ex2(l[r][i] - m[i]);
                 lsum[i] += p[r][i];
-                if constexpr (VQ) zsum[i] = fmaf(p[r][i], hi_f(vm[r]), zsum[i]);
+                if constexpr (VQ && VG == 1) zsum[i] = fmaf(p[r][i], hi_f(vm[r]), zsum[i]);
             }
-            if constexpr (VQ) {
+            if constexpr (VQ && VG > 1) {
+                /* Multi-group values: the scale rides on the codes, p' 2^k on B. */
+                const float e2k = __int_as_float((127 + vshift) << 23);
+                pw[r] = pack_h2(p[r][0] * e2k, p[r][1] * e2k);
+            } else if constexpr (VQ) {
                 /* The mma's weights: p' times the value scale, one fp16 rounding. */
                 const float vs = lo_f(vm[r]);
                 pw[r] = pack_h2(p[r][0] * vs, p[r][1] * vs);
@@ -719,8 +877,31 @@ __device__ __forceinline__ void run_item(const fast_args &a, uint8_t *smem, cons
         for (int r = 0; r < 4; r++)
             load_run<SL::VBYTES_RAW>(sub, value_at, gr, 2 * tc + (r & 1) + 8 * (r >> 1), vw[r]);
         uint32_t v01[VRUN], v23[VRUN];
-        unpack_values<VB>(vw[0], vw[1], v01);
-        unpack_values<VB>(vw[2], vw[3], v23);
+        if constexpr (VQ && VG > 1) {
+            /* The lane's run lies in group gv: its tokens' scales times 2^-k (unpack_values_scaled).
+             * The zeros through the tensor cores too: Z[group][head] += z[group][token] B, rows
+             * = groups (lane gr holds group gr's zeros, times 2^-k; rows gr + 8 none). */
+            const int gv = gr * VG / 8;
+            const uint32_t hk = h2_pow2_neg(vshift);
+            const uint2 m01 = *reinterpret_cast<const uint2 *>(sub + SL::VMETA + gv * 64 + tc * 8);
+            const uint2 m23 = *reinterpret_cast<const uint2 *>(sub + SL::VMETA + gv * 64 + 32 + tc * 8);
+            uint32_t z01, z23;
+            if constexpr (VG == 8) {
+                z01 = __byte_perm(m01.x, m01.y, 0x7632), z23 = __byte_perm(m23.x, m23.y, 0x7632);
+            } else {
+                const int gz = gr < VG ? gr : VG - 1;
+                const uint2 n01 = *reinterpret_cast<const uint2 *>(sub + SL::VMETA + gz * 64 + tc * 8);
+                const uint2 n23 = *reinterpret_cast<const uint2 *>(sub + SL::VMETA + gz * 64 + 32 + tc * 8);
+                z01 = gr < VG ? __byte_perm(n01.x, n01.y, 0x7632) : 0u;
+                z23 = gr < VG ? __byte_perm(n23.x, n23.y, 0x7632) : 0u;
+            }
+            mma(zacc, hmul2(z01, hk), 0u, hmul2(z23, hk), 0u, b0, b1);
+            unpack_values_scaled<VB>(vw[0], vw[1], hmul2(__byte_perm(m01.x, m01.y, 0x5410), hk), v01);
+            unpack_values_scaled<VB>(vw[2], vw[3], hmul2(__byte_perm(m23.x, m23.y, 0x5410), hk), v23);
+        } else {
+            unpack_values<VB>(vw[0], vw[1], v01);
+            unpack_values<VB>(vw[2], vw[3], v23);
+        }
 #pragma unroll
         for (int t = 0; t < MTILES; t++)
             mma(o[t], v01[2 * t], v01[2 * t + 1], v23[2 * t], v23[2 * t + 1], b0, b1);
@@ -766,7 +947,18 @@ __device__ __forceinline__ void run_item(const fast_args &a, uint8_t *smem, cons
              * p' = 2^(l - m) times the token's value scale stays below 2^14.5 in fp16 (o, lsum,
              * and zsum all carry the same factor, which the merge cancels). */
             float sh = 0.0f;
-            if constexpr (VQ) {
+            if constexpr (VQ && VG > 1) {
+                /* Multi-group values: k = max(0, floor(log2(max scale)) - 4), so that every
+                 * scale times 2^-k is at most 32 (unpack_values_scaled), and the running
+                 * maximum raised so that p' 2^k stays below 2^14.5. */
+                float ms = 0.0f;
+#pragma unroll
+                for (int u = 0; u < PAIR; u++) ms = fmaxf(ms, __uint_as_float(vm[u][0]));
+#pragma unroll
+                for (int x = 1; x < 32; x <<= 1) ms = fmaxf(ms, __shfl_xor_sync(0xffffffffu, ms, x));
+                vshift = max(0, (__float_as_int(ms) >> 23) - 127 - 4);
+                sh = (float)vshift - 14.5f;
+            } else if constexpr (VQ) {
                 float ms = 0.0f;
 #pragma unroll
                 for (int u = 0; u < PAIR; u++)
@@ -795,6 +987,7 @@ __device__ __forceinline__ void run_item(const fast_args &a, uint8_t *smem, cons
                 for (int i = 0; i < 2; i++) {
                     lsum[i] *= alpha[i];
                     zsum[i] *= alpha[i];
+                    zacc[i] *= alpha[i];
 #pragma unroll
                     for (int t = 0; t < MTILES; t++) o[t][i] *= alpha[i], o[t][2 + i] *= alpha[i];
                 }
@@ -850,14 +1043,19 @@ __device__ __forceinline__ void run_item(const fast_args &a, uint8_t *smem, cons
     cp_async_wait<0>();
 
     /* The item's partial result: sums over the rows (gr), then per head O + z * sum(p'), where
-     * quantized values first give back their 2^-24 and factor f(u). */
+     * one-group quantized values first give back their 2^-24 and factor f(u); multi-group ones
+     * add their group's row of the zeros' product (group gv's, held by lane (gv, tc)). */
 #pragma unroll
     for (int i = 0; i < 2; i++)
 #pragma unroll
         for (int x = 4; x < 32; x <<= 1) {
             lsum[i] += __shfl_xor_sync(0xffffffffu, lsum[i], x);
-            zsum[i] += __shfl_xor_sync(0xffffffffu, zsum[i], x);
+            if constexpr (VG == 1) zsum[i] += __shfl_xor_sync(0xffffffffu, zsum[i], x);
         }
+    if constexpr (VQ && VG > 1) {
+#pragma unroll
+        for (int i = 0; i < 2; i++) zsum[i] = __shfl_sync(0xffffffffu, zacc[i], (gr * VG / 8) * 4 + tc);
+    }
     const int64_t part = (rs * 2 * a.sec_items + ip.slot_id) * G;
 #pragma unroll
     for (int i = 0; i < 2; i++) {
@@ -867,7 +1065,10 @@ __device__ __forceinline__ void run_item(const fast_args &a, uint8_t *smem, cons
 #pragma unroll
         for (int t = 0; t < MTILES; t++) {
             float2 r = make_float2(o[t][i], o[t][2 + i]);
-            if constexpr (VQ) {
+            if constexpr (VQ && VG > 1) {
+                r.x += zsum[i];
+                r.y += zsum[i];
+            } else if constexpr (VQ) {
                 r.x = fmaf(r.x, 16777216.0f / value_factor<VB>(2 * t), zsum[i]);
                 r.y = fmaf(r.y, 16777216.0f / value_factor<VB>(2 * t + 1), zsum[i]);
             }
@@ -944,10 +1145,10 @@ __device__ __forceinline__ void region_ms(const fast_args &a, int64_t rs, int32_
  * staging area, idle between items: data come in chunks by cp.async, a whole chunk in flight
  * at once without holding registers (loads into registers raise the whole kernel's register
  * count: ptxas sizes it for the worst path, and the decode loop would lose occupancy). */
-template <int KB, int VB, int D>
+template <int KB, int VB, int D, int KG, int VG>
 struct region_finish {
     static constexpr int32_t NTH = MKV_FAST_WARPS * 32;
-    static constexpr int32_t AREA = MKV_FAST_WARPS * stage_layout<KB, VB, D>::WARP_BYTES;
+    static constexpr int32_t AREA = MKV_FAST_WARPS * stage_layout<KB, VB, D, KG, VG>::WARP_BYTES;
     static constexpr int32_t IDS = 128;                      /* page ids per score chunk */
     static constexpr int32_t HALF = AREA / 2 - IDS * 4;      /* logits per score chunk */
     static constexpr int32_t EMAX = (MKV_FAST_MAX_G * D + NTH - 1) / NTH; /* outputs per thread */
@@ -1107,7 +1308,7 @@ struct region_finish {
                                                           const section_tokens &s, int32_t t0,
                                                           int32_t t1, const float *lse)
     {
-        constexpr int32_t STEP = 16 * step_subtiles<KB, VB, D>();
+        constexpr int32_t STEP = 16 * step_subtiles<KB, VB, D, KG, VG>();
         const int32_t tid = threadIdx.x, G = a.G, G2 = (G + 1) / 2;
         if (t1 <= t0) return;
         /* Tokens per chunk: a multiple of 64 (whole steps, 16-byte aligned runs), its pages
@@ -1217,17 +1418,19 @@ struct region_finish {
  * while the page stream evicts its logits to DRAM). Nobody waits for another block's work
  * except to end: a block leaves once every id is done and every score job taken.
  */
-template <int KB, int VB, int D>
-__global__ void __launch_bounds__(MKV_FAST_WARPS * 32, stage_layout<KB, VB, D>::NT >= 4 ? 3 : 0) decode_kernel(const fast_args a)
+/* 3 blocks per SM (168 registers) for four-subtile stages and for several key groups: without
+ * the bound the compiler takes more registers and the kernel keeps 2 blocks per SM. */
+template <int KB, int VB, int D, int KG, int VG>
+__global__ void __launch_bounds__(MKV_FAST_WARPS * 32, stage_layout<KB, VB, D, KG, VG>::NT >= 4 || KG > 1 ? 3 : 0) decode_kernel(const fast_args a)
 {
     extern __shared__ __align__(16) uint8_t smem[];
-    block_shared &bs = *reinterpret_cast<block_shared *>(smem + MKV_FAST_WARPS * stage_layout<KB, VB, D>::WARP_BYTES);
+    block_shared &bs = *reinterpret_cast<block_shared *>(smem + MKV_FAST_WARPS * stage_layout<KB, VB, D, KG, VG>::WARP_BYTES);
     const int32_t tid = threadIdx.x;
-    using RF = region_finish<KB, VB, D>;
+    using RF = region_finish<KB, VB, D, KG, VG>;
 
     if (!a.fused) {
         const block_pos b = locate(a, blockIdx.x, blockIdx.y, blockIdx.z);
-        if (b.work) run_item<KB, VB, D, false>(a, smem, b.ip);
+        if (b.work) run_item<KB, VB, D, KG, VG, false>(a, smem, b.ip);
         return;
     }
 
@@ -1293,7 +1496,7 @@ __global__ void __launch_bounds__(MKV_FAST_WARPS * 32, stage_layout<KB, VB, D>::
             const block_pos b = locate(a, bx, r % a.H, r / a.H);
             if (tid == 0) bs.reg = {b.ip.rs, b.ip.region, b.hi, b.n, b.items_hi, b.n_items, b.arrivals, r * gx};
             any = b.any;
-            if (b.work) run_item<KB, VB, D, true>(a, smem, b.ip);
+            if (b.work) run_item<KB, VB, D, KG, VG, true>(a, smem, b.ip);
         }
         if (any) {
             /* Arrive (release: the barrier orders every thread's results before thread 0's
@@ -1330,31 +1533,58 @@ __global__ void __launch_bounds__(MKV_FAST_WARPS * 32, stage_layout<KB, VB, D>::
 
 } // namespace mkv_fast
 
-/* One instantiation per translation unit (generated by CMake). */
+/* One translation unit per (key bits, value bits, head_dim), generated by CMake: the kernel
+ * with one quantization group a side, and the one with the library's default groups where
+ * they differ and groups_supported takes them. mkv_fast_get_K<KB>V<VB>_d<D>(kg, vg) returns
+ * the variant for kg key and vg value groups ({NULL, NULL} if none). */
+namespace mkv_fast {
+
+template <int KB, int VB, int D, int KG, int VG>
+cudaError_t launch_variant(const fast_args &a, dim3 grid, cudaStream_t stream)
+{
+    constexpr int smem = smem_bytes<KB, VB, D, KG, VG>();
+    /* The opt-in above 48 KB (per device: set on every call, it is cheap). */
+    const cudaError_t e = cudaFuncSetAttribute(decode_kernel<KB, VB, D, KG, VG>,
+                                               cudaFuncAttributeMaxDynamicSharedMemorySize, smem);
+    if (e != cudaSuccess) return e;
+    decode_kernel<KB, VB, D, KG, VG><<<grid, MKV_FAST_WARPS * 32, smem, stream>>>(a);
+    return cudaGetLastError();
+}
+
+template <int KB, int VB, int D, int KG, int VG>
+int blocks_per_sm_variant(void)
+{
+    constexpr int smem = smem_bytes<KB, VB, D, KG, VG>();
+    int n = 0;
+    if (cudaFuncSetAttribute(decode_kernel<KB, VB, D, KG, VG>, cudaFuncAttributeMaxDynamicSharedMemorySize,
+                             smem) != cudaSuccess ||
+        cudaOccupancyMaxActiveBlocksPerMultiprocessor(&n, decode_kernel<KB, VB, D, KG, VG>, MKV_FAST_WARPS * 32,
+                                                      smem) != cudaSuccess) {
+        (void)cudaGetLastError();
+        return 0;
+    }
+    return n;
+}
+
+template <int KB, int VB, int D>
+fast_kernel get_variant(int32_t kg, int32_t vg)
+{
+    if (kg == 1 && vg == 1) return fast_kernel{launch_variant<KB, VB, D, 1, 1>, blocks_per_sm_variant<KB, VB, D, 1, 1>};
+    constexpr int DKG = KB == 16 ? 1 : MKV_DEFAULT_GROUPS(D, KB, 0);
+    constexpr int DVG = VB == 16 ? 1 : MKV_DEFAULT_GROUPS(D, VB, 1);
+    if constexpr ((DKG != 1 || DVG != 1) && groups_supported<KB, VB, D, DKG, DVG>()) {
+        if (kg == DKG && vg == DVG)
+            return fast_kernel{launch_variant<KB, VB, D, DKG, DVG>, blocks_per_sm_variant<KB, VB, D, DKG, DVG>};
+    }
+    return fast_kernel{nullptr, nullptr};
+}
+
+} // namespace mkv_fast
+
 #define MKV_DECODE_FAST_INSTANCE(KB, VB, D)                                                    \
-    cudaError_t mkv_fast_launch_K##KB##V##VB##_d##D(const fast_args &a, dim3 grid,            \
-                                                    cudaStream_t stream)                      \
+    fast_kernel mkv_fast_get_K##KB##V##VB##_d##D(int32_t kg, int32_t vg)                       \
     {                                                                                          \
-        constexpr int smem = mkv_fast::smem_bytes<KB, VB, D>();                                \
-        /* The opt-in above 48 KB (per device: set on every call, it is cheap). */             \
-        const cudaError_t e = cudaFuncSetAttribute(mkv_fast::decode_kernel<KB, VB, D>,         \
-                                  cudaFuncAttributeMaxDynamicSharedMemorySize, smem);          \
-        if (e != cudaSuccess) return e;                                                        \
-        mkv_fast::decode_kernel<KB, VB, D><<<grid, MKV_FAST_WARPS * 32, smem, stream>>>(a);     \
-        return cudaGetLastError();                                                             \
-    }                                                                                          \
-    int mkv_fast_blocks_per_sm_K##KB##V##VB##_d##D(void)                                       \
-    {                                                                                          \
-        constexpr int smem = mkv_fast::smem_bytes<KB, VB, D>();                                \
-        int n = 0;                                                                             \
-        if (cudaFuncSetAttribute(mkv_fast::decode_kernel<KB, VB, D>,                           \
-                                 cudaFuncAttributeMaxDynamicSharedMemorySize, smem) != cudaSuccess || \
-            cudaOccupancyMaxActiveBlocksPerMultiprocessor(&n, mkv_fast::decode_kernel<KB, VB, D>, \
-                                                          MKV_FAST_WARPS * 32, smem) != cudaSuccess) { \
-            (void)cudaGetLastError();                                                          \
-            return 0;                                                                          \
-        }                                                                                      \
-        return n;                                                                              \
+        return mkv_fast::get_variant<KB, VB, D>(kg, vg);                                       \
     }
 
 #endif /* MKV_ATTENTION_DECODE_FAST_CUH */

@@ -31,7 +31,8 @@
 #define MKV_FAST_MIN_ITEM 64   /* item sizes are powers of two in [64, 4096] */
 #define MKV_FAST_MAX_ITEM 4096
 
-/* Where a section's segments sit in its pages (only group-count-1 layouts take this path). */
+/* Where a section's segments sit in its pages (metadata group g of slot t at off_*_meta +
+ * (g tpp + t) 4). */
 struct fast_section {
     int32_t tpp;                          /* tokens per page */
     int64_t off_key, off_key_meta, off_value, off_value_meta, off_score;
@@ -113,8 +114,11 @@ struct fast_kernel {
     int (*blocks_per_sm)(void); /* resident blocks per multiprocessor (0 on error) */
 };
 
-/* The instantiated kernel for a format and head_dim ({NULL, NULL} if none). */
-fast_kernel mkv_fast_lookup(int32_t key_bits, int32_t value_bits, int32_t head_dim);
+/* The instantiated kernel for a format, head_dim and quantization groups per key and per value
+ * vector ({NULL, NULL} if none): one group a side, or the library's defaults where the kernel
+ * covers them (decode_fast.cuh, groups_supported). */
+fast_kernel mkv_fast_lookup(int32_t key_bits, int32_t value_bits, int32_t head_dim, int32_t key_groups,
+                            int32_t value_groups);
 
 /* 2^x and log2(x) as the hardware approximates them (MUFU, relative error ~2^-22), with
  * subnormal inputs and results flushed to zero: exp2f and log2f add a range fix-up of three

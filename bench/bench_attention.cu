@@ -94,15 +94,16 @@ struct shape {
 };
 
 /* The shape of variant v at batch x len (exits with the reason if its layout fails). */
-static shape shape_of(const variant &v, int batch, int len, int H, int G, int d, int split)
+static shape shape_of(const variant &v, int batch, int len, int H, int G, int d, int split, int group)
 {
     shape s;
     char err[512] = "bench_attention: no page size for this format";
-    /* Each variant's default page: 32 tokens of its high format. */
+    /* Each variant's default page: 32 tokens of its high format, with group elements per
+     * quantization group on every side (0: the library's defaults per side). */
     s.page_bytes = 0;
-    if (mkv_page_bytes_for(v.hi, d, 256, 256, 32, &s.page_bytes) != MKV_STATUS_OK ||
-        mkv_page_layout(v.hi, d, 256, 256, s.page_bytes, &s.lh, err) != MKV_STATUS_OK ||
-        mkv_page_layout(v.lo, d, 256, 256, s.page_bytes, &s.ll, err) != MKV_STATUS_OK) {
+    if (mkv_page_bytes_for(v.hi, d, group, group, 32, &s.page_bytes) != MKV_STATUS_OK ||
+        mkv_page_layout(v.hi, d, group, group, s.page_bytes, &s.lh, err) != MKV_STATUS_OK ||
+        mkv_page_layout(v.lo, d, group, group, s.page_bytes, &s.ll, err) != MKV_STATUS_OK) {
         fprintf(stderr, "%s\n", err);
         exit(1);
     }
@@ -136,7 +137,7 @@ int main(int argc, char **argv)
     int reps = 10, H = 8, G = 4, d = 128;
     const char *json_path = NULL;
     double max_gib = 0.0;
-    int kernel = MKV_DECODE_KERNEL_AUTO, scores = MKV_DECODE_SCORES_AUTO, split = 0;
+    int kernel = MKV_DECODE_KERNEL_AUTO, scores = MKV_DECODE_SCORES_AUTO, split = 0, group = 0;
     int logits = MKV_DECODE_LOGITS_AUTO;
     const char *only = NULL;
     for (int i = 1; i < argc; i++) {
@@ -162,6 +163,7 @@ int main(int argc, char **argv)
         else if (!strcmp(argv[i], "--length") && i + 1 < argc) lengths = {atoi(argv[++i])};
         else if (!strcmp(argv[i], "--format") && i + 1 < argc) only = argv[++i];
         else if (!strcmp(argv[i], "--split") && i + 1 < argc) split = atoi(argv[++i]);
+        else if (!strcmp(argv[i], "--group-size") && i + 1 < argc) group = atoi(argv[++i]);
         else if (!strcmp(argv[i], "--quick")) {
             batches = {1, 64};
             lengths = {1024, 8192};
@@ -170,14 +172,16 @@ int main(int argc, char **argv)
                     "usage: bench_attention [--reps N] [--json FILE] [--max-gib X] [--quick]\n"
                     "                       [--kernel auto|generic|tensor] [--batch B] [--length N]\n"
                     "                       [--format NAME] [--scores auto|separate|fused]\n"
-                    "                       [--split N] [--logits auto|fp32|compact]\n"
+                    "                       [--split N] [--logits auto|fp32|compact] [--group-size N]\n"
                     "Decode attention time over batch x length grids (32 query / 8 KV heads, d 128)\n"
                     "for K16V16, K8V8, K8V4, K4V2 and a 20/50/30 high/low/pruned mix, against the\n"
                     "device copy rate. --scores: the score write-back as its own pass (separate),\n"
                     "inside the decode kernel (fused), or as the library chooses (auto, the\n"
                     "default). --split N: tokens per item (per block on the generic kernels),\n"
                     "0 (the default) to let the library choose. --logits: how a fused write-back\n"
-                    "keeps the logits (mkv_cuda_decode_logits_t; auto, the default, by GPU).\n");
+                    "keeps the logits (mkv_cuda_decode_logits_t; auto, the default, by GPU).\n"
+                    "--group-size N: elements per quantization group on every side (16 to 256;\n"
+                    "256: one group a vector), 0 (the default) for the library's defaults.\n");
             return strcmp(argv[i], "-h") && strcmp(argv[i], "--help") ? 2 : 0;
         }
     }
@@ -223,7 +227,7 @@ int main(int argc, char **argv)
         for (int len : lengths)
             for (const variant &v : variants) {
                 if (!listed(v)) continue;
-                const shape sh = shape_of(v, batch, len, H, G, d, split);
+                const shape sh = shape_of(v, batch, len, H, G, d, split, group);
                 if (pool_gib(sh) > max_gib) continue;
                 max_pool = std::max(max_pool, (size_t)(sh.pages * sh.page_bytes));
                 max_table = std::max(max_table, (size_t)(sh.regions * sh.T));
@@ -279,10 +283,11 @@ int main(int argc, char **argv)
     if (jf)
         fprintf(jf, "{\"schema\": \"mixkv-bench-attention\", \"schema_version\": 1, \"device\": \"%s\", "
                     "\"copy_rate_gbs\": %.1f, \"heads\": %d, \"group_size\": %d, \"head_dim\": %d, "
-                    "\"kernel\": \"%s\", \"scores\": \"%s\", \"logits\": \"%s\", "
+                    "\"kernel\": \"%s\", \"scores\": \"%s\", \"logits\": \"%s\", \"quant_group_elems\": %d, "
                     "\"dram_bytes_per_sm_cycle\": %.2f, \"results\": [",
                 prop.name, copy_rate / 1e9, H, G, d,
-                k_kernel_names[kernel], k_scores_names[scores], k_logits_names[logits], bpc);
+                k_kernel_names[kernel], k_scores_names[scores], k_logits_names[logits], group, bpc);
+    printf("quantization groups: %s\n", group ? "elements per group as given" : "library defaults");
     printf("%-12s %6s %7s %10s %12s %9s %10s %9s\n", "format", "batch", "length", "time_us",
            "bytes_read", "GB/s", "of_copy", "vs_fp16");
     int first = 1;
@@ -292,7 +297,7 @@ int main(int argc, char **argv)
             for (const variant &v : variants) {
                 if (!listed(v)) continue;
                 char err[512];
-                const shape sh = shape_of(v, batch, len, H, G, d, split);
+                const shape sh = shape_of(v, batch, len, H, G, d, split, group);
                 const mkv_page_layout_t &lh = sh.lh, &ll = sh.ll;
                 const int32_t n_hi = sh.n_hi, n_lo = sh.n_lo, T = sh.T;
                 const int64_t regions = sh.regions, pages = sh.pages, page_bytes = sh.page_bytes;
@@ -363,13 +368,17 @@ int main(int argc, char **argv)
                                 "\"tokens_lo\": %d, \"time_us\": %.2f, \"time_min_us\": %.2f, "
                                 "\"time_max_us\": %.2f, \"bytes\": %.0f, \"gbs\": %.1f, "
                                 "\"fraction_of_copy\": %.4f, \"speedup_vs_k16v16\": %.3f, "
-                                "\"fused_scores\": %s, \"compact_logits\": %s}",
+                                "\"fused_scores\": %s, \"compact_logits\": %s, \"tensor\": %s, "
+                            "\"groups\": [%d, %d, %d, %d]}",
                             first ? "" : ",", v.name, batch, len, n_hi, n_lo, sec * 1e6,
                             *std::min_element(t.begin(), t.end()) * 1e6,
                             *std::max_element(t.begin(), t.end()) * 1e6, bytes, rate / 1e9,
                             rate / copy_rate, fp16_time > 0 ? fp16_time / sec : 0.0,
                             mkv_cuda_decode_fuses_scores(&a) ? "true" : "false",
-                            mkv_cuda_decode_compact_logits(&a) ? "true" : "false");
+                            mkv_cuda_decode_compact_logits(&a) ? "true" : "false",
+                            kernel != MKV_DECODE_KERNEL_GENERIC && mkv_cuda_decode_uses_tensor(&lh, &ll, G, d)
+                                ? "true" : "false",
+                            lh.key.groups, lh.value.groups, ll.key.groups, ll.value.groups);
                     first = 0;
                 }
             }

@@ -569,41 +569,102 @@ Test(decode_cuda, split_matches_unsplit)
 /* The tensor-core kernels on their own: every format in either section, d 64 and 128, G 1, 2,
  * 4 and 8, pages of 1 to 32 high tokens, mixed batches, item sizes from 64 up, and values
  * large enough (some cases) that scales pass 64 and the unfused dequantization runs. */
-/* Multiple groups on a side: the tensor-core kernels do not take them (one group a side), so
- * AUTO falls back to the generic kernels and must still match the reference; TENSOR refuses.
- * The default groups at d 64 and 128 are such layouts, with DiffKV's and SmolLM2's shapes. */
-Test(decode_cuda, multi_group_falls_back_to_generic, .timeout = 300)
+/* Multiple groups on a side. The tensor-core kernels take one group a side and the library's
+ * default groups (for K8V4 and K4V2: keys 1 / 32-element groups, values 16-element groups,
+ * at d 64 and 128); AUTO must take them there (and TENSOR accept them), and fall back to the
+ * generic kernels for every other choice (DiffKV's groups, 16-element 8-bit key groups), each
+ * matching the reference, split and unsplit, on pages of 32 and of odd sizes. */
+Test(decode_cuda, multi_group_layouts, .timeout = 300)
 {
     GPU_REQUIRE();
     stats_t ck_out = {.what = "out"}, ck_score = {.what = "score"};
     stats_t ck_vs_out = {.what = "out split vs unsplit"};
     stats_t ck_vs_score = {.what = "score split vs unsplit"};
-    static const int32_t groups[][4] = {{0, 0, 0, 0}, {128, 64, 64, 32}, {256, 16, 32, 16},
-                                        {16, 256, 256, 256}};
+    static const struct { int32_t groups[4]; int tensor; } cases[] = {
+        {{0, 0, 0, 0}, 1}, {{128, 64, 64, 32}, 0}, {{256, 16, 32, 16}, 1}, {{16, 256, 256, 256}, 0},
+        {{0, 0, 0, 0}, 1},
+    };
+    static const int32_t tpps[] = {32, 32, 7, 32, 17};
     uint64_t r = 0x9a0;
-    for (int gi = 0; gi < 4; gi++)
+    for (int gi = 0; gi < 5; gi++)
         for (int di = 0; di < 2; di++) {
             int32_t len[3 * 2 * 2];
             for (int i = 0; i < 6; i++) {
                 const int32_t n = test_rand_range(&r, 1, 700), hi = test_rand_range(&r, 0, n);
                 len[2 * i] = hi, len[2 * i + 1] = n - hi;
             }
+            len[0] = 1500, len[1] = 333; /* more than one item */
             spec_t c = {.hi = MKV_FORMAT_K8V4, .lo = MKV_FORMAT_K4V2, .d = di ? 128 : 64,
-                        .G = 4 + gi, .tpp = 32, .n_seq = 3, .H = 2, .len = len,
-                        .seed = test_rand_next(&r)};
-            memcpy(c.groups, groups[gi], sizeof c.groups);
+                        .G = 1 + (3 * gi + di) % 8, .tpp = tpps[gi], .n_seq = 3, .H = 2, .len = len,
+                        .seed = test_rand_next(&r), .vamp = gi == 4 ? 150.0f : 0.0f};
+            memcpy(c.groups, cases[gi].groups, sizeof c.groups);
             batch_t b;
             batch_build(&b, &c);
-            cr_assert_not(batch_uses_tensor(&b, MKV_DECODE_KERNEL_AUTO), "%s: tensor path", b.ctx);
-            const int32_t splits[] = {0, 64};
-            batch_check_splits(&b, MKV_DECODE_KERNEL_AUTO, splits, 2, &ck_out, &ck_score,
-                               &ck_vs_out, &ck_vs_score);
+            cr_assert_eq(batch_uses_tensor(&b, MKV_DECODE_KERNEL_AUTO), cases[gi].tensor,
+                         "%s: tensor path %d, expected %d", b.ctx, !cases[gi].tensor, cases[gi].tensor);
+            const int32_t splits[] = {0, 64, 100, b.max_tokens};
+            batch_check_splits(&b, cases[gi].tensor ? MKV_DECODE_KERNEL_TENSOR : MKV_DECODE_KERNEL_AUTO,
+                               splits, 4, &ck_out, &ck_score, &ck_vs_out, &ck_vs_score);
             batch_free(&b);
         }
-    stats_expect(&ck_out, "multi_group_falls_back_to_generic");
-    stats_expect(&ck_score, "multi_group_falls_back_to_generic");
-    stats_expect(&ck_vs_out, "multi_group_falls_back_to_generic");
-    stats_expect(&ck_vs_score, "multi_group_falls_back_to_generic");
+    stats_expect(&ck_out, "multi_group_layouts");
+    stats_expect(&ck_score, "multi_group_layouts");
+    stats_expect(&ck_vs_out, "multi_group_layouts");
+    stats_expect(&ck_vs_score, "multi_group_layouts");
+}
+
+/* Every format with its default groups in either section, d 64 and 128, G 1 to 8, pages of odd
+ * sizes, through the tensor-core kernels wherever they cover both layouts (every format but
+ * K2V4, whose 16-element 2-bit key groups they do not take: asserted). */
+Test(decode_cuda, tensor_default_groups, .timeout = 300)
+{
+    GPU_REQUIRE();
+    static const mkv_format_t fmts[] = {MKV_FORMAT_K16V16, MKV_FORMAT_K8V8, MKV_FORMAT_K8V4,
+                                        MKV_FORMAT_K4V4,   MKV_FORMAT_K8V2, MKV_FORMAT_K4V2,
+                                        MKV_FORMAT_K4V8,   MKV_FORMAT_K2V4};
+    static const int32_t tpps[] = {32, 3, 12, 17, 16};
+    static const int32_t gs[] = {1, 2, 4, 8};
+    stats_t ck_out = {.what = "out"}, ck_score = {.what = "score"};
+    stats_t ck_vs_out = {.what = "out split vs unsplit"};
+    stats_t ck_vs_score = {.what = "score split vs unsplit"};
+    uint64_t r = 0xd3f6;
+    int n_case = 0, n_tensor = 0;
+    for (int fh = 0; fh < 8; fh++)
+        for (int di = 0; di < 2; di++)
+            for (int gi = 0; gi < 4; gi++, n_case++) {
+                int32_t len[6 * 2];
+                spec_t c = {.hi = fmts[fh], .lo = fmts[(fh + 1 + n_case) % 8], .d = di ? 128 : 64,
+                            .G = gs[gi], .groups = {0, 0, 0, 0}, .tpp = tpps[n_case % 5], .n_seq = 3,
+                            .H = 2, .len = len, .seed = test_rand_next(&r),
+                            .vamp = n_case % 3 == 2 ? 150.0f : 0.0f};
+                for (;; c.tpp++) { /* pages big enough for one token of the low format */
+                    int64_t bytes;
+                    int32_t fit = 0;
+                    cr_assert_eq(mkv_page_bytes_for(c.hi, c.d, 0, 0, c.tpp, &bytes), MKV_STATUS_OK);
+                    if (mkv_tokens_per_page(c.lo, c.d, 0, 0, bytes, &fit) == MKV_STATUS_OK && fit > 0)
+                        break;
+                }
+                const int32_t th = tokens_per_page(&c, 0);
+                const int32_t tl = tokens_per_page(&c, 1);
+                for (int i = 0; i < 6; i++) pattern_lengths(n_case + i, th, tl, &r, len + 2 * i);
+                len[10] = test_rand_range(&r, 300, 700), len[11] = test_rand_range(&r, 1, 90);
+                batch_t b;
+                batch_build(&b, &c);
+                const int expect = c.hi != MKV_FORMAT_K2V4 && c.lo != MKV_FORMAT_K2V4;
+                cr_assert_eq(batch_uses_tensor(&b, MKV_DECODE_KERNEL_AUTO), expect, "%s: tensor path", b.ctx);
+                if (expect) {
+                    const int32_t splits[] = {b.max_tokens, 64, 100, 0};
+                    batch_check_splits(&b, MKV_DECODE_KERNEL_TENSOR, splits, 4, &ck_out, &ck_score,
+                                       &ck_vs_out, &ck_vs_score);
+                    n_tensor++;
+                }
+                batch_free(&b);
+            }
+    cr_assert_gt(n_tensor, 40);
+    stats_expect(&ck_out, "tensor_default_groups");
+    stats_expect(&ck_score, "tensor_default_groups");
+    stats_expect(&ck_vs_out, "tensor_default_groups");
+    stats_expect(&ck_vs_score, "tensor_default_groups");
 }
 
 Test(decode_cuda, tensor_every_format, .timeout = 300)
@@ -656,7 +717,7 @@ Test(decode_cuda, tensor_every_format, .timeout = 300)
  * 8, pages of 5 to 21 tokens, and the separate pass too (ck[2], ck[3]). Compact logits (compact
  * 1): G 2, 3, 4 and 8, pages of 16, 32 and 48 tokens, scores starting at zero, so that each
  * probability is checked alone. ck: out and score stats of the fused pass, then the separate. */
-static void fused_case(int fi, int di, int compact, uint64_t *r, stats_t *ck)
+static void fused_case(int fi, int di, int compact, int default_groups, uint64_t *r, stats_t *ck)
 {
     static const mkv_format_t fmts[] = {MKV_FORMAT_K16V16, MKV_FORMAT_K8V8, MKV_FORMAT_K8V4,
                                         MKV_FORMAT_K4V4,   MKV_FORMAT_K8V2, MKV_FORMAT_K4V2,
@@ -670,7 +731,9 @@ static void fused_case(int fi, int di, int compact, uint64_t *r, stats_t *ck)
         len[2 * i] = hi, len[2 * i + 1] = n - hi;
     }
     const spec_t c = {.hi = fmts[fi], .lo = fmts[fi], .d = di ? 128 : 64,
-                      .G = compact ? Gs[(fi + di) % 4] : 1 << ((fi + di) % 4), .groups = ONE_GROUP,
+                      .G = compact ? Gs[(fi + di) % 4] : 1 << ((fi + di) % 4),
+                      .groups = {default_groups ? 0 : 256, default_groups ? 0 : 256,
+                                 default_groups ? 0 : 256, default_groups ? 0 : 256},
                       .tpp = compact ? 16 * (1 + (fi + 2 * di) % 3) : 5 + 9 * di + fi,
                       .n_seq = n_seq, .H = H, .len = len, .seed = test_rand_next(r),
                       .vamp = fi % 3 == 1 ? 150.0f : 0.0f, .zero_scores = compact};
@@ -709,7 +772,7 @@ Test(decode_cuda, fused_scores_compact, .timeout = 300)
     stats_t ck[2] = {{.what = "out (compact)"}, {.what = "score (compact)"}};
     uint64_t r = 0xc0dec;
     for (int fi = 0; fi < 8; fi++)
-        for (int di = 0; di < 2; di++) fused_case(fi, di, 1, &r, ck);
+        for (int di = 0; di < 2; di++) fused_case(fi, di, 1, 0, &r, ck);
     stats_expect(&ck[0], "fused_scores_compact");
     stats_expect(&ck[1], "fused_scores_compact");
 }
@@ -724,8 +787,26 @@ Test(decode_cuda, fused_scores, .timeout = 300)
                      {.what = "out (separate)"}, {.what = "score (separate)"}};
     uint64_t r = 0xf05ed;
     for (int fi = 0; fi < 8; fi++)
-        for (int di = 0; di < 2; di++) fused_case(fi, di, 0, &r, ck);
+        for (int di = 0; di < 2; di++) fused_case(fi, di, 0, 0, &r, ck);
     for (int i = 0; i < 4; i++) stats_expect(&ck[i], "fused_scores");
+}
+
+/* The fused write-back, fp32 and compact logits, with every format's default groups (every
+ * format the tensor-core kernels cover with them: all but K2V4). */
+Test(decode_cuda, fused_scores_default_groups, .timeout = 300)
+{
+    GPU_REQUIRE();
+    stats_t ck[4] = {{.what = "out (fused, default groups)"}, {.what = "score (fused, default groups)"},
+                     {.what = "out (separate, default groups)"}, {.what = "score (separate, default groups)"}};
+    stats_t ckc[2] = {{.what = "out (compact, default groups)"}, {.what = "score (compact, default groups)"}};
+    uint64_t r = 0xf06d;
+    for (int fi = 0; fi < 7; fi++)
+        for (int di = 0; di < 2; di++) {
+            fused_case(fi, di, 0, 1, &r, ck);
+            fused_case(fi, di, 1, 1, &r, ckc);
+        }
+    for (int i = 0; i < 4; i++) stats_expect(&ck[i], "fused_scores_default_groups");
+    for (int i = 0; i < 2; i++) stats_expect(&ckc[i], "fused_scores_default_groups");
 }
 
 /* Argument checks only: no pointer is dereferenced, so this runs without a device too. */
