@@ -23,9 +23,21 @@
 int LLVMFuzzerInitialize(int *argc, char ***argv);
 int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size);
 
-/* NOTE: a dump may ask for any pool; the load path allocates what it asks for (page storage
- * unless METADATA_ONLY), so the harness skips loads bigger than this, like a caller would. */
+/* NOTE: a dump's geometry (slots, layers, heads, max_seq_len) is not backed by its content
+ * (free slots and empty rows are not listed), and the checker, inspect and a loaded cache
+ * allocate in proportion to it, as mkv_cache_create does for the same config: a dump of a huge
+ * cache legitimately needs a big machine. The harness skips dumps beyond this budget, and
+ * loads whose page storage (unless METADATA_ONLY) exceeds it, like a careful caller would. */
+#define GEOMETRY_BYTES_MAX ((int64_t)256 << 20)
 #define LOAD_POOL_BYTES_MAX ((int64_t)64 << 20)
+
+/* Bytes the dump's geometry makes the checker and a loaded cache allocate, roughly. */
+static double geometry_bytes(const mkv_mm_geom_t *g)
+{
+    const double regions = (double)mkv_mm_regions(g); /* NOTE: double, products overflow int64 */
+    return (double)g->max_seqs * 32 + regions * ((double)g->row_entries * 4 + 16) +
+           (double)g->pool_pages * 20;
+}
 
 static char sample_path[512];
 
@@ -93,6 +105,10 @@ int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size)
     const mkv_status_t st = mkv_dump_read_string((const char *)data, size, &d, err);
     if (fuzz_verbose()) fprintf(stderr, "fuzz_dump: read: %s %s\n", mkv_status_string(st), err);
     if (st != MKV_STATUS_OK) {
+        mkv_dump_free(&d);
+        return 0;
+    }
+    if (geometry_bytes(&d.g) > (double)GEOMETRY_BYTES_MAX) {
         mkv_dump_free(&d);
         return 0;
     }
