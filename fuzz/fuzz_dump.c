@@ -100,7 +100,7 @@ static void count_violation(void *ctx, const mkv_violation_t *v)
 
 int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size)
 {
-    char err[MKV_ERR_LEN];
+    char err[MKV_ERR_LEN] = "";
     mkv_dump_t d;
     const mkv_status_t st = mkv_dump_read_string((const char *)data, size, &d, err);
     if (fuzz_verbose()) fprintf(stderr, "fuzz_dump: read: %s %s\n", mkv_status_string(st), err);

@@ -21,7 +21,7 @@ int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size)
         ready = 1;
     }
     fuzz_write("model.safetensors", data, size);
-    char err[MKV_ERR_LEN];
+    char err[MKV_ERR_LEN] = "";
     mkv_model_t *m = NULL;
     const mkv_status_t st = mkv_model_load(fuzz_dir(), &m, err);
     if (fuzz_verbose()) fprintf(stderr, "fuzz_safetensors: %s %s\n", mkv_status_string(st), err);

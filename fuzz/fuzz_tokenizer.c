@@ -28,7 +28,7 @@ static const char *const texts[] = {
 
 static void roundtrip(const mkv_tokenizer_t *tok, const char *text, size_t len)
 {
-    char err[MKV_ERR_LEN], buf[256];
+    char err[MKV_ERR_LEN] = "", buf[256];
     int32_t *ids = NULL, n = 0;
     for (int bos = 0; bos < 2; bos++) {
         if (mkv_tokenizer_encode(tok, text, len, bos, &ids, &n, err) != MKV_STATUS_OK) {
@@ -52,7 +52,7 @@ static void roundtrip(const mkv_tokenizer_t *tok, const char *text, size_t len)
 int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size)
 {
     fuzz_write("tokenizer.json", data, size);
-    char err[MKV_ERR_LEN], buf[256];
+    char err[MKV_ERR_LEN] = "", buf[256];
     mkv_tokenizer_t *tok = NULL;
     const mkv_status_t st = mkv_tokenizer_load(fuzz_dir(), &tok, err);
     if (fuzz_verbose()) fprintf(stderr, "fuzz_tokenizer: load: %s %s\n", mkv_status_string(st), err);
