@@ -10,6 +10,7 @@
 #include "engine/tokenizer.h"
 #include "fuzz_util.h"
 
+#include <cjson/cJSON.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -25,6 +26,57 @@ static const char *const texts[] = {
     "h\xc3\xa9llo w\xc3\xb6rld \xe2\x96\x81 \xf0\x9f\x99\x82",
     "invalid \xff\xfe\xc3 utf-8 \xe2\x82",
 };
+
+/* Known bugs in engine/tokenizer*.c, reported with their reproducers in fuzz/pending/: the
+ * harness steps around them so that CI fails only on new findings. Remove each with its fix. */
+
+/* An upper bound on the normalized length of n bytes of text. */
+static double normalized_len(const cJSON *norm, double n)
+{
+    const cJSON *type = cJSON_GetObjectItemCaseSensitive(norm, "type"), *item;
+    if (!cJSON_IsString(type)) return n;
+    if (strcmp(type->valuestring, "Sequence") == 0) {
+        cJSON_ArrayForEach(item, cJSON_GetObjectItemCaseSensitive(norm, "normalizers"))
+            n = normalized_len(item, n);
+    } else if (strcmp(type->valuestring, "Prepend") == 0) {
+        const cJSON *p = cJSON_GetObjectItemCaseSensitive(norm, "prepend");
+        if (cJSON_IsString(p)) n += (double)strlen(p->valuestring);
+    } else if (strcmp(type->valuestring, "Replace") == 0) {
+        const cJSON *from = cJSON_GetObjectItemCaseSensitive(
+            cJSON_GetObjectItemCaseSensitive(norm, "pattern"), "String");
+        const cJSON *to = cJSON_GetObjectItemCaseSensitive(norm, "content");
+        if (cJSON_IsString(from) && cJSON_IsString(to) && from->valuestring[0])
+            n *= 1.0 + (double)strlen(to->valuestring) / (double)strlen(from->valuestring);
+    }
+    return n;
+}
+
+static int known_bug(const uint8_t *data, size_t size)
+{
+    char *text = malloc(size + 1);
+    if (!text) abort();
+    memcpy(text, data, size);
+    text[size] = '\0';
+    cJSON *root = cJSON_Parse(text);
+    free(text);
+    /* normalizer-expansion.json: normalizers that multiply the text's length (chained Replace
+     * steps) are run without a bound: a few KB of tokenizer.json turn one short text (or an
+     * added token's content) into millions of tokens. */
+    int bug = normalized_len(cJSON_GetObjectItemCaseSensitive(root, "normalizer"), 64) > 65536;
+    /* tokenizer-huge-vocab-id.json: the id tables are sized by the largest id (up to 1e9
+     * accepted: 8 GB for a one-token vocabulary). */
+    const cJSON *item, *id;
+    cJSON_ArrayForEach(item, cJSON_GetObjectItemCaseSensitive(
+                                 cJSON_GetObjectItemCaseSensitive(root, "model"), "vocab"))
+        bug |= cJSON_IsNumber(item) && item->valuedouble > (1 << 20);
+    cJSON_ArrayForEach(item, cJSON_GetObjectItemCaseSensitive(root, "added_tokens"))
+    {
+        id = cJSON_GetObjectItemCaseSensitive(item, "id");
+        bug |= cJSON_IsNumber(id) && id->valuedouble > (1 << 20);
+    }
+    cJSON_Delete(root);
+    return bug;
+}
 
 static void roundtrip(const mkv_tokenizer_t *tok, const char *text, size_t len)
 {
@@ -51,6 +103,7 @@ static void roundtrip(const mkv_tokenizer_t *tok, const char *text, size_t len)
 
 int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size)
 {
+    if (known_bug(data, size)) return 0;
     fuzz_write("tokenizer.json", data, size);
     char err[MKV_ERR_LEN] = "", buf[256];
     mkv_tokenizer_t *tok = NULL;
