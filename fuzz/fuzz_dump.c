@@ -16,7 +16,6 @@
 #include "mixkv.h"
 #include "tools/cli.h"
 
-#include <cjson/cJSON.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -101,69 +100,17 @@ static void count_violation(void *ctx, const mkv_violation_t *v)
     ++*(int64_t *)ctx;
 }
 
-/* ---------------------------------------------------------------------------------------- */
-/* Structure-aware mutation                                                                 */
-/* ---------------------------------------------------------------------------------------- */
-
-/* Byte mutations rarely keep a dump parseable, so half the time the input is mutated as JSON
- * instead: one number set to a boundary value or nudged, or one array element duplicated or
- * removed. That reaches the checker, the loader and inspect with structurally valid but
- * hostile content. */
-#define MAX_NODES 4096
-
-static void collect_nodes(cJSON *n, cJSON **nodes, int *count)
-{
-    for (; n && *count < MAX_NODES; n = n->next) {
-        nodes[(*count)++] = n;
-        collect_nodes(n->child, nodes, count);
-    }
-}
-
-static size_t mutate_json(uint8_t *data, size_t size, size_t max_size, unsigned int seed)
-{
-    static const double edges[] = {0, 1, -1, 2, 3, 4, 7, 8, 16, 255, 256, 65535, 65536,
-                                   2147483647.0, -2147483648.0, 2147483648.0, 4294967295.0,
-                                   9007199254740992.0, -9007199254740992.0, 1e300, 0.5};
-    char *text = malloc(size + 1);
-    if (!text) return 0;
-    memcpy(text, data, size);
-    text[size] = '\0';
-    cJSON *root = cJSON_Parse(text);
-    free(text);
-    if (!root) return 0;
-    static cJSON *nodes[MAX_NODES];
-    int count = 0;
-    collect_nodes(root, nodes, &count);
-    cJSON *n = nodes[seed % (unsigned)count];
-    const unsigned r = (seed / MAX_NODES) % 4;
-    if (cJSON_IsNumber(n)) {
-        const double v = r == 0 ? n->valuedouble + 1 : r == 1 ? n->valuedouble - 1
-                                                             : edges[(seed >> 16) % 21];
-        cJSON_SetNumberValue(n, v);
-    } else if (cJSON_IsArray(n) && n->child) {
-        const int k = (int)((seed >> 12) % (unsigned)cJSON_GetArraySize(n));
-        if (r < 2)
-            cJSON_AddItemToArray(n, cJSON_Duplicate(cJSON_GetArrayItem(n, k), 1));
-        else
-            cJSON_DeleteItemFromArray(n, k);
-    } else {
-        cJSON_Delete(root);
-        return 0;
-    }
-    char *out = cJSON_PrintUnformatted(root);
-    cJSON_Delete(root);
-    size_t len = out ? strlen(out) : 0;
-    if (len > max_size) len = 0;
-    if (len) memcpy(data, out, len);
-    cJSON_free(out);
-    return len;
-}
-
+/* Byte mutations rarely keep a dump parseable: half the time, a JSON-aware one instead
+ * (fuzz_mutate_json), so that structurally valid but hostile dumps reach the checker, the
+ * loader and inspect. */
 size_t LLVMFuzzerCustomMutator(uint8_t *data, size_t size, size_t max_size, unsigned int seed)
 {
     if (seed & 1) {
-        const size_t len = mutate_json(data, size, max_size, seed >> 1);
-        if (len) return len;
+        char *text = fuzz_mutate_json((const char *)data, size, seed >> 1, NULL, 0);
+        const size_t len = text ? strlen(text) : 0;
+        if (len && len <= max_size) memcpy(data, text, len);
+        free(text);
+        if (len && len <= max_size) return len;
     }
     return LLVMFuzzerMutate(data, size, max_size);
 }

@@ -3,6 +3,7 @@
  */
 #include "fuzz_util.h"
 
+#include <cjson/cJSON.h>
 #include <dirent.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -64,6 +65,54 @@ int fuzz_verbose(void)
     static int v = -1;
     if (v < 0) v = getenv("MKV_FUZZ_VERBOSE") != NULL;
     return v;
+}
+
+/* ---------------------------------------------------------------------------------------- */
+/* JSON-aware mutation                                                                      */
+/* ---------------------------------------------------------------------------------------- */
+
+#define MAX_NODES 4096
+
+static void collect_nodes(cJSON *n, cJSON **nodes, int *count)
+{
+    for (; n && *count < MAX_NODES; n = n->next) {
+        nodes[(*count)++] = n;
+        collect_nodes(n->child, nodes, count);
+    }
+}
+
+char *fuzz_mutate_json(const char *in, size_t n, unsigned int seed, const char *const *strings,
+                       int n_strings)
+{
+    static const double edges[] = {0, 1, -1, 2, 3, 4, 7, 8, 16, 255, 256, 65535, 65536,
+                                   2147483647.0, -2147483648.0, 2147483648.0, 4294967295.0,
+                                   9007199254740992.0, -9007199254740992.0, 1e300, 0.5};
+    static cJSON *nodes[MAX_NODES];
+    cJSON *root = cJSON_ParseWithLength(in, n);
+    if (!root) return NULL;
+    int count = 0;
+    collect_nodes(root, nodes, &count);
+    cJSON *node = nodes[seed % (unsigned)count];
+    const unsigned r = (seed / MAX_NODES) % 4, pick = seed >> 16;
+    if (cJSON_IsNumber(node)) {
+        const double v = r == 0   ? node->valuedouble + 1
+                         : r == 1 ? node->valuedouble - 1
+                                  : edges[pick % (sizeof edges / sizeof edges[0])];
+        cJSON_SetNumberValue(node, v);
+    } else if (cJSON_IsArray(node) && node->child) {
+        const int k = (int)(pick % (unsigned)cJSON_GetArraySize(node));
+        if (r < 2)
+            cJSON_AddItemToArray(node, cJSON_Duplicate(cJSON_GetArrayItem(node, k), 1));
+        else
+            cJSON_DeleteItemFromArray(node, k);
+    } else if (cJSON_IsString(node) && n_strings > 0) {
+        cJSON_SetValuestring(node, strings[pick % (unsigned)n_strings]);
+    }
+    char *printed = cJSON_PrintUnformatted(root);
+    cJSON_Delete(root);
+    char *out = printed ? strdup(printed) : NULL; /* malloc'ed, as promised */
+    cJSON_free(printed);
+    return out;
 }
 
 /* ---------------------------------------------------------------------------------------- */

@@ -27,6 +27,13 @@ const char *fuzz_write(const char *name, const void *data, size_t n);
  * helps when reproducing one input by hand. */
 int fuzz_verbose(void);
 
+/* One structure-aware mutation of the JSON document in[0..n) (libFuzzer's byte mutations
+ * rarely keep JSON parseable): a number set to a boundary value or nudged by one, an array
+ * element duplicated or removed, or a string replaced by one of strings[n_strings]. Returns
+ * the new text (malloc'ed, NUL-terminated), or NULL when in is not JSON. */
+char *fuzz_mutate_json(const char *in, size_t n, unsigned int seed, const char *const *strings,
+                       int n_strings);
+
 /* The tiny model: 1 layer, hidden 8, 2 query heads over 1 KV head (head_dim 4), intermediate
  * 8, vocab 16, untied, with F32, F16 and BF16 tensors (fuzz/make_seeds.py writes the same
  * model into the seed corpora; keep the two in step). */
