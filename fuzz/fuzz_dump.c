@@ -53,13 +53,10 @@ static void write_sample(const char *path)
     cfg.max_seqs = 3;
     cfg.max_seq_len = 32;
     cfg.head_dim = 64;
-    cfg.quant_groups = 1;
+    cfg.page_bytes = 0; /* the default page (32 high tokens), whatever the group fields are */
     cfg.pool_pages = 24;
     cfg.window = 4;
     cfg.flags = MKV_CACHE_METADATA_ONLY;
-    if (mkv_page_bytes_for(cfg.hi_format, cfg.head_dim, cfg.quant_groups, 4, &cfg.page_bytes) !=
-        MKV_STATUS_OK)
-        abort();
     mkv_cache_t *c = NULL;
     int32_t slot, slots[2] = {0, 1}, seq_len[2] = {10, 12}, n_hi[4] = {3, 4, 5, 6},
                   n_lo[4] = {2, 0, 4, 6};
