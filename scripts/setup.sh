@@ -4,7 +4,8 @@
 # build falls back to -DMIXKV_CUDA=OFF (CPU backend only).
 set -euo pipefail
 
-packages=(cmake make gcc pkg-config libcjson-dev libcriterion-dev libopenblas-dev libpcre2-dev libicu-dev unzip)
+packages=(cmake make gcc pkg-config libcjson-dev libcriterion-dev libopenblas-dev libpcre2-dev libicu-dev
+          unzip clang libclang-rt-14-dev)
 missing=()
 for p in "${packages[@]}"; do
   dpkg-query -W -f='${Status}' "$p" 2>/dev/null | grep -q "install ok installed" || missing+=("$p")

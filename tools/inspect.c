@@ -61,10 +61,25 @@ typedef struct summary {
     usage_sum_t *slots; /* [d->n_slots], in the dump's slot order */
 } summary_t;
 
+/* NOTE: the sums run over a dump as written, before any check: a slot may claim N = 2^31 - 1
+ * over 2^23 head-regions of d = 256 (found by fuzz_dump), so they saturate at the int64 range
+ * instead of overflowing. */
+static int64_t sat_add(int64_t a, int64_t b)
+{
+    int64_t r;
+    return __builtin_add_overflow(a, b, &r) ? (b < 0 ? INT64_MIN : INT64_MAX) : r;
+}
+
+static int64_t sat_mul(int64_t a, int64_t b)
+{
+    int64_t r;
+    return __builtin_mul_overflow(a, b, &r) ? ((a < 0) != (b < 0) ? INT64_MIN : INT64_MAX) : r;
+}
+
 static void finish(usage_sum_t *u, int64_t page_bytes)
 {
-    u->tokens_pruned = u->tokens_seen - u->tokens_hi - u->tokens_lo;
-    u->bytes = (u->pages_hi + u->pages_lo) * page_bytes;
+    u->tokens_pruned = sat_add(sat_add(u->tokens_seen, -u->tokens_hi), -u->tokens_lo);
+    u->bytes = sat_mul(sat_add(u->pages_hi, u->pages_lo), page_bytes);
 }
 
 /* Sums over the dump as written; robust to any content (rows of unknown slots count in the
@@ -87,9 +102,9 @@ static int summarise(const mkv_dump_t *d, summary_t *s)
         usage_sum_t *u = &s->slots[i];
         u->seq_len = sv->seq_len;
         u->reserved = sv->reserved;
-        u->tokens_seen = (int64_t)sv->seq_len * lh;
-        u->bytes_fp16 = u->tokens_seen * per_token_fp16;
-        s->all.tokens_seen += u->tokens_seen;
+        u->tokens_seen = sat_mul(sv->seq_len, lh);
+        u->bytes_fp16 = sat_mul(u->tokens_seen, per_token_fp16);
+        s->all.tokens_seen = sat_add(s->all.tokens_seen, u->tokens_seen);
         if (sv->slot >= 0 && sv->slot < g->max_seqs && index[sv->slot] < 0) index[sv->slot] = i;
     }
     for (int64_t r = 0; r < d->n_rows; r++) {
@@ -98,16 +113,16 @@ static int summarise(const mkv_dump_t *d, summary_t *s)
         if (row->slot >= 0 && row->slot < g->max_seqs && index[row->slot] >= 0)
             sums[1] = &s->slots[index[row->slot]];
         for (int k = 0; k < 2 && sums[k]; k++) {
-            sums[k]->tokens_hi += row->n_hi;
-            sums[k]->tokens_lo += row->n_lo;
-            sums[k]->pages_hi += row->k_hi;
+            sums[k]->tokens_hi = sat_add(sums[k]->tokens_hi, row->n_hi);
+            sums[k]->tokens_lo = sat_add(sums[k]->tokens_lo, row->n_lo);
+            sums[k]->pages_hi += row->k_hi; /* bounded by the ids the file lists */
             sums[k]->pages_lo += row->k_lo;
         }
     }
     free(index);
     for (int32_t i = 0; i < d->n_slots; i++) finish(&s->slots[i], d->config.page_bytes);
     s->all.reserved = d->reserved_total;
-    s->all.bytes_fp16 = s->all.tokens_seen * per_token_fp16;
+    s->all.bytes_fp16 = sat_mul(s->all.tokens_seen, per_token_fp16);
     finish(&s->all, d->config.page_bytes);
     s->free_pages = d->tail - d->head;
     s->available_pages = s->free_pages - d->reserved_total;

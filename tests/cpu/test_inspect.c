@@ -309,6 +309,40 @@ Test(inspect, json_clean)
     mkv_cache_destroy(c);
 }
 
+/* Found by fuzz_dump: the summary sums a dump as written, and N = 2^31 - 1 over 2^23
+ * head-regions of d = 128 in two slots overflowed int64 (undefined behaviour, a negative
+ * byte count). The sums now saturate. */
+Test(inspect, huge_counts_saturate)
+{
+    mkv_cache_t *c = make_cache();
+    cJSON *root = cache_json(c);
+    cJSON *cfg = at(root, "config");
+    cJSON_ReplaceItemInObject(cfg, "n_layers", cJSON_CreateNumber(1 << 20));
+    cJSON_ReplaceItemInObject(cfg, "n_kv_heads", cJSON_CreateNumber(8));
+    cJSON_ReplaceItemInObject(cfg, "max_seqs", cJSON_CreateNumber(2));
+    cJSON_ReplaceItemInObject(cfg, "max_seq_len", cJSON_CreateNumber(1));
+    cJSON_ReplaceItemInObject(at(root, "layout"), "row_entries", cJSON_CreateNumber(2));
+    cJSON *slots = at(root, "slots");
+    cJSON_DeleteItemFromArray(slots, 2);
+    for (int i = 0; i < 2; i++)
+        cJSON_ReplaceItemInObject(cJSON_GetArrayItem(slots, i), "seq_len",
+                                  cJSON_CreateNumber(2147483647));
+    char *path = write_json(root);
+    run_t r = run_cli("inspect", "--json", path, NULL);
+    cr_assert_eq(r.status, 1, "the N beyond max_seq_len is a violation:\n%s%s", r.out, r.err);
+    cJSON *rep = cJSON_Parse(r.out);
+    cr_assert_not_null(rep, "%s", r.out);
+    cJSON *sum = at(rep, "summary");
+    cr_assert_eq(at(sum, "bytes_fp16")->valuedouble, (double)INT64_MAX, "saturated, not wrapped");
+    cr_assert_eq(at(sum, "tokens_seen")->valuedouble, 2.0 * 2147483647.0 * (1 << 23));
+    cr_assert_gt(at(cJSON_GetArrayItem(at(rep, "slots"), 0), "bytes_fp16")->valuedouble, 0.0);
+    cJSON_Delete(rep);
+    run_free(&r);
+    rm_tmp(path);
+    cJSON_Delete(root);
+    mkv_cache_destroy(c);
+}
+
 /* ---------------------------------------------------------------------------------------- */
 /* Planted corruptions                                                                      */
 /* ---------------------------------------------------------------------------------------- */
