@@ -18,6 +18,7 @@
 #include <cjson/cJSON.h>
 
 #include <errno.h>
+#include <float.h>
 #include <fcntl.h>
 #include <limits.h>
 #include <stdio.h>
@@ -198,9 +199,11 @@ static mkv_status_t cfg_float(const cJSON *root, const char *key, double def, fl
         *out = (float)def;
         return MKV_STATUS_OK;
     }
-    if (!cJSON_IsNumber(j) || !(j->valuedouble > 0.0))
-        return mkv_fail(err, MKV_STATUS_PARSE_ERROR, "config.json: %s must be a positive number",
-                        key);
+    /* Within float's normal range: 1e300 would load as inf, 1e-300 as 0. */
+    if (!cJSON_IsNumber(j) || !(j->valuedouble >= FLT_MIN && j->valuedouble <= FLT_MAX))
+        return mkv_fail(err, MKV_STATUS_PARSE_ERROR,
+                        "config.json: %s must be a positive number in float's range (%g to %g)",
+                        key, (double)FLT_MIN, (double)FLT_MAX);
     *out = (float)j->valuedouble;
     return MKV_STATUS_OK;
 }
@@ -696,13 +699,6 @@ mkv_status_t mkv_model_load(const char *dir, mkv_model_t **out, char *err)
         return MKV_STATUS_OK;
     }
     MKV_TRY(parse_config(dir, &m->cfg, err));
-    s->layers = calloc((size_t)m->cfg.n_layers, sizeof *s->layers);
-    if (!s->layers) {
-        status = mkv_fail(err, MKV_STATUS_OUT_OF_MEMORY, "cannot allocate %d layers",
-                          m->cfg.n_layers);
-        goto fail;
-    }
-    m->layers = s->layers;
 
     path_join(path, sizeof path, dir, "model.safetensors");
     if (stat(path, &sb) == 0) {
@@ -717,6 +713,20 @@ mkv_status_t mkv_model_load(const char *dir, mkv_model_t **out, char *err)
         }
         MKV_TRY(open_sharded(s, dir, path, err));
     }
+    /* Nine tensors per layer: bounds num_hidden_layers by the files before allocating. */
+    if ((int64_t)m->cfg.n_layers * 9 > s->n_tensors) {
+        status = mkv_fail(err, MKV_STATUS_PARSE_ERROR,
+                          "config.json: num_hidden_layers %d, but the weights hold only %d tensors",
+                          m->cfg.n_layers, s->n_tensors);
+        goto fail;
+    }
+    s->layers = calloc((size_t)m->cfg.n_layers, sizeof *s->layers);
+    if (!s->layers) {
+        status = mkv_fail(err, MKV_STATUS_OUT_OF_MEMORY, "cannot allocate %d layers",
+                          m->cfg.n_layers);
+        goto fail;
+    }
+    m->layers = s->layers;
     MKV_TRY(load_weights(m, s, err));
     free_tensor_table(s);
     *out = m;

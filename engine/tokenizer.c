@@ -182,6 +182,9 @@ static mkv_status_t bpe(const mkv_tokenizer_t *tok, const char *s, size_t n, bpe
     }
     for (size_t i = 0; i < n;) {
         int32_t cl = (int32_t)utf8_len((const unsigned char *)s + i, n - i);
+        if (cl == 0)
+            return mkv_fail(err, MKV_STATUS_INVALID_ARGUMENT,
+                            "tokenizer: the text is not valid UTF-8 at byte %zu", i);
         int32_t id = smap_get(&tok->vocab, s + i, (size_t)cl), bytes_ok = id < 0;
         for (int32_t b = 0; b < cl && bytes_ok; b++)
             bytes_ok = tok->byte_tok[(uint8_t)s[i + b]] >= 0;

@@ -89,6 +89,16 @@ static mkv_status_t add_step(step_t **steps, int32_t *n, step_t s, char *err)
     return MKV_STATUS_OK;
 }
 
+/* Whether a NUL-terminated string is well-formed UTF-8 (the normalizers' strings end up in
+ * the text the model splits into characters). */
+static int valid_utf8(const char *s)
+{
+    const size_t n = strlen(s);
+    for (size_t i = 0, cl; i < n; i += cl)
+        if ((cl = utf8_len((const unsigned char *)s + i, n - i)) == 0) return 0;
+    return 1;
+}
+
 /* A Replace's pattern must be {"String": ...}; a Regex pattern is refused. */
 static mkv_status_t load_replace(const cJSON *n, const char *what, step_t *s, char *err)
 {
@@ -100,6 +110,9 @@ static mkv_status_t load_replace(const cJSON *n, const char *what, step_t *s, ch
     if (!from || !from[0] || !to)
         return mkv_fail(err, MKV_STATUS_PARSE_ERROR, "tokenizer.json: malformed %s Replace",
                         what);
+    if (!valid_utf8(from) || !valid_utf8(to))
+        return mkv_fail(err, MKV_STATUS_PARSE_ERROR,
+                        "tokenizer.json: %s Replace with a string that is not valid UTF-8", what);
     *s = (step_t){.kind = STEP_REPLACE, .a = strdup(from), .b = strdup(to)};
     return MKV_STATUS_OK;
 }
@@ -123,6 +136,9 @@ static mkv_status_t load_normalizer(mkv_tokenizer_t *tok, const cJSON *n, char *
     if (strcmp(type, "Prepend") == 0) {
         if (!jstr(n, "prepend"))
             return mkv_fail(err, MKV_STATUS_PARSE_ERROR, "tokenizer.json: malformed Prepend");
+        if (!valid_utf8(jstr(n, "prepend")))
+            return mkv_fail(err, MKV_STATUS_PARSE_ERROR,
+                            "tokenizer.json: Prepend with a string that is not valid UTF-8");
         s = (step_t){.kind = STEP_PREPEND, .a = strdup(jstr(n, "prepend"))};
     } else if (strcmp(type, "Replace") == 0) {
         mkv_status_t st = load_replace(n, "normalizer", &s, err);
@@ -324,6 +340,13 @@ static mkv_status_t load_post(mkv_tokenizer_t *tok, const cJSON *pp, char *err)
 mkv_status_t mkv_tok_finish(mkv_tokenizer_t *tok, char *err)
 {
     sbuf_t norm = {0}, tmp = {0};
+    /* Ids index tables sized by the largest id, so they must be (nearly) dense: a 62-byte
+     * file naming id 999999999 must not allocate gigabytes. */
+    int64_t entries = tok->n_added;
+    for (size_t i = 0; i < tok->vocab.cap; i++) entries += tok->vocab.e[i].key != NULL;
+    if (tok->n_vocab > entries)
+        return mkv_fail(err, MKV_STATUS_PARSE_ERROR, "tokenizer: ids are not dense: id %d with "
+                        "only %lld tokens", tok->n_vocab - 1, (long long)entries);
     tok->text = calloc((size_t)tok->n_vocab + 1, sizeof *tok->text);
     tok->special = calloc((size_t)tok->n_vocab + 1, 1);
     if (!tok->text || !tok->special) return mkv_fail(err, MKV_STATUS_OUT_OF_MEMORY, "tokenizer");
@@ -342,7 +365,15 @@ mkv_status_t mkv_tok_finish(mkv_tokenizer_t *tok, char *err)
         /* HF normalizes the content of normalized added tokens before matching them. */
         const char *m = a->content;
         if (a->normalized) {
-            if (mkv_tok_normalize(tok, a->content, strlen(a->content), &norm, &tmp) != 0) break;
+            const int rc = mkv_tok_normalize(tok, a->content, strlen(a->content), &norm, &tmp);
+            if (rc == -2) {
+                free(norm.p);
+                free(tmp.p);
+                return mkv_fail(err, MKV_STATUS_PARSE_ERROR,
+                                "tokenizer: the normalizer expands the added token '%.64s' "
+                                "beyond %dx its length", a->content, MKV_TOK_GROWTH);
+            }
+            if (rc != 0) break;
             m = norm.p;
         }
         if (!(a->match = strdup(m))) break;

@@ -532,6 +532,8 @@ Test(model_load, config_type_checks)
         {"\"hidden_size\": 16.5,", "hidden_size must be a positive integer"},
         {"\"head_dim\": \"8\",", "head_dim must be a positive integer"},
         {"\"rope_theta\": \"1e4\",", "rope_theta must be a positive number"},
+        {"\"rope_theta\": 1e300,", "rope_theta must be a positive number in float's range"},
+        {"\"rms_norm_eps\": 1e-300,", "rms_norm_eps must be a positive number in float's range"},
         {"\"rms_norm_eps\": [1e-5],", "rms_norm_eps must be a positive number"},
         {"\"model_type\": 7,", "model_type must be a string"},
         {"\"sliding_window\": \"4k\",", "sliding_window must be a non-negative integer"},
@@ -549,6 +551,20 @@ Test(model_load, config_type_checks)
                                                                          : MKV_STATUS_PARSE_ERROR;
         expect_load_fails(dir, want, cases[i].needle);
     }
+    rm_folder(dir);
+}
+
+/* A layer count the weights cannot hold is refused before the per-layer table is allocated
+ * (2^31 - 1 layers would ask for 154 GB; fuzz/corpus/config/huge-num_hidden_layers.json). */
+Test(model_load, layer_count_bounded_by_the_weights)
+{
+    char dir[256];
+    wt_t t[32];
+    const int n = tiny_tensors(t);
+    tiny_folder(dir, sizeof dir, "layers", "LlamaForCausalLM", "\"num_hidden_layers\": 2147483647,");
+    tiny_write(dir, t, n);
+    expect_load_fails(dir, MKV_STATUS_PARSE_ERROR, "num_hidden_layers 2147483647, but the weights hold only");
+    free_wts(t, n);
     rm_folder(dir);
 }
 

@@ -98,6 +98,39 @@ Test(tokenizer_hard, json_refusals)
     refused(st, err, MKV_STATUS_UNSUPPORTED, "RobertaProcessing");
 }
 
+/* Fuzz findings (fuzz/corpus/tokenizer/): ids far beyond the vocabulary would size the id
+ * tables (id 999999999: 8 GB); normalizer strings that are not UTF-8 made invalid text that the
+ * BPE loop never advanced over; ten chained growing Replace steps hit the growth limit. */
+Test(tokenizer_hard, fuzz_findings, .timeout = 20)
+{
+    char err[MKV_ERR_LEN] = "";
+    mkv_status_t st = json_refusal("null", BL, "null", "null", "{\"<s>\":0,\"a\":999999999}",
+                                   "[]", err);
+    refused(st, err, MKV_STATUS_PARSE_ERROR, "not dense");
+    st = json_refusal("{\"type\":\"Replace\",\"pattern\":{\"String\":\" \"},\"content\":\"\xff\"}",
+                      BL, "null", "null", VOCAB, "[]", err);
+    refused(st, err, MKV_STATUS_PARSE_ERROR, "not valid UTF-8");
+    st = json_refusal("{\"type\":\"Prepend\",\"prepend\":\"\x96\"}", BL, "null", "null", VOCAB,
+                      "[]", err);
+    refused(st, err, MKV_STATUS_PARSE_ERROR, "not valid UTF-8");
+    /* Ten chained Replace steps, each turning "s" into "ssss". */
+    char norm[2048] = "{\"type\":\"Sequence\",\"normalizers\":[";
+    for (int i = 0; i < 10; i++)
+        strcat(norm, i ? ",{\"type\":\"Replace\",\"pattern\":{\"String\":\"s\"},\"content\":\"ssss\"}"
+                       : "{\"type\":\"Replace\",\"pattern\":{\"String\":\"s\"},\"content\":\"ssss\"}");
+    strcat(norm, "]}");
+    mkv_tokenizer_t *tok = NULL;
+    st = load_json(norm, BL, "null", "null", VOCAB, "[]", &tok, err);
+    /* <s> is special and not normalized in this fixture: the load succeeds, and a text of
+     * s's hits the per-text limit instead of running for ever. */
+    cr_assert_eq(st, MKV_STATUS_OK, "%s", err);
+    int32_t n = 0, *ids = NULL;
+    st = mkv_tokenizer_encode(tok, "sss", 3, 0, &ids, &n, err);
+    refused(st, err, MKV_STATUS_INVALID_ARGUMENT, "normalizer");
+    free(ids);
+    mkv_tokenizer_free(tok);
+}
+
 /* A Replace normalizer that turns each "a" into 1,000 "x": a 10,000-byte prompt would become
  * 10 MB (and as many tokens); it is refused at the limit, before the memory is taken. */
 Test(tokenizer_hard, normalizer_growth_is_capped)
