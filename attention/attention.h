@@ -38,6 +38,20 @@ typedef struct mkv_region_pages {
 void mkv_attn_decode_region(const mkv_region_pages_t *r, int32_t G, int32_t d, const float *q,
                             float softmax_scale, float *out, float *scratch);
 
+/* mkv_attn_decode_region over R head-regions at once (attention/decode_cpu.c), with the same
+ * results bit for bit: outputs and score updates. Region i attends with q + i * G * d into
+ * out + i * G * d. The work is split into independent items that run(runner, fn, ctx, n) spreads
+ * over `parts` threads (the mkv_attn_run_fn contract below; run == NULL runs serially).
+ * d must be a multiple of 16 (every supported head dimension is). scratch: at least
+ * mkv_attn_decode_batch_scratch(r, R, G, d, parts) floats, 8-byte aligned. */
+typedef void (*mkv_attn_range_fn)(void *ctx, int64_t begin, int64_t end, int32_t part);
+typedef void (*mkv_attn_run_fn)(void *runner, mkv_attn_range_fn fn, void *ctx, int64_t n);
+int64_t mkv_attn_decode_batch_scratch(const mkv_region_pages_t *r, int32_t R, int32_t G,
+                                      int32_t d, int32_t parts);
+void mkv_attn_decode_batch(const mkv_region_pages_t *r, int32_t R, int32_t G, int32_t d,
+                           const float *q, float softmax_scale, float *out, float *scratch,
+                           int32_t parts, mkv_attn_run_fn run, void *runner);
+
 /* Causal prefill attention of one layer over a prompt of n tokens, in full precision.
  * q: [n][H * G][d], k, v: [n][H][d], out: [n][H * G][d].
  * sig_sum: [H][n]: for KV head h and token i, the sum over observing queries j of
@@ -54,8 +68,6 @@ void mkv_attn_prefill(int32_t n, int32_t H, int32_t G, int32_t d, const float *q
  * independent items that the caller's threads run. run(runner, fn, ctx, n) must call
  * fn(ctx, begin, end, part) over a partition of [0, n), part < parts naming the thread (its
  * scratch); run == NULL runs serially. scratch: mkv_attn_prefill_blocked_scratch floats. */
-typedef void (*mkv_attn_range_fn)(void *ctx, int64_t begin, int64_t end, int32_t part);
-typedef void (*mkv_attn_run_fn)(void *runner, mkv_attn_range_fn fn, void *ctx, int64_t n);
 int64_t mkv_attn_prefill_blocked_scratch(int32_t n, int32_t H, int32_t G, int32_t d, int32_t parts);
 void mkv_attn_prefill_blocked(int32_t n, int32_t H, int32_t G, int32_t d, const float *q,
                               const float *k, const float *v, float softmax_scale,

@@ -58,6 +58,7 @@ struct mkv_kv {
     int32_t *stage_pos;          /* [S * L * H] */
     float *par_scratch;          /* per-thread attention scratch (grown on demand) */
     int64_t par_floats;          /* its size in floats */
+    mkv_region_pages_t *dec_regions; /* [S * H] the head-regions of a decode call */
 };
 
 static void ws_free(prompt_ws_t *ws)
@@ -93,6 +94,7 @@ static void kv_destroy(struct mkv_kv *kv)
     free(kv->stage_score);
     free(kv->stage_pos);
     free(kv->par_scratch);
+    free(kv->dec_regions);
     free(kv);
 }
 
@@ -138,9 +140,10 @@ static mkv_status_t kv_get(mkv_cache_t *c, struct mkv_kv **out)
     kv->stage = malloc((size_t)(regions * 2 * cfg->head_dim) * sizeof(float));
     kv->stage_score = malloc((size_t)regions * sizeof(float));
     kv->stage_pos = malloc((size_t)regions * sizeof(int32_t));
+    kv->dec_regions = malloc((size_t)g->max_seqs * cfg->n_kv_heads * sizeof *kv->dec_regions);
     if (!kv->ws || !kv->decoded || !kv->compressed || !kv->scratch || !kv->tok || !kv->hi_tok || !kv->lo_tok || !kv->prune_sec ||
         !kv->prune_idx || !kv->tgt_hi || !kv->tgt_lo || !kv->seq || !kv->dec || !kv->stage ||
-        !kv->stage_score || !kv->stage_pos) {
+        !kv->stage_score || !kv->stage_pos || !kv->dec_regions) {
         kv_destroy(kv);
         return mkv_fail(c->err, MKV_STATUS_OUT_OF_MEMORY, "cannot allocate the KV backend's buffers");
     }
@@ -444,35 +447,6 @@ mkv_status_t mkv_cache_commit_prompt(mkv_cache_t *cache, int32_t n_slots, const 
 /* Decode                                                                                   */
 /* ---------------------------------------------------------------------------------------- */
 
-typedef struct decode_ctx {
-    mkv_cache_t *c;
-    struct mkv_kv *kv;
-    const int32_t *slots;
-    int32_t layer;
-    const float *q;
-    float *out;
-    int64_t part_floats;
-} decode_ctx_t;
-
-/* Items (slot j, KV head h), j-major: each head-region attends on one thread. */
-static void decode_range(void *ctx, int64_t b, int64_t e, int32_t part)
-{
-    const decode_ctx_t *x = ctx;
-    mkv_cache_t *cache = x->c;
-    const mkv_cache_config_t *cfg = &cache->cfg;
-    const int64_t H = cfg->n_kv_heads, G = cfg->group_size, d = cfg->head_dim;
-    float *scratch = x->kv->par_scratch + part * x->part_floats;
-    for (int64_t it = b; it < e; it++) {
-        const int64_t j = it / H, h = it % H;
-        const int64_t r = mkv_mm_region(&cache->st.g, x->slots[j], x->layer, (int32_t)h);
-        const mkv_region_pages_t rp = {cache->pool, cfg->page_bytes, &x->kv->lay_hi, &x->kv->lay_lo,
-                                       mkv_mm_row(&cache->st, r), cache->st.g.row_entries,
-                                       cache->st.n_hi[r], cache->st.n_lo[r]};
-        mkv_attn_decode_region(&rp, (int32_t)G, (int32_t)d, x->q + (j * H + h) * G * d,
-                               cfg->softmax_scale, x->out + (j * H + h) * G * d, scratch);
-    }
-}
-
 mkv_status_t mkv_cache_decode_layer(mkv_cache_t *cache, int32_t n_slots, const int32_t *slots,
                                     int32_t layer, const float *q, const float *k, const float *v,
                                     float *out, void *stream)
@@ -518,11 +492,22 @@ mkv_status_t mkv_cache_decode_layer_pool(mkv_cache_t *cache, int32_t n_slots, co
         }
         kv->decoded[s * L + layer] = N;
     }
-    /* Then attention, every head-region on one thread (mkv_attn_decode_region's scratch). */
-    const int64_t part_floats = G * cfg->max_seq_len + 2 * d + 16;
-    if ((st = par_scratch(cache, kv, part_floats * mkv_pool_threads(pool))) != MKV_STATUS_OK) return st;
-    const decode_ctx_t dc = {cache, kv, slots, layer, q, out, part_floats};
-    mkv_pool_run(pool, decode_range, (void *)&dc, (int64_t)n_slots * H);
+    /* Then attention over every head-region at once, split across the pool's threads. */
+    mkv_region_pages_t *rp = kv->dec_regions;
+    for (int32_t j = 0; j < n_slots; j++)
+        for (int64_t h = 0; h < H; h++) {
+            const int64_t r = mkv_mm_region(&cache->st.g, slots[j], layer, (int32_t)h);
+            rp[j * H + h] = (mkv_region_pages_t){cache->pool, cfg->page_bytes, &kv->lay_hi,
+                                                 &kv->lay_lo, mkv_mm_row(&cache->st, r),
+                                                 cache->st.g.row_entries, cache->st.n_hi[r],
+                                                 cache->st.n_lo[r]};
+        }
+    const int32_t R = (int32_t)(n_slots * H), parts = mkv_pool_threads(pool);
+    if ((st = par_scratch(cache, kv, mkv_attn_decode_batch_scratch(rp, R, (int32_t)G, (int32_t)d,
+                                                                   parts))) != MKV_STATUS_OK)
+        return st;
+    mkv_attn_decode_batch(rp, R, (int32_t)G, (int32_t)d, q, cfg->softmax_scale, out,
+                          kv->par_scratch, parts, pool ? pool_runner : NULL, pool);
     return MKV_STATUS_OK;
 }
 

@@ -658,3 +658,93 @@ Test(attention, decode_matches_last_prefill_row)
     expect_clean(&ck_out, "decode_matches_prefill");
     expect_clean(&ck_score, "decode_matches_prefill");
 }
+
+/* ---- The batched decode (attention/decode_cpu.c) ---------------------------------------- */
+
+/* A runner that cuts [0, n) into uneven pieces, runs them last first and names three parts,
+ * so that no item may depend on another of the same phase. */
+static void scrambled_run(void *runner, mkv_attn_range_fn fn, void *ctx, int64_t n)
+{
+    (void)runner;
+    const int64_t cut[3] = {n / 5, n / 2, n};
+    fn(ctx, cut[1], cut[2], 2);
+    fn(ctx, cut[0], cut[1], 0);
+    fn(ctx, 0, cut[0], 1);
+}
+
+/* R head-regions of one shape (including an empty one and one of several 256-token blocks)
+ * through mkv_attn_decode_batch and, one by one, through mkv_attn_decode_region: outputs and
+ * pools must be equal byte for byte. */
+static void batch_case(dcase_t c, tu_rng_t *r, const char *what)
+{
+    enum { R = 5 };
+    dfix_t f[R];
+    const int32_t G = c.G, d = c.d;
+    const int32_t th = tpp_of(c.hi, 0, c.hi, d, c.groups, c.tpp);
+    const int32_t tl = tpp_of(c.lo, 1, c.hi, d, c.groups, c.tpp);
+    mkv_region_pages_t reg[R];
+    uint8_t *pool2[R];
+    float *q = malloc(sizeof(float) * R * G * d), *out = fill_nan((int64_t)R * G * d);
+    cr_assert_not_null(q);
+    for (int i = 0; i < R; i++) {
+        switch (i) {
+        case 0: c.n_hi = 0, c.n_lo = 0; break;                                /* empty */
+        case 1: c.n_hi = 1, c.n_lo = 0; break;
+        case 2: c.n_hi = 600 + tu_rand_range(r, 0, th), c.n_lo = 150 + tu_rand_range(r, 0, tl); break;
+        case 3: c.n_hi = 0, c.n_lo = tu_rand_range(r, 1, 3 * tl); break;      /* low only */
+        default: c.n_hi = tu_rand_range(r, 1, 300), c.n_lo = tu_rand_range(r, 0, 300); break;
+        }
+        c.seed = tu_rand(r);
+        dfix_build(&f[i], &c);
+        const size_t bytes = (size_t)(f[i].P * f[i].page_bytes);
+        pool2[i] = malloc(bytes);
+        cr_assert_not_null(pool2[i]);
+        memcpy(pool2[i], f[i].before, bytes);
+        reg[i] = (mkv_region_pages_t){.pool = pool2[i], .page_bytes = f[i].page_bytes,
+                                      .lay_hi = &f[i].lay_hi, .lay_lo = &f[i].lay_lo,
+                                      .row = f[i].row, .row_entries = f[i].T,
+                                      .n_hi = f[i].c.n_hi, .n_lo = f[i].c.n_lo};
+        memcpy(q + (size_t)i * G * d, f[i].q, sizeof(float) * (size_t)G * d);
+        dfix_run(&f[i]);
+    }
+    const float scale = (float)dfix_scale(&f[0]);
+    for (int serial = 0; serial < 2; serial++) {
+        const int32_t parts = serial ? 1 : 3;
+        const int64_t need = mkv_attn_decode_batch_scratch(reg, R, G, d, parts);
+        float *scratch = scratch_new(need);
+        if (serial) { /* again from the untouched pools */
+            for (int i = 0; i < R; i++)
+                memcpy(pool2[i], f[i].before, (size_t)(f[i].P * f[i].page_bytes));
+            for (int64_t k = 0; k < (int64_t)R * G * d; k++) out[k] = NAN;
+        }
+        mkv_attn_decode_batch(reg, R, G, d, q, scale, out, scratch, parts,
+                              serial ? NULL : scrambled_run, NULL);
+        scratch_check(scratch, need, f[0].ctx);
+        free(scratch);
+        for (int i = 0; i < R; i++) {
+            cr_assert_eq(memcmp(out + (size_t)i * G * d, f[i].out, sizeof(float) * (size_t)G * d), 0,
+                         "%s %s: region %d (n %d): outputs differ from the reference (%s)", what,
+                         f[i].ctx, i, f[i].n, serial ? "serial" : "split");
+            cr_assert_eq(memcmp(pool2[i], f[i].pool, (size_t)(f[i].P * f[i].page_bytes)), 0,
+                         "%s %s: region %d: pool (scores) differs from the reference (%s)", what,
+                         f[i].ctx, i, serial ? "serial" : "split");
+        }
+    }
+    for (int i = 0; i < R; i++) free(pool2[i]), dfix_free(&f[i]);
+    free(q), free(out);
+}
+
+Test(attention, decode_batch_is_bitwise_reference)
+{
+    static const int32_t dims[] = {16, 64, 128};
+    static const int32_t heads[] = {1, 3, 9};
+    tu_rng_t r = {707};
+    int k = 0;
+    for (int pr = 0; pr < N_PAIRS; pr++)
+        for (int di = 0; di < 3; di++, k++) {
+            dcase_t c = {.hi = k_pairs[pr][0], .lo = k_pairs[pr][1], .d = dims[di],
+                         .G = heads[k % 3], .tpp = k % 2 ? 32 : 7};
+            set_groups(&c, k % N_SIDE_GROUPS);
+            batch_case(c, &r, "decode_batch");
+        }
+}
