@@ -7,9 +7,9 @@
  * order (multiply, then add; the build's ISO C mode keeps the compiler from contracting them),
  * so they give the same bits; the AVX-512 clone is simply faster.
  *
- * Quantized panels (Q4_0, Q4_1, Q8_0) rebuild each group's weights in registers from 16-byte
- * code loads (8 or 4 k per 32-bit lane), with the dequantizer's roundings, then run the same products:
- * a decode streams their bytes (a fifth to a third of fp32's) instead of fp32 or bf16 panels.
+ * Quantized panels (Q4_0, Q4_1, Q8_0) rebuild each group's weights from 64-byte code loads
+ * (8 or 4 k per 32-bit lane) with the dequantizer's roundings, then run the same products: a
+ * decode streams their bytes (16 to 28% of fp32's) instead of fp32 or bf16 panels.
  *
  * Tiles: a prefill multiplies 8 tokens by 3 panels (48 outputs) at a time, 24 accumulators of
  * 16 floats, over token chunks of 128 rows so the panel's slice stays in L2; a decode token

@@ -4,8 +4,8 @@
  * sixteen outputs side by side, stored as bf16 when every element is exactly a bf16 value (a
  * bf16 checkpoint loaded into fp32: lossless, half the bytes a decode step streams) and fp32
  * otherwise; a GGUF matrix of type Q4_0, Q4_1 or Q8_0 keeps its quantized codes instead (the
- * quantized panels below: a fifth to a third of fp32's bytes). Created from an mkv_model_t by
- * the forward workspace; the model is not changed.
+ * quantized panels below: 16 to 28% of fp32's bytes). Created from an mkv_model_t by the
+ * forward workspace; the model is not changed.
  *
  * One operation order for every path: each output y[t][o] is the sequential fp32 sum over
  * k = 0 .. in-1 of round(x[t][k] * w[o][k]) (a multiply, then an add; no fused multiply-add),
