@@ -29,6 +29,16 @@ typedef struct mkv_model_config {
     int32_t bos, eos;     /* bos_token_id, eos_token_id (-1 when absent) */
 } mkv_model_config_t;
 
+/* A GGUF projection's quantized blocks, kept beside its fp32 copy so that the packed weights
+ * (engine/weights.h) can stay quantized: the fp32 copy holds exactly what these blocks
+ * dequantize to. blocks == NULL: none (a Hugging Face folder, or a type weights.c does not
+ * pack quantized). */
+typedef struct mkv_qblocks {
+    uint32_t type;                    /* ggml type id (engine/gguf.h) */
+    const void *blocks;               /* [out][in / block_elems] blocks, rows in the model's
+                                         order (llama.cpp's Q/K permutation undone) */
+} mkv_qblocks_t;
+
 /* Weights, fp32, row-major as in the checkpoint ([out][in] for projections). */
 typedef struct mkv_layer_weights {
     const float *attn_norm;           /* [hidden] input_layernorm */
@@ -36,6 +46,7 @@ typedef struct mkv_layer_weights {
     const float *mlp_norm;            /* [hidden] post_attention_layernorm */
     const float *w_gate, *w_up;       /* [inter][hidden] */
     const float *w_down;              /* [hidden][inter] */
+    mkv_qblocks_t qwq, qwk, qwv, qwo, qw_gate, qw_up, qw_down; /* GGUF: the same, quantized */
 } mkv_layer_weights_t;
 
 typedef struct mkv_model {
@@ -44,6 +55,7 @@ typedef struct mkv_model {
     mkv_layer_weights_t *layers;      /* [n_layers] */
     const float *final_norm;          /* [hidden] */
     const float *lm_head;             /* [vocab][hidden]; == embed when tied */
+    mkv_qblocks_t qlm_head;           /* GGUF: lm_head's quantized blocks (or none) */
     void *storage;                    /* owned: converted tensors, mappings */
 } mkv_model_t;
 

@@ -11,9 +11,13 @@
  * RoPE rotates adjacent pairs (2i, 2i+1). forward.c rotates Hugging Face's halves (i, i + hd/2),
  * so the rows are put back while dequantizing: GGUF row 2i + j of a head (j = 0, 1) becomes
  * row i + j hd/2. Q . K is unchanged by applying one permutation to both.
+ *
+ * Projections of a type the packed weights keep quantized (Q4_0, Q4_1, Q8_0: weights.h) also
+ * keep a copy of their blocks (mkv_qblocks_t), rows reordered the same way.
  */
 #include "engine/gguf.h"
 #include "engine/model.h"
+#include "engine/weights.h"
 
 #include "common/error.h"
 
@@ -155,10 +159,12 @@ fail:
 }
 
 /* Dequantizes tensor `name`, of GGUF shape [in] (out == 0) or [in, out], into an owned buffer.
- * heads > 0: rows are heads x hd with llama.cpp's Q/K permutation, undone. */
+ * heads > 0: rows are heads x hd with llama.cpp's Q/K permutation, undone. qdst (or NULL):
+ * also an owned copy of the blocks, rows in the same order, when the packed weights can keep
+ * the type quantized (weights.h); left empty otherwise. */
 static mkv_status_t load_tensor(mkv_model_t *m, const mkv_gguf_t *g, const char *name,
                                 int64_t in, int64_t out, int32_t heads, const float **dst,
-                                char *err)
+                                mkv_qblocks_t *qdst, char *err)
 {
     const mkv_gguf_tensor_t *t = mkv_gguf_find_tensor(g, name);
     const int32_t nd = out ? 2 : 1;
@@ -182,6 +188,11 @@ static mkv_status_t load_tensor(mkv_model_t *m, const mkv_gguf_t *g, const char 
     if (!buf) return MKV_STATUS_OUT_OF_MEMORY;
     const uint64_t row_bytes = t->nbytes / (uint64_t)rows;
     const uint8_t *src = t->data;
+    uint8_t *qbuf = NULL;
+    if (qdst && out && in % MKV_QBLOCK == 0 && mkv_wmat_quant_supported(t->type)) {
+        qbuf = mkv_model_own(m, (size_t)t->nbytes, err);
+        if (!qbuf) return MKV_STATUS_OUT_OF_MEMORY;
+    }
     for (int64_t r = 0; r < rows; r++) {
         int64_t to = r;
         if (heads > 0) {
@@ -191,8 +202,11 @@ static mkv_status_t load_tensor(mkv_model_t *m, const mkv_gguf_t *g, const char 
         mkv_status_t st = mkv_ggml_dequantize(t->type, src + (uint64_t)r * row_bytes,
                                               buf + to * in, in, err);
         if (st != MKV_STATUS_OK) return st;
+        /* Row-blocked types: the permutation moves whole rows of blocks. */
+        if (qbuf) memcpy(qbuf + (uint64_t)to * row_bytes, src + (uint64_t)r * row_bytes, row_bytes);
     }
     *dst = buf;
+    if (qbuf) *qdst = (mkv_qblocks_t){t->type, qbuf};
     return MKV_STATUS_OK;
 }
 
@@ -217,35 +231,36 @@ mkv_status_t mkv_model_load_gguf(const char *path, mkv_model_t *m, char *err)
     }
     memset(layers, 0, (size_t)c->n_layers * sizeof *layers);
     m->layers = layers;
-#define TENSOR(name, in, out, heads, dst)                                                      \
+#define TENSOR(name, in, out, heads, dst, qdst)                                                \
     do {                                                                                       \
-        status = load_tensor(m, g, name, in, out, heads, dst, msg);                            \
+        status = load_tensor(m, g, name, in, out, heads, dst, qdst, msg);                      \
         if (status != MKV_STATUS_OK) {                                                         \
             mkv_fail(err, status, "%s: %s", path, msg);                                        \
             goto fail;                                                                         \
         }                                                                                      \
     } while (0)
-    TENSOR("token_embd.weight", D, V, 0, &m->embed);
+    /* The embedding's blocks are kept only as the tied lm_head's. */
+    TENSOR("token_embd.weight", D, V, 0, &m->embed, c->tied ? &m->qlm_head : NULL);
     if (c->tied) m->lm_head = m->embed;
-    else TENSOR("output.weight", D, V, 0, &m->lm_head);
-    TENSOR("output_norm.weight", D, 0, 0, &m->final_norm);
+    else TENSOR("output.weight", D, V, 0, &m->lm_head, &m->qlm_head);
+    TENSOR("output_norm.weight", D, 0, 0, &m->final_norm, NULL);
     for (int32_t l = 0; l < c->n_layers; l++) {
         mkv_layer_weights_t *w = &layers[l];
         char nm[MKV_GGUF_MAX_NAME + 1];
-#define LAYER(suffix, in, out, heads, field)                                                   \
+#define LAYER(suffix, in, out, heads, field, qdst)                                             \
     do {                                                                                       \
         snprintf(nm, sizeof nm, "blk.%d.%s.weight", l, suffix);                                \
-        TENSOR(nm, in, out, heads, &w->field);                                                 \
+        TENSOR(nm, in, out, heads, &w->field, qdst);                                           \
     } while (0)
-        LAYER("attn_norm", D, 0, 0, attn_norm);
-        LAYER("attn_q", D, QD, c->n_heads, wq);
-        LAYER("attn_k", D, KD, c->n_kv_heads, wk);
-        LAYER("attn_v", D, KD, 0, wv);
-        LAYER("attn_output", QD, D, 0, wo);
-        LAYER("ffn_norm", D, 0, 0, mlp_norm);
-        LAYER("ffn_gate", D, I, 0, w_gate);
-        LAYER("ffn_up", D, I, 0, w_up);
-        LAYER("ffn_down", I, D, 0, w_down);
+        LAYER("attn_norm", D, 0, 0, attn_norm, NULL);
+        LAYER("attn_q", D, QD, c->n_heads, wq, &w->qwq);
+        LAYER("attn_k", D, KD, c->n_kv_heads, wk, &w->qwk);
+        LAYER("attn_v", D, KD, 0, wv, &w->qwv);
+        LAYER("attn_output", QD, D, 0, wo, &w->qwo);
+        LAYER("ffn_norm", D, 0, 0, mlp_norm, NULL);
+        LAYER("ffn_gate", D, I, 0, w_gate, &w->qw_gate);
+        LAYER("ffn_up", D, I, 0, w_up, &w->qw_up);
+        LAYER("ffn_down", I, D, 0, w_down, &w->qw_down);
 #undef LAYER
     }
 #undef TENSOR

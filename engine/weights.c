@@ -7,6 +7,10 @@
  * order (multiply, then add; the build's ISO C mode keeps the compiler from contracting them),
  * so they give the same bits; the AVX-512 clone is simply faster.
  *
+ * Quantized panels (Q4_0, Q4_1, Q8_0) rebuild each group's weights from 64-byte code loads
+ * (8 or 4 k per 32-bit lane) with the dequantizer's roundings, then run the same products: a
+ * decode streams their bytes (16 to 28% of fp32's) instead of fp32 or bf16 panels.
+ *
  * Tiles: a prefill multiplies 8 tokens by 3 panels (48 outputs) at a time, 24 accumulators of
  * 16 floats, over token chunks of 128 rows so the panel's slice stays in L2; a decode token
  * runs 8 panels at a time (8 independent accumulation chains). Every output's sum runs over
@@ -14,10 +18,6 @@
  */
 #include "engine/weights.h"
 
-#include "common/error.h"
-
-#include <stdatomic.h>
-#include <stdlib.h>
 #include <string.h>
 
 #if defined(__GNUC__) && (defined(__x86_64__) || defined(__i386__)) && !defined(__clang__)
@@ -28,137 +28,12 @@
 
 typedef float v16f __attribute__((vector_size(64)));
 typedef uint32_t v16u __attribute__((vector_size(64)));
+typedef int32_t v16i __attribute__((vector_size(64)));
 
 #define TOK_TILE 8
 #define PANEL_TILE 3
 #define MV_TILE 8
 #define TOK_CHUNK 128
-
-/* ---------------------------------------------------------------------------------------- */
-/* Packing                                                                                  */
-/* ---------------------------------------------------------------------------------------- */
-
-static int bf16_exact(const float *w, int64_t n)
-{
-    for (int64_t i = 0; i < n; i++) {
-        uint32_t u;
-        memcpy(&u, &w[i], 4);
-        if (u & 0xffffu) return 0;
-    }
-    return 1;
-}
-
-static uint16_t to_bf16(float x) /* round to nearest even; exact for bf16 values */
-{
-    uint32_t u;
-    memcpy(&u, &x, 4);
-    if ((u & 0x7fffffffu) > 0x7f800000u) return (uint16_t)((u >> 16) | 0x40u); /* quiet NaN */
-    return (uint16_t)((u + 0x7fffu + ((u >> 16) & 1u)) >> 16);
-}
-
-void mkv_wmat_free(mkv_wmat_t *w)
-{
-    if (!w) return;
-    free(w->data);
-    w->data = NULL;
-}
-
-mkv_status_t mkv_wmat_pack(const float *w, int32_t out, int32_t in, int allow_lossy,
-                           mkv_wmat_t *dst)
-{
-    memset(dst, 0, sizeof *dst);
-    dst->out = out;
-    dst->in = in;
-    dst->panels = (out + MKV_PANEL - 1) / MKV_PANEL;
-    dst->bf16 = allow_lossy || bf16_exact(w, (int64_t)out * in);
-    const size_t in_pad = (size_t)in + (size_t)(in % 2); /* bf16 panels hold k in pairs */
-    const size_t elems = (size_t)dst->panels * in_pad * MKV_PANEL;
-    dst->data = calloc(elems, dst->bf16 ? 2 : 4);
-    if (!dst->data) return MKV_STATUS_OUT_OF_MEMORY;
-    for (int32_t p = 0; p < dst->panels; p++)
-        for (int32_t j = 0; j < MKV_PANEL && p * MKV_PANEL + j < out; j++) {
-            const float *row = w + (int64_t)(p * MKV_PANEL + j) * in;
-            const size_t base = (size_t)p * in * MKV_PANEL + (size_t)j;
-            if (dst->bf16) {
-                /* k pairs: lane j's 32-bit word holds k (low half) and k + 1 (high half). */
-                uint16_t *d = (uint16_t *)dst->data + (size_t)p * in_pad * MKV_PANEL;
-                for (int32_t k = 0; k < in; k++)
-                    d[((size_t)(k / 2) * MKV_PANEL + (size_t)j) * 2 + (size_t)(k % 2)] = to_bf16(row[k]);
-            } else {
-                float *d = (float *)dst->data + base;
-                for (int32_t k = 0; k < in; k++) d[(size_t)k * MKV_PANEL] = row[k];
-            }
-        }
-    return MKV_STATUS_OK;
-}
-
-void mkv_weights_free(mkv_weights_t *w)
-{
-    if (!w) return;
-    if (w->mats)
-        for (int64_t i = 0; i < (int64_t)w->n_layers * MKV_W_PER_LAYER; i++) mkv_wmat_free(&w->mats[i]);
-    free(w->mats);
-    mkv_wmat_free(&w->lm_head);
-    free(w);
-}
-
-typedef struct pack_job {
-    const float *src[MKV_W_PER_LAYER];
-    int32_t out[MKV_W_PER_LAYER], in[MKV_W_PER_LAYER];
-    const mkv_model_t *m;
-    mkv_weights_t *w;
-    atomic_int failed;
-} pack_job_t;
-
-/* Items: every layer's matrices, then the lm_head. */
-static void pack_range(void *ctx, int64_t b, int64_t e, int32_t part)
-{
-    (void)part;
-    pack_job_t *j = ctx;
-    const mkv_model_config_t *c = &j->m->cfg;
-    for (int64_t i = b; i < e; i++) {
-        mkv_status_t st;
-        if (i == (int64_t)c->n_layers * MKV_W_PER_LAYER) {
-            st = mkv_wmat_pack(j->m->lm_head, c->vocab, c->hidden, 0, &j->w->lm_head);
-        } else {
-            const mkv_layer_weights_t *L = &j->m->layers[i / MKV_W_PER_LAYER];
-            const float *src[MKV_W_PER_LAYER] = {L->wq, L->wk, L->wv, L->wo, L->w_gate, L->w_up, L->w_down};
-            const int32_t k = (int32_t)(i % MKV_W_PER_LAYER);
-            st = mkv_wmat_pack(src[k], j->out[k], j->in[k], 0, &j->w->mats[i]);
-        }
-        if (st != MKV_STATUS_OK) atomic_store(&j->failed, 1);
-    }
-}
-
-mkv_status_t mkv_weights_prepare(const mkv_model_t *m, mkv_pool_t *pool, mkv_weights_t **out,
-                                 char *err)
-{
-    *out = NULL;
-    const mkv_model_config_t *c = &m->cfg;
-    mkv_weights_t *w = calloc(1, sizeof *w);
-    if (!w) return mkv_fail(err, MKV_STATUS_OUT_OF_MEMORY, "cannot allocate packed weights");
-    w->n_layers = c->n_layers;
-    w->mats = calloc((size_t)c->n_layers * MKV_W_PER_LAYER, sizeof *w->mats);
-    if (!w->mats) {
-        free(w);
-        return mkv_fail(err, MKV_STATUS_OUT_OF_MEMORY, "cannot allocate packed weights");
-    }
-    const int32_t D = c->hidden, QD = c->n_heads * c->head_dim, KD = c->n_kv_heads * c->head_dim,
-                  I = c->intermediate;
-    pack_job_t j = {.out = {QD, KD, KD, D, I, I, D}, .in = {D, D, D, QD, D, D, I}, .m = m, .w = w};
-    atomic_init(&j.failed, 0);
-    mkv_pool_run(pool, pack_range, &j, (int64_t)c->n_layers * MKV_W_PER_LAYER + 1);
-    if (atomic_load(&j.failed)) {
-        mkv_weights_free(w);
-        return mkv_fail(err, MKV_STATUS_OUT_OF_MEMORY, "cannot allocate packed weights");
-    }
-    for (int64_t i = 0; i < (int64_t)c->n_layers * MKV_W_PER_LAYER; i++)
-        w->bytes += (int64_t)w->mats[i].panels * w->mats[i].in * MKV_PANEL * (w->mats[i].bf16 ? 2 : 4);
-    w->bytes += (int64_t)w->lm_head.panels * w->lm_head.in * MKV_PANEL * (w->lm_head.bf16 ? 2 : 4);
-    /* (odd `in` pads bf16 panels by one k; not counted) */
-    *out = w;
-    return MKV_STATUS_OK;
-}
 
 /* ---------------------------------------------------------------------------------------- */
 /* Kernels                                                                                  */
@@ -187,10 +62,47 @@ mkv_status_t mkv_weights_prepare(const mkv_model_t *m, mkv_pool_t *pool, mkv_wei
         }                                                                                      \
     } while (0)
 
-/* One tile: tm <= 8 token rows x NP <= 3 panels starting at panel p. Rows past tm read row 0
- * (discarded). BF16 and NP are constants in every instantiation. */
+/* Group g of panel p of a quantized matrix (weights.h's layout). */
+static inline const uint8_t *qgroup(const mkv_wmat_t *w, int32_t p, int32_t g, const int FMT)
+{
+    return (const uint8_t *)w->data + (size_t)p * (size_t)w->panel_bytes +
+           (size_t)g * MKV_WFMT_GROUP_BYTES(FMT);
+}
+
+/* A group's scales and (Q4_1) mins. */
 static inline __attribute__((always_inline)) void
-tile_gemm(const mkv_wmat_t *w, int32_t p, const int NP, const int BF16, const float *x,
+qgroup_scales(const uint8_t *grp, const int FMT, v16f *d, v16f *m)
+{
+    memcpy(d, grp, sizeof *d);
+    if (FMT == MKV_WFMT_Q4_1) memcpy(m, grp + 64, sizeof *m);
+    else *m = (v16f){0};
+}
+
+/* Code words s of a group: 16 rows at QPER consecutive k. */
+#define QPER(FMT) ((FMT) == MKV_WFMT_Q8_0 ? 4 : 8)
+static inline __attribute__((always_inline)) void qwords(const uint8_t *grp, int s, const int FMT,
+                                                         v16u *u)
+{
+    memcpy(u, grp + (FMT == MKV_WFMT_Q4_1 ? 128 : 64) + (size_t)s * sizeof *u, sizeof *u);
+}
+
+/* The 16 rows' weights at code n of words u, rebuilt as gguf_dequant.c does: (float)code * d,
+ * rounded, then + m, rounded (Q4_1); (float)(code - 8) * d (Q4_0); (float)code * d (Q8_0). */
+static inline __attribute__((always_inline)) void
+qweight(const v16u *u, int n, const int FMT, const v16f *d, const v16f *m, v16f *w)
+{
+    v16i c;
+    if (FMT == MKV_WFMT_Q8_0) c = (v16i)(*u << (24 - 8 * n)) >> 24; /* sign-extends */
+    else c = (v16i)((*u >> (4 * n)) & 15u);
+    if (FMT == MKV_WFMT_Q4_0) c -= 8;
+    *w = __builtin_convertvector(c, v16f) * *d;
+    if (FMT == MKV_WFMT_Q4_1) *w += *m;
+}
+
+/* One tile: tm <= 8 token rows x NP <= 3 panels starting at panel p, fp32 or bf16 panels.
+ * Rows past tm read row 0 (discarded). FMT and NP are constants in every instantiation. */
+static inline __attribute__((always_inline)) void
+tile_gemm(const mkv_wmat_t *w, int32_t p, const int NP, const int FMT, const float *x,
           int64_t ldx, int32_t tm, float *y, int64_t ldy)
 {
     const int32_t K = w->in;
@@ -199,8 +111,8 @@ tile_gemm(const mkv_wmat_t *w, int32_t p, const int NP, const int BF16, const fl
     v16f acc[TOK_TILE][PANEL_TILE];
     for (int t = 0; t < TOK_TILE; t++)
         for (int c = 0; c < PANEL_TILE; c++) acc[t][c] = (v16f){0};
-    if (BF16) {
-        const size_t pstride = (size_t)(K + K % 2) * MKV_PANEL; /* uint16 per panel */
+    if (FMT == MKV_WFMT_BF16) {
+        const size_t pstride = (size_t)w->panel_bytes / 2; /* uint16 per panel */
         const uint16_t *wd = (const uint16_t *)w->data + (size_t)p * pstride;
         int32_t k = 0;
         for (; k < K; k += 2) {
@@ -216,7 +128,7 @@ tile_gemm(const mkv_wmat_t *w, int32_t p, const int NP, const int BF16, const fl
                 }
             }
         }
-    } else {
+    } else if (FMT == MKV_WFMT_F32) {
         const size_t pstride = (size_t)K * MKV_PANEL;
         for (int32_t k = 0; k < K; k++) {
             v16f wv[PANEL_TILE];
@@ -233,13 +145,13 @@ tile_gemm(const mkv_wmat_t *w, int32_t p, const int NP, const int BF16, const fl
 
 /* One token, NP <= 8 panels from p. */
 static inline __attribute__((always_inline)) void
-tile_matvec(const mkv_wmat_t *w, int32_t p, const int NP, const int BF16, const float *x, float *y)
+tile_matvec(const mkv_wmat_t *w, int32_t p, const int NP, const int FMT, const float *x, float *y)
 {
     const int32_t K = w->in;
     v16f acc[MV_TILE];
     for (int c = 0; c < MV_TILE; c++) acc[c] = (v16f){0};
-    if (BF16) {
-        const size_t pstride = (size_t)(K + K % 2) * MKV_PANEL;
+    if (FMT == MKV_WFMT_BF16) {
+        const size_t pstride = (size_t)w->panel_bytes / 2;
         const uint16_t *wd = (const uint16_t *)w->data + (size_t)p * pstride;
         int32_t k = 0;
         for (; k + 2 <= K; k += 2) {
@@ -258,7 +170,7 @@ tile_matvec(const mkv_wmat_t *w, int32_t p, const int NP, const int BF16, const 
                 (void)hi;
                 acc[c] += x[k] * lo;
             }
-    } else {
+    } else if (FMT == MKV_WFMT_F32) {
         const size_t pstride = (size_t)K * MKV_PANEL;
         for (int32_t k = 0; k < K; k++) {
             const float xv = x[k];
@@ -268,15 +180,37 @@ tile_matvec(const mkv_wmat_t *w, int32_t p, const int NP, const int BF16, const 
                 acc[c] += xv * wv;
             }
         }
+    } else {
+        for (int32_t g = 0; g < K / MKV_QBLOCK; g++) {
+            const uint8_t *grp[MV_TILE];
+            v16f d[MV_TILE], m[MV_TILE];
+            for (int c = 0; c < NP; c++) {
+                grp[c] = qgroup(w, p + c, g, FMT);
+                qgroup_scales(grp[c], FMT, &d[c], &m[c]);
+            }
+            const float *xg = x + g * MKV_QBLOCK;
+            for (int s = 0; s < MKV_QBLOCK / QPER(FMT); s++) {
+                v16u u[MV_TILE];
+                for (int c = 0; c < NP; c++) qwords(grp[c], s, FMT, &u[c]);
+                for (int n = 0; n < QPER(FMT); n++) {
+                    const float xv = xg[s * QPER(FMT) + n];
+                    for (int c = 0; c < NP; c++) {
+                        v16f wv;
+                        qweight(&u[c], n, FMT, &d[c], &m[c], &wv);
+                        acc[c] += xv * wv;
+                    }
+                }
+            }
+        }
     }
     for (int c = 0; c < NP; c++) STORE_PANEL(y, (p + c) * MKV_PANEL, w->out, acc[c]);
 }
 
-#define GEMM_CASES(BF16, X, Y)                                                                 \
+#define GEMM_CASES(FMT, X, Y)                                                                  \
     switch (np) {                                                                              \
-    case 3: tile_gemm(w, p, 3, BF16, X, ldx, tm, Y, ldy); break;                               \
-    case 2: tile_gemm(w, p, 2, BF16, X, ldx, tm, Y, ldy); break;                               \
-    default: tile_gemm(w, p, 1, BF16, X, ldx, tm, Y, ldy); break;                              \
+    case 3: tile_gemm(w, p, 3, FMT, X, ldx, tm, Y, ldy); break;                                \
+    case 2: tile_gemm(w, p, 2, FMT, X, ldx, tm, Y, ldy); break;                                \
+    default: tile_gemm(w, p, 1, FMT, X, ldx, tm, Y, ldy); break;                               \
     }
 
 /* Panels [p0, p1) of w for tokens [0, n). */
@@ -291,23 +225,118 @@ MKV_CLONES static void gemm_panels(const mkv_wmat_t *w, int32_t p0, int32_t p1, 
                 const int32_t tm = t1 - t < TOK_TILE ? t1 - t : TOK_TILE;
                 const float *xt = x + t * ldx;
                 float *yt = y + t * ldy;
-                if (w->bf16) GEMM_CASES(1, xt, yt)
-                else GEMM_CASES(0, xt, yt)
+                if (w->fmt == MKV_WFMT_BF16) GEMM_CASES(MKV_WFMT_BF16, xt, yt)
+                else GEMM_CASES(MKV_WFMT_F32, xt, yt)
             }
         }
     }
 }
 
-#define MATVEC_CASES(BF16)                                                                     \
+/* Quantized GEMM: the weights of NP <= 3 panels over QSLICE k are rebuilt once into an fp32
+ * slice (24 KiB, in L1), then every 8-token tile of the 128-token chunk runs over it; the
+ * tiles' accumulators stay in a stack array between slices (stored and reloaded exactly), so
+ * each output's sum still runs over k in order in one accumulator. */
+#define QSLICE 128
+
+/* slice[k - k0][c][16] for k in [k0, k0 + kn), c < np (kn a multiple of 32). */
+static inline __attribute__((always_inline)) void
+qslice(const mkv_wmat_t *w, int32_t p, int32_t np, const int FMT, int32_t k0, int32_t kn,
+       float *slice)
+{
+    for (int32_t g = k0 / MKV_QBLOCK; g < (k0 + kn) / MKV_QBLOCK; g++)
+        for (int32_t c = 0; c < np; c++) {
+            const uint8_t *grp = qgroup(w, p + c, g, FMT);
+            v16f d, m;
+            qgroup_scales(grp, FMT, &d, &m);
+            for (int s = 0; s < MKV_QBLOCK / QPER(FMT); s++) {
+                v16u u;
+                qwords(grp, s, FMT, &u);
+                for (int n = 0; n < QPER(FMT); n++) {
+                    const int32_t k = g * MKV_QBLOCK + s * QPER(FMT) + n - k0;
+                    v16f wv;
+                    qweight(&u, n, FMT, &d, &m, &wv);
+                    memcpy(slice + ((size_t)k * (size_t)np + (size_t)c) * MKV_PANEL, &wv, sizeof wv);
+                }
+            }
+        }
+}
+
+/* acc[t][c] += sum over the slice's kn k of x[t][k] slice[k][c], t < 8 (rows past tm read
+ * row 0). */
+static inline __attribute__((always_inline)) void
+tile_slice(const float *slice, int32_t kn, const int NP, const float *x, int64_t ldx, int32_t tm,
+           v16f acc[TOK_TILE][PANEL_TILE])
+{
+    const float *xr[TOK_TILE];
+    for (int t = 0; t < TOK_TILE; t++) xr[t] = x + (t < tm ? t : 0) * ldx;
+    v16f a[TOK_TILE][PANEL_TILE];
+    for (int t = 0; t < TOK_TILE; t++)
+        for (int c = 0; c < NP; c++) a[t][c] = acc[t][c];
+    for (int32_t k = 0; k < kn; k++) {
+        v16f wv[PANEL_TILE];
+        for (int c = 0; c < NP; c++) LOAD_F32(wv[c], slice + ((size_t)k * NP + (size_t)c) * MKV_PANEL);
+        for (int t = 0; t < TOK_TILE; t++) {
+            const float xv = xr[t][k];
+            for (int c = 0; c < NP; c++) a[t][c] += xv * wv[c];
+        }
+    }
+    for (int t = 0; t < TOK_TILE; t++)
+        for (int c = 0; c < NP; c++) acc[t][c] = a[t][c];
+}
+
+#define QSLICE_CASES(FMT)                                                                      \
+    case FMT: qslice(w, p, np, FMT, k0, kn, slice); break;
+
+MKV_CLONES static void gemm_panels_quant(const mkv_wmat_t *w, int32_t p0, int32_t p1,
+                                         const float *x, int64_t ldx, int32_t n, float *y,
+                                         int64_t ldy)
+{
+    float slice[QSLICE * PANEL_TILE * MKV_PANEL] __attribute__((aligned(64)));
+    v16f acc[TOK_CHUNK / TOK_TILE][TOK_TILE][PANEL_TILE];
+    const int32_t K = w->in;
+    for (int32_t t0 = 0; t0 < n; t0 += TOK_CHUNK) {
+        const int32_t t1 = t0 + TOK_CHUNK < n ? t0 + TOK_CHUNK : n;
+        const int32_t tiles = (t1 - t0 + TOK_TILE - 1) / TOK_TILE;
+        for (int32_t p = p0; p < p1; p += PANEL_TILE) {
+            const int32_t np = p1 - p < PANEL_TILE ? p1 - p : PANEL_TILE;
+            for (int32_t i = 0; i < tiles; i++)
+                for (int t = 0; t < TOK_TILE; t++)
+                    for (int c = 0; c < PANEL_TILE; c++) acc[i][t][c] = (v16f){0};
+            for (int32_t k0 = 0; k0 < K; k0 += QSLICE) {
+                const int32_t kn = K - k0 < QSLICE ? K - k0 : QSLICE;
+                switch (w->fmt) {
+                    QSLICE_CASES(MKV_WFMT_Q4_0)
+                    QSLICE_CASES(MKV_WFMT_Q4_1)
+                    default: qslice(w, p, np, MKV_WFMT_Q8_0, k0, kn, slice); break;
+                }
+                for (int32_t i = 0; i < tiles; i++) {
+                    const int32_t t = t0 + i * TOK_TILE, tm = t1 - t < TOK_TILE ? t1 - t : TOK_TILE;
+                    const float *xt = x + t * ldx + k0;
+                    if (np == 3) tile_slice(slice, kn, 3, xt, ldx, tm, acc[i]);
+                    else if (np == 2) tile_slice(slice, kn, 2, xt, ldx, tm, acc[i]);
+                    else tile_slice(slice, kn, 1, xt, ldx, tm, acc[i]);
+                }
+            }
+            for (int32_t i = 0; i < tiles; i++) {
+                const int32_t t = t0 + i * TOK_TILE, tm = t1 - t < TOK_TILE ? t1 - t : TOK_TILE;
+                for (int32_t r = 0; r < tm; r++)
+                    for (int c = 0; c < np; c++)
+                        STORE_PANEL(y + (t + r) * ldy, (p + c) * MKV_PANEL, w->out, acc[i][r][c]);
+            }
+        }
+    }
+}
+
+#define MATVEC_CASES(FMT)                                                                      \
     switch (np) {                                                                              \
-    case 8: tile_matvec(w, p, 8, BF16, x, y); break;                                           \
-    case 7: tile_matvec(w, p, 7, BF16, x, y); break;                                           \
-    case 6: tile_matvec(w, p, 6, BF16, x, y); break;                                           \
-    case 5: tile_matvec(w, p, 5, BF16, x, y); break;                                           \
-    case 4: tile_matvec(w, p, 4, BF16, x, y); break;                                           \
-    case 3: tile_matvec(w, p, 3, BF16, x, y); break;                                           \
-    case 2: tile_matvec(w, p, 2, BF16, x, y); break;                                           \
-    default: tile_matvec(w, p, 1, BF16, x, y); break;                                          \
+    case 8: tile_matvec(w, p, 8, FMT, x, y); break;                                            \
+    case 7: tile_matvec(w, p, 7, FMT, x, y); break;                                            \
+    case 6: tile_matvec(w, p, 6, FMT, x, y); break;                                            \
+    case 5: tile_matvec(w, p, 5, FMT, x, y); break;                                            \
+    case 4: tile_matvec(w, p, 4, FMT, x, y); break;                                            \
+    case 3: tile_matvec(w, p, 3, FMT, x, y); break;                                            \
+    case 2: tile_matvec(w, p, 2, FMT, x, y); break;                                            \
+    default: tile_matvec(w, p, 1, FMT, x, y); break;                                           \
     }
 
 MKV_CLONES static void matvec_panels(const mkv_wmat_t *w, int32_t p0, int32_t p1, const float *x,
@@ -315,8 +344,13 @@ MKV_CLONES static void matvec_panels(const mkv_wmat_t *w, int32_t p0, int32_t p1
 {
     for (int32_t p = p0; p < p1; p += MV_TILE) {
         const int32_t np = p1 - p < MV_TILE ? p1 - p : MV_TILE;
-        if (w->bf16) MATVEC_CASES(1)
-        else MATVEC_CASES(0)
+        switch (w->fmt) {
+        case MKV_WFMT_BF16: MATVEC_CASES(MKV_WFMT_BF16) break;
+        case MKV_WFMT_Q4_0: MATVEC_CASES(MKV_WFMT_Q4_0) break;
+        case MKV_WFMT_Q4_1: MATVEC_CASES(MKV_WFMT_Q4_1) break;
+        case MKV_WFMT_Q8_0: MATVEC_CASES(MKV_WFMT_Q8_0) break;
+        default: MATVEC_CASES(MKV_WFMT_F32) break;
+        }
     }
 }
 
@@ -343,7 +377,9 @@ static void mm_range(void *ctx, int64_t b, int64_t e, int32_t part)
         if (lo < hi) {
             const int32_t p0 = (int32_t)(lo - first), p1 = (int32_t)(hi - first);
             if (c->n == 1) matvec_panels(w, p0, p1, c->x, c->mm->y[i]);
-            else gemm_panels(w, p0, p1, c->x, c->ldx, c->n, c->mm->y[i], c->mm->ldy[i]);
+            else if (w->fmt == MKV_WFMT_F32 || w->fmt == MKV_WFMT_BF16)
+                gemm_panels(w, p0, p1, c->x, c->ldx, c->n, c->mm->y[i], c->mm->ldy[i]);
+            else gemm_panels_quant(w, p0, p1, c->x, c->ldx, c->n, c->mm->y[i], c->mm->ldy[i]);
         }
         first += w->panels;
     }

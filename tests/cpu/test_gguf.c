@@ -1,6 +1,7 @@
 /*
  * test_gguf.c — the GGUF reader (engine/gguf.c), the dequantizers (engine/gguf_dequant.c) and
- * the GGUF model loader (engine/model_gguf.c).
+ * the GGUF model loader (engine/model_gguf.c), with the quantized blocks it keeps for the packed
+ * weights.
  *
  * A small GGUF writer here builds synthetic files, so every refusal is tested without the
  * fixture: truncation at every byte of the header and metadata (then sampled through the data),
@@ -834,23 +835,24 @@ Test(gguf, synthetic_model_weights)
         for (int64_t i = 0; i < mkv_gguf_n_tensors(g); i++) {
             const mkv_gguf_tensor_t *t = mkv_gguf_tensor_at(g, i);
             const float *got = NULL;
+            const mkv_qblocks_t *qb = NULL; /* the blocks the model keeps for weights.c */
             int l = -1, heads = 0;
             char what[64] = "";
-            if (strcmp(t->name, "token_embd.weight") == 0) got = m->embed;
-            else if (strcmp(t->name, "output.weight") == 0) got = m->lm_head;
+            if (strcmp(t->name, "token_embd.weight") == 0) got = m->embed, qb = untied ? NULL : &m->qlm_head;
+            else if (strcmp(t->name, "output.weight") == 0) got = m->lm_head, qb = &m->qlm_head;
             else if (strcmp(t->name, "output_norm.weight") == 0) got = m->final_norm;
             else cr_assert(sscanf(t->name, "blk.%d.%63[a-z_]", &l, what) == 2);
             if (l >= 0) {
                 const mkv_layer_weights_t *w = &m->layers[l];
                 if (!strcmp(what, "attn_norm")) got = w->attn_norm;
-                if (!strcmp(what, "attn_q")) got = w->wq, heads = SH;
-                if (!strcmp(what, "attn_k")) got = w->wk, heads = SKV;
-                if (!strcmp(what, "attn_v")) got = w->wv;
-                if (!strcmp(what, "attn_output")) got = w->wo;
+                if (!strcmp(what, "attn_q")) got = w->wq, heads = SH, qb = &w->qwq;
+                if (!strcmp(what, "attn_k")) got = w->wk, heads = SKV, qb = &w->qwk;
+                if (!strcmp(what, "attn_v")) got = w->wv, qb = &w->qwv;
+                if (!strcmp(what, "attn_output")) got = w->wo, qb = &w->qwo;
                 if (!strcmp(what, "ffn_norm")) got = w->mlp_norm;
-                if (!strcmp(what, "ffn_gate")) got = w->w_gate;
-                if (!strcmp(what, "ffn_up")) got = w->w_up;
-                if (!strcmp(what, "ffn_down")) got = w->w_down;
+                if (!strcmp(what, "ffn_gate")) got = w->w_gate, qb = &w->qw_gate;
+                if (!strcmp(what, "ffn_up")) got = w->w_up, qb = &w->qw_up;
+                if (!strcmp(what, "ffn_down")) got = w->w_down, qb = &w->qw_down;
             }
             cr_assert_not_null(got, "%s", t->name);
             float *want = tu_xcalloc((size_t)t->n_elements, 4);
@@ -862,6 +864,19 @@ Test(gguf, synthetic_model_weights)
                 if (heads) src = r / SHD * SHD + 2 * (r % SHD % (SHD / 2)) + r % SHD / (SHD / 2);
                 cr_assert(memcmp(got + r * in, want + src * in, (size_t)in * 4) == 0,
                           "%s row %lld", t->name, (long long)r);
+            }
+            /* Q4_0 / Q4_1 / Q8_0 keep their blocks, rows in the fp32 copy's order. */
+            if (qb) {
+                const int keep = t->type == MKV_GGML_Q4_0 || t->type == MKV_GGML_Q4_1 ||
+                                 t->type == MKV_GGML_Q8_0;
+                cr_assert_eq(qb->blocks != NULL, keep, "%s (%s): blocks kept", t->name,
+                             mkv_ggml_type_name(t->type));
+                if (keep) {
+                    cr_assert_eq(qb->type, t->type, "%s", t->name);
+                    cr_assert_eq(mkv_ggml_dequantize(t->type, qb->blocks, want, t->n_elements, err), 0);
+                    cr_assert(memcmp(got, want, (size_t)t->n_elements * 4) == 0,
+                              "%s: kept blocks differ from the fp32 copy", t->name);
+                }
             }
             free(want);
         }
