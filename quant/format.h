@@ -134,10 +134,11 @@ mkv_status_t mkv_page_layout(mkv_format_t format, int32_t head_dim, int32_t key_
 #endif
 
 /* Default elements per quantization group, per bit width and side: the one table behind
- * mkv_default_group_elems (and MKV_CACHE_CONFIG_INIT's zeros). Provisional values after
- * DiffKV's choices at d 128 (K8V4: keys 1 group, values 2; K4V2: keys 2, values 4) and a
- * SmolLM2 (d 64) observation that one fp16 scale per 64 four-bit values is too coarse; to be
- * re-chosen from perplexity measurements on a real model. 256 = the whole vector at any d. */
+ * mkv_default_group_elems (and MKV_CACHE_CONFIG_INIT's zeros). Chosen from SmolLM2-135M
+ * perplexity on the essays at 2K-token windows (docs/results.md, "SmolLM2-135M on the
+ * essays"): 16-element groups for 4- and 2-bit values (one scale per 64 four-bit values cost
+ * 0.8% perplexity), 32 for 4-bit keys, the whole vector for 8-bit keys (finer key groups
+ * measured within noise). 256 = the whole vector at any d. */
 #define MKV_DEFAULT_GROUP_8BIT_KEY 256
 #define MKV_DEFAULT_GROUP_8BIT_VALUE 256
 #define MKV_DEFAULT_GROUP_4BIT_KEY 32
