@@ -250,6 +250,12 @@ int main(int argc, char **argv)
         else { usage(); return 2; }
     }
     if (P < 1 || N < 1 || repeats < 1 || threads < 0) { usage(); return 2; }
+    /* The JSON file is opened before the work, so an unwritable path costs nothing. */
+    FILE *jf = NULL;
+    if (json && !(jf = fopen(json, "w"))) {
+        fprintf(stderr, "bench_forward: cannot write %s\n", json);
+        return 2;
+    }
 
     mkv_model_t *m = NULL;
     if (model_dir) {
@@ -295,12 +301,8 @@ int main(int argc, char **argv)
     for (int k = 0; k < n_res; k++)
         printf("%-6s %12.3f %12.1f %14.3f %14.2f %12.2f\n", res[k].name, res[k].prefill_s,
                P / res[k].prefill_s, res[k].prefill_all_s, res[k].decode_tps, res[k].step_ms_median);
-    if (json) {
-        FILE *f = fopen(json, "w");
-        if (!f) {
-            fprintf(stderr, "bench_forward: cannot write %s\n", json);
-            return 1;
-        }
+    if (jf) {
+        FILE *f = jf;
         fprintf(f, "{\"schema\": \"mixkv-bench-forward\", \"schema_version\": 1, "
                    "\"model\": \"%s\", \"hidden\": %d, \"layers\": %d, \"heads\": %d, "
                    "\"kv_heads\": %d, \"head_dim\": %d, \"intermediate\": %d, \"vocab\": %d, "
