@@ -1,11 +1,31 @@
 /*
- * backend.c — which backends can run here.
+ * backend.c — which backends can run here; element type names and sizes.
  */
 #include "common/error.h"
 
 #ifdef MKV_HAVE_CUDA
 #include <cuda_runtime_api.h>
 #endif
+
+const char *mkv_dtype_name(mkv_dtype_t dtype)
+{
+    switch (dtype) {
+    case MKV_DTYPE_F32: return "f32";
+    case MKV_DTYPE_F16: return "f16";
+    case MKV_DTYPE_BF16: return "bf16";
+    default: return "?";
+    }
+}
+
+size_t mkv_dtype_size(mkv_dtype_t dtype)
+{
+    switch (dtype) {
+    case MKV_DTYPE_F32: return 4;
+    case MKV_DTYPE_F16:
+    case MKV_DTYPE_BF16: return 2;
+    default: return 0;
+    }
+}
 
 const char *mkv_backend_name(mkv_backend_t backend)
 {

@@ -28,7 +28,7 @@ extern "C" {
 #endif
 
 #define MKV_VERSION_MAJOR 0
-#define MKV_VERSION_MINOR 1
+#define MKV_VERSION_MINOR 2 /* 0.2: element types (mkv_dtype_t) and the batched _ex calls */
 #define MKV_VERSION_PATCH 0
 
 /* ---------------------------------------------------------------------------------------- */
@@ -109,6 +109,24 @@ mkv_status_t mkv_page_bytes_for(mkv_format_t format, int32_t head_dim, int32_t k
  * (the largest head dimension) stands for the whole vector; 16-bit sides return 256 too (they
  * have no metadata). */
 int32_t mkv_default_group_elems(int32_t bits, int is_value);
+
+/* ---------------------------------------------------------------------------------------- */
+/* Element types of the token tensors an engine passes (q, k, v, out)                       */
+/* ---------------------------------------------------------------------------------------- */
+
+/* Values are stable. Since 0.2. */
+typedef enum mkv_dtype {
+    MKV_DTYPE_F32 = 0,  /* IEEE binary32 */
+    MKV_DTYPE_F16 = 1,  /* IEEE binary16, as uint16_t bits */
+    MKV_DTYPE_BF16 = 2, /* bfloat16, as uint16_t bits */
+    MKV_DTYPE_COUNT
+} mkv_dtype_t;
+
+/* "f32", "f16" or "bf16"; "?" for a value out of range. */
+const char *mkv_dtype_name(mkv_dtype_t dtype);
+
+/* Bytes per element (4 or 2); 0 for a value out of range. */
+size_t mkv_dtype_size(mkv_dtype_t dtype);
 
 /* ---------------------------------------------------------------------------------------- */
 /* Backends                                                                                 */

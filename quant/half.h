@@ -69,4 +69,18 @@ MKV_HD float mkv_f16_to_f32(uint16_t h)
     return mkv_bits_f32(sign | ((exp + 112u) << 23) | (mant << 13));
 }
 
+/* bf16 -> float, exact. */
+MKV_HD float mkv_bf16_to_f32(uint16_t b)
+{
+    return mkv_bits_f32((uint32_t)b << 16);
+}
+
+/* float -> bf16, round to nearest even; NaN stays NaN (quiet). */
+MKV_HD uint16_t mkv_f32_to_bf16(float f)
+{
+    const uint32_t x = mkv_f32_bits(f);
+    if ((x & 0x7fffffffu) > 0x7f800000u) return (uint16_t)((x >> 16) | 0x0040u);
+    return (uint16_t)((x + 0x7fffu + ((x >> 16) & 1u)) >> 16);
+}
+
 #endif /* MKV_QUANT_HALF_H */
