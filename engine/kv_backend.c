@@ -19,6 +19,7 @@
  * recycles.
  */
 #include "attention/attention.h"
+#include "engine/kv.h"
 #include "engine/kv_backend.h"
 #include "engine/policy.h"
 #include "memmgr/cache.h"
@@ -38,12 +39,10 @@ typedef struct prompt_ws {
     uint8_t *done;  /* [L] layers prefilled */
 } prompt_ws_t;
 
-struct mkv_kv {
+typedef struct cpu_kv {
     int32_t max_seqs;
     mkv_page_layout_t lay_hi, lay_lo;
     prompt_ws_t *ws;             /* [S] */
-    int32_t *decoded;            /* [S][L] N at which the layer last received its new token */
-    int32_t *compressed;         /* [S] N at which the slot was last compressed */
     float *scratch;              /* attention scratch, (G + 2) * max_seq_len + 4 * d floats */
     float *tok;                  /* [2 * d] the new token's K and V, rounded to fp16 */
     mkv_policy_token_t *hi_tok;  /* [max_seq_len] one section's tokens */
@@ -59,7 +58,9 @@ struct mkv_kv {
     float *par_scratch;          /* per-thread attention scratch (grown on demand) */
     int64_t par_floats;          /* its size in floats */
     mkv_region_pages_t *dec_regions; /* [S * H] the head-regions of a decode call */
-};
+    float *conv;                 /* f16 / bf16 tensors converted to f32 (grown on demand) */
+    int64_t conv_floats;
+} cpu_kv_t;
 
 static void ws_free(prompt_ws_t *ws)
 {
@@ -71,15 +72,13 @@ static void ws_free(prompt_ws_t *ws)
     memset(ws, 0, sizeof *ws);
 }
 
-/* The cache keeps only a function pointer to this: memmgr knows nothing of token data. */
-static void kv_destroy(struct mkv_kv *kv)
+static void cpu_destroy(mkv_kv_t *base)
 {
+    cpu_kv_t *kv = base->impl;
     if (!kv) return;
     if (kv->ws)
         for (int32_t s = 0; s < kv->max_seqs; s++) ws_free(&kv->ws[s]);
     free(kv->ws);
-    free(kv->decoded);
-    free(kv->compressed);
     free(kv->scratch);
     free(kv->tok);
     free(kv->hi_tok);
@@ -95,38 +94,24 @@ static void kv_destroy(struct mkv_kv *kv)
     free(kv->stage_pos);
     free(kv->par_scratch);
     free(kv->dec_regions);
+    free(kv->conv);
     free(kv);
+    base->impl = NULL;
 }
 
-/* The backend's state, created on first use; UNSUPPORTED without page storage. */
-static mkv_status_t kv_get(mkv_cache_t *c, struct mkv_kv **out)
+static mkv_status_t cpu_create(mkv_cache_t *c, mkv_kv_t *base)
 {
-    if (c->dev)
-        return mkv_fail(c->err, MKV_STATUS_UNSUPPORTED,
-                        "the CUDA backend manages pages; its quantizer and attention kernels are "
-                        "not implemented yet (issue 6): use the CPU backend for token data");
-    if (!c->pool)
-        return mkv_fail(c->err, MKV_STATUS_UNSUPPORTED,
-                        "this cache was created with MKV_CACHE_METADATA_ONLY: it holds no token data");
-    if (c->kv) {
-        *out = c->kv;
-        return MKV_STATUS_OK;
-    }
     const mkv_cache_config_t *cfg = &c->cfg;
     const mkv_mm_geom_t *g = &c->st.g;
     const int64_t regions = mkv_mm_regions(g);
     const int64_t n = cfg->max_seq_len;
-    struct mkv_kv *kv = calloc(1, sizeof *kv);
+    cpu_kv_t *kv = calloc(1, sizeof *kv);
     if (!kv) return mkv_fail(c->err, MKV_STATUS_OUT_OF_MEMORY, "cannot allocate the KV backend");
+    base->impl = kv;
     kv->max_seqs = g->max_seqs;
-    char why[MKV_ERR_LEN];
-    mkv_page_layout(cfg->hi_format, cfg->head_dim, cfg->hi_key_group, cfg->hi_value_group,
-                    cfg->page_bytes, &kv->lay_hi, why);
-    mkv_page_layout(cfg->lo_format, cfg->head_dim, cfg->lo_key_group, cfg->lo_value_group,
-                    cfg->page_bytes, &kv->lay_lo, why);
+    kv->lay_hi = base->lay_hi;
+    kv->lay_lo = base->lay_lo;
     kv->ws = calloc((size_t)g->max_seqs, sizeof *kv->ws);
-    kv->decoded = calloc((size_t)g->max_seqs * g->n_layers, sizeof *kv->decoded);
-    kv->compressed = calloc((size_t)g->max_seqs, sizeof *kv->compressed);
     kv->scratch = malloc((size_t)((cfg->group_size + 2) * n + 4 * cfg->head_dim) * sizeof(float));
     kv->tok = malloc((size_t)(2 * cfg->head_dim) * sizeof(float));
     kv->hi_tok = malloc((size_t)n * sizeof *kv->hi_tok);
@@ -141,15 +126,12 @@ static mkv_status_t kv_get(mkv_cache_t *c, struct mkv_kv **out)
     kv->stage_score = malloc((size_t)regions * sizeof(float));
     kv->stage_pos = malloc((size_t)regions * sizeof(int32_t));
     kv->dec_regions = malloc((size_t)g->max_seqs * cfg->n_kv_heads * sizeof *kv->dec_regions);
-    if (!kv->ws || !kv->decoded || !kv->compressed || !kv->scratch || !kv->tok || !kv->hi_tok || !kv->lo_tok || !kv->prune_sec ||
+    if (!kv->ws || !kv->scratch || !kv->tok || !kv->hi_tok || !kv->lo_tok || !kv->prune_sec ||
         !kv->prune_idx || !kv->tgt_hi || !kv->tgt_lo || !kv->seq || !kv->dec || !kv->stage ||
         !kv->stage_score || !kv->stage_pos || !kv->dec_regions) {
-        kv_destroy(kv);
+        cpu_destroy(base);
         return mkv_fail(c->err, MKV_STATUS_OUT_OF_MEMORY, "cannot allocate the KV backend's buffers");
     }
-    c->kv = kv;
-    c->kv_free = kv_destroy;
-    *out = kv;
     return MKV_STATUS_OK;
 }
 
@@ -158,7 +140,7 @@ static mkv_status_t kv_get(mkv_cache_t *c, struct mkv_kv **out)
 /* ---------------------------------------------------------------------------------------- */
 
 /* The page and slot of token k of a section (0 high, 1 low) of head-region r. */
-static uint8_t *token_at(const mkv_cache_t *c, const struct mkv_kv *kv, int64_t r, int sec,
+static uint8_t *token_at(const mkv_cache_t *c, const cpu_kv_t *kv, int64_t r, int sec,
                          int32_t k, int32_t *slot)
 {
     const int32_t tpp = sec ? kv->lay_lo.tokens : kv->lay_hi.tokens;
@@ -168,13 +150,13 @@ static uint8_t *token_at(const mkv_cache_t *c, const struct mkv_kv *kv, int64_t 
     return c->pool + (int64_t)page * c->cfg.page_bytes; /* NOTE: widen before the multiply */
 }
 
-static const mkv_page_layout_t *lay_of(const struct mkv_kv *kv, int sec)
+static const mkv_page_layout_t *lay_of(const cpu_kv_t *kv, int sec)
 {
     return sec ? &kv->lay_lo : &kv->lay_hi;
 }
 
 /* Swap-remove token k of a section holding n tokens: the last token moves into the hole. */
-static void section_remove(const mkv_cache_t *c, const struct mkv_kv *kv, int64_t r, int sec,
+static void section_remove(const mkv_cache_t *c, const cpu_kv_t *kv, int64_t r, int sec,
                            int32_t k, int32_t n)
 {
     if (k == n - 1) return;
@@ -185,7 +167,7 @@ static void section_remove(const mkv_cache_t *c, const struct mkv_kv *kv, int64_
 }
 
 /* Dequantizes high token k of region r into staging entry i. */
-static void stage_token(const mkv_cache_t *c, struct mkv_kv *kv, int64_t r, int32_t k, int64_t i)
+static void stage_token(const mkv_cache_t *c, cpu_kv_t *kv, int64_t r, int32_t k, int64_t i)
 {
     int32_t slot;
     const int64_t d = c->cfg.head_dim;
@@ -195,7 +177,7 @@ static void stage_token(const mkv_cache_t *c, struct mkv_kv *kv, int64_t r, int3
 }
 
 /* Quantizes staging entry i afresh into low slot lo_k of region r: the demotion. */
-static void unstage_token(const mkv_cache_t *c, struct mkv_kv *kv, int64_t r, int32_t lo_k, int64_t i)
+static void unstage_token(const mkv_cache_t *c, cpu_kv_t *kv, int64_t r, int32_t lo_k, int64_t i)
 {
     int32_t slot;
     const int64_t d = c->cfg.head_dim;
@@ -205,7 +187,7 @@ static void unstage_token(const mkv_cache_t *c, struct mkv_kv *kv, int64_t r, in
 }
 
 /* Fills hi_tok / lo_tok with the region's tokens and their significance at length N. */
-static void gather(const mkv_cache_t *c, struct mkv_kv *kv, int64_t r, int32_t N, int32_t plen)
+static void gather(const mkv_cache_t *c, cpu_kv_t *kv, int64_t r, int32_t N, int32_t plen)
 {
     const int32_t n[2] = {c->st.n_hi[r], c->st.n_lo[r]};
     mkv_policy_token_t *out[2] = {kv->hi_tok, kv->lo_tok};
@@ -221,31 +203,6 @@ static void gather(const mkv_cache_t *c, struct mkv_kv *kv, int64_t r, int32_t N
     }
 }
 
-static mkv_status_t check_data_slots(mkv_cache_t *c, int32_t n_slots, const int32_t *slots,
-                                     struct mkv_kv **kv)
-{
-    mkv_status_t st = kv_get(c, kv);
-    if (st != MKV_STATUS_OK) return st;
-    return mkv_cache_check_slots(c, n_slots, slots);
-}
-
-#define HANDLE_CHECK(c)                                                                        \
-    do {                                                                                       \
-        if (!(c)) return mkv_fail_global(MKV_STATUS_INVALID_ARGUMENT, "%s: null cache", __func__); \
-        (c)->err[0] = '\0';                                                                    \
-    } while (0)
-
-mkv_status_t mkv_cache_set_budget(mkv_cache_t *cache, int32_t slot, int32_t max_tokens)
-{
-    HANDLE_CHECK(cache);
-    mkv_status_t st = mkv_cache_check_slots(cache, 1, &slot);
-    if (st != MKV_STATUS_OK) return st;
-    if (max_tokens < 0)
-        return mkv_fail(cache->err, MKV_STATUS_INVALID_ARGUMENT, "budget %d must be >= 0", max_tokens);
-    cache->budget[slot] = max_tokens;
-    return MKV_STATUS_OK;
-}
-
 /* ---------------------------------------------------------------------------------------- */
 /* Prompt                                                                                   */
 /* ---------------------------------------------------------------------------------------- */
@@ -257,7 +214,7 @@ static float round_f16(float x)
     return mkv_f16_to_f32(mkv_f32_to_f16(x));
 }
 
-static mkv_status_t ws_for(mkv_cache_t *c, struct mkv_kv *kv, int32_t slot, prompt_ws_t **out)
+static mkv_status_t ws_for(mkv_cache_t *c, cpu_kv_t *kv, int32_t slot, prompt_ws_t **out)
 {
     prompt_ws_t *ws = &kv->ws[slot];
     if (ws->epoch == c->epoch[slot]) {
@@ -285,7 +242,7 @@ static mkv_status_t ws_for(mkv_cache_t *c, struct mkv_kv *kv, int32_t slot, prom
 }
 
 /* Per-thread scratch of at least `floats` floats in total; grown once, never shrunk. */
-static mkv_status_t par_scratch(mkv_cache_t *c, struct mkv_kv *kv, int64_t floats)
+static mkv_status_t par_scratch(mkv_cache_t *c, cpu_kv_t *kv, int64_t floats)
 {
     if (kv->par_floats >= floats) return MKV_STATUS_OK;
     float *p = malloc((size_t)floats * sizeof(float));
@@ -303,32 +260,48 @@ static void pool_runner(void *runner, mkv_attn_range_fn fn, void *ctx, int64_t n
     mkv_pool_run(runner, fn, ctx, n);
 }
 
-mkv_status_t mkv_cache_prefill_layer(mkv_cache_t *cache, int32_t slot, int32_t layer,
-                                     const float *q, const float *k, const float *v, float *out,
-                                     void *stream)
+/* f16 / bf16 elements as f32 (exact); f32 is used in place. */
+static const float *as_f32(cpu_kv_t *kv, mkv_dtype_t dtype, const void *src, int64_t n, int64_t at)
 {
-    (void)stream;
-    return mkv_cache_prefill_layer_pool(cache, slot, layer, q, k, v, out, NULL);
+    if (dtype == MKV_DTYPE_F32) return src;
+    float *dst = kv->conv + at;
+    const uint16_t *h = src;
+    for (int64_t i = 0; i < n; i++)
+        dst[i] = dtype == MKV_DTYPE_F16 ? mkv_f16_to_f32(h[i]) : mkv_bf16_to_f32(h[i]);
+    return dst;
 }
 
-mkv_status_t mkv_cache_prefill_layer_pool(mkv_cache_t *cache, int32_t slot, int32_t layer,
-                                          const float *q, const float *k, const float *v,
-                                          float *out, mkv_pool_t *pool)
+static void store_out(mkv_dtype_t dtype, const float *src, void *out, int64_t n)
 {
-    HANDLE_CHECK(cache);
-    struct mkv_kv *kv;
+    uint16_t *h = out;
+    for (int64_t i = 0; i < n; i++)
+        h[i] = dtype == MKV_DTYPE_F16 ? mkv_f32_to_f16(src[i]) : mkv_f32_to_bf16(src[i]);
+}
+
+/* Room in kv->conv for q, k, v and out of `rows` rows when dtype is not f32. */
+static mkv_status_t conv_room(mkv_cache_t *c, cpu_kv_t *kv, mkv_dtype_t dtype, int64_t rows)
+{
+    if (dtype == MKV_DTYPE_F32) return MKV_STATUS_OK;
+    const int64_t H = c->cfg.n_kv_heads, G = c->cfg.group_size, d = c->cfg.head_dim;
+    const int64_t floats = rows * (2 * H * G * d + 2 * H * d);
+    if (kv->conv_floats >= floats) return MKV_STATUS_OK;
+    float *p = malloc((size_t)floats * sizeof(float));
+    if (!p)
+        return mkv_fail(c->err, MKV_STATUS_OUT_OF_MEMORY, "cannot allocate %lld bytes to convert %s tensors",
+                        (long long)floats * 4, mkv_dtype_name(dtype));
+    free(kv->conv);
+    kv->conv = p;
+    kv->conv_floats = floats;
+    return MKV_STATUS_OK;
+}
+
+static mkv_status_t prefill_one(mkv_cache_t *cache, cpu_kv_t *kv, int32_t slot, int32_t layer,
+                                const float *q, const float *k, const float *v, float *out,
+                                mkv_pool_t *pool)
+{
     prompt_ws_t *ws = NULL;
-    mkv_status_t st = check_data_slots(cache, 1, &slot, &kv);
-    if (st != MKV_STATUS_OK) return st;
+    mkv_status_t st;
     const mkv_cache_config_t *cfg = &cache->cfg;
-    if (cache->st.seq_len[slot] != 0)
-        return mkv_fail(cache->err, MKV_STATUS_INVALID_ARGUMENT,
-                        "slot %d: its prompt is already committed", slot);
-    if (layer < 0 || layer >= cfg->n_layers)
-        return mkv_fail(cache->err, MKV_STATUS_INVALID_ARGUMENT, "layer %d is outside [0, %d)",
-                        layer, cfg->n_layers);
-    if (!q || !k || !v || !out)
-        return mkv_fail(cache->err, MKV_STATUS_INVALID_ARGUMENT, "null q, k, v or out");
     if ((st = ws_for(cache, kv, slot, &ws)) != MKV_STATUS_OK) return st;
     const int64_t n = ws->n, H = cfg->n_kv_heads, d = cfg->head_dim;
     /* The cache's full precision is fp16 (K16V16): the prompt attends over the values a
@@ -351,8 +324,38 @@ mkv_status_t mkv_cache_prefill_layer_pool(mkv_cache_t *cache, int32_t slot, int3
     return MKV_STATUS_OK;
 }
 
+/* Each slot's prompt_len rows follow the previous slot's. */
+static mkv_status_t cpu_prefill(mkv_cache_t *cache, mkv_kv_t *base, int32_t n_slots,
+                                const int32_t *slots, int32_t layer, mkv_dtype_t dtype,
+                                const void *q, const void *k, const void *v, void *out,
+                                void *stream, mkv_pool_t *pool)
+{
+    (void)stream;
+    cpu_kv_t *kv = base->impl;
+    const mkv_cache_config_t *cfg = &cache->cfg;
+    const int64_t H = cfg->n_kv_heads, G = cfg->group_size, d = cfg->head_dim;
+    const size_t es = mkv_dtype_size(dtype);
+    int64_t row = 0;
+    for (int32_t j = 0; j < n_slots; j++) {
+        const int32_t s = slots[j];
+        const int64_t n = cache->prompt_len[s];
+        mkv_status_t st = conv_room(cache, kv, dtype, n);
+        if (st != MKV_STATUS_OK) return st;
+        const int64_t nq = n * H * G * d, nkv = n * H * d;
+        const float *qf = as_f32(kv, dtype, (const char *)q + row * H * G * d * es, nq, 0);
+        const float *kf = as_f32(kv, dtype, (const char *)k + row * H * d * es, nkv, nq);
+        const float *vf = as_f32(kv, dtype, (const char *)v + row * H * d * es, nkv, nq + nkv);
+        char *o = (char *)out + row * H * G * d * es;
+        float *of = dtype == MKV_DTYPE_F32 ? (float *)o : kv->conv + nq + 2 * nkv;
+        if ((st = prefill_one(cache, kv, s, layer, qf, kf, vf, of, pool)) != MKV_STATUS_OK) return st;
+        if (dtype != MKV_DTYPE_F32) store_out(dtype, of, o, nq);
+        row += n;
+    }
+    return MKV_STATUS_OK;
+}
+
 /* Classes of one head-region's prompt tokens: DiffKV's rule, then the budget. */
-static void classify_region(mkv_cache_t *c, struct mkv_kv *kv, const prompt_ws_t *ws, int32_t slot,
+static void classify_region(mkv_cache_t *c, cpu_kv_t *kv, const prompt_ws_t *ws, int32_t slot,
                             int64_t lh, int32_t *n_hi, int32_t *n_lo)
 {
     const int32_t n = ws->n;
@@ -382,26 +385,13 @@ static void classify_region(mkv_cache_t *c, struct mkv_kv *kv, const prompt_ws_t
     *n_lo = nl;
 }
 
-mkv_status_t mkv_cache_commit_prompt(mkv_cache_t *cache, int32_t n_slots, const int32_t *slots,
-                                     void *stream)
+static mkv_status_t cpu_commit(mkv_cache_t *cache, mkv_kv_t *base, int32_t n_slots,
+                               const int32_t *slots, void *stream)
 {
-    HANDLE_CHECK(cache);
-    struct mkv_kv *kv;
-    mkv_status_t st = check_data_slots(cache, n_slots, slots, &kv);
-    if (st != MKV_STATUS_OK) return st;
+    cpu_kv_t *kv = base->impl;
+    mkv_status_t st;
     const mkv_cache_config_t *cfg = &cache->cfg;
     const int64_t L = cfg->n_layers, H = cfg->n_kv_heads, d = cfg->head_dim;
-    for (int32_t j = 0; j < n_slots; j++) {
-        const int32_t s = slots[j];
-        const prompt_ws_t *ws = &kv->ws[s];
-        if (cache->st.seq_len[s] != 0)
-            return mkv_fail(cache->err, MKV_STATUS_INVALID_ARGUMENT,
-                            "slot %d: its prompt is already committed", s);
-        for (int64_t l = 0; l < L; l++)
-            if (ws->epoch != cache->epoch[s] || !ws->done[l])
-                return mkv_fail(cache->err, MKV_STATUS_INVALID_ARGUMENT,
-                                "slot %d: layer %lld has not been prefilled", s, (long long)l);
-    }
     /* Classify (reading only), then one resize for every slot, layer and head. */
     for (int32_t j = 0; j < n_slots; j++) {
         const prompt_ws_t *ws = &kv->ws[slots[j]];
@@ -436,8 +426,6 @@ mkv_status_t mkv_cache_commit_prompt(mkv_cache_t *cache, int32_t n_slots, const 
                 }
             }
         }
-        for (int64_t l = 0; l < L; l++) kv->decoded[s * L + l] = (int32_t)n;
-        kv->compressed[s] = 0; /* a new occupant: its steps start afresh */
         ws_free(ws);
     }
     return MKV_STATUS_OK;
@@ -447,37 +435,22 @@ mkv_status_t mkv_cache_commit_prompt(mkv_cache_t *cache, int32_t n_slots, const 
 /* Decode                                                                                   */
 /* ---------------------------------------------------------------------------------------- */
 
-mkv_status_t mkv_cache_decode_layer(mkv_cache_t *cache, int32_t n_slots, const int32_t *slots,
-                                    int32_t layer, const float *q, const float *k, const float *v,
-                                    float *out, void *stream)
+static mkv_status_t cpu_decode(mkv_cache_t *cache, mkv_kv_t *base, int32_t n_slots,
+                               const int32_t *slots, int32_t layer, mkv_dtype_t dtype,
+                               const void *q_in, const void *k_in, const void *v_in, void *out_in,
+                               void *stream, mkv_pool_t *pool)
 {
     (void)stream;
-    return mkv_cache_decode_layer_pool(cache, n_slots, slots, layer, q, k, v, out, NULL);
-}
-
-mkv_status_t mkv_cache_decode_layer_pool(mkv_cache_t *cache, int32_t n_slots, const int32_t *slots,
-                                         int32_t layer, const float *q, const float *k,
-                                         const float *v, float *out, mkv_pool_t *pool)
-{
-    HANDLE_CHECK(cache);
-    struct mkv_kv *kv;
-    mkv_status_t st = check_data_slots(cache, n_slots, slots, &kv);
-    if (st != MKV_STATUS_OK) return st;
+    cpu_kv_t *kv = base->impl;
     const mkv_cache_config_t *cfg = &cache->cfg;
-    const int64_t L = cfg->n_layers, H = cfg->n_kv_heads, G = cfg->group_size, d = cfg->head_dim;
-    if (layer < 0 || layer >= L)
-        return mkv_fail(cache->err, MKV_STATUS_INVALID_ARGUMENT, "layer %d is outside [0, %lld)",
-                        layer, (long long)L);
-    if (n_slots > 0 && (!q || !k || !v || !out))
-        return mkv_fail(cache->err, MKV_STATUS_INVALID_ARGUMENT, "null q, k, v or out");
-    for (int32_t j = 0; j < n_slots; j++) {
-        const int32_t s = slots[j], N = cache->st.seq_len[s];
-        if (N <= cache->prompt_len[s] || kv->decoded[s * L + layer] >= N)
-            return mkv_fail(cache->err, MKV_STATUS_INVALID_ARGUMENT,
-                            "slot %d layer %d: no new token to decode (commit the prompt, then "
-                            "mkv_cache_append once per step, then each layer once)",
-                            s, layer);
-    }
+    const int64_t H = cfg->n_kv_heads, G = cfg->group_size, d = cfg->head_dim;
+    mkv_status_t st = conv_room(cache, kv, dtype, n_slots);
+    if (st != MKV_STATUS_OK) return st;
+    const int64_t nq = n_slots * H * G * d, nkv = n_slots * H * d;
+    const float *q = as_f32(kv, dtype, q_in, nq, 0);
+    const float *k = as_f32(kv, dtype, k_in, nkv, nq);
+    const float *v = as_f32(kv, dtype, v_in, nkv, nq + nkv);
+    float *out = dtype == MKV_DTYPE_F32 ? out_in : kv->conv + nq + 2 * nkv;
     for (int32_t j = 0; j < n_slots; j++) {
         const int32_t s = slots[j], N = cache->st.seq_len[s];
         for (int64_t h = 0; h < H; h++) {
@@ -490,7 +463,6 @@ mkv_status_t mkv_cache_decode_layer_pool(mkv_cache_t *cache, int32_t n_slots, co
             }
             mkv_page_write_token(page, &kv->lay_hi, slot_in_page, kv->tok, kv->tok + d, 0.0f, N - 1);
         }
-        kv->decoded[s * L + layer] = N;
     }
     /* Then attention over every head-region at once, split across the pool's threads. */
     mkv_region_pages_t *rp = kv->dec_regions;
@@ -508,6 +480,7 @@ mkv_status_t mkv_cache_decode_layer_pool(mkv_cache_t *cache, int32_t n_slots, co
         return st;
     mkv_attn_decode_batch(rp, R, (int32_t)G, (int32_t)d, q, cfg->softmax_scale, out,
                           kv->par_scratch, parts, pool ? pool_runner : NULL, pool);
+    if (dtype != MKV_DTYPE_F32) store_out(dtype, out, out_in, nq);
     return MKV_STATUS_OK;
 }
 
@@ -533,14 +506,8 @@ static int32_t leaving_high(const mkv_policy_decision_t *d)
     }
 }
 
-static void mark_compressed(const mkv_cache_t *c, struct mkv_kv *kv, int32_t n_slots,
-                            const int32_t *slots)
-{
-    for (int32_t j = 0; j < n_slots; j++) kv->compressed[slots[j]] = c->st.seq_len[slots[j]];
-}
-
 /* Targets n_hi + 0 and n_lo + (grows ? 1 : 0), or the current counts, for every region. */
-static mkv_status_t resize_to_targets(mkv_cache_t *c, struct mkv_kv *kv, int32_t n_slots,
+static mkv_status_t resize_to_targets(mkv_cache_t *c, cpu_kv_t *kv, int32_t n_slots,
                                       const int32_t *slots, void *stream)
 {
     const mkv_resize_t rz = {n_slots, slots, NULL, kv->tgt_hi, kv->tgt_lo};
@@ -549,7 +516,7 @@ static mkv_status_t resize_to_targets(mkv_cache_t *c, struct mkv_kv *kv, int32_t
 
 /* The budget pass: prunes the lowest-significance tokens outside the window of every
  * head-region above its slot's budget, then shrinks. Only recycles: cannot run out. */
-static mkv_status_t apply_budgets(mkv_cache_t *c, struct mkv_kv *kv, int32_t n_slots,
+static mkv_status_t apply_budgets(mkv_cache_t *c, cpu_kv_t *kv, int32_t n_slots,
                                   const int32_t *slots, void *stream)
 {
     const mkv_cache_config_t *cfg = &c->cfg;
@@ -591,34 +558,17 @@ static mkv_status_t apply_budgets(mkv_cache_t *c, struct mkv_kv *kv, int32_t n_s
     return any ? resize_to_targets(c, kv, n_slots, slots, stream) : MKV_STATUS_OK;
 }
 
-mkv_status_t mkv_cache_compress(mkv_cache_t *cache, int32_t n_slots, const int32_t *slots,
-                                void *stream)
+static mkv_status_t cpu_compress(mkv_cache_t *cache, mkv_kv_t *base, int32_t n_slots,
+                                 const int32_t *slots, void *stream)
 {
-    HANDLE_CHECK(cache);
-    struct mkv_kv *kv;
-    mkv_status_t st = check_data_slots(cache, n_slots, slots, &kv);
-    if (st != MKV_STATUS_OK) return st;
+    cpu_kv_t *kv = base->impl;
+    mkv_status_t st;
     const mkv_cache_config_t *cfg = &cache->cfg;
     const int64_t L = cfg->n_layers, LH = L * cfg->n_kv_heads;
     int budgets = 0;
-    for (int32_t j = 0; j < n_slots; j++) {
-        const int32_t s = slots[j], N = cache->st.seq_len[s];
-        for (int64_t l = 0; l < L; l++)
-            if (N <= cache->prompt_len[s] || kv->decoded[s * L + l] != N)
-                return mkv_fail(cache->err, MKV_STATUS_INVALID_ARGUMENT,
-                                "slot %d: decode every layer of the step before compressing "
-                                "(layer %lld has not seen token %d)",
-                                s, (long long)l, N - 1);
-        if (kv->compressed[s] == N)
-            return mkv_fail(cache->err, MKV_STATUS_INVALID_ARGUMENT,
-                            "slot %d: already compressed at length %d (once per step)", s, N);
-        budgets |= cache->budget[s] > 0;
-    }
+    for (int32_t j = 0; j < n_slots; j++) budgets |= cache->budget[slots[j]] > 0;
     /* With both thresholds 0 every significance passes: Algorithm 1 keeps everything. */
-    if (cfg->alpha_h == 0.0f && cfg->alpha_l == 0.0f && !budgets) {
-        mark_compressed(cache, kv, n_slots, slots);
-        return MKV_STATUS_OK;
-    }
+    if (cfg->alpha_h == 0.0f && cfg->alpha_l == 0.0f && !budgets) return MKV_STATUS_OK;
 
     /* 1. Decide every head-region, reading only; the final section sizes. */
     for (int32_t j = 0; j < n_slots; j++) {
@@ -672,6 +622,8 @@ mkv_status_t mkv_cache_compress(mkv_cache_t *cache, int32_t n_slots, const int32
         }
     }
     if (budgets && (st = apply_budgets(cache, kv, n_slots, slots, stream)) != MKV_STATUS_OK) return st;
-    mark_compressed(cache, kv, n_slots, slots);
     return MKV_STATUS_OK;
 }
+
+const mkv_kv_ops_t mkv_kv_cpu_ops = {"cpu", cpu_create, cpu_destroy, cpu_prefill, cpu_commit,
+                                     cpu_decode, cpu_compress};

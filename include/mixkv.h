@@ -343,6 +343,14 @@ mkv_status_t mkv_cache_prefill_layer(mkv_cache_t *cache, int32_t slot, int32_t l
 mkv_status_t mkv_cache_commit_prompt(mkv_cache_t *cache, int32_t n_slots, const int32_t *slots,
                                      void *stream);
 
+/* mkv_cache_prefill_layer for several admitted slots at once (since 0.2), with tensors of
+ * element type dtype: slot j's prompt_len rows follow slot j - 1's in q, k, v and out (the
+ * varlen packing of FlashAttention). The CUDA backend runs every slot in one launch sequence;
+ * f16 and bf16 keys and values are stored as fp16 either way (K16V16 is the full precision). */
+mkv_status_t mkv_cache_prefill_layer_ex(mkv_cache_t *cache, int32_t n_slots, const int32_t *slots,
+                                        int32_t layer, mkv_dtype_t dtype, const void *q,
+                                        const void *k, const void *v, void *out, void *stream);
+
 /* One decode step of one layer, after mkv_cache_append(slots) made room: quantizes the new
  * token's K/V (position N - 1) into each head-region's high section, then attends over the
  * stored tokens (high pages, then low) and adds each token's attention probability (max over
@@ -351,6 +359,11 @@ mkv_status_t mkv_cache_commit_prompt(mkv_cache_t *cache, int32_t n_slots, const 
 mkv_status_t mkv_cache_decode_layer(mkv_cache_t *cache, int32_t n_slots, const int32_t *slots,
                                     int32_t layer, const float *q, const float *k, const float *v,
                                     float *out, void *stream);
+
+/* mkv_cache_decode_layer with tensors of element type dtype (since 0.2). */
+mkv_status_t mkv_cache_decode_layer_ex(mkv_cache_t *cache, int32_t n_slots, const int32_t *slots,
+                                       int32_t layer, mkv_dtype_t dtype, const void *q,
+                                       const void *k, const void *v, void *out, void *stream);
 
 /* The generation-phase policy after every layer of the step: per head-region, Algorithm 1 on
  * the token reaching the window's edge (keep, demote to low, or prune; a victim demoted or

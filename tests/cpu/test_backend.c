@@ -893,3 +893,99 @@ Test(backend, slot_reuse_starts_afresh)
     }
     bk_free(&b);
 }
+
+/* Since 0.2: f16 and bf16 tensors, and the batched prefill. Two caches get the same values,
+ * one as f32 through the one-slot calls, the other in dtype through the _ex calls (every slot
+ * of the prompt in one call): outputs are the f32 results rounded to dtype, bit for bit, and
+ * the two dumps (page tables, codes' scores and positions) are identical. */
+static void dtype_case(mkv_dtype_t dt)
+{
+    const geom_t g = {2, 2, 3, 16, 3, 48, 2, 256, K8V4, K4V2, 1.0f, 0.3f, 3, 0, 0};
+    const int32_t H = g.H, G = g.G, d = g.d, plens[2] = {7, 12};
+    bk_t a, b;
+    bk_init(&a, &g, 5);
+    bk_init(&b, &g, 5);
+    tu_rng_t rng = {123};
+    const int64_t rows = plens[0] + plens[1], nq = rows * H * G * d, nkv = rows * H * d;
+    float *q = malloc((size_t)nq * 4), *k = malloc((size_t)nkv * 4), *v = malloc((size_t)nkv * 4);
+    float *o = malloc((size_t)nq * 4);
+    uint16_t *q16 = malloc((size_t)nq * 2), *k16 = malloc((size_t)nkv * 2), *v16 = malloc((size_t)nkv * 2);
+    uint16_t *o16 = malloc((size_t)nq * 2);
+    int32_t slots[2];
+    for (int i = 0; i < 2; i++) {
+        TU_COK(a.c, mkv_cache_admit(a.c, plens[i], &slots[i]));
+        TU_COK(b.c, mkv_cache_admit(b.c, plens[i], &slots[i]));
+    }
+    /* values exactly representable in dt, so both caches see the same numbers */
+    const int bf = dt == MKV_DTYPE_BF16;
+    for (int32_t l = 0; l < g.L; l++) {
+        float *xs[3] = {q, k, v};
+        uint16_t *hs[3] = {q16, k16, v16};
+        const int64_t ns[3] = {nq, nkv, nkv};
+        for (int t = 0; t < 3; t++) {
+            fill(&rng, xs[t], ns[t], 2.0f);
+            for (int64_t i = 0; i < ns[t]; i++) {
+                hs[t][i] = bf ? mkv_f32_to_bf16(xs[t][i]) : mkv_f32_to_f16(xs[t][i]);
+                xs[t][i] = bf ? mkv_bf16_to_f32(hs[t][i]) : mkv_f16_to_f32(hs[t][i]);
+            }
+        }
+        int64_t row = 0;
+        for (int i = 0; i < 2; i++) {
+            TU_COK(a.c, mkv_cache_prefill_layer(a.c, slots[i], l, q + row * H * G * d, k + row * H * d,
+                                                v + row * H * d, o + row * H * G * d, NULL));
+            row += plens[i];
+        }
+        TU_COK(b.c, mkv_cache_prefill_layer_ex(b.c, 2, slots, l, dt, q16, k16, v16, o16, NULL));
+        for (int64_t i = 0; i < nq; i++)
+            cr_assert_eq(o16[i], bf ? mkv_f32_to_bf16(o[i]) : mkv_f32_to_f16(o[i]),
+                         "%s prefill out[%lld]", mkv_dtype_name(dt), (long long)i);
+    }
+    TU_COK(a.c, mkv_cache_commit_prompt(a.c, 2, slots, NULL));
+    TU_COK(b.c, mkv_cache_commit_prompt(b.c, 2, slots, NULL));
+    for (int step = 0; step < 6; step++) {
+        TU_COK(a.c, mkv_cache_append(a.c, 2, slots, NULL));
+        TU_COK(b.c, mkv_cache_append(b.c, 2, slots, NULL));
+        for (int32_t l = 0; l < g.L; l++) {
+            const int64_t dq = 2 * H * G * d, dkv = 2 * H * d;
+            fill(&rng, q, dq, 2.0f), fill(&rng, k, dkv, 2.0f), fill(&rng, v, dkv, 2.0f);
+            float *xs[3] = {q, k, v};
+            uint16_t *hs[3] = {q16, k16, v16};
+            const int64_t ns[3] = {dq, dkv, dkv};
+            for (int t = 0; t < 3; t++)
+                for (int64_t i = 0; i < ns[t]; i++) {
+                    hs[t][i] = bf ? mkv_f32_to_bf16(xs[t][i]) : mkv_f32_to_f16(xs[t][i]);
+                    xs[t][i] = bf ? mkv_bf16_to_f32(hs[t][i]) : mkv_f16_to_f32(hs[t][i]);
+                }
+            TU_COK(a.c, mkv_cache_decode_layer(a.c, 2, slots, l, q, k, v, o, NULL));
+            TU_COK(b.c, mkv_cache_decode_layer_ex(b.c, 2, slots, l, dt, q16, k16, v16, o16, NULL));
+            for (int64_t i = 0; i < dq; i++)
+                cr_assert_eq(o16[i], bf ? mkv_f32_to_bf16(o[i]) : mkv_f32_to_f16(o[i]),
+                             "%s decode step %d out[%lld]", mkv_dtype_name(dt), step, (long long)i);
+        }
+        TU_COK(a.c, mkv_cache_compress(a.c, 2, slots, NULL));
+        TU_COK(b.c, mkv_cache_compress(b.c, 2, slots, NULL));
+    }
+    char *ja, *jb;
+    TU_COK(a.c, mkv_cache_dump_json_string(a.c, &ja));
+    TU_COK(b.c, mkv_cache_dump_json_string(b.c, &jb));
+    cr_assert_str_eq(ja, jb, "%s: the two caches' dumps differ", mkv_dtype_name(dt));
+    cr_assert_eq(memcmp(a.c->pool, b.c->pool, (size_t)(a.c->cfg.pool_pages * a.c->cfg.page_bytes)), 0,
+                 "%s: the page pools differ", mkv_dtype_name(dt));
+    mkv_free(ja), mkv_free(jb);
+    /* bad element types are refused with nothing changed */
+    EXPECT_REFUSED(b.c, MKV_STATUS_INVALID_ARGUMENT,
+                   mkv_cache_decode_layer_ex(b.c, 2, slots, 0, MKV_DTYPE_COUNT, q16, k16, v16, o16, NULL));
+    EXPECT_REFUSED(b.c, MKV_STATUS_INVALID_ARGUMENT,
+                   mkv_cache_decode_layer_ex(b.c, 2, slots, 0, (mkv_dtype_t)-1, q16, k16, v16, o16, NULL));
+    free(q), free(k), free(v), free(o), free(q16), free(k16), free(v16), free(o16);
+    bk_free(&a), bk_free(&b);
+}
+
+Test(backend, dtypes_f16_bf16_batched_prefill)
+{
+    cr_assert_str_eq(mkv_dtype_name(MKV_DTYPE_BF16), "bf16");
+    cr_assert_eq(mkv_dtype_size(MKV_DTYPE_F32), 4u);
+    cr_assert_eq(mkv_dtype_size(MKV_DTYPE_COUNT), 0u);
+    dtype_case(MKV_DTYPE_F16);
+    dtype_case(MKV_DTYPE_BF16);
+}
