@@ -507,6 +507,15 @@ extern "C" mkv_status_t mkv_cuda_mm_apply(mkv_cuda_mm_t *m, mkv_cuda_op_t *op, v
     return (mkv_status_t)s->code;
 }
 
+void mkv_cuda_mm_get_view(mkv_cuda_mm_t *mm, mkv_cuda_mm_view_t *out)
+{
+    out->table = mm->table;
+    out->n_hi = mm->n_hi;
+    out->n_lo = mm->n_lo;
+    out->pool = mm->pool;
+    out->device = mm->device;
+}
+
 extern "C" mkv_status_t mkv_cuda_mm_download(mkv_cuda_mm_t *m, mkv_mm_state_t *st, char *err)
 {
     const mkv_mm_geom_t *g = &m->g;

@@ -52,6 +52,16 @@ void mkv_cuda_mm_destroy(mkv_cuda_mm_t *mm);
 /* The device page pool (NULL without one). */
 uint8_t *mkv_cuda_mm_pool(mkv_cuda_mm_t *mm);
 
+/* The device arrays the KV backend's kernels read and write (engine/kv_cuda.cu): page-table
+ * rows [S][L][H][T] and section counts [S][L][H], and the device ordinal. */
+typedef struct mkv_cuda_mm_view {
+    int32_t *table;
+    int32_t *n_hi, *n_lo;
+    uint8_t *pool;
+    int32_t device;
+} mkv_cuda_mm_view_t;
+void mkv_cuda_mm_get_view(mkv_cuda_mm_t *mm, mkv_cuda_mm_view_t *out);
+
 /* One batched call. OK, OUT_OF_PAGES (nothing written; totals filled), INVALID_ARGUMENT
  * (targets out of range; bad_* filled; nothing written) or CUDA_ERROR. */
 mkv_status_t mkv_cuda_mm_apply(mkv_cuda_mm_t *mm, mkv_cuda_op_t *op, void *stream, char *err);

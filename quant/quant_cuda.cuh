@@ -1,0 +1,184 @@
+/*
+ * quant_cuda.cuh — the quantizer's device functions (quant.c's steps, one for one), shared by
+ * the CUDA translation units that write or read tokens in pages: quant/quant_cuda.cu and the
+ * KV backend's kernels (engine/kv_cuda.cu). Warp-level: one warp per vector. Relies on IEEE
+ * fp32 with subnormals (no -ftz=true, no --use_fast_math).
+ */
+#ifndef MKV_QUANT_QUANT_CUDA_CUH
+#define MKV_QUANT_QUANT_CUDA_CUH
+
+#include "quant/format.h"
+#include "quant/half.h"
+
+#include <cuda_runtime.h>
+
+#include <stdint.h>
+
+#define QC_MAX_D 256 /* format.c accepts d up to 256 */
+#ifndef FULL_MASK
+#define FULL_MASK 0xffffffffu
+#endif
+
+/* ---------------------------------------------------------------------------------------- */
+/* Device helpers: quant.c's steps, one for one                                              */
+/* ---------------------------------------------------------------------------------------- */
+
+/* mkv_quant_sanitize: NaN -> 0, beyond +-65504 (inf included) -> +-65504. */
+static __device__ __forceinline__ float sanitize(float v)
+{
+    if (isnan(v)) return 0.0f;
+    if (v > MKV_F16_MAX || v < -MKV_F16_MAX) return v > 0.0f ? MKV_F16_MAX : -MKV_F16_MAX;
+    return v;
+}
+
+/* quant.c's f16_next_down / f16_next_up: one fp16 ulp towards -inf / +inf (sign-magnitude). */
+static __device__ __forceinline__ uint16_t f16_next_down(uint16_t h)
+{
+    if (h == 0x0000u) return 0x8001u;
+    return (h & 0x8000u) ? (uint16_t)(h + 1u) : (uint16_t)(h - 1u);
+}
+
+static __device__ __forceinline__ uint16_t f16_next_up(uint16_t h)
+{
+    if (h == 0x8000u || h == 0x0000u) return 0x0001u;
+    return (h & 0x8000u) ? (uint16_t)(h - 1u) : (uint16_t)(h + 1u);
+}
+
+/* The largest fp16 <= x (quant.c's f16_round_down); -0 stays -0, as on the CPU. */
+static __device__ __forceinline__ uint16_t f16_round_down(float x)
+{
+    const uint16_t h = mkv_f32_to_f16(x);
+    return mkv_f16_to_f32(h) > x ? f16_next_down(h) : h;
+}
+
+/* quant.c's group_scale: round the fp32 quotient up to fp16, then the exact double check. */
+static __device__ __forceinline__ uint16_t group_scale(float hi, uint16_t zero_h, int32_t bits)
+{
+    const float m = (float)((1 << bits) - 1);
+    const float zero = mkv_f16_to_f32(zero_h);
+    const float want = __fdiv_rn(__fsub_rn(hi, zero), m);
+    uint16_t s = mkv_f32_to_f16(want);
+    if (mkv_f16_to_f32(s) < want) s = f16_next_up(s);
+    if (__dadd_rn((double)__fmul_rn(m, mkv_f16_to_f32(s)), (double)zero) < (double)hi)
+        s = f16_next_up(s);
+    return s;
+}
+
+/* The group's min (want_max false) or max, warp-wide. The CPU scans in order and replaces
+ * only on a strict < (>), so of equal values it keeps the first: that decides the sign of a
+ * zero min or max ([+0, -0, ...] vs [-0, +0, ...]), which reaches the stored zero. Hence the
+ * (value, index) reduction with the lower index winning ties. */
+static __device__ __forceinline__ float warp_extreme(const float *x, int32_t n, int lane, bool want_max)
+{
+    float best = 0.0f;
+    int32_t at = -1;
+    for (int32_t i = lane; i < n; i += 32) {
+        const float v = x[i];
+        if (at < 0 || (want_max ? v > best : v < best)) best = v, at = i;
+    }
+    for (int off = 16; off > 0; off >>= 1) {
+        const float ov = __shfl_xor_sync(FULL_MASK, best, off);
+        const int32_t oat = __shfl_xor_sync(FULL_MASK, at, off);
+        const bool better = oat >= 0 && (at < 0 || (want_max ? ov > best : ov < best) ||
+                                         (ov == best && oat < at));
+        if (better) best = ov, at = oat;
+    }
+    return best;
+}
+
+static __device__ __forceinline__ void put_bytes(uint8_t *p, uint32_t v, int n)
+{
+    for (int i = 0; i < n; i++) p[i] = (uint8_t)(v >> (8 * i));
+}
+
+static __device__ __forceinline__ uint32_t get_bytes(const uint8_t *p, int n)
+{
+    uint32_t v = 0;
+    for (int i = 0; i < n; i++) v |= (uint32_t)p[i] << (8 * i);
+    return v;
+}
+
+/* Byte offset within a page of byte j of a vector's packed codes (format.h's chunk order). */
+static __device__ __forceinline__ int64_t packed_byte(const mkv_page_layout_t *lay, int which,
+                                               int32_t slot, int32_t j)
+{
+    const int32_t cb = which ? lay->value.chunk_bytes : lay->key.chunk_bytes;
+    return mkv_code_offset(lay, which, slot, j / cb) + j % cb;
+}
+
+/* mkv_quant_write_vector by one warp: x[d] (shared, already sanitised) into the key or value
+ * of slot; q[d] is shared scratch for the unpacked codes. Ends with the warp synchronised. */
+static __device__ void write_vector(uint8_t *page, const mkv_page_layout_t *lay, int which,
+                             int32_t slot, const float *x, uint8_t *q, int lane)
+{
+    const mkv_vec_layout_t *v = which ? &lay->value : &lay->key;
+    const int32_t d = lay->head_dim;
+    if (v->bits == 16) {
+        for (int32_t i = lane; i < d; i += 32)
+            put_bytes(page + packed_byte(lay, which, slot, 2 * i), mkv_f32_to_f16(x[i]), 2);
+        __syncwarp();
+        return;
+    }
+    const int32_t n = v->group_elems, qmax = (1 << v->bits) - 1;
+    for (int32_t g = 0; g < v->groups; g++) {
+        const float *xg = x + g * n;
+        uint8_t *qg = q + g * n;
+        const float lo = warp_extreme(xg, n, lane, false);
+        const float hi = warp_extreme(xg, n, lane, true);
+        uint16_t scale_h = 0, zero_h;
+        if (lo == hi) { /* constant group, compared after sanitising, -0 == +0 included */
+            zero_h = mkv_f32_to_f16(lo);
+            for (int32_t i = lane; i < n; i += 32) qg[i] = 0;
+        } else {
+            zero_h = f16_round_down(lo);
+            scale_h = group_scale(hi, zero_h, v->bits);
+            const float zero_f = mkv_f16_to_f32(zero_h), scale_f = mkv_f16_to_f32(scale_h);
+            for (int32_t i = lane; i < n; i += 32) {
+                /* scale > 0, so the quotient is finite; clamping the int is clamping quant.c's
+                 * float, as __float2int_rn saturates (and x >= zero keeps it >= 0 anyway). */
+                const int c = __float2int_rn(__fdiv_rn(__fsub_rn(xg[i], zero_f), scale_f));
+                qg[i] = (uint8_t)(c < 0 ? 0 : c > qmax ? qmax : c);
+            }
+        }
+        if (lane == 0) {
+            uint8_t *meta = page + mkv_meta_offset(lay, which, slot, g);
+            put_bytes(meta, scale_h, 2);
+            put_bytes(meta + 2, zero_h, 2);
+        }
+    }
+    __syncwarp();
+    const int32_t per_byte = 8 / v->bits;
+    for (int32_t j = lane; j < v->vec_bytes; j += 32) {
+        uint32_t b = 0;
+        for (int32_t e = 0; e < per_byte; e++) b |= (uint32_t)q[j * per_byte + e] << (e * v->bits);
+        page[packed_byte(lay, which, slot, j)] = (uint8_t)b;
+    }
+    __syncwarp();
+}
+
+/* mkv_quant_read_vector by one warp, sanitised on the way in (as mkv_page_write_token will
+ * sanitise it): the key or value of slot into x[d] (shared). Ends synchronised. */
+static __device__ void read_vector(const uint8_t *page, const mkv_page_layout_t *lay, int which,
+                            int32_t slot, float *x, int lane)
+{
+    const mkv_vec_layout_t *v = which ? &lay->value : &lay->key;
+    const int32_t d = lay->head_dim;
+    for (int32_t i = lane; i < d; i += 32) {
+        float e;
+        if (v->bits == 16) {
+            e = mkv_f16_to_f32((uint16_t)get_bytes(page + packed_byte(lay, which, slot, 2 * i), 2));
+        } else {
+            const int32_t bit = i * v->bits;
+            const uint32_t mask = (1u << v->bits) - 1u;
+            const uint32_t code = (page[packed_byte(lay, which, slot, bit / 8)] >> (bit % 8)) & mask;
+            const uint8_t *meta = page + mkv_meta_offset(lay, which, slot, i / v->group_elems);
+            const float s = mkv_f16_to_f32((uint16_t)get_bytes(meta, 2));
+            const float z = mkv_f16_to_f32((uint16_t)get_bytes(meta + 2, 2));
+            e = __fadd_rn(__fmul_rn((float)code, s), z); /* the product is exact */
+        }
+        x[i] = sanitize(e);
+    }
+    __syncwarp();
+}
+
+#endif /* MKV_QUANT_QUANT_CUDA_CUH */
