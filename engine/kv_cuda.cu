@@ -632,11 +632,11 @@ budget_kernel(const __grid_constant__ slot_args sa, const __grid_constant__ comp
     const mkv_page_layout_t *lays[2] = {&a.lay_hi, &a.lay_lo};
     const int32_t limit = N - a.window;
     if (budget > 0 && n[0] + n[1] > budget) {
-        const int32_t total = n[0] + n[1];
-        /* token t of the concatenation (high, then low) */
+        const int32_t total = n[0] + n[1], n0 = n[0];
+        /* token t of the concatenation (high, then low), by the counts before any removal */
         auto key_at = [&](int32_t t) -> u64 {
-            const int sec = t >= n[0];
-            const int32_t k = sec ? t - n[0] : t;
+            const int sec = t >= n0;
+            const int32_t k = sec ? t - n0 : t;
             int32_t slot, pos;
             const uint8_t *pg = page_of(a.pool, a.page_bytes, row, a.T, sec, k, lays[sec]->tokens, &slot);
             const float sig = token_sig(pg, lays[sec], slot, plen, N, a.obs, &pos);
@@ -648,7 +648,6 @@ budget_kernel(const __grid_constant__ slot_args sa, const __grid_constant__ comp
         const int32_t k = total - budget < cands ? total - budget : cands;
         if (k > 0) {
             const u64 kth = warp_select(total, k, key_at, hist[warp], lane);
-            const int32_t n0 = n[0];
             for (int sec = 0; sec < 2; sec++) {
                 const int32_t base = sec ? n0 : 0, tpp = lays[sec]->tokens;
                 int32_t cur = n[sec];
