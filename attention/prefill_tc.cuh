@@ -10,19 +10,24 @@
  *
  * fwd_tc_kernel (FlashAttention-2 style): 4 warps of 32 rows (two m16 tiles each), key tiles
  * of BN = 64 staged by cp.async in two buffers, causal mask only on the tiles that need it,
- * online softmax in base 2 with a per-thread partial row sum (the quad is reduced once at the
- * end). Q is re-read from shared memory at each k-step (in registers it would cost 64 more per
- * thread at d 128). Writes out and each row's log2-sum-exp (lse2 = max + log2(sum), in units
- * of log2: p = exp2(s * scale * log2(e) - lse2)).
+ * online softmax in base 2 (one FFMA and one exp2 per logit) with a per-thread partial row sum
+ * (the quad is reduced once at the end), P packed to fp16 A fragments straight from the S
+ * accumulators. Q is re-read from shared memory at each k-step (in registers it would cost 64
+ * more per thread at d 128). Two CTAs per SM (registers and 96 KB of shared memory at d 128).
+ * Writes out and each row's log2-sum-exp (lse2 = max * scale2 + log2(sum), so that
+ * p = exp2(s * scale2 - lse2) with scale2 = softmax_scale * log2(e)).
  *
- * sig_tc_kernel (the column pass): a CTA owns 64 keys of one KV head of one sequence and
- * writes their sig_sum, so no atomics. Its 4 warps are 2 key halves x 2 token halves; each
- * warp keeps the K fragments of its 32 keys in registers and streams the observers' Q
- * through shared memory in stages of (64 tokens, one query head g), double-buffered with
- * cp.async. Per stage it recomputes S = Q_g K^T (the same mma chain as the forward, so the
- * same bits), P = exp2(S * scale2 - lse2), keeps the running max over g, and after the last g
- * of a token tile adds the masked maxima (token t >= key i, t < n) into per-thread column
- * sums. Column sums are reduced over the warp's lanes and over the two token-half warps once.
+ * sig_tc_kernel (the column pass): a CTA owns 128 keys of one KV head of one sequence and one
+ * part of their observers. Its 8 warps are 4 key quarters x 2 token halves. Observers stream
+ * through shared memory in stages of (64 tokens, one query head g) with their lse2, 4 stages
+ * in flight (cp.async); K stays in shared memory and is re-read by ldmatrix at every stage,
+ * which keeps the kernel at 124 registers, two CTAs per SM (holding K fragments in registers
+ * instead was 4-8 % slower on an H100: one CTA per SM). Per stage: S = Q_g K^T (the forward's
+ * mma chain, so the same bits), P = exp2(S * scale2 - lse2), the running max over g; after the
+ * last g of a token tile, the masked maxima (token t >= key i, t < n) go into per-thread column
+ * sums, reduced over the warp's lanes and the two token-half warps at the end. A part writes
+ * sig_sum directly when there is one part, else its slice of the workspace, which
+ * sig_reduce_kernel adds up in part order: no atomics, deterministic results.
  */
 #ifndef MKV_ATTENTION_PREFILL_TC_CUH
 #define MKV_ATTENTION_PREFILL_TC_CUH
@@ -37,9 +42,7 @@ namespace mkv_prefill {
 #define PF_TC_BM 128 /* packed (token, g) rows per forward CTA */
 #define PF_SIG_BN 128 /* keys per significance CTA: 4 warps' worth of 32 */
 #define PF_SIG_THREADS 256 /* 8 warps: 4 key quarters x 2 token halves */
-#ifndef PF_FWD_BN128
-#define PF_FWD_BN128 64 /* keys per forward key tile at d 128 (64 at d 64) */
-#endif
+#define PF_FWD_BN 64 /* keys per forward key tile (32 measured the same at d 128) */
 #define PF_SIG_TT 64 /* observer tokens per significance stage */
 #define PF_TC_MAX_G 16 /* G <= 16: at least 8 tokens per forward CTA */
 #define PF_SIG_STAGES 4 /* Q stages in flight in the column pass */
@@ -166,15 +169,12 @@ __device__ __forceinline__ void load_tile(uint32_t base, const __half *any, F sr
 /* ---- The forward ----------------------------------------------------------------------- */
 
 template <int D>
-__host__ __device__ constexpr int fwd_bn() { return D == 128 ? PF_FWD_BN128 : 64; }
-
-template <int D>
-__host__ __device__ constexpr int fwd_smem_bytes() { return (PF_TC_BM + 4 * fwd_bn<D>()) * D * 2; } /* Q, 2 K, 2 V */
+__host__ __device__ constexpr int fwd_smem_bytes() { return (PF_TC_BM + 4 * PF_FWD_BN) * D * 2; } /* Q, 2 K, 2 V */
 
 template <int D>
 __global__ void __launch_bounds__(PF_TC_THREADS, 2) fwd_tc_kernel(pf_args a)
 {
-    constexpr int BN = fwd_bn<D>(), NT = BN / 8, DT = D / 8, KS = D / 16;
+    constexpr int BN = PF_FWD_BN, NT = BN / 8, DT = D / 8, KS = D / 16;
     extern __shared__ __align__(128) uint8_t smem[];
     const int32_t h = blockIdx.x % a.H;
     const int32_t TT = PF_TC_BM / a.G; /* tokens of this CTA */
@@ -381,7 +381,7 @@ __device__ __forceinline__ void cp4(uint32_t dst, const void *src, bool read)
 
 /* grid (H * key tiles, n_seq, parts). */
 template <int D>
-__global__ void __launch_bounds__(PF_SIG_THREADS, 1) sig_tc_kernel(pf_args a)
+__global__ void __launch_bounds__(PF_SIG_THREADS, 2) sig_tc_kernel(pf_args a)
 {
     constexpr int KS = D / 16, TT = PF_SIG_TT, NS = PF_SIG_STAGES;
     extern __shared__ __align__(128) uint8_t smem[];
@@ -427,56 +427,11 @@ __global__ void __launch_bounds__(PF_SIG_THREADS, 1) sig_tc_kernel(pf_args a)
     const int32_t warp = threadIdx.x / 32, lane = threadIdx.x % 32;
     const int32_t gr = lane / 4, tc = lane % 4;
     const int32_t kh = warp & 3, th = warp >> 2; /* keys kh * 32 .., tokens th * 32 .. */
-    uint32_t kf[4][KS][2];                       /* B fragments of the warp's 32 keys */
     float runmax[2][4][4] = {}, col[4][2] = {};
 
-    /* S of stage st (its Q in buffer st % NS) and its rows' lse2 into registers. */
-    auto logits = [&](int32_t st, float (&s)[2][4][4], float (&lse)[2][2]) {
-        const int32_t buf = st % NS;
-        const uint32_t qbuf = sQ + buf * TT * D * 2;
-#pragma unroll
-        for (int mt = 0; mt < 2; mt++)
-#pragma unroll
-            for (int j = 0; j < 4; j++) s[mt][j][0] = s[mt][j][1] = s[mt][j][2] = s[mt][j][3] = 0.0f;
-#pragma unroll
-        for (int ks = 0; ks < KS; ks++)
-#pragma unroll
-            for (int mt = 0; mt < 2; mt++) {
-                uint32_t qa[4];
-                ldsm4(qbuf + swz<D>(th * 32 + mt * 16 + (lane & 15), ks * 2 + (lane >> 4)), qa);
-#pragma unroll
-                for (int j = 0; j < 4; j++) mma16816(s[mt][j], qa, kf[j][ks][0], kf[j][ks][1]);
-            }
-#pragma unroll
-        for (int mt = 0; mt < 2; mt++)
-#pragma unroll
-            for (int hf = 0; hf < 2; hf++) lse[mt][hf] = sLf[buf * TT + th * 32 + mt * 16 + hf * 8 + gr];
-    };
-
-    cp_wait<NS - 2>();
-    __syncthreads(); /* K and stage 0 landed */
-#pragma unroll
-    for (int ks = 0; ks < KS; ks++)
-#pragma unroll
-        for (int np = 0; np < 2; np++) {
-            uint32_t b[4];
-            ldsm4(sK + swz<D>(kh * 32 + np * 16 + ((lane >> 4) << 3) + (lane & 7), ks * 2 + ((lane >> 3) & 1)), b);
-            kf[2 * np][ks][0] = b[0], kf[2 * np][ks][1] = b[1];
-            kf[2 * np + 1][ks][0] = b[2], kf[2 * np + 1][ks][1] = b[3];
-        }
-    float s[2][4][4], lse[2][2];
-    logits(0, s, lse);
-
-    /* Software-pipelined: the mma of stage st + 1 are issued before the exp2 of stage st, so
-     * that the tensor cores and the SFU work at once within a warp. */
-    for (int32_t st = 0; st < stages; st++) {
-        cp_wait<NS - 3>();
-        __syncthreads(); /* stage st + 1 landed; stage st - 1's buffer is free for st + NS - 1 */
-        load_stage(st + NS - 1);
-        cp_commit();
-        float sn[2][4][4], lsen[2][2];
-        if (st + 1 < stages) logits(st + 1, sn, lsen);
-
+    /* Probabilities of stage st into the running max over g; after the last g, the masked
+     * maxima into the column sums. */
+    auto accumulate = [&](int32_t st, const float (&s)[2][4][4], const float (&lse)[2][2]) {
         const int32_t g = st % a.G, tb = ts + (tt0 + st / a.G) * TT;
 #pragma unroll
         for (int mt = 0; mt < 2; mt++)
@@ -489,37 +444,59 @@ __global__ void __launch_bounds__(PF_SIG_THREADS, 1) sig_tc_kernel(pf_args a)
                         const float p = fast_exp2(fmaf(s[mt][j][hf * 2 + c], a.scale2, -lse[mt][hf]));
                         runmax[mt][j][hf * 2 + c] = fmaxf(runmax[mt][j][hf * 2 + c], p); /* p >= 0 */
                     }
-        if (g == a.G - 1) {
-            /* Observers t >= key, t < n; tiles wholly past the warp's keys and inside the
-             * sequence skip the compare (a branch uniform over the warp). */
-            const int32_t w0 = tb + th * 32, k1 = kb + kh * 32 + 31;
-            const bool whole = w0 >= k1 && w0 + 31 < n;
+        if (g != a.G - 1) return;
+        /* Observers t >= key, t < n; tiles wholly past the warp's keys and inside the sequence
+         * skip the compare (a branch uniform over the warp). */
+        const int32_t w0 = tb + th * 32, k1 = kb + kh * 32 + 31;
+        const bool whole = w0 >= k1 && w0 + 31 < n;
 #pragma unroll
-            for (int mt = 0; mt < 2; mt++)
+        for (int mt = 0; mt < 2; mt++)
 #pragma unroll
-                for (int hf = 0; hf < 2; hf++) {
-                    const int32_t t = w0 + mt * 16 + hf * 8 + gr;
-#pragma unroll
-                    for (int j = 0; j < 4; j++)
-#pragma unroll
-                        for (int c = 0; c < 2; c++) {
-                            const int32_t key = kb + kh * 32 + j * 8 + 2 * tc + c;
-                            float &x = runmax[mt][j][hf * 2 + c];
-                            if (whole || (t < n && t >= key)) col[j][c] += x;
-                            x = 0.0f;
-                        }
-                }
-        }
-        if (st + 1 < stages) {
-#pragma unroll
-            for (int mt = 0; mt < 2; mt++) {
+            for (int hf = 0; hf < 2; hf++) {
+                const int32_t t = w0 + mt * 16 + hf * 8 + gr;
 #pragma unroll
                 for (int j = 0; j < 4; j++)
 #pragma unroll
-                    for (int e = 0; e < 4; e++) s[mt][j][e] = sn[mt][j][e];
-                lse[mt][0] = lsen[mt][0], lse[mt][1] = lsen[mt][1];
+                    for (int c = 0; c < 2; c++) {
+                        const int32_t key = kb + kh * 32 + j * 8 + 2 * tc + c;
+                        float &x = runmax[mt][j][hf * 2 + c];
+                        if (whole || (t < n && t >= key)) col[j][c] += x;
+                        x = 0.0f;
+                    }
+            }
+    };
+
+    /* K re-read from shared memory at every stage: few registers, two CTAs per SM. */
+    for (int32_t st = 0; st < stages; st++) {
+        cp_wait<NS - 2>();
+        __syncthreads(); /* stage st landed; stage st - 1's buffer is free for st + NS - 1 */
+        load_stage(st + NS - 1);
+        cp_commit();
+        const int32_t buf = st % NS;
+        const uint32_t qbuf = sQ + buf * TT * D * 2;
+        float s[2][4][4] = {}, lse[2][2];
+#pragma unroll
+        for (int ks = 0; ks < KS; ks++) {
+            uint32_t qa[2][4];
+#pragma unroll
+            for (int mt = 0; mt < 2; mt++)
+                ldsm4(qbuf + swz<D>(th * 32 + mt * 16 + (lane & 15), ks * 2 + (lane >> 4)), qa[mt]);
+#pragma unroll
+            for (int np = 0; np < 2; np++) {
+                uint32_t b[4];
+                ldsm4(sK + swz<D>(kh * 32 + np * 16 + ((lane >> 4) << 3) + (lane & 7), ks * 2 + ((lane >> 3) & 1)), b);
+#pragma unroll
+                for (int mt = 0; mt < 2; mt++) {
+                    mma16816(s[mt][2 * np], qa[mt], b[0], b[1]);
+                    mma16816(s[mt][2 * np + 1], qa[mt], b[2], b[3]);
+                }
             }
         }
+#pragma unroll
+        for (int mt = 0; mt < 2; mt++)
+#pragma unroll
+            for (int hf = 0; hf < 2; hf++) lse[mt][hf] = sLf[buf * TT + th * 32 + mt * 16 + hf * 8 + gr];
+        accumulate(st, s, lse);
     }
 
     /* Column sums: over the 8 row groups of the warp, then over the two token halves. */
