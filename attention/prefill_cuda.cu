@@ -304,9 +304,11 @@ extern "C" mkv_status_t mkv_cuda_prefill(const mkv_cuda_prefill_t *a, void *stre
         !valid_dim(a->head_dim))
         return bad(err, "n_heads %d, group_size %d (H * G <= %d), head_dim %d (16, 32, 64, 128 or 256)",
                    a->n_heads, a->group_size, PF_MAX_HEADS, a->head_dim);
-    if (a->total_tokens < 0 || a->max_len < 0 || a->max_len > a->total_tokens)
-        return bad(err, "total_tokens %d, max_len %d (0 <= max_len <= total_tokens)", a->total_tokens,
-                   a->max_len);
+    /* Sequences longer than max_len would be cut short by the grid: refuse what shows it. */
+    if (a->total_tokens < 0 || a->max_len < 0 || a->max_len > a->total_tokens ||
+        (int64_t)a->max_len * a->n_seq < a->total_tokens)
+        return bad(err, "total_tokens %d, max_len %d, n_seq %d (max_len <= total_tokens <= n_seq * max_len)",
+                   a->total_tokens, a->max_len, a->n_seq);
     if (a->out_dtype != MKV_DTYPE_F32 && a->out_dtype != MKV_DTYPE_F16 && a->out_dtype != MKV_DTYPE_BF16)
         return bad(err, "out_dtype %d (f32, f16 or bf16)", (int)a->out_dtype);
     if (!(a->softmax_scale > 0.0f) || !isfinite(a->softmax_scale))

@@ -25,11 +25,12 @@ extern "C" {
 #endif
 
 typedef struct mkv_cuda_prefill {
-    int32_t n_seq;
+    int32_t n_seq;            /* 0 .. 65535 */
     const int32_t *seq_start; /* device [n_seq + 1], seq_start[0] = 0, non-decreasing */
     int32_t total_tokens;     /* seq_start[n_seq] (host copy) */
-    int32_t max_len;          /* the longest sequence (host): sizes the grid */
-    int32_t n_heads, group_size, head_dim; /* H, G, d (16, 32, 64, 128 or 256) */
+    int32_t max_len;          /* the longest sequence (host): sizes the grid; a longer one
+                                 would be cut short (n_seq * max_len < total is refused) */
+    int32_t n_heads, group_size, head_dim; /* H, G, d (16, 32, 64, 128 or 256); H * G <= 4096 */
     const uint16_t *q;        /* device fp16 [total][H * G][d] */
     const uint16_t *k, *v;    /* device fp16 [total][H][d] */
     void *out;                /* device [total][H * G][d], element type out_dtype */

@@ -284,6 +284,7 @@ __global__ void __launch_bounds__(PF_TC_THREADS, 2) fwd_tc_kernel(pf_args a)
          * scale is > 0), so that each probability is one FFMA and one exp2. P goes to fp16 A
          * fragments at once: the S accumulators of n-tiles 2kk, 2kk + 1 are k-step kk's. */
         uint32_t pa[2][BN / 16][4];
+        float corr[2][2];
 #pragma unroll
         for (int mt = 0; mt < 2; mt++)
 #pragma unroll
@@ -294,7 +295,8 @@ __global__ void __launch_bounds__(PF_TC_THREADS, 2) fwd_tc_kernel(pf_args a)
                 mx = fmaxf(mx, __shfl_xor_sync(0xffffffffu, mx, 1));
                 mx = fmaxf(mx, __shfl_xor_sync(0xffffffffu, mx, 2));
                 /* Key 0 is in the first tile and visible to every row: mx is finite. */
-                const float corr = fast_exp2((m[mt][hf] - mx) * a.scale2), mxs = mx * a.scale2;
+                corr[mt][hf] = fast_exp2((m[mt][hf] - mx) * a.scale2);
+                const float mxs = mx * a.scale2;
                 m[mt][hf] = mx;
                 float sum = 0.0f;
 #pragma unroll
@@ -304,13 +306,21 @@ __global__ void __launch_bounds__(PF_TC_THREADS, 2) fwd_tc_kernel(pf_args a)
                     sum += p0 + p1;
                     pa[mt][j / 2][(j & 1) * 2 + hf] = pack_half2(p0, p1);
                 }
-                l[mt][hf] = l[mt][hf] * corr + sum;
+                l[mt][hf] = l[mt][hf] * corr[mt][hf] + sum;
+            }
+        /* Rescale O only when some row's max moved (exp2(0) is exactly 1: skipping is exact);
+         * past the first tiles the maxima rarely move. */
+        if (__any_sync(0xffffffffu, corr[0][0] != 1.0f || corr[0][1] != 1.0f || corr[1][0] != 1.0f ||
+                                        corr[1][1] != 1.0f))
+#pragma unroll
+            for (int mt = 0; mt < 2; mt++)
 #pragma unroll
                 for (int j = 0; j < DT; j++) {
-                    o[mt][j][hf * 2] *= corr;
-                    o[mt][j][hf * 2 + 1] *= corr;
+                    o[mt][j][0] *= corr[mt][0];
+                    o[mt][j][1] *= corr[mt][0];
+                    o[mt][j][2] *= corr[mt][1];
+                    o[mt][j][3] *= corr[mt][1];
                 }
-            }
 
         /* O += P V */
 #pragma unroll

@@ -231,6 +231,8 @@ Test(prefill_cuda, tile_edges_and_long_prompt, .timeout = 600)
     run_case(&a);
     a.G = 4, a.H = 1, a.d = 64, a.obs_window = 64, a.seed = 12;
     run_case(&a);
+    a.G = 16, a.d = 128, a.obs_window = 0, a.seed = 15; /* 8 tokens per forward CTA */
+    run_case(&a);
     pf_case_t b = {.n_seq = 2, .lens = {1500, 2}, .H = 2, .G = 4, .d = 128, .obs_window = 0, .qscale = 2.0f,
                    .seed = 13};
     run_case(&b);
@@ -284,6 +286,8 @@ Test(prefill_cuda, bad_arguments)
     EXPECT_BAD(total_tokens, -1);
     EXPECT_BAD(max_len, 5);
     EXPECT_BAD(max_len, -2);
+    EXPECT_BAD(max_len, 3); /* 1 sequence of 4 tokens */
+    EXPECT_BAD(max_len, 0);
     EXPECT_BAD(n_heads, 0);
     EXPECT_BAD(group_size, 0);
     EXPECT_BAD(group_size, 5000);
@@ -309,8 +313,10 @@ Test(prefill_cuda, bad_arguments)
     cr_expect_geq(mkv_cuda_prefill_workspace_size(10, 2, 3, 64), 10 * 2 * 3 * sizeof(float));
     /* Nothing to do is fine, and touches nothing. */
     a = good;
-    a.n_seq = 0;
-    cr_expect_eq(mkv_cuda_prefill(&a, NULL, err), MKV_STATUS_OK);
+    a.n_seq = 0, a.total_tokens = 0, a.max_len = 0;
+    cr_expect_eq(mkv_cuda_prefill(&a, NULL, err), MKV_STATUS_OK, "%s", err);
+    a.n_seq = 0, a.total_tokens = 4, a.max_len = 4; /* tokens but no sequence */
+    cr_expect_eq(mkv_cuda_prefill(&a, NULL, err), MKV_STATUS_INVALID_ARGUMENT);
 }
 
 /* Small enough for compute-sanitizer (memcheck, racecheck): both kernel families. */
