@@ -25,22 +25,25 @@ extern "C" {
 #endif
 
 typedef struct mkv_cuda_prefill {
-    int32_t n_seq;
+    int32_t n_seq;            /* 0 .. 65535 */
     const int32_t *seq_start; /* device [n_seq + 1], seq_start[0] = 0, non-decreasing */
     int32_t total_tokens;     /* seq_start[n_seq] (host copy) */
-    int32_t max_len;          /* the longest sequence (host): sizes the grid */
-    int32_t n_heads, group_size, head_dim; /* H, G, d (16, 32, 64, 128 or 256) */
+    int32_t max_len;          /* the longest sequence (host): sizes the grid; a longer one
+                                 would be cut short (n_seq * max_len < total is refused) */
+    int32_t n_heads, group_size, head_dim; /* H, G, d (16, 32, 64, 128 or 256); H * G <= 4096 */
     const uint16_t *q;        /* device fp16 [total][H * G][d] */
     const uint16_t *k, *v;    /* device fp16 [total][H][d] */
     void *out;                /* device [total][H * G][d], element type out_dtype */
     mkv_dtype_t out_dtype;    /* F32, F16 or BF16 */
-    float softmax_scale;
+    float softmax_scale;      /* finite, > 0 */
     int32_t obs_window;       /* 0: every later query observes */
     float *sig_sum;           /* device [H][total] */
-    void *workspace;          /* device, mkv_cuda_prefill_workspace_size bytes */
+    void *workspace;          /* device, mkv_cuda_prefill_workspace_size bytes, 256-byte
+                                 aligned (as cudaMalloc returns) */
 } mkv_cuda_prefill_t;
 
-/* Workspace for a call (per-row log-sum-exp and whatever the kernels need). */
+/* Workspace for a call (per-row log-sum-exp and whatever the kernels need); 0 for sizes the
+ * call refuses. */
 size_t mkv_cuda_prefill_workspace_size(int32_t total_tokens, int32_t n_heads, int32_t group_size,
                                        int32_t head_dim);
 

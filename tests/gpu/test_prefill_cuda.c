@@ -231,6 +231,8 @@ Test(prefill_cuda, tile_edges_and_long_prompt, .timeout = 600)
     run_case(&a);
     a.G = 4, a.H = 1, a.d = 64, a.obs_window = 64, a.seed = 12;
     run_case(&a);
+    a.G = 16, a.d = 128, a.obs_window = 0, a.seed = 15; /* 8 tokens per forward CTA */
+    run_case(&a);
     pf_case_t b = {.n_seq = 2, .lens = {1500, 2}, .H = 2, .G = 4, .d = 128, .obs_window = 0, .qscale = 2.0f,
                    .seed = 13};
     run_case(&b);
@@ -260,7 +262,7 @@ Test(prefill_cuda, generic_path, .timeout = 600)
 Test(prefill_cuda, bad_arguments)
 {
     _Alignas(16) uint16_t buf[64];
-    float fbuf[64];
+    _Alignas(256) float fbuf[64];
     int32_t starts[2] = {0, 4};
     const mkv_cuda_prefill_t good = {
         .n_seq = 1, .seq_start = starts, .total_tokens = 4, .max_len = 4, .n_heads = 1, .group_size = 1,
@@ -284,6 +286,8 @@ Test(prefill_cuda, bad_arguments)
     EXPECT_BAD(total_tokens, -1);
     EXPECT_BAD(max_len, 5);
     EXPECT_BAD(max_len, -2);
+    EXPECT_BAD(max_len, 3); /* 1 sequence of 4 tokens */
+    EXPECT_BAD(max_len, 0);
     EXPECT_BAD(n_heads, 0);
     EXPECT_BAD(group_size, 0);
     EXPECT_BAD(group_size, 5000);
@@ -291,6 +295,8 @@ Test(prefill_cuda, bad_arguments)
     EXPECT_BAD(head_dim, 512);
     EXPECT_BAD(out_dtype, (mkv_dtype_t)7);
     EXPECT_BAD(softmax_scale, NAN);
+    EXPECT_BAD(softmax_scale, 0.0f);
+    EXPECT_BAD(softmax_scale, -0.5f);
     EXPECT_BAD(obs_window, -1);
     EXPECT_BAD(q, NULL);
     EXPECT_BAD(k, NULL);
@@ -299,6 +305,7 @@ Test(prefill_cuda, bad_arguments)
     EXPECT_BAD(sig_sum, NULL);
     EXPECT_BAD(workspace, NULL);
     EXPECT_BAD(q, buf + 1); /* 2-byte aligned */
+    EXPECT_BAD(workspace, fbuf + 4); /* 16-byte aligned */
 #undef EXPECT_BAD
     cr_expect_eq(mkv_cuda_prefill_workspace_size(-1, 1, 1, 64), 0);
     cr_expect_eq(mkv_cuda_prefill_workspace_size(10, 1, 1, 48), 0);
@@ -306,6 +313,21 @@ Test(prefill_cuda, bad_arguments)
     cr_expect_geq(mkv_cuda_prefill_workspace_size(10, 2, 3, 64), 10 * 2 * 3 * sizeof(float));
     /* Nothing to do is fine, and touches nothing. */
     a = good;
-    a.n_seq = 0;
-    cr_expect_eq(mkv_cuda_prefill(&a, NULL, err), MKV_STATUS_OK);
+    a.n_seq = 0, a.total_tokens = 0, a.max_len = 0;
+    cr_expect_eq(mkv_cuda_prefill(&a, NULL, err), MKV_STATUS_OK, "%s", err);
+    a.n_seq = 0, a.total_tokens = 4, a.max_len = 4; /* tokens but no sequence */
+    cr_expect_eq(mkv_cuda_prefill(&a, NULL, err), MKV_STATUS_INVALID_ARGUMENT);
+}
+
+/* Small enough for compute-sanitizer (memcheck, racecheck): both kernel families. */
+Test(prefill_cuda, sanitizer_sized, .timeout = 600)
+{
+    GPU_REQUIRE();
+    pf_case_t c = {.n_seq = 4, .lens = {1, 7, 65, 130}, .H = 2, .G = 4, .d = 64, .obs_window = 64, .qscale = 2.0f,
+                   .seed = 31};
+    run_case(&c);
+    c.d = 128, c.G = 1, c.obs_window = 0, c.seed = 32;
+    run_case(&c);
+    c.d = 16, c.G = 3, c.seed = 33;
+    run_case(&c);
 }
