@@ -44,6 +44,9 @@ typedef struct mkv_kv_ops {
                            const void *v, void *out, void *stream, struct mkv_pool *pool);
     mkv_status_t (*compress)(mkv_cache_t *c, mkv_kv_t *kv, int32_t n_slots, const int32_t *slots,
                              void *stream);
+    /* The step bookkeeping (decoded, compressed) from the device, where it is authoritative
+     * (asynchronous steps, graph replays); NULL for backends that keep it on the host. */
+    void (*refresh)(mkv_cache_t *c, mkv_kv_t *kv);
 } mkv_kv_ops_t;
 
 struct mkv_kv {

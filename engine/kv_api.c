@@ -20,6 +20,12 @@ static void kv_free(struct mkv_kv *kv)
     free(kv);
 }
 
+static void kv_refresh(mkv_cache_t *c)
+{
+    mkv_kv_t *kv = c->kv;
+    if (kv && kv->ops->refresh) kv->ops->refresh(c, kv);
+}
+
 /* The layer's state, created on first use with the backend the cache was made for. */
 static mkv_status_t kv_get(mkv_cache_t *c, mkv_kv_t **out)
 {
@@ -68,6 +74,7 @@ static mkv_status_t kv_get(mkv_cache_t *c, mkv_kv_t **out)
     kv->ops = ops;
     c->kv = kv;
     c->kv_free = kv_free;
+    c->kv_refresh = kv_refresh;
     *out = kv;
     return MKV_STATUS_OK;
 }
@@ -76,6 +83,16 @@ static mkv_status_t kv_get(mkv_cache_t *c, mkv_kv_t **out)
     do {                                                                                       \
         if (!(c)) return mkv_fail_global(MKV_STATUS_INVALID_ARGUMENT, "%s: null cache", __func__); \
         (c)->err[0] = '\0';                                                                    \
+    } while (0)
+
+/* Calls that wait for the device report a refusal of earlier asynchronous steps first (and do
+ * nothing else); step calls of an asynchronous cache run ahead without waiting. */
+#define SETTLE(c, is_step)                                                                     \
+    do {                                                                                       \
+        if (!((is_step) && (c)->async)) {                                                      \
+            const mkv_status_t settled_ = mkv_cache_settle(c);                                 \
+            if (settled_ != MKV_STATUS_OK) return settled_;                                    \
+        }                                                                                      \
     } while (0)
 
 static mkv_status_t check_dtype(mkv_cache_t *c, mkv_dtype_t dtype)
@@ -108,6 +125,7 @@ static uint8_t *prefilled_of(mkv_cache_t *c, mkv_kv_t *kv, int32_t s)
 mkv_status_t mkv_cache_set_budget(mkv_cache_t *cache, int32_t slot, int32_t max_tokens)
 {
     HANDLE_CHECK(cache);
+    SETTLE(cache, 0);
     mkv_status_t st = mkv_cache_check_slots(cache, 1, &slot);
     if (st != MKV_STATUS_OK) return st;
     if (max_tokens < 0)
@@ -124,6 +142,7 @@ static mkv_status_t prefill(mkv_cache_t *c, int32_t n_slots, const int32_t *slot
                             mkv_dtype_t dtype, const void *q, const void *k, const void *v,
                             void *out, void *stream, mkv_pool_t *pool)
 {
+    SETTLE(c, 0);
     mkv_kv_t *kv;
     mkv_status_t st = kv_get(c, &kv);
     if (st != MKV_STATUS_OK) return st;
@@ -176,6 +195,7 @@ mkv_status_t mkv_cache_commit_prompt(mkv_cache_t *cache, int32_t n_slots, const 
                                      void *stream)
 {
     HANDLE_CHECK(cache);
+    SETTLE(cache, 0);
     mkv_kv_t *kv;
     mkv_status_t st = kv_get(cache, &kv);
     if (st != MKV_STATUS_OK) return st;
@@ -210,6 +230,7 @@ static mkv_status_t decode(mkv_cache_t *c, int32_t n_slots, const int32_t *slots
                            mkv_dtype_t dtype, const void *q, const void *k, const void *v,
                            void *out, void *stream, mkv_pool_t *pool)
 {
+    SETTLE(c, 1);
     mkv_kv_t *kv;
     mkv_status_t st = kv_get(c, &kv);
     if (st != MKV_STATUS_OK) return st;
@@ -267,6 +288,7 @@ mkv_status_t mkv_cache_compress(mkv_cache_t *cache, int32_t n_slots, const int32
                                 void *stream)
 {
     HANDLE_CHECK(cache);
+    SETTLE(cache, 1);
     mkv_kv_t *kv;
     mkv_status_t st = kv_get(cache, &kv);
     if (st != MKV_STATUS_OK) return st;

@@ -626,4 +626,4 @@ static mkv_status_t cpu_compress(mkv_cache_t *cache, mkv_kv_t *base, int32_t n_s
 }
 
 const mkv_kv_ops_t mkv_kv_cpu_ops = {"cpu", cpu_create, cpu_destroy, cpu_prefill, cpu_commit,
-                                     cpu_decode, cpu_compress};
+                                     cpu_decode, cpu_compress, NULL};

@@ -33,6 +33,7 @@
 #include <cuda_runtime.h>
 
 #include <stdint.h>
+#include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
 
@@ -84,9 +85,10 @@ typedef struct cuda_kv {
     int32_t *act, *cand, *victim; /* [S * L * H] decisions in call order */
     int32_t *tgt_hi, *tgt_lo;     /* [S * L * H] */
     uint8_t *stage;               /* staging pages for one token per head-region */
-    int32_t *d_flag;              /* [1] inconsistent state seen by a kernel */
-    int32_t *h_flag;              /* pinned copy */
     int32_t *seq;                 /* host [S] */
+    int32_t *d_decoded;           /* [S][L] the KV layer's step bookkeeping, device-authoritative */
+    int32_t *d_compressed;        /* [S] */
+    int32_t *h_decoded, *h_compressed; /* host staging */
 } cuda_kv_t;
 
 /* Makes the cache's device current for one call and gives the caller back its own. */
@@ -105,8 +107,7 @@ struct slot_args {
     int32_t n;                /* slots in this launch */
     int32_t first;            /* index of slot[0] in the call */
     int32_t slot[KC_SLOTS];
-    int32_t seq[KC_SLOTS];    /* N */
-    int32_t plen[KC_SLOTS];   /* prompt length */
+    int32_t plen[KC_SLOTS];   /* prompt length (N is read on the device: graph replays move it) */
     int32_t budget[KC_SLOTS]; /* 0: none */
     int64_t base[KC_SLOTS];   /* commit: first job of the slot (prefix of L * H * plen) */
 };
@@ -293,10 +294,12 @@ static unsigned grid_for(int64_t n, int threads)
 /* ---------------------------------------------------------------------------------------- */
 
 struct decode_plan_args {
-    const int32_t *table, *n_hi;
+    const int32_t *table, *n_hi, *len, *fail;
     int32_t L, H, T, tpp_hi, layer;
+    int64_t empty_region;
     int64_t *regions;
     int32_t *page, *slot, *pos;
+    int32_t *decoded;
 };
 
 /* For listed slot j and KV head h: the head-region, and the page and slot of its newest high
@@ -306,13 +309,22 @@ static __global__ void decode_plan_kernel(const __grid_constant__ slot_args sa,
 {
     const int32_t i = blockIdx.x * blockDim.x + threadIdx.x;
     if (i >= sa.n * a.H) return;
-    const int32_t jl = i / a.H, h = i % a.H, j = sa.first + jl;
-    const int64_t r = ((int64_t)sa.slot[jl] * a.L + a.layer) * a.H + h;
-    const int32_t k = a.n_hi[r] - 1;
+    const int32_t jl = i / a.H, h = i % a.H, j = sa.first + jl, s = sa.slot[jl];
+    if (*a.fail != 0) { /* an earlier asynchronous call failed: append nothing, attend nothing */
+        a.regions[(int64_t)j * a.H + h] = a.empty_region;
+        a.page[(int64_t)j * a.H + h] = -1;
+        a.slot[(int64_t)j * a.H + h] = -1;
+        return;
+    }
+    const int64_t r = ((int64_t)s * a.L + a.layer) * a.H + h;
+    const int32_t k = a.n_hi[r] - 1, N = a.len[s];
     a.regions[(int64_t)j * a.H + h] = r;
     a.page[(int64_t)j * a.H + h] = k >= 0 ? a.table[r * a.T + k / a.tpp_hi] : -1;
     a.slot[(int64_t)j * a.H + h] = k >= 0 ? k % a.tpp_hi : -1;
-    if (h == 0) a.pos[j] = sa.seq[jl] - 1;
+    if (h == 0) {
+        a.pos[j] = N - 1;
+        a.decoded[(int64_t)s * a.L + a.layer] = N;
+    }
 }
 
 /* ---------------------------------------------------------------------------------------- */
@@ -461,7 +473,10 @@ struct compress_args {
     float alpha_h, alpha_l;
     mkv_page_layout_t lay_hi, lay_lo;
     int32_t *act, *cand, *victim, *tgt_hi, *tgt_lo; /* [n_slots * L * H] in call order */
-    int32_t *flag;
+    const int32_t *len, *fail, *check_code;
+    mkv_cuda_fail_t *fail_rec, *fail_host;
+    int32_t *compressed;
+    int32_t L;
 };
 
 static __device__ __forceinline__ int32_t leaving_high(int32_t act, int32_t cand, int32_t victim)
@@ -489,12 +504,13 @@ decide_kernel(const __grid_constant__ slot_args sa, const __grid_constant__ comp
     const int64_t w = (int64_t)blockIdx.x * KC_WARPS + warp;
     if (w >= (int64_t)sa.n * a.LH) return;
     const int32_t jl = (int32_t)(w / a.LH), lh = (int32_t)(w % a.LH);
-    const int32_t N = sa.seq[jl], plen = sa.plen[jl];
+    const int32_t N = a.len[sa.slot[jl]], plen = sa.plen[jl];
     const int64_t r = (int64_t)sa.slot[jl] * a.LH + lh, i = (int64_t)(sa.first + jl) * a.LH + lh;
     const int32_t nh = a.n_hi[r], nl = a.n_lo[r];
     const int32_t *row = a.table + r * a.T;
     int32_t act = MKV_ACT_NONE, cand = -1, victim = -1;
-    if (N > a.window) {
+    const bool failed = *a.fail != 0; /* the resize that follows will change nothing either */
+    if (!failed && N > a.window) {
         const int32_t cand_pos = N - 1 - a.window, limit = N - a.window;
         u64 best_hi = ~0ull, best_lo = ~0ull;
         int32_t c = -1, bh = -1, bl = -1;
@@ -519,9 +535,13 @@ decide_kernel(const __grid_constant__ slot_args sa, const __grid_constant__ comp
         const u64 min_hi = warp_min_u64(best_hi), min_lo = warp_min_u64(best_lo);
         const uint32_t own_hi = __ballot_sync(FULL_MASK, best_hi == min_hi && bh >= 0);
         const uint32_t own_lo = __ballot_sync(FULL_MASK, best_lo == min_lo && bl >= 0);
-        if (has_c == 0) {
+        if (has_c == 0) { /* inconsistent state: fail the call (and the step) on the device */
             cand = -2;
-            if (lane == 0) atomicOr(a.flag, 1);
+            if (lane == 0 && atomicCAS(&a.fail_rec->code, 0, (int32_t)MKV_STATUS_INTERNAL) == 0) {
+                a.fail_rec->kind = -1;
+                a.fail_host->kind = -1;
+                a.fail_host->code = MKV_STATUS_INTERNAL;
+            }
         } else {
             const int src_c = __ffs(has_c) - 1;
             c = __shfl_sync(FULL_MASK, c, src_c);
@@ -552,6 +572,7 @@ decide_kernel(const __grid_constant__ slot_args sa, const __grid_constant__ comp
         }
     }
     if (lane == 0) {
+        if (cand == -2) act = MKV_ACT_NONE;
         a.act[i] = act;
         a.cand[i] = cand;
         a.victim[i] = victim;
@@ -573,6 +594,7 @@ move_kernel(const __grid_constant__ slot_args sa, const __grid_constant__ compre
     if (w >= (int64_t)sa.n * a.LH) return;
     const int32_t jl = (int32_t)(w / a.LH), lh = (int32_t)(w % a.LH);
     const int64_t r = (int64_t)sa.slot[jl] * a.LH + lh, i = (int64_t)(sa.first + jl) * a.LH + lh;
+    if (*a.check_code != 0) return; /* the resize was refused (or skipped): nothing moves */
     const int32_t act = a.act[i];
     const int32_t leaving = leaving_high(act, a.cand[i], a.victim[i]);
     if (leaving < 0) return;
@@ -605,6 +627,8 @@ unstage_kernel(const __grid_constant__ slot_args sa, const __grid_constant__ com
     if (w >= (int64_t)sa.n * a.LH) return;
     const int32_t jl = (int32_t)(w / a.LH), lh = (int32_t)(w % a.LH);
     const int64_t r = (int64_t)sa.slot[jl] * a.LH + lh, i = (int64_t)(sa.first + jl) * a.LH + lh;
+    if (*a.fail != 0) return;
+    if (lh == 0 && lane == 0) a.compressed[sa.slot[jl]] = a.len[sa.slot[jl]]; /* the step is done */
     if (!grows_low(a.act[i])) return;
     const int32_t tpp = a.lay_hi.tokens;
     int32_t vs;
@@ -625,7 +649,8 @@ budget_kernel(const __grid_constant__ slot_args sa, const __grid_constant__ comp
     const int64_t w = (int64_t)blockIdx.x * KC_WARPS + warp;
     if (w >= (int64_t)sa.n * a.LH) return;
     const int32_t jl = (int32_t)(w / a.LH), lh = (int32_t)(w % a.LH);
-    const int32_t N = sa.seq[jl], plen = sa.plen[jl], budget = sa.budget[jl];
+    const int32_t N = a.len[sa.slot[jl]], plen = sa.plen[jl];
+    const int32_t budget = *a.fail != 0 ? 0 : sa.budget[jl];
     const int64_t r = (int64_t)sa.slot[jl] * a.LH + lh, i = (int64_t)(sa.first + jl) * a.LH + lh;
     int32_t n[2] = {a.n_hi[r], a.n_lo[r]};
     const int32_t *row = a.table + r * a.T;
@@ -695,7 +720,6 @@ static void fill_slots(const mkv_cache_t *c, const int32_t *slots, int32_t first
     for (int32_t j = 0; j < n; j++) {
         const int32_t s = slots[first + j];
         sa->slot[j] = s;
-        sa->seq[j] = c->st.seq_len[s];
         sa->plen[j] = c->prompt_len[s];
         sa->budget[j] = c->budget[s];
         sa->base[j] = 0;
@@ -721,9 +745,11 @@ static void cuda_destroy(mkv_kv_t *base)
     free(kv->seq);
     void *dev[] = {kv->d_ws_k, kv->d_ws_v, kv->d_ws_sig, kv->q32, kv->out32, kv->k16, kv->v16,
                    kv->regions, kv->app_page, kv->app_slot, kv->app_pos, kv->dec_ws, kv->act,
-                   kv->cand, kv->victim, kv->tgt_hi, kv->tgt_lo, kv->stage, kv->d_flag};
+                   kv->cand, kv->victim, kv->tgt_hi, kv->tgt_lo, kv->stage, kv->d_decoded,
+                   kv->d_compressed};
     for (size_t i = 0; i < sizeof dev / sizeof dev[0]; i++) cudaFree(dev[i]);
-    cudaFreeHost(kv->h_flag);
+    free(kv->h_decoded);
+    free(kv->h_compressed);
     free(kv);
     base->impl = NULL;
 }
@@ -743,7 +769,9 @@ static mkv_status_t cuda_create(mkv_cache_t *c, mkv_kv_t *base)
     const int64_t S = kv->S, H = kv->H, G = kv->G, d = kv->d, R = S * kv->L * H;
     kv->ws = (dev_ws_t *)calloc((size_t)S, sizeof *kv->ws);
     kv->seq = (int32_t *)calloc((size_t)S, sizeof *kv->seq);
-    if (!kv->ws || !kv->seq) {
+    kv->h_decoded = (int32_t *)calloc((size_t)(S * kv->L), sizeof(int32_t));
+    kv->h_compressed = (int32_t *)calloc((size_t)S, sizeof(int32_t));
+    if (!kv->ws || !kv->seq || !kv->h_decoded || !kv->h_compressed) {
         cuda_destroy(base);
         return mkv_fail(c->err, MKV_STATUS_OUT_OF_MEMORY, "cannot allocate the CUDA KV backend");
     }
@@ -775,17 +803,14 @@ static mkv_status_t cuda_create(mkv_cache_t *c, mkv_kv_t *base)
     DMALLOC(kv->tgt_hi, R * 4);
     DMALLOC(kv->tgt_lo, R * 4);
     DMALLOC(kv->stage, stage_pages * kv->page_bytes);
-    DMALLOC(kv->d_flag, 4);
+    DMALLOC(kv->d_decoded, S * kv->L * 4);
+    DMALLOC(kv->d_compressed, S * 4);
 #undef DMALLOC
-    if (cudaMallocHost((void **)&kv->h_flag, 4) != cudaSuccess) {
-        (void)cudaGetLastError();
-        cuda_destroy(base);
-        return mkv_fail(c->err, MKV_STATUS_OUT_OF_MEMORY, "cannot allocate pinned host memory");
-    }
     if (cudaMemset(kv->d_ws_k, 0, (size_t)S * sizeof(uint16_t *)) != cudaSuccess ||
         cudaMemset(kv->d_ws_v, 0, (size_t)S * sizeof(uint16_t *)) != cudaSuccess ||
         cudaMemset(kv->d_ws_sig, 0, (size_t)S * sizeof(float *)) != cudaSuccess ||
-        cudaMemset(kv->d_flag, 0, 4) != cudaSuccess) {
+        cudaMemset(kv->d_decoded, 0, (size_t)(S * kv->L) * 4) != cudaSuccess ||
+        cudaMemset(kv->d_compressed, 0, (size_t)S * 4) != cudaSuccess) {
         cuda_destroy(base);
         return mkv_fail(c->err, MKV_STATUS_CUDA_ERROR, "cannot initialise the KV backend's device state");
     }
@@ -821,6 +846,31 @@ static mkv_status_t ws_for(mkv_cache_t *c, cuda_kv_t *kv, int32_t s, dev_ws_t **
     return MKV_STATUS_OK;
 }
 
+/* q, k, v and out must be memory of the cache's device: a host pointer is refused with nothing
+ * changed (a kernel reading it would fault and poison the context). */
+static mkv_status_t device_tensors(mkv_cache_t *c, const cuda_kv_t *kv, const void *q, const void *k,
+                                   const void *v, const void *out)
+{
+    const void *p[4] = {q, k, v, out};
+    static const char *const names[4] = {"q", "k", "v", "out"};
+    for (int i = 0; i < 4; i++) {
+        cudaPointerAttributes at;
+        if (cudaPointerGetAttributes(&at, p[i]) != cudaSuccess) {
+            (void)cudaGetLastError();
+            return mkv_fail(c->err, MKV_STATUS_INVALID_ARGUMENT, "%s (%p) is not a pointer CUDA knows",
+                            names[i], p[i]);
+        }
+        if (at.type != cudaMemoryTypeDevice && at.type != cudaMemoryTypeManaged)
+            return mkv_fail(c->err, MKV_STATUS_INVALID_ARGUMENT,
+                            "%s (%p) is host memory: the CUDA backend takes device tensors", names[i], p[i]);
+        if (at.type == cudaMemoryTypeDevice && at.device != kv->device)
+            return mkv_fail(c->err, MKV_STATUS_INVALID_ARGUMENT,
+                            "%s is memory of device %d; the cache lives on device %d", names[i], at.device,
+                            kv->device);
+    }
+    return MKV_STATUS_OK;
+}
+
 /* Scatters a packed [H][total] significance block into slot j's [L][H][n] working memory. */
 static __global__ void scatter_sig_kernel(const float *sig, int32_t total, int32_t row0, int32_t n,
                                           int32_t H, float *dst)
@@ -841,7 +891,8 @@ static mkv_status_t cuda_prefill(mkv_cache_t *c, mkv_kv_t *base, int32_t n_slots
     device_scope scope(kv->device);
     const cudaStream_t stream = stream_of(stream_v);
     const int64_t H = kv->H, G = kv->G, d = kv->d;
-    mkv_status_t st;
+    mkv_status_t st = device_tensors(c, kv, q, k, v, out);
+    if (st != MKV_STATUS_OK) return st;
     int32_t *starts = (int32_t *)malloc((size_t)(n_slots + 1) * sizeof(int32_t));
     if (!starts) return mkv_fail(c->err, MKV_STATUS_OUT_OF_MEMORY, "cannot allocate the prefill's offsets");
     int64_t total = 0;
@@ -984,6 +1035,12 @@ static mkv_status_t cuda_commit(mkv_cache_t *c, mkv_kv_t *base, int32_t n_slots,
     CUDA_TRY(cudaStreamSynchronize(stream)); /* the working memory is freed below */
     for (int32_t j = 0; j < n_slots; j++) {
         const int32_t s = slots[j];
+        /* the step bookkeeping of a new occupant (kv_api.c sets the host's the same way) */
+        for (int32_t l = 0; l < kv->L; l++) kv->h_decoded[(int64_t)s * kv->L + l] = c->prompt_len[s];
+        kv->h_compressed[s] = 0;
+        CUDA_TRY(cudaMemcpy(kv->d_decoded + (int64_t)s * kv->L, kv->h_decoded + (int64_t)s * kv->L,
+                            (size_t)kv->L * 4, cudaMemcpyHostToDevice));
+        CUDA_TRY(cudaMemcpy(kv->d_compressed + s, kv->h_compressed + s, 4, cudaMemcpyHostToDevice));
         ws_release(&kv->ws[s]);
         const void *null = NULL;
         CUDA_TRY(cudaMemcpy(kv->d_ws_k + s, &null, sizeof null, cudaMemcpyHostToDevice));
@@ -1005,10 +1062,21 @@ static mkv_status_t cuda_decode(mkv_cache_t *c, mkv_kv_t *base, int32_t n_slots,
     const mkv_cache_config_t *cfg = &c->cfg;
     const int64_t H = kv->H, G = kv->G, d = kv->d;
     const int64_t nq = (int64_t)n_slots * H * G * d, nkv = (int64_t)n_slots * H * d;
-    int32_t max_tokens = 1;
-    for (int32_t j = 0; j < n_slots; j++)
-        if (c->st.seq_len[slots[j]] > max_tokens) max_tokens = c->st.seq_len[slots[j]];
-    const size_t need = mkv_cuda_decode_workspace_size(n_slots, (int32_t)H, (int32_t)G, (int32_t)d,
+    {
+        const mkv_status_t ts = device_tensors(c, kv, q, k, v, out);
+        if (ts != MKV_STATUS_OK) return ts;
+    }
+    /* Asynchronous steps (and graphs replaying them) bound every region by max_seq_len, with
+     * the workspace sized once for every slot; synchronous ones by the longest N now. */
+    int32_t max_tokens = 1, ws_seqs = n_slots;
+    if (c->async) {
+        max_tokens = kv->max_len;
+        ws_seqs = kv->S;
+    } else {
+        for (int32_t j = 0; j < n_slots; j++)
+            if (c->st.seq_len[slots[j]] > max_tokens) max_tokens = c->st.seq_len[slots[j]];
+    }
+    const size_t need = mkv_cuda_decode_workspace_size(ws_seqs, (int32_t)H, (int32_t)G, (int32_t)d,
                                                        max_tokens, 0);
     if (need > kv->dec_ws_bytes) { /* grows rarely: to the longest context seen */
         CUDA_TRY(cudaStreamSynchronize(stream));
@@ -1033,8 +1101,9 @@ static mkv_status_t cuda_decode(mkv_cache_t *c, mkv_kv_t *base, int32_t n_slots,
     }
     LAUNCHED("conversion kernels");
     slot_args sa;
-    decode_plan_args pa = {kv->mm.table, kv->mm.n_hi, kv->L, kv->H, kv->T, base->lay_hi.tokens, layer,
-                           kv->regions, kv->app_page, kv->app_slot, kv->app_pos};
+    decode_plan_args pa = {kv->mm.table, kv->mm.n_hi, kv->mm.len, kv->mm.fail, kv->L, kv->H, kv->T,
+                           base->lay_hi.tokens, layer, kv->mm.empty_region, kv->regions,
+                           kv->app_page, kv->app_slot, kv->app_pos, kv->d_decoded};
     for (int32_t first = 0; first < n_slots; first += KC_SLOTS) {
         const int32_t n = n_slots - first < KC_SLOTS ? n_slots - first : KC_SLOTS;
         fill_slots(c, slots, first, n, &sa);
@@ -1090,6 +1159,26 @@ static mkv_status_t launch_regions(mkv_cache_t *c, cuda_kv_t *kv, const int32_t 
     return MKV_STATUS_OK;
 }
 
+struct move_ctx {
+    mkv_cache_t *c;
+    cuda_kv_t *kv;
+    const int32_t *slots;
+    int32_t n_slots;
+    const compress_args *ca;
+};
+
+/* Between the fit check and the page movement of compress's resize. */
+static mkv_status_t launch_moves(void *ctx, void *stream, char *err)
+{
+    (void)err;
+    const move_ctx *m = (const move_ctx *)ctx;
+    return launch_regions(m->c, m->kv, m->slots, m->n_slots, 1, m->ca, stream_of(stream));
+}
+
+/* Decide (reading only), then one resize whose fit check gates the moves that must see the
+ * pages before it (stage, swap-remove, demote into a pruned victim's slot), then the demotions
+ * into new low slots, then budgets and their shrinking resize. Nothing here waits for the
+ * device: with MKV_CACHE_ASYNC_STEPS a refusal is collected later, else at the resize. */
 static mkv_status_t cuda_compress(mkv_cache_t *c, mkv_kv_t *base, int32_t n_slots,
                                   const int32_t *slots, void *stream_v)
 {
@@ -1099,39 +1188,38 @@ static mkv_status_t cuda_compress(mkv_cache_t *c, mkv_kv_t *base, int32_t n_slot
     const mkv_cache_config_t *cfg = &c->cfg;
     int budgets = 0;
     for (int32_t j = 0; j < n_slots; j++) budgets |= c->budget[slots[j]] > 0;
-    /* With both thresholds 0 every significance passes: Algorithm 1 keeps everything. */
-    if (cfg->alpha_h == 0.0f && cfg->alpha_l == 0.0f && !budgets) return MKV_STATUS_OK;
     compress_args ca = {kv->mm.table, kv->mm.n_hi, kv->mm.n_lo, kv->mm.pool, kv->stage,
                         kv->page_bytes, kv->L * kv->H, kv->T, cfg->window, cfg->obs_window,
                         cfg->alpha_h, cfg->alpha_l, base->lay_hi, base->lay_lo, kv->act,
-                        kv->cand, kv->victim, kv->tgt_hi, kv->tgt_lo, kv->d_flag};
-    mkv_status_t st;
-    /* 1. Decide every head-region, reading only. */
-    if ((st = launch_regions(c, kv, slots, n_slots, 0, &ca, stream)) != MKV_STATUS_OK) return st;
-    CUDA_TRY(cudaMemcpyAsync(kv->h_flag, kv->d_flag, 4, cudaMemcpyDeviceToHost, stream));
-    /* 2. Check: the page movement must fit before any token moves (synchronises). */
-    const mkv_resize_t rz = {n_slots, slots, NULL, kv->tgt_hi, kv->tgt_lo};
-    if ((st = mkv_cache_resize_check(c, &rz)) != MKV_STATUS_OK) return st;
-    CUDA_TRY(cudaStreamSynchronize(stream));
-    if (*kv->h_flag) {
-        *kv->h_flag = 0;
-        CUDA_TRY(cudaMemset(kv->d_flag, 0, 4));
-        return mkv_fail(c->err, MKV_STATUS_INTERNAL,
-                        "a head-region has no high token at the window's edge");
-    }
-    /* 3. Stage and swap-remove the leaving high tokens; 4. one resize; 5. demote. */
-    if ((st = launch_regions(c, kv, slots, n_slots, 1, &ca, stream)) != MKV_STATUS_OK) return st;
-    if ((st = mkv_cache_resize(c, &rz, stream_v)) != MKV_STATUS_OK) {
-        char why[MKV_ERR_LEN];
-        memcpy(why, c->err, sizeof why);
-        return mkv_fail(c->err, MKV_STATUS_INTERNAL, "resize after its check failed: %s", why);
-    }
+                        kv->cand, kv->victim, kv->tgt_hi, kv->tgt_lo, kv->mm.len, kv->mm.fail,
+                        kv->mm.check_code, kv->mm.fail_rec, kv->mm.fail_host, kv->d_compressed, kv->L};
+    /* With both thresholds 0 every significance passes: Algorithm 1 keeps everything; the
+     * decide kernel still records the step. */
+    const int keep_all = cfg->alpha_h == 0.0f && cfg->alpha_l == 0.0f;
+    if (keep_all) ca.window = INT32_MAX;
+    mkv_status_t st = launch_regions(c, kv, slots, n_slots, 0, &ca, stream);
+    if (st != MKV_STATUS_OK) return st;
+    move_ctx m = {c, kv, slots, n_slots, &ca};
+    if (!keep_all &&
+        (st = mkv_cache_resize_device(c, n_slots, slots, kv->tgt_hi, kv->tgt_lo, launch_moves, &m,
+                                      stream_v)) != MKV_STATUS_OK)
+        return st;
     if ((st = launch_regions(c, kv, slots, n_slots, 2, &ca, stream)) != MKV_STATUS_OK) return st;
     if (!budgets) return MKV_STATUS_OK;
-    /* 6. Budgets: prune and shrink (only recycles). */
+    ca.window = cfg->window;
     if ((st = launch_regions(c, kv, slots, n_slots, 3, &ca, stream)) != MKV_STATUS_OK) return st;
-    return mkv_cache_resize(c, &rz, stream_v);
+    return mkv_cache_resize_device(c, n_slots, slots, kv->tgt_hi, kv->tgt_lo, NULL, NULL, stream_v);
+}
+
+static void cuda_refresh(mkv_cache_t *c, mkv_kv_t *base)
+{
+    cuda_kv_t *kv = (cuda_kv_t *)base->impl;
+    device_scope scope(kv->device);
+    if (cudaMemcpy(base->decoded, kv->d_decoded, (size_t)kv->S * kv->L * 4, cudaMemcpyDeviceToHost) != cudaSuccess ||
+        cudaMemcpy(base->compressed, kv->d_compressed, (size_t)kv->S * 4, cudaMemcpyDeviceToHost) != cudaSuccess)
+        snprintf(c->err, sizeof c->err, "refresh: %s", cudaGetErrorString(cudaGetLastError()));
 }
 
 extern "C" const mkv_kv_ops_t mkv_kv_cuda_ops = {"cuda", cuda_create, cuda_destroy, cuda_prefill,
-                                                  cuda_commit, cuda_decode, cuda_compress};
+                                                  cuda_commit, cuda_decode, cuda_compress,
+                                                  cuda_refresh};

@@ -134,9 +134,8 @@ size_t mkv_dtype_size(mkv_dtype_t dtype);
 
 typedef enum mkv_backend {
     MKV_BACKEND_CPU = 0,  /* plain C, host memory: the complete reference backend */
-    MKV_BACKEND_CUDA = 1, /* device-resident state; one CUDA device chosen by device_id. The
-                             memory manager is complete; the token-data calls (prefill,
-                             decode, compress) return UNSUPPORTED until their kernels land */
+    MKV_BACKEND_CUDA = 1, /* device-resident state and token data; one CUDA device chosen by
+                             device_id; tensors in device memory */
 } mkv_backend_t;
 
 /* "cpu" or "cuda"; "?" for a value out of range. */
@@ -155,6 +154,12 @@ mkv_status_t mkv_backend_available(mkv_backend_t backend, int *out_available);
 /* flags */
 #define MKV_CACHE_METADATA_ONLY 0x1u /* manage pages but allocate no page storage: for
                                         schedulers, simulators and memory-manager benchmarks */
+#define MKV_CACHE_ASYNC_STEPS 0x2u   /* CUDA backend (since 0.2): mkv_cache_append,
+                                        mkv_cache_decode_layer(_ex) and mkv_cache_compress
+                                        enqueue their work and return without waiting for the
+                                        device; a refusal found there (OUT_OF_PAGES) is
+                                        reported by mkv_cache_sync or by the next call that
+                                        waits (see mkv_cache_sync). Ignored by the CPU backend */
 
 /* Initialise with MKV_CACHE_CONFIG_INIT, then set fields. `version` and `struct_size` let a
  * newer library accept an older caller's struct; do not change them. Zero in page_bytes or
@@ -371,6 +376,18 @@ mkv_status_t mkv_cache_decode_layer_ex(mkv_cache_t *cache, int32_t n_slots, cons
  * to the free list in the same call. Needs at most mkv_cache_step_demand pages. */
 mkv_status_t mkv_cache_compress(mkv_cache_t *cache, int32_t n_slots, const int32_t *slots,
                                 void *stream);
+
+/* Waits for the cache's work on the device and reports what happened to its asynchronous
+ * calls (since 0.2). With MKV_CACHE_ASYNC_STEPS a decode step (append, every layer's decode,
+ * compress) issues no host synchronisation and can be captured in a CUDA graph; a step call
+ * that the device refuses changes nothing, and neither does any step call after it until the
+ * refusal is reported: here, or by the next call that waits for the device (admission,
+ * release, resize, stats, validate, dumps, prefill, commit), which then returns that status
+ * and message instead of doing its own work. The host's view of every slot (N, reservations,
+ * which layers were decoded) is brought back to the device's, so a refused step is retried
+ * from where it stood (after preempting, for OUT_OF_PAGES). Also refreshes that view after a
+ * graph replay. The CPU backend has nothing to wait for: OK. */
+mkv_status_t mkv_cache_sync(mkv_cache_t *cache, void *stream);
 
 /* ---------------------------------------------------------------------------------------- */
 /* Statistics, validation, dumps                                                            */

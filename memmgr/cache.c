@@ -5,6 +5,7 @@
 #include "memmgr/cache.h"
 #include "memmgr/cuda_mm.h"
 
+#include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
 
@@ -82,6 +83,7 @@ mkv_status_t mkv_cache_create(const mkv_cache_config_t *config, mkv_cache_t **ou
     }
     c->cfg = cfg;
     c->parallel_min_regions = MKV_PARALLEL_MIN_REGIONS;
+    c->async = cfg.backend == MKV_BACKEND_CUDA && (cfg.flags & MKV_CACHE_ASYNC_STEPS);
     MKV_TRY(mkv_mm_state_init(&c->st, &geom, err));
     MKV_TRY(work_init(&c->work, &geom, cfg.n_threads, err));
     c->prompt_len = calloc((size_t)geom.max_seqs, sizeof *c->prompt_len);
@@ -156,6 +158,87 @@ const char *mkv_cache_last_error(const mkv_cache_t *cache)
     return cache ? cache->err : "null cache";
 }
 
+#ifdef MKV_HAVE_CUDA
+/* The step call a failure record names. */
+static const char *failed_call(int32_t kind)
+{
+    return kind == MKV_CUDA_OP_APPEND ? "mkv_cache_append" : "mkv_cache_compress";
+}
+#endif
+
+mkv_status_t mkv_cache_collect(mkv_cache_t *c)
+{
+#ifdef MKV_HAVE_CUDA
+    if (!c->dev || !c->pending) return MKV_STATUS_OK;
+    mkv_mm_state_t *s = &c->st;
+    const int32_t S = s->g.max_seqs;
+    int64_t counters[2];
+    mkv_cuda_fail_t f;
+    int32_t *len = c->work.new_len; /* [S] scratch */
+    int64_t *tmp = malloc((size_t)S * sizeof(int64_t));
+    if (!tmp) return mkv_fail(c->err, MKV_STATUS_OUT_OF_MEMORY, "cannot allocate %d reservations", S);
+    char err[MKV_ERR_LEN];
+    mkv_status_t st = mkv_cuda_mm_collect(c->dev, &f, len, tmp, counters, err);
+    if (st == MKV_STATUS_OK) {
+        c->pending = 0;
+        s->head = counters[0];
+        s->tail = counters[1];
+        s->reserved_total = 0;
+        for (int32_t slot = 0; slot < S; slot++) {
+            if (!s->active[slot]) continue;
+            s->seq_len[slot] = len[slot];
+            s->reserved[slot] = tmp[slot];
+            s->reserved_total += tmp[slot];
+        }
+        if (c->kv_refresh) c->kv_refresh(c);
+        if (f.code != 0 && c->deferred == MKV_STATUS_OK) {
+            c->deferred = (mkv_status_t)f.code;
+            if (f.code == MKV_STATUS_OUT_OF_PAGES)
+                snprintf(c->deferred_msg, sizeof c->deferred_msg,
+                         "%s%s was refused on the device: out of pages: %lld needed, %lld free, "
+                         "%lld released, %lld reserved by other slots%s",
+                         failed_call(f.kind), c->async ? " (asynchronous)" : "", f.total_alloc,
+                         f.free_pages, f.total_release, f.others_reserved,
+                         c->async ? "; it and every later step call changed nothing" : "");
+            else
+                snprintf(c->deferred_msg, sizeof c->deferred_msg, "%s%s failed on the device: %s%s",
+                         failed_call(f.kind), c->async ? " (asynchronous)" : "",
+                         f.code == MKV_STATUS_INTERNAL ? "a head-region has no high token at the "
+                                                         "window's edge (internal error)"
+                                                       : mkv_status_string((mkv_status_t)f.code),
+                         c->async ? "; it and every later step call changed nothing" : "");
+        }
+    } else {
+        snprintf(c->err, sizeof c->err, "%s", err);
+    }
+    free(tmp);
+    return st;
+#else
+    (void)c;
+    return MKV_STATUS_OK;
+#endif
+}
+
+mkv_status_t mkv_cache_settle(mkv_cache_t *c)
+{
+    const mkv_status_t st = mkv_cache_collect(c);
+    if (st != MKV_STATUS_OK) return st;
+    if (c->deferred != MKV_STATUS_OK) {
+        const mkv_status_t d = c->deferred;
+        c->deferred = MKV_STATUS_OK;
+        return mkv_fail(c->err, d, "%s", c->deferred_msg);
+    }
+    return MKV_STATUS_OK;
+}
+
+mkv_status_t mkv_cache_sync(mkv_cache_t *cache, void *stream)
+{
+    (void)stream; /* the device is waited for as a whole: calls may have used several streams */
+    CHECK_CACHE(cache);
+    cache->err[0] = '\0';
+    return mkv_cache_settle(cache);
+}
+
 mkv_status_t mkv_cache_info(const mkv_cache_t *cache, mkv_cache_info_t *out_info)
 {
     CHECK_CACHE(cache);
@@ -217,6 +300,10 @@ mkv_status_t mkv_cache_can_admit(mkv_cache_t *cache, int32_t prompt_len, int *ou
 {
     CHECK_CACHE(cache);
     cache->err[0] = '\0';
+    {
+        const mkv_status_t settled = mkv_cache_settle(cache);
+        if (settled != MKV_STATUS_OK) return settled;
+    }
     if (!out_ok) return mkv_fail(cache->err, MKV_STATUS_INVALID_ARGUMENT, "null out_ok");
     int64_t demand = 0;
     int32_t slot = -1;
@@ -230,6 +317,10 @@ mkv_status_t mkv_cache_admit(mkv_cache_t *cache, int32_t prompt_len, int32_t *ou
 {
     CHECK_CACHE(cache);
     cache->err[0] = '\0';
+    {
+        const mkv_status_t settled = mkv_cache_settle(cache);
+        if (settled != MKV_STATUS_OK) return settled;
+    }
     if (!out_slot) return mkv_fail(cache->err, MKV_STATUS_INVALID_ARGUMENT, "null out_slot");
     int64_t demand = 0;
     int32_t slot = -1;
@@ -243,6 +334,14 @@ mkv_status_t mkv_cache_admit(mkv_cache_t *cache, int32_t prompt_len, int32_t *ou
     cache->prompt_len[slot] = prompt_len;
     cache->epoch[slot]++;
     cache->budget[slot] = 0;
+#ifdef MKV_HAVE_CUDA
+    if (cache->dev && (st = mkv_cuda_mm_set_slot(cache->dev, slot, 0, demand, cache->err)) != MKV_STATUS_OK) {
+        s->active[slot] = 0;
+        s->reserved[slot] = 0;
+        s->reserved_total -= demand;
+        return st;
+    }
+#endif
     *out_slot = slot;
     return MKV_STATUS_OK;
 }
@@ -252,6 +351,10 @@ mkv_status_t mkv_cache_step_demand(mkv_cache_t *cache, int32_t n_slots, const in
 {
     CHECK_CACHE(cache);
     cache->err[0] = '\0';
+    {
+        const mkv_status_t settled = mkv_cache_settle(cache);
+        if (settled != MKV_STATUS_OK) return settled;
+    }
     const mkv_mm_state_t *s = &cache->st;
     const mkv_mm_geom_t *g = &s->g;
     if (!out_pages || (n_slots > 0 && !slots) || n_slots < 0 || n_slots > g->max_seqs)
@@ -299,6 +402,10 @@ mkv_status_t mkv_cache_stats(const mkv_cache_t *cache, mkv_cache_stats_t *out)
 {
     CHECK_CACHE(cache);
     if (!out) return mkv_fail_global(MKV_STATUS_INVALID_ARGUMENT, "mkv_cache_stats: null out_stats");
+    if (cache->pending) { /* waits, refreshes the mirror; a refusal stays for the next call */
+        const mkv_status_t st = mkv_cache_collect((mkv_cache_t *)cache);
+        if (st != MKV_STATUS_OK) return mkv_fail_global(st, "%s", cache->err);
+    }
     const mkv_mm_state_t *s = &cache->st;
     const mkv_mm_geom_t *g = &s->g;
     memset(out, 0, sizeof *out);
@@ -335,6 +442,10 @@ mkv_status_t mkv_cache_slot_info(mkv_cache_t *cache, int32_t slot, mkv_slot_info
 {
     CHECK_CACHE(cache);
     cache->err[0] = '\0';
+    {
+        const mkv_status_t settled = mkv_cache_settle(cache);
+        if (settled != MKV_STATUS_OK) return settled;
+    }
     const mkv_mm_state_t *s = &cache->st;
     const mkv_mm_geom_t *g = &s->g;
     if (!out) return mkv_fail(cache->err, MKV_STATUS_INVALID_ARGUMENT, "null out_info");
@@ -365,6 +476,10 @@ mkv_status_t mkv_cache_validate(mkv_cache_t *cache)
 {
     CHECK_CACHE(cache);
     cache->err[0] = '\0';
+    {
+        const mkv_status_t settled = mkv_cache_settle(cache);
+        if (settled != MKV_STATUS_OK) return settled;
+    }
     int64_t device_violations = 0;
 #ifdef MKV_HAVE_CUDA
     if (cache->dev) {

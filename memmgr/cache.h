@@ -10,6 +10,10 @@
 #include "memmgr/threads.h"
 #include "mixkv.h"
 
+#ifdef __cplusplus
+extern "C" {
+#endif
+
 /* Per-step workspace, sized once at create so that no step allocates memory. Indexed by
  * section: 2 * region + 0 for the high section, 2 * region + 1 for the low section, over the
  * head-regions of the slots named in one call, in call order. */
@@ -50,8 +54,33 @@ struct mkv_cache {
     struct mkv_kv *kv;
     void (*kv_free)(struct mkv_kv *kv);
     int64_t parallel_min_regions; /* calls with fewer head-regions run inline (tests lower it) */
+    /* CUDA backend, asynchronous steps (MKV_CACHE_ASYNC_STEPS): append, decode and compress
+     * enqueue work and return; a refusal on the device stays there until collected
+     * (mkv_cache_collect), which also refreshes the host's mirror of the per-slot state. */
+    int async;                /* the flag was set */
+    int pending;              /* asynchronous work since the last collection */
+    int32_t call_id;          /* numbers the asynchronous calls */
+    mkv_status_t deferred;    /* a collected refusal not yet reported */
+    char deferred_msg[MKV_ERR_LEN];
+    void (*kv_refresh)(mkv_cache_t *c); /* the KV layer's per-slot state from the device */
     char err[MKV_ERR_LEN];
 };
+
+/* Waits for the cache's asynchronous work (CUDA backend; a no-op otherwise), refreshes the
+ * host mirror from the device and moves a device-side refusal into cache->deferred. */
+mkv_status_t mkv_cache_collect(mkv_cache_t *c);
+
+/* mkv_cache_collect, then reports (and clears) a deferred refusal into c->err: what every
+ * synchronous call with a mutable handle does first. */
+mkv_status_t mkv_cache_settle(mkv_cache_t *c);
+
+/* The asynchronous resize of the CUDA KV backend's compress (N unchanged, device targets):
+ * fit check, then between(ctx) (kernels gated on the check), then the page movement. With
+ * c->async the outcome is collected later; otherwise collected before returning. */
+mkv_status_t mkv_cache_resize_device(mkv_cache_t *c, int32_t n_slots, const int32_t *slots,
+                                     const int32_t *tgt_hi, const int32_t *tgt_lo,
+                                     mkv_status_t (*between)(void *ctx, void *stream, char *err),
+                                     void *ctx, void *stream);
 
 /* Below this many head-regions a call runs on the calling thread alone (bench_memmgr: at 256
  * regions waking 4 to 16 workers costs 5 to 20 times the work; at 4096 they win). */
@@ -64,5 +93,9 @@ mkv_status_t mkv_cache_check_slots(mkv_cache_t *c, int32_t n_slots, const int32_
 /* Validates a config and resolves its defaults into *out (message into err). */
 mkv_status_t mkv_config_resolve(const mkv_cache_config_t *in, mkv_cache_config_t *out,
                                 mkv_mm_geom_t *geom, char *err);
+
+#ifdef __cplusplus
+}
+#endif
 
 #endif /* MKV_MEMMGR_CACHE_H */

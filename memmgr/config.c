@@ -11,7 +11,7 @@
 #define MKV_MAX_DIM (1 << 20)        /* bound on L, H, G, S: keeps products far from overflow */
 #define MKV_MAX_SEQ_LEN (1 << 28)
 #define MKV_MAX_THREADS 256
-#define MKV_KNOWN_FLAGS MKV_CACHE_METADATA_ONLY
+#define MKV_KNOWN_FLAGS (MKV_CACHE_METADATA_ONLY | MKV_CACHE_ASYNC_STEPS)
 
 static mkv_status_t bad(char *err, const char *fmt, long long v)
 {

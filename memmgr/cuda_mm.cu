@@ -54,6 +54,11 @@ struct mkv_cuda_mm {
     int32_t *own;                 /* [P] validate: how many places hold each page */
     dev_status *d_status;  /* the calls' status (bad_region kept at ~0 between calls) */
     dev_status *d_red;     /* reductions' own status (stats, step demand, validate) */
+    /* Device-authoritative per-slot state and the sticky failure of asynchronous calls. */
+    int32_t *d_len;               /* [S] N */
+    long long *d_resv;            /* [S] reserved pages */
+    mkv_cuda_fail_t *d_fail;      /* device copy, read by every gated kernel */
+    mkv_cuda_fail_t *h_fail, *d_fail_map; /* mapped pinned: the host's copy */
     /* pinned host staging */
     int32_t *h_seq;
     uint8_t *h_flags;
@@ -108,13 +113,22 @@ struct call_args {
     int32_t T, tpp_hi, tpp_lo;
     int64_t P;
     long long others_reserved;
-    const int32_t *args; /* [n_slots] slots, then [n_slots] new N (resize) */
+    const int32_t *args; /* [n_slots] slots, then [n_slots] new N (resize); NULL: inline */
     const int32_t *tgt_hi, *tgt_lo;
+    int32_t call_id;     /* asynchronous calls: what a failure record names */
+    int32_t async;       /* refusals become the sticky failure instead of a returned status */
+    int32_t has_len;     /* resize: the call sets N (new_len given) */
+    int32_t inl[2 * MKV_CUDA_MM_INLINE]; /* slots, then new N, when args is NULL */
 };
+
+__device__ __forceinline__ int32_t arg_of(const call_args &a, int64_t k)
+{
+    return a.args ? a.args[k] : a.inl[k];
+}
 
 __device__ __forceinline__ int64_t region_of(const call_args &a, int64_t i)
 {
-    return (int64_t)a.args[i / a.per_slot] * a.per_slot + i % a.per_slot;
+    return (int64_t)arg_of(a, i / a.per_slot) * a.per_slot + i % a.per_slot;
 }
 
 /* Release and alloc counts travel packed in one 64-bit value (release << 32 | alloc): the
@@ -140,7 +154,7 @@ plan_kernel(call_args a, const int32_t *n_hi, const int32_t *n_lo, int32_t *targ
         if (a.kind == MKV_CUDA_OP_RESIZE) {
             hi = a.tgt_hi[i];
             lo = a.tgt_lo[i];
-            if (hi < 0 || lo < 0 || (long long)hi + lo > a.args[a.n_slots + i / a.per_slot]) {
+            if (hi < 0 || lo < 0 || (long long)hi + lo > arg_of(a, a.n_slots + i / a.per_slot)) {
                 atomicMin(&st->bad_region, (u64)i); /* the first bad region, as the CPU reports it */
                 hi = n_hi[r];
                 lo = n_lo[r];
@@ -170,7 +184,7 @@ plan_kernel(call_args a, const int32_t *n_hi, const int32_t *n_lo, int32_t *targ
  * host's copy of the status is written through mapped memory. */
 static __global__ void __launch_bounds__(CHECK_BLOCK)
 check_kernel(call_args a, int64_t blocks, u64 *block_sum, u64 *counters, dev_status *st,
-             dev_status *host)
+             dev_status *host, mkv_cuda_fail_t *fail, mkv_cuda_fail_t *fail_host)
 {
     typedef cub::BlockScan<u64, CHECK_BLOCK> scan_t;
     __shared__ typename scan_t::TempStorage tmp;
@@ -196,6 +210,23 @@ check_kernel(call_args a, int64_t blocks, u64 *block_sum, u64 *counters, dev_sta
         bad_lo = a.tgt_lo[bad];
     } else if (ta > free_pages + tr - a.others_reserved) {
         code = MKV_STATUS_OUT_OF_PAGES;
+    }
+    if (fail->code != 0) {
+        code = MKV_CUDA_SKIPPED; /* an earlier asynchronous call failed: change nothing */
+    } else if (code != MKV_STATUS_OK && a.async && !a.dry_run) {
+        mkv_cuda_fail_t f;
+        f.code = code;
+        f.call_id = a.call_id;
+        f.kind = a.kind;
+        f.bad_hi = bad_hi;
+        f.bad_lo = bad_lo;
+        f.bad_region = bad == ~0ull ? -1 : (long long)bad;
+        f.total_alloc = ta;
+        f.total_release = tr;
+        f.free_pages = free_pages;
+        f.others_reserved = a.others_reserved;
+        *fail = f;
+        *fail_host = f;
     }
     st->code = code;
     st->head = head; /* before the call: the bases of recycle and allocate */
@@ -240,7 +271,8 @@ recycle_kernel(call_args a, const int32_t *target, const int32_t *n_hi, const in
 /* Phase 4: growing sections take pages from the ring's head; counts are committed. */
 static __global__ void __launch_bounds__(PLAN_BLOCK)
 allocate_kernel(call_args a, const int32_t *target, const u64 *offset, const u64 *block_base,
-                const int32_t *ring, int32_t *table, int32_t *n_hi, int32_t *n_lo, const dev_status *st)
+                const int32_t *ring, int32_t *table, int32_t *n_hi, int32_t *n_lo, const dev_status *st,
+                int32_t *d_len, long long *d_resv)
 {
     const int64_t i = blockIdx.x * (int64_t)PLAN_BLOCK + threadIdx.x;
     if (i >= a.n_regions || st->code != MKV_STATUS_OK) return;
@@ -254,6 +286,13 @@ allocate_kernel(call_args a, const int32_t *target, const u64 *offset, const u64
     }
     n_hi[r] = target[2 * i];
     n_lo[r] = target[2 * i + 1];
+    if (i % a.per_slot == 0) { /* the slot's own state, once */
+        const int32_t slot = arg_of(a, i / a.per_slot);
+        if (a.kind == MKV_CUDA_OP_APPEND) d_len[slot] += 1;
+        else if (a.kind == MKV_CUDA_OP_RELEASE) d_len[slot] = 0;
+        else if (a.has_len) d_len[slot] = arg_of(a, a.n_slots + i / a.per_slot);
+        d_resv[slot] = 0; /* every call that includes a slot ends its reservation */
+    }
 }
 
 /* Sums of tokens and pages over head-regions [r0, r0 + n). */
@@ -365,6 +404,10 @@ static void free_all(mkv_cuda_mm_t *m)
     cudaFree(m->own);
     cudaFree(m->d_status);
     cudaFree(m->d_red);
+    cudaFree(m->d_len);
+    cudaFree(m->d_resv);
+    cudaFree(m->d_fail);
+    cudaFreeHost(m->h_fail);
     cudaFreeHost(m->h_args);
     cudaFreeHost(m->h_map);
     cudaFreeHost(m->h_seq);
@@ -380,8 +423,14 @@ static mkv_status_t create(mkv_cuda_mm_t *m, int64_t pool_bytes, char *err)
     device_scope scope(m->device);
     CUDA_TRY(cudaMalloc((void **)&m->ring, (size_t)P * 4));
     CUDA_TRY(cudaMalloc((void **)&m->table, (size_t)entries * 4));
-    CUDA_TRY(cudaMalloc((void **)&m->n_hi, (size_t)regions * 4));
-    CUDA_TRY(cudaMalloc((void **)&m->n_lo, (size_t)regions * 4));
+    /* One more count than regions: region R is always empty (a gated decode points there). */
+    CUDA_TRY(cudaMalloc((void **)&m->n_hi, (size_t)(regions + 1) * 4));
+    CUDA_TRY(cudaMalloc((void **)&m->n_lo, (size_t)(regions + 1) * 4));
+    CUDA_TRY(cudaMalloc((void **)&m->d_len, (size_t)S * 4));
+    CUDA_TRY(cudaMalloc((void **)&m->d_resv, (size_t)S * 8));
+    CUDA_TRY(cudaMalloc((void **)&m->d_fail, sizeof(mkv_cuda_fail_t)));
+    CUDA_TRY(cudaHostAlloc((void **)&m->h_fail, sizeof(mkv_cuda_fail_t), cudaHostAllocMapped));
+    CUDA_TRY(cudaHostGetDevicePointer((void **)&m->d_fail_map, m->h_fail, 0));
     CUDA_TRY(cudaMalloc((void **)&m->counters, 2 * sizeof(u64)));
     if (pool_bytes > 0) CUDA_TRY(cudaMalloc((void **)&m->pool, (size_t)pool_bytes));
     m->max_blocks = (regions + PLAN_BLOCK - 1) / PLAN_BLOCK;
@@ -404,8 +453,12 @@ static mkv_status_t create(mkv_cuda_mm_t *m, int64_t pool_bytes, char *err)
     init_kernel<<<grid_for(P + entries, 256) < 4096 ? grid_for(P + entries, 256) : 4096, 256>>>(
         m->ring, P, m->table, entries);
     CUDA_TRY(cudaGetLastError());
-    CUDA_TRY(cudaMemset(m->n_hi, 0, (size_t)regions * 4));
-    CUDA_TRY(cudaMemset(m->n_lo, 0, (size_t)regions * 4));
+    CUDA_TRY(cudaMemset(m->n_hi, 0, (size_t)(regions + 1) * 4));
+    CUDA_TRY(cudaMemset(m->n_lo, 0, (size_t)(regions + 1) * 4));
+    CUDA_TRY(cudaMemset(m->d_len, 0, (size_t)S * 4));
+    CUDA_TRY(cudaMemset(m->d_resv, 0, (size_t)S * 8));
+    CUDA_TRY(cudaMemset(m->d_fail, 0, sizeof(mkv_cuda_fail_t)));
+    memset(m->h_fail, 0, sizeof(mkv_cuda_fail_t));
     const u64 counters[2] = {0, (u64)P};
     CUDA_TRY(cudaMemcpy(m->counters, counters, sizeof counters, cudaMemcpyHostToDevice));
     CUDA_TRY(cudaMemset(m->d_status, 0xff, sizeof(dev_status))); /* bad_region = none */
@@ -471,30 +524,54 @@ extern "C" mkv_status_t mkv_cuda_mm_apply(mkv_cuda_mm_t *m, mkv_cuda_op_t *op, v
     a.tpp_lo = g->tpp_lo;
     a.P = g->pool_pages;
     a.others_reserved = (long long)op->others_reserved;
-    a.args = m->d_args;
     a.tgt_hi = op->tgt_hi;
     a.tgt_lo = op->tgt_lo;
+    a.call_id = op->call_id;
+    a.has_len = op->kind == MKV_CUDA_OP_RESIZE && op->new_len != NULL;
+    const int inline_args = op->n_slots <= MKV_CUDA_MM_INLINE;
+    a.async = op->async && inline_args && !op->dry_run;
+    a.args = inline_args ? NULL : m->d_args;
     const int64_t blocks = (a.n_regions + PLAN_BLOCK - 1) / PLAN_BLOCK;
     device_scope scope(m->device);
-    /* One copy carries the call's arguments; one sync at the end; between them, four kernels. */
-    const int32_t n_args = op->kind == MKV_CUDA_OP_RESIZE ? 2 * op->n_slots : op->n_slots;
-    memcpy(m->h_args, op->slots, (size_t)op->n_slots * 4);
-    if (op->kind == MKV_CUDA_OP_RESIZE) memcpy(m->h_args + op->n_slots, op->new_len, (size_t)op->n_slots * 4);
-    if (n_args > 0)
-        CUDA_TRY(cudaMemcpyAsync(m->d_args, m->h_args, (size_t)n_args * 4, cudaMemcpyHostToDevice, stream));
+    /* The call's slots (and new N) travel as kernel parameters when they fit, else by one copy
+     * through pinned memory (synchronous calls only). */
+    if (inline_args) {
+        memcpy(a.inl, op->slots, (size_t)op->n_slots * 4);
+        if (a.has_len) memcpy(a.inl + op->n_slots, op->new_len, (size_t)op->n_slots * 4);
+        else if (op->kind == MKV_CUDA_OP_RESIZE) /* N unchanged: the bound of the targets' check */
+            for (int32_t j = 0; j < op->n_slots; j++) a.inl[op->n_slots + j] = op->cur_len[j];
+    } else {
+        memcpy(m->h_args, op->slots, (size_t)op->n_slots * 4);
+        if (op->kind == MKV_CUDA_OP_RESIZE)
+            memcpy(m->h_args + op->n_slots, a.has_len ? op->new_len : op->cur_len, (size_t)op->n_slots * 4);
+        const int32_t n_args = op->kind == MKV_CUDA_OP_RESIZE ? 2 * op->n_slots : op->n_slots;
+        if (n_args > 0)
+            CUDA_TRY(cudaMemcpyAsync(m->d_args, m->h_args, (size_t)n_args * 4, cudaMemcpyHostToDevice, stream));
+    }
     if (blocks > 0)
         plan_kernel<<<(unsigned)blocks, PLAN_BLOCK, 0, stream>>>(a, m->n_hi, m->n_lo, m->target, m->offset,
                                                                  m->block_sum, m->d_status);
-    check_kernel<<<1, CHECK_BLOCK, 0, stream>>>(a, blocks, m->block_sum, m->counters, m->d_status, m->d_map);
+    check_kernel<<<1, CHECK_BLOCK, 0, stream>>>(a, blocks, m->block_sum, m->counters, m->d_status, m->d_map,
+                                                m->d_fail, m->d_fail_map);
+    CUDA_TRY(cudaGetLastError());
+    if (op->between) {
+        const mkv_status_t hs = op->between(op->between_ctx, stream, err);
+        if (hs != MKV_STATUS_OK) return hs;
+    }
     if (!op->dry_run && blocks > 0) {
         recycle_kernel<<<(unsigned)blocks, PLAN_BLOCK, 0, stream>>>(a, m->target, m->n_hi, m->n_lo, m->offset,
                                                                     m->block_sum, m->ring, m->table,
                                                                     m->d_status);
         allocate_kernel<<<(unsigned)blocks, PLAN_BLOCK, 0, stream>>>(a, m->target, m->offset, m->block_sum,
                                                                      m->ring, m->table, m->n_hi, m->n_lo,
-                                                                     m->d_status);
+                                                                     m->d_status, m->d_len, m->d_resv);
     }
     CUDA_TRY(cudaGetLastError());
+    if (a.async) { /* the outcome is collected later (mkv_cuda_mm_collect) */
+        op->deferred = 1;
+        return MKV_STATUS_OK;
+    }
+    op->deferred = 0;
     CUDA_TRY(cudaStreamSynchronize(stream));
     const volatile dev_status *s = m->h_map;
     op->head = (int64_t)s->head;
@@ -504,7 +581,44 @@ extern "C" mkv_status_t mkv_cuda_mm_apply(mkv_cuda_mm_t *m, mkv_cuda_op_t *op, v
     op->bad_region = s->bad_region == ~0ull ? -1 : (int64_t)s->bad_region;
     op->bad_hi = s->bad_hi;
     op->bad_lo = s->bad_lo;
+    if (s->code == MKV_CUDA_SKIPPED)
+        return mkv_fail(err, MKV_STATUS_INTERNAL, "an asynchronous failure was not collected before this call");
     return (mkv_status_t)s->code;
+}
+
+extern "C" mkv_status_t mkv_cuda_mm_collect(mkv_cuda_mm_t *m, mkv_cuda_fail_t *fail, int32_t *len,
+                                            int64_t *reserved, int64_t counters[2], char *err)
+{
+    const int32_t S = m->g.max_seqs;
+    device_scope scope(m->device);
+    CUDA_TRY(cudaDeviceSynchronize());
+    memcpy(fail, (const void *)m->h_fail, sizeof *fail); /* written by the device, now idle */
+    if (fail->code != 0) {
+        CUDA_TRY(cudaMemset(m->d_fail, 0, sizeof(mkv_cuda_fail_t)));
+        memset(m->h_fail, 0, sizeof(mkv_cuda_fail_t));
+    }
+    long long *resv = (long long *)malloc((size_t)S * 8);
+    if (!resv) return mkv_fail(err, MKV_STATUS_OUT_OF_MEMORY, "cannot allocate %d reservations", S);
+    u64 c[2];
+    cudaError_t e = cudaMemcpy(len, m->d_len, (size_t)S * 4, cudaMemcpyDeviceToHost);
+    if (e == cudaSuccess) e = cudaMemcpy(resv, m->d_resv, (size_t)S * 8, cudaMemcpyDeviceToHost);
+    if (e == cudaSuccess) e = cudaMemcpy(c, m->counters, sizeof c, cudaMemcpyDeviceToHost);
+    for (int32_t s = 0; s < S && e == cudaSuccess; s++) reserved[s] = resv[s];
+    free(resv);
+    if (e != cudaSuccess) return mkv_fail(err, MKV_STATUS_CUDA_ERROR, "collect: %s", cudaGetErrorString(e));
+    counters[0] = (int64_t)c[0];
+    counters[1] = (int64_t)c[1];
+    return MKV_STATUS_OK;
+}
+
+extern "C" mkv_status_t mkv_cuda_mm_set_slot(mkv_cuda_mm_t *m, int32_t slot, int32_t len, int64_t reserved,
+                                             char *err)
+{
+    device_scope scope(m->device);
+    const long long r = reserved;
+    CUDA_TRY(cudaMemcpy(m->d_len + slot, &len, 4, cudaMemcpyHostToDevice));
+    CUDA_TRY(cudaMemcpy(m->d_resv + slot, &r, 8, cudaMemcpyHostToDevice));
+    return MKV_STATUS_OK;
 }
 
 void mkv_cuda_mm_get_view(mkv_cuda_mm_t *mm, mkv_cuda_mm_view_t *out)
@@ -514,6 +628,12 @@ void mkv_cuda_mm_get_view(mkv_cuda_mm_t *mm, mkv_cuda_mm_view_t *out)
     out->n_lo = mm->n_lo;
     out->pool = mm->pool;
     out->device = mm->device;
+    out->len = mm->d_len;
+    out->fail = &mm->d_fail->code;
+    out->fail_rec = mm->d_fail;
+    out->fail_host = mm->d_fail_map;
+    out->check_code = &mm->d_status->code;
+    out->empty_region = mkv_mm_regions(&mm->g);
 }
 
 extern "C" mkv_status_t mkv_cuda_mm_download(mkv_cuda_mm_t *m, mkv_mm_state_t *st, char *err)

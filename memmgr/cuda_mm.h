@@ -26,6 +26,26 @@ typedef struct mkv_cuda_mm mkv_cuda_mm_t;
 
 enum { MKV_CUDA_OP_RESIZE = 0, MKV_CUDA_OP_APPEND = 1, MKV_CUDA_OP_RELEASE = 2 };
 
+/* Slots an asynchronous call may list: they travel as kernel parameters (no copy from host
+ * memory, so a CUDA graph can capture the call). Larger calls are synchronous. */
+#define MKV_CUDA_MM_INLINE 512
+
+/* A status no call returns: the fit check of a call that found an earlier asynchronous
+ * failure pending, and changed nothing. */
+#define MKV_CUDA_SKIPPED 1000
+
+/* The first refusal of an asynchronous call, kept on the device (sticky: every later gated
+ * kernel changes nothing) until mkv_cuda_mm_collect reads and clears it. code 0: none. */
+typedef struct mkv_cuda_fail {
+    int32_t code;     /* MKV_STATUS_* (OUT_OF_PAGES, INVALID_ARGUMENT, INTERNAL) */
+    int32_t call_id;  /* the caller's number for the call */
+    int32_t kind;     /* MKV_CUDA_OP_* of a memory-manager call; -1 for another kernel's */
+    int32_t bad_hi, bad_lo;
+    int32_t pad;
+    long long bad_region;
+    long long total_alloc, total_release, free_pages, others_reserved;
+} mkv_cuda_fail_t;
+
 typedef struct mkv_cuda_op {
     int kind;
     int32_t n_slots;
@@ -33,13 +53,22 @@ typedef struct mkv_cuda_op {
     const int32_t *new_len; /* host [n_slots]: each slot's N after the call (resize only) */
     const int32_t *tgt_hi;  /* device [n_slots][L][H] (resize only) */
     const int32_t *tgt_lo;
+    const int32_t *cur_len; /* host [n_slots]: each slot's N now (resize without new_len) */
     int64_t others_reserved;/* pages reserved by slots outside the call */
     int dry_run;            /* stop after the fit check */
+    int async;              /* no synchronisation: a refusal becomes the sticky failure (only
+                               when n_slots <= MKV_CUDA_MM_INLINE; op->deferred tells) */
+    int32_t call_id;
+    /* Enqueued after the fit check and before any page moves (NULL: none): the caller's
+     * kernels that must see the pages before the call, gated on the check's outcome. */
+    mkv_status_t (*between)(void *ctx, void *stream, char *err);
+    void *between_ctx;
     /* Results. */
     int64_t head, tail;     /* counters after the call */
     int64_t total_alloc, total_release;
     int64_t bad_region;     /* INVALID_ARGUMENT: the first head-region with bad targets */
     int32_t bad_hi, bad_lo; /* its targets */
+    int deferred;           /* 1: asynchronous, outcome not known yet (results unset) */
 } mkv_cuda_op_t;
 
 /* Allocates device state for geometry g on `device`, the pool (pool_bytes, 0 for none) and the
@@ -59,12 +88,26 @@ typedef struct mkv_cuda_mm_view {
     int32_t *n_hi, *n_lo;
     uint8_t *pool;
     int32_t device;
+    int32_t *len;          /* [S] N, device-authoritative */
+    const int32_t *fail;   /* the sticky failure's code: gated kernels do nothing when != 0 */
+    mkv_cuda_fail_t *fail_rec, *fail_host; /* where a kernel records a failure (device, mapped) */
+    const int32_t *check_code; /* the last fit check's outcome (0: the call goes ahead) */
+    int64_t empty_region;  /* R: a region index whose counts are always 0 */
 } mkv_cuda_mm_view_t;
 void mkv_cuda_mm_get_view(mkv_cuda_mm_t *mm, mkv_cuda_mm_view_t *out);
 
 /* One batched call. OK, OUT_OF_PAGES (nothing written; totals filled), INVALID_ARGUMENT
  * (targets out of range; bad_* filled; nothing written) or CUDA_ERROR. */
 mkv_status_t mkv_cuda_mm_apply(mkv_cuda_mm_t *mm, mkv_cuda_op_t *op, void *stream, char *err);
+
+/* Waits for the device, then reads the sticky failure (cleared; fail->code 0: none) and the
+ * device-authoritative per-slot state: N [S], reservations [S], and the counters. */
+mkv_status_t mkv_cuda_mm_collect(mkv_cuda_mm_t *mm, mkv_cuda_fail_t *fail, int32_t *len,
+                                 int64_t *reserved, int64_t counters[2], char *err);
+
+/* Sets one slot's device state (admission). Synchronous. */
+mkv_status_t mkv_cuda_mm_set_slot(mkv_cuda_mm_t *mm, int32_t slot, int32_t len, int64_t reserved,
+                                  char *err);
 
 /* Copies ring, table, counts and counters into the host state's arrays (synchronous). */
 mkv_status_t mkv_cuda_mm_download(mkv_cuda_mm_t *mm, mkv_mm_state_t *st, char *err);

@@ -260,6 +260,10 @@ mkv_status_t mkv_cache_dump_json_string(mkv_cache_t *cache, char **out_json)
         return mkv_fail_global(MKV_STATUS_INVALID_ARGUMENT,
                                "mkv_cache_dump_json_string: null cache");
     cache->err[0] = '\0';
+    {
+        const mkv_status_t settled = mkv_cache_settle(cache);
+        if (settled != MKV_STATUS_OK) return settled;
+    }
     if (!out_json)
         return mkv_fail(cache->err, MKV_STATUS_INVALID_ARGUMENT,
                         "mkv_cache_dump_json_string: null out_json");
@@ -273,6 +277,10 @@ mkv_status_t mkv_cache_dump_json(mkv_cache_t *cache, const char *path)
     if (!cache)
         return mkv_fail_global(MKV_STATUS_INVALID_ARGUMENT, "mkv_cache_dump_json: null cache");
     cache->err[0] = '\0';
+    {
+        const mkv_status_t settled = mkv_cache_settle(cache);
+        if (settled != MKV_STATUS_OK) return settled;
+    }
     if (!path)
         return mkv_fail(cache->err, MKV_STATUS_INVALID_ARGUMENT, "mkv_cache_dump_json: null path");
     char *text = NULL;

@@ -40,6 +40,10 @@ typedef struct op {
     int64_t n_regions;      /* n_slots * L * H */
     int32_t n_chunks;       /* 1, or one per thread for calls large enough to pay for waking them */
     int64_t head, tail;     /* counters before the call */
+    int len_given;          /* OP_RESIZE: the caller set N (else N stays) */
+    int async;              /* CUDA: enqueue without waiting (a refusal is collected later) */
+    mkv_status_t (*between)(void *ctx, void *stream, char *err); /* CUDA: after the fit check */
+    void *between_ctx;
 } op_t;
 
 /* Walks the call's head-regions i in [begin, end) with their table regions r, without a
@@ -257,7 +261,7 @@ static void commit_slots(op_t *op)
             s->seq_len[slot] = 0;
         } else if (op->kind == OP_APPEND) {
             s->seq_len[slot] += 1;
-        } else {
+        } else if (op->new_len) {
             s->seq_len[slot] = op->new_len[j];
         }
     }
@@ -275,12 +279,22 @@ static mkv_status_t apply_cuda(op_t *op, int dry_run, void *stream)
                                      : MKV_CUDA_OP_RELEASE;
     d.n_slots = op->n_slots;
     d.slots = op->slots;
-    d.new_len = op->new_len;
+    d.new_len = op->len_given ? op->new_len : NULL;
+    d.cur_len = op->new_len;
     d.tgt_hi = op->tgt_hi;
     d.tgt_lo = op->tgt_lo;
     d.others_reserved = others_reserved(op);
     d.dry_run = dry_run;
+    d.async = op->async;
+    d.call_id = op->async ? ++c->call_id : 0;
+    d.between = op->between;
+    d.between_ctx = op->between_ctx;
     const mkv_status_t st = mkv_cuda_mm_apply(c->dev, &d, stream, c->err);
+    if (st == MKV_STATUS_OK && d.deferred) { /* the host's view runs ahead; collected later */
+        c->pending = 1;
+        commit_slots(op);
+        return MKV_STATUS_OK;
+    }
     if (st == MKV_STATUS_INVALID_ARGUMENT) return bad_targets(op, d.bad_region, d.bad_hi, d.bad_lo);
     if (st == MKV_STATUS_OUT_OF_PAGES)
         return out_of_pages(c, d.total_alloc, d.total_release, d.others_reserved);
@@ -349,6 +363,10 @@ mkv_status_t mkv_cache_append(mkv_cache_t *cache, int32_t n_slots, const int32_t
 {
     if (!cache) return mkv_fail_global(MKV_STATUS_INVALID_ARGUMENT, "mkv_cache_append: null cache");
     cache->err[0] = '\0';
+    if (!cache->async) { /* asynchronous steps run ahead of the device: nothing to wait for */
+        const mkv_status_t settled = mkv_cache_settle(cache);
+        if (settled != MKV_STATUS_OK) return settled;
+    }
     mkv_status_t st = mkv_cache_check_slots(cache, n_slots, slots);
     if (st != MKV_STATUS_OK) return st;
     for (int32_t j = 0; j < n_slots; j++)
@@ -356,7 +374,7 @@ mkv_status_t mkv_cache_append(mkv_cache_t *cache, int32_t n_slots, const int32_t
             return mkv_fail(cache->err, MKV_STATUS_INVALID_ARGUMENT,
                             "slot %d already holds max_seq_len = %d tokens", slots[j],
                             cache->st.g.max_seq_len);
-    op_t op = {cache, OP_APPEND, n_slots, slots, NULL, NULL, NULL, 0, 0, 0, 0};
+    op_t op = {cache, OP_APPEND, n_slots, slots, NULL, NULL, NULL, 0, 0, 0, 0, 0, cache->async, NULL, NULL};
     return apply(&op, 0, stream);
 }
 
@@ -364,6 +382,10 @@ static mkv_status_t resize(mkv_cache_t *cache, const mkv_resize_t *rz, int dry_r
 {
     if (!cache) return mkv_fail_global(MKV_STATUS_INVALID_ARGUMENT, "mkv_cache_resize: null cache");
     cache->err[0] = '\0';
+    {
+        const mkv_status_t settled = mkv_cache_settle(cache);
+        if (settled != MKV_STATUS_OK) return settled;
+    }
     if (!rz) return mkv_fail(cache->err, MKV_STATUS_INVALID_ARGUMENT, "null resize");
     mkv_status_t st = mkv_cache_check_slots(cache, rz->n_slots, rz->slots);
     if (st != MKV_STATUS_OK) return st;
@@ -380,7 +402,8 @@ static mkv_status_t resize(mkv_cache_t *cache, const mkv_resize_t *rz, int dry_r
                             new_len[j], slot, s->seq_len[slot], s->g.max_seq_len);
     }
     /* The targets themselves are checked in the plan phase, in parallel. */
-    op_t op = {cache, OP_RESIZE, rz->n_slots, rz->slots, rz->n_hi, rz->n_lo, new_len, 0, 0, 0, 0};
+    op_t op = {cache, OP_RESIZE, rz->n_slots, rz->slots, rz->n_hi, rz->n_lo, new_len, 0, 0, 0, 0,
+               rz->seq_len != NULL, 0, NULL, NULL};
     return apply(&op, dry_run, stream);
 }
 
@@ -398,8 +421,30 @@ mkv_status_t mkv_cache_release(mkv_cache_t *cache, int32_t slot, void *stream)
 {
     if (!cache) return mkv_fail_global(MKV_STATUS_INVALID_ARGUMENT, "mkv_cache_release: null cache");
     cache->err[0] = '\0';
+    {
+        const mkv_status_t settled = mkv_cache_settle(cache);
+        if (settled != MKV_STATUS_OK) return settled;
+    }
     mkv_status_t st = mkv_cache_check_slots(cache, 1, &slot);
     if (st != MKV_STATUS_OK) return st;
-    op_t op = {cache, OP_RELEASE, 1, &slot, NULL, NULL, NULL, 0, 0, 0, 0};
+    op_t op = {cache, OP_RELEASE, 1, &slot, NULL, NULL, NULL, 0, 0, 0, 0, 0, 0, NULL, NULL};
     return apply(&op, 0, stream);
+}
+
+mkv_status_t mkv_cache_resize_device(mkv_cache_t *c, int32_t n_slots, const int32_t *slots,
+                                     const int32_t *tgt_hi, const int32_t *tgt_lo,
+                                     mkv_status_t (*between)(void *ctx, void *stream, char *err),
+                                     void *ctx, void *stream)
+{
+#ifdef MKV_HAVE_CUDA
+    op_t op = {c, OP_RESIZE, n_slots, slots, tgt_hi, tgt_lo, c->work.new_len, 0, 0, 0, 0, 0, 1,
+               between, ctx};
+    for (int32_t j = 0; j < n_slots; j++) c->work.new_len[j] = c->st.seq_len[slots[j]];
+    mkv_status_t st = apply(&op, 0, stream);
+    if (st == MKV_STATUS_OK && !c->async) st = mkv_cache_settle(c);
+    return st;
+#else
+    (void)n_slots, (void)slots, (void)tgt_hi, (void)tgt_lo, (void)between, (void)ctx, (void)stream;
+    return mkv_fail(c->err, MKV_STATUS_UNSUPPORTED, "this build has no CUDA backend");
+#endif
 }

@@ -72,7 +72,7 @@ static mkv_cache_config_t kconfig(const kgeom_t *g, mkv_backend_t be)
 
 static size_t esize(const pair_t *p) { return mkv_dtype_size(p->dt); }
 
-static void pair_init(pair_t *p, const kgeom_t *g, mkv_dtype_t dt, uint64_t seed)
+static void pair_init_flags(pair_t *p, const kgeom_t *g, mkv_dtype_t dt, uint64_t seed, uint32_t gpu_flags)
 {
     memset(p, 0, sizeof *p);
     p->g = *g;
@@ -81,6 +81,7 @@ static void pair_init(pair_t *p, const kgeom_t *g, mkv_dtype_t dt, uint64_t seed
     mkv_cache_config_t cfg = kconfig(g, MKV_BACKEND_CPU);
     cr_assert_eq(mkv_cache_create(&cfg, &p->cpu), MKV_STATUS_OK, "%s", mkv_last_error());
     cfg = kconfig(g, MKV_BACKEND_CUDA);
+    cfg.flags |= gpu_flags;
     cr_assert_eq(mkv_cache_create(&cfg, &p->gpu), MKV_STATUS_OK, "%s", mkv_last_error());
     const mkv_cache_config_t *rc = &p->cpu->cfg;
     cr_assert_eq(mkv_page_layout(rc->hi_format, g->d, rc->hi_key_group, rc->hi_value_group,
@@ -97,6 +98,11 @@ static void pair_init(pair_t *p, const kgeom_t *g, mkv_dtype_t dt, uint64_t seed
     CUDA_CHECK(cudaMalloc(&p->dk, p->cap));
     CUDA_CHECK(cudaMalloc(&p->dv, p->cap));
     CUDA_CHECK(cudaMalloc(&p->dout, p->cap));
+}
+
+static void pair_init(pair_t *p, const kgeom_t *g, mkv_dtype_t dt, uint64_t seed)
+{
+    pair_init_flags(p, g, dt, seed, 0);
 }
 
 static void pair_free(pair_t *p)
@@ -488,10 +494,10 @@ static void step(pair_t *p)
     }
 }
 
-static void run(const kgeom_t *g, mkv_dtype_t dt, uint64_t seed, int32_t steps)
+static void run_flags(const kgeom_t *g, mkv_dtype_t dt, uint64_t seed, int32_t steps, uint32_t flags)
 {
     pair_t p;
-    pair_init(&p, g, dt, seed);
+    pair_init_flags(&p, g, dt, seed, flags);
     g_near = dt == MKV_DTYPE_F32 ? 2e-3 : 2e-5;
     for (int32_t t = 0; t < steps; t++) {
         int32_t active = 0;
@@ -500,19 +506,24 @@ static void run(const kgeom_t *g, mkv_dtype_t dt, uint64_t seed, int32_t steps)
             admit_batch(&p, test_rand_range(&p.rng, 1, 3));
         step(&p);
     }
-    cr_log_info("kv_cuda %s L%d H%d G%d d%d: %lld steps, %lld commits, %lld tokens compared; "
+    cr_log_info("kv_cuda%s %s L%d H%d G%d d%d: %lld steps, %lld commits, %lld tokens compared; "
                 "max |err| prefill %.3g decode %.3g, max score rel %.3g; near-ties %lld, divergences %lld",
-                mkv_dtype_name(dt), g->L, g->H, g->G, g->d, (long long)p.steps, (long long)p.commits,
+                flags ? " async" : "", mkv_dtype_name(dt), g->L, g->H, g->G, g->d, (long long)p.steps, (long long)p.commits,
                 (long long)p.tokens_compared, p.max_prefill_err, p.max_decode_err, p.max_score_rel,
                 (long long)p.near_ties, (long long)p.divergences);
-    printf("kv_cuda %s L%d H%d G%d d%d: %lld steps, %lld commits, %lld tokens compared; max |err| "
+    printf("kv_cuda%s %s L%d H%d G%d d%d: %lld steps, %lld commits, %lld tokens compared; max |err| "
            "prefill %.3g decode %.3g, max score rel %.3g; near-ties %lld, divergences %lld\n",
-           mkv_dtype_name(dt), g->L, g->H, g->G, g->d, (long long)p.steps, (long long)p.commits,
-           (long long)p.tokens_compared, p.max_prefill_err, p.max_decode_err, p.max_score_rel,
-           (long long)p.near_ties, (long long)p.divergences);
+           flags ? " async" : "", mkv_dtype_name(dt), g->L, g->H, g->G, g->d, (long long)p.steps,
+           (long long)p.commits, (long long)p.tokens_compared, p.max_prefill_err, p.max_decode_err,
+           p.max_score_rel, (long long)p.near_ties, (long long)p.divergences);
     cr_assert_gt(p.steps, steps / 2, "the run did too few decode steps to mean anything");
     cr_assert_gt(p.compresses, 0);
     pair_free(&p);
+}
+
+static void run(const kgeom_t *g, mkv_dtype_t dt, uint64_t seed, int32_t steps)
+{
+    run_flags(g, dt, seed, steps, 0);
 }
 
 /* Pages of 5 high tokens (sections cross page boundaries all the time), a pool small enough
@@ -574,5 +585,182 @@ Test(kv_cuda, bad_arguments_as_cpu)
                      mkv_status_string(got[1][i]));
         cr_assert_str_eq(msg[0][i], msg[1][i], "call %d: messages differ", i);
     }
+    pair_free(&p);
+}
+
+/* The same differential run with MKV_CACHE_ASYNC_STEPS on the GPU side: steps never wait; the
+ * comparisons after each call (validate, dumps, stats) collect. */
+Test(kv_cuda, differential_async_steps, .timeout = 900)
+{
+    GPU_REQUIRE();
+    run_flags(&G_SMALL, MKV_DTYPE_F16, 11, 1000, MKV_CACHE_ASYNC_STEPS);
+}
+
+/* Fills the pool until a step cannot fit: the CPU refuses the append at once; the asynchronous
+ * GPU cache accepts append, decode and compress, and mkv_cache_sync then reports OUT_OF_PAGES
+ * with nothing changed (dump identical to before the step, N as before); after a preemption the
+ * retried step succeeds on both, and the two caches agree again. */
+Test(kv_cuda, deferred_refusal_changes_nothing, .timeout = 300)
+{
+    GPU_REQUIRE();
+    const kgeom_t g = {1, 2, 2, 64, 6, 200, 4, MKV_FORMAT_K8V4, MKV_FORMAT_K4V2, 0.0f, 0.0f, 8, 0, 60};
+    pair_t p;
+    pair_init_flags(&p, &g, MKV_DTYPE_F16, 21, MKV_CACHE_ASYNC_STEPS);
+    while (1) { /* admit 40-token prompts while they fit */
+        int ok;
+        cr_assert_eq(mkv_cache_can_admit(p.cpu, 40, &ok), MKV_STATUS_OK);
+        if (!ok) break;
+        int32_t n0;
+        for (n0 = 0; n0 < g.S && p.committed[n0]; n0++) {}
+        if (n0 == g.S) break;
+        int32_t slot;
+        cr_assert_eq(mkv_cache_admit(p.cpu, 40, &slot), MKV_STATUS_OK);
+        cr_assert_eq(mkv_cache_admit(p.gpu, 40, &slot), MKV_STATUS_OK, "%s", mkv_cache_last_error(p.gpu));
+        const int64_t nq = 40 * g.H * g.G * g.d, nkv = 40 * g.H * g.d;
+        rand_tensor(&p, p.hq, nq, 2.0f), rand_tensor(&p, p.hk, nkv, 2.0f), rand_tensor(&p, p.hv, nkv, 1.0f);
+        upload(&p, nq, nkv);
+        cr_assert_eq(mkv_cache_prefill_layer_ex(p.cpu, 1, &slot, 0, p.dt, p.hq, p.hk, p.hv, p.ho_cpu, NULL), MKV_STATUS_OK);
+        cr_assert_eq(mkv_cache_prefill_layer_ex(p.gpu, 1, &slot, 0, p.dt, p.dq, p.dk, p.dv, p.dout, NULL), MKV_STATUS_OK);
+        cr_assert_eq(mkv_cache_commit_prompt(p.cpu, 1, &slot, NULL), MKV_STATUS_OK);
+        cr_assert_eq(mkv_cache_commit_prompt(p.gpu, 1, &slot, NULL), MKV_STATUS_OK, "%s", mkv_cache_last_error(p.gpu));
+        p.committed[slot] = 1;
+        p.target[slot] = g.max_len;
+    }
+    int32_t slots[8], n = 0;
+    for (int32_t s = 0; s < g.S; s++)
+        if (p.committed[s]) slots[n++] = s;
+    cr_assert_geq(n, 2, "the pool should hold at least two prompts");
+    int refused = 0;
+    for (int step = 0; step < 200 && !refused; step++) {
+        const mkv_status_t a = mkv_cache_append(p.cpu, n, slots, NULL);
+        if (a == MKV_STATUS_OUT_OF_PAGES) {
+            char *before, *after;
+            cr_assert_eq(mkv_cache_dump_json_string(p.gpu, &before), MKV_STATUS_OK);
+            int32_t n_before[8];
+            for (int32_t j = 0; j < n; j++) n_before[j] = p.gpu->st.seq_len[slots[j]];
+            /* the asynchronous step is accepted... */
+            cr_assert_eq(mkv_cache_append(p.gpu, n, slots, NULL), MKV_STATUS_OK);
+            const int64_t nq = (int64_t)n * g.H * g.G * g.d, nkv = (int64_t)n * g.H * g.d;
+            upload(&p, nq, nkv);
+            cr_assert_eq(mkv_cache_decode_layer_ex(p.gpu, n, slots, 0, p.dt, p.dq, p.dk, p.dv, p.dout, NULL),
+                         MKV_STATUS_OK, "%s", mkv_cache_last_error(p.gpu));
+            cr_assert_eq(mkv_cache_compress(p.gpu, n, slots, NULL), MKV_STATUS_OK, "%s", mkv_cache_last_error(p.gpu));
+            /* ...and refused when collected, with nothing changed */
+            const mkv_status_t got = mkv_cache_sync(p.gpu, NULL);
+            cr_assert_eq(got, MKV_STATUS_OUT_OF_PAGES, "sync: %s (%s)", mkv_status_string(got),
+                         mkv_cache_last_error(p.gpu));
+            cr_assert(strstr(mkv_cache_last_error(p.gpu), "mkv_cache_append") != NULL, "%s",
+                      mkv_cache_last_error(p.gpu));
+            cr_assert_eq(mkv_cache_sync(p.gpu, NULL), MKV_STATUS_OK, "reported once");
+            for (int32_t j = 0; j < n; j++) cr_assert_eq(p.gpu->st.seq_len[slots[j]], n_before[j]);
+            cr_assert_eq(mkv_cache_dump_json_string(p.gpu, &after), MKV_STATUS_OK);
+            cr_assert_str_eq(before, after, "a refused asynchronous step changed the cache");
+            mkv_free(before), mkv_free(after);
+            refused = 1;
+            /* preempt the last slot, then the retried step succeeds on both */
+            release_both(&p, slots[--n]);
+            cr_assert_eq(mkv_cache_append(p.cpu, n, slots, NULL), MKV_STATUS_OK);
+            cr_assert_eq(mkv_cache_append(p.gpu, n, slots, NULL), MKV_STATUS_OK);
+        } else {
+            cr_assert_eq(a, MKV_STATUS_OK);
+            cr_assert_eq(mkv_cache_append(p.gpu, n, slots, NULL), MKV_STATUS_OK);
+        }
+        const int64_t nq = (int64_t)n * g.H * g.G * g.d, nkv = (int64_t)n * g.H * g.d;
+        rand_tensor(&p, p.hq, nq, 2.0f), rand_tensor(&p, p.hk, nkv, 2.0f), rand_tensor(&p, p.hv, nkv, 1.0f);
+        upload(&p, nq, nkv);
+        cr_assert_eq(mkv_cache_decode_layer_ex(p.cpu, n, slots, 0, p.dt, p.hq, p.hk, p.hv, p.ho_cpu, NULL), MKV_STATUS_OK);
+        cr_assert_eq(mkv_cache_decode_layer_ex(p.gpu, n, slots, 0, p.dt, p.dq, p.dk, p.dv, p.dout, NULL), MKV_STATUS_OK);
+        cr_assert_eq(mkv_cache_compress(p.cpu, n, slots, NULL), MKV_STATUS_OK);
+        cr_assert_eq(mkv_cache_compress(p.gpu, n, slots, NULL), MKV_STATUS_OK);
+        compare_out(&p, nq, 3e-3, "decode");
+        compare_all(&p, NULL, "step");
+    }
+    cr_assert(refused, "the pool never ran out: the test did not reach a refusal");
+    pair_free(&p);
+}
+
+/* A whole decode step (append, every layer's decode, compress) captured once in a CUDA graph
+ * and replayed: each replay equals a step of the CPU backend on the same inputs, and after
+ * mkv_cache_sync the host's view and the state match the CPU cache. */
+Test(kv_cuda, graph_capture_replay, .timeout = 300)
+{
+    GPU_REQUIRE();
+    const kgeom_t g = {2, 2, 3, 64, 4, 256, 8, MKV_FORMAT_K8V4, MKV_FORMAT_K4V2, 1.0f, 0.3f, 8, 0, 400};
+    pair_t p;
+    pair_init_flags(&p, &g, MKV_DTYPE_F16, 31, MKV_CACHE_ASYNC_STEPS);
+    admit_batch(&p, 3);
+    int32_t slots[8], n = 0;
+    for (int32_t s = 0; s < g.S; s++)
+        if (p.committed[s]) slots[n++] = s;
+    cr_assert_geq(n, 1);
+    for (int32_t j = 0; j < n; j++) p.target[slots[j]] = g.max_len; /* no release in this test */
+    step(&p); /* a plain step first: sizes the decode workspace */
+    n = 0;
+    for (int32_t s = 0; s < g.S; s++)
+        if (p.committed[s]) slots[n++] = s;
+    const int64_t nq = (int64_t)n * g.H * g.G * g.d, nkv = (int64_t)n * g.H * g.d;
+    void *dq[4], *dk[4], *dv[4], *dout[4];
+    for (int32_t l = 0; l < g.L; l++) {
+        CUDA_CHECK(cudaMalloc(&dq[l], (size_t)nq * 2));
+        CUDA_CHECK(cudaMalloc(&dk[l], (size_t)nkv * 2));
+        CUDA_CHECK(cudaMalloc(&dv[l], (size_t)nkv * 2));
+        CUDA_CHECK(cudaMalloc(&dout[l], (size_t)nq * 2));
+    }
+    cudaStream_t stream;
+    CUDA_CHECK(cudaStreamCreateWithFlags(&stream, cudaStreamNonBlocking));
+    cudaGraph_t graph;
+    cudaGraphExec_t exec;
+    CUDA_CHECK(cudaStreamBeginCapture(stream, cudaStreamCaptureModeRelaxed));
+    mkv_status_t st = mkv_cache_append(p.gpu, n, slots, stream);
+    for (int32_t l = 0; l < g.L && st == MKV_STATUS_OK; l++)
+        st = mkv_cache_decode_layer_ex(p.gpu, n, slots, l, MKV_DTYPE_F16, dq[l], dk[l], dv[l], dout[l], stream);
+    if (st == MKV_STATUS_OK) st = mkv_cache_compress(p.gpu, n, slots, stream);
+    CUDA_CHECK(cudaStreamEndCapture(stream, &graph));
+    cr_assert_eq(st, MKV_STATUS_OK, "capture: %s", mkv_cache_last_error(p.gpu));
+    CUDA_CHECK(cudaGraphInstantiate(&exec, graph, 0));
+    /* capturing ran nothing: the host's view goes back to the device's */
+    cr_assert_eq(mkv_cache_sync(p.gpu, NULL), MKV_STATUS_OK, "%s", mkv_cache_last_error(p.gpu));
+    for (int32_t j = 0; j < n; j++)
+        cr_assert_eq(p.gpu->st.seq_len[slots[j]], p.cpu->st.seq_len[slots[j]]);
+    const int replays = 40;
+    uint16_t *outs = malloc((size_t)nq * 2);
+    for (int r = 0; r < replays; r++) {
+        cr_assert_eq(mkv_cache_append(p.cpu, n, slots, NULL), MKV_STATUS_OK, "%s", mkv_cache_last_error(p.cpu));
+        for (int32_t l = 0; l < g.L; l++) {
+            rand_tensor(&p, p.hq, nq, 2.0f), rand_tensor(&p, p.hk, nkv, 2.0f), rand_tensor(&p, p.hv, nkv, 1.0f);
+            CUDA_CHECK(cudaMemcpy(dq[l], p.hq, (size_t)nq * 2, cudaMemcpyHostToDevice));
+            CUDA_CHECK(cudaMemcpy(dk[l], p.hk, (size_t)nkv * 2, cudaMemcpyHostToDevice));
+            CUDA_CHECK(cudaMemcpy(dv[l], p.hv, (size_t)nkv * 2, cudaMemcpyHostToDevice));
+            CUDA_CHECK(cudaMemset(dout[l], 0xff, (size_t)nq * 2));
+            cr_assert_eq(mkv_cache_decode_layer_ex(p.cpu, n, slots, l, p.dt, p.hq, p.hk, p.hv,
+                                                   (char *)p.ho_cpu + (size_t)l * nq * 2, NULL),
+                         MKV_STATUS_OK);
+        }
+        cr_assert_eq(mkv_cache_compress(p.cpu, n, slots, NULL), MKV_STATUS_OK, "%s", mkv_cache_last_error(p.cpu));
+        CUDA_CHECK(cudaGraphLaunch(exec, stream));
+        CUDA_CHECK(cudaStreamSynchronize(stream));
+        for (int32_t l = 0; l < g.L; l++) {
+            CUDA_CHECK(cudaMemcpy(outs, dout[l], (size_t)nq * 2, cudaMemcpyDeviceToHost));
+            const uint16_t *want = (const uint16_t *)((char *)p.ho_cpu + (size_t)l * nq * 2);
+            for (int64_t i = 0; i < nq; i++) {
+                const double e = fabs((double)mkv_f16_to_f32(outs[i]) - mkv_f16_to_f32(want[i]));
+                cr_assert(e <= 3e-3, "replay %d layer %d out[%lld]: CPU %g GPU %g", r, l, (long long)i,
+                          mkv_f16_to_f32(want[i]), mkv_f16_to_f32(outs[i]));
+            }
+        }
+        if (r % 8 == 7 || r == replays - 1) { /* the host catches up with the replays */
+            cr_assert_eq(mkv_cache_sync(p.gpu, stream), MKV_STATUS_OK, "%s", mkv_cache_last_error(p.gpu));
+            compare_all(&p, NULL, "graph replay");
+        }
+    }
+    for (int32_t j = 0; j < n; j++)
+        cr_assert_eq(p.gpu->st.seq_len[slots[j]], p.cpu->st.seq_len[slots[j]]);
+    printf("kv_cuda graph: %d replays of a %d-layer step over %d slots matched the CPU backend\n",
+           replays, g.L, n);
+    free(outs);
+    cudaGraphExecDestroy(exec);
+    cudaGraphDestroy(graph);
+    cudaStreamDestroy(stream);
+    for (int32_t l = 0; l < g.L; l++) cudaFree(dq[l]), cudaFree(dk[l]), cudaFree(dv[l]), cudaFree(dout[l]);
     pair_free(&p);
 }
