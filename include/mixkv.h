@@ -385,8 +385,10 @@ mkv_status_t mkv_cache_compress(mkv_cache_t *cache, int32_t n_slots, const int32
  * release, resize, stats, validate, dumps, prefill, commit), which then returns that status
  * and message instead of doing its own work. The host's view of every slot (N, reservations,
  * which layers were decoded) is brought back to the device's, so a refused step is retried
- * from where it stood (after preempting, for OUT_OF_PAGES). Also refreshes that view after a
- * graph replay. The CPU backend has nothing to wait for: OK. */
+ * from where it stood (after preempting, for OUT_OF_PAGES). A captured step (a CUDA graph
+ * of append, the decodes and compress) may be replayed any number of times; call this before
+ * any other call afterwards, so that the host's view catches up with the device (capturing
+ * itself runs nothing: sync after it too). The CPU backend has nothing to wait for: OK. */
 mkv_status_t mkv_cache_sync(mkv_cache_t *cache, void *stream);
 
 /* ---------------------------------------------------------------------------------------- */

@@ -236,6 +236,8 @@ mkv_status_t mkv_cache_sync(mkv_cache_t *cache, void *stream)
     (void)stream; /* the device is waited for as a whole: calls may have used several streams */
     CHECK_CACHE(cache);
     cache->err[0] = '\0';
+    /* Always read the device: graph replays move it without the host taking part. */
+    if (cache->dev) cache->pending = 1;
     return mkv_cache_settle(cache);
 }
 

@@ -142,7 +142,7 @@ __device__ __forceinline__ u64 pack(int32_t release, int32_t alloc)
  * per section, and a block-level exclusive scan of them; invalid targets are flagged. */
 static __global__ void __launch_bounds__(PLAN_BLOCK)
 plan_kernel(call_args a, const int32_t *n_hi, const int32_t *n_lo, int32_t *target, u64 *offset,
-            u64 *block_sum, dev_status *st)
+            u64 *block_sum, dev_status *st, const int32_t *d_len)
 {
     typedef cub::BlockScan<u64, PLAN_BLOCK> scan_t;
     __shared__ typename scan_t::TempStorage tmp;
@@ -154,7 +154,11 @@ plan_kernel(call_args a, const int32_t *n_hi, const int32_t *n_lo, int32_t *targ
         if (a.kind == MKV_CUDA_OP_RESIZE) {
             hi = a.tgt_hi[i];
             lo = a.tgt_lo[i];
-            if (hi < 0 || lo < 0 || (long long)hi + lo > arg_of(a, a.n_slots + i / a.per_slot)) {
+            /* the bound: the new N, or with N unchanged the device's N (a graph replay may be
+             * steps ahead of the host's view when it was captured) */
+            const int32_t bound = a.has_len ? arg_of(a, a.n_slots + i / a.per_slot)
+                                            : d_len[arg_of(a, i / a.per_slot)];
+            if (hi < 0 || lo < 0 || (long long)hi + lo > bound) {
                 atomicMin(&st->bad_region, (u64)i); /* the first bad region, as the CPU reports it */
                 hi = n_hi[r];
                 lo = n_lo[r];
@@ -550,7 +554,7 @@ extern "C" mkv_status_t mkv_cuda_mm_apply(mkv_cuda_mm_t *m, mkv_cuda_op_t *op, v
     }
     if (blocks > 0)
         plan_kernel<<<(unsigned)blocks, PLAN_BLOCK, 0, stream>>>(a, m->n_hi, m->n_lo, m->target, m->offset,
-                                                                 m->block_sum, m->d_status);
+                                                                 m->block_sum, m->d_status, m->d_len);
     check_kernel<<<1, CHECK_BLOCK, 0, stream>>>(a, blocks, m->block_sum, m->counters, m->d_status, m->d_map,
                                                 m->d_fail, m->d_fail_map);
     CUDA_TRY(cudaGetLastError());
