@@ -43,7 +43,9 @@
 #define BUF_FLOATS (MAX_VT * (64 + VS_PAD)) /* largest vt(d) * (d + pad): d = 64 */
 #define SCORE_THREADS 256
 #define WS_ALIGN 256
+#ifndef MKV_MAX_DEVICES
 #define MKV_MAX_DEVICES 64 /* devices whose properties are cached */
+#endif
 
 /* Tokens per value tile: about 16 KB of fp32 whatever d is. */
 __host__ __device__ constexpr int32_t value_tile(int32_t d)
@@ -570,14 +572,31 @@ struct fast_plan {
     size_t off_logits, off_part_o, off_part_ml, off_counters, off_lse, bytes;
 };
 
+/* Device attributes, queried once per device and attribute (a decode call plans with them:
+ * asking the driver every call cost microseconds of host time per layer). */
 static int32_t device_attr(cudaDeviceAttr attr, int32_t fallback)
 {
-    int dev = 0, n = 0;
-    if (cudaGetDevice(&dev) != cudaSuccess || cudaDeviceGetAttribute(&n, attr, dev) != cudaSuccess ||
-        n <= 0) {
+    enum { N_CACHED = 4 };
+    static const cudaDeviceAttr cached[N_CACHED] = {cudaDevAttrMultiProcessorCount, cudaDevAttrL2CacheSize,
+                                                    cudaDevAttrMemoryClockRate, cudaDevAttrClockRate};
+    static std::atomic<int32_t> cache[MKV_MAX_DEVICES][N_CACHED + 1];
+    int dev = 0, n = 0, k = 0;
+    if (cudaGetDevice(&dev) != cudaSuccess) {
         (void)cudaGetLastError();
         return fallback;
     }
+    while (k < N_CACHED && cached[k] != attr) k++;
+    if (attr == cudaDevAttrGlobalMemoryBusWidth) k = N_CACHED;
+    const bool cacheable = dev >= 0 && dev < MKV_MAX_DEVICES && (k < N_CACHED || attr == cudaDevAttrGlobalMemoryBusWidth);
+    if (cacheable) {
+        const int32_t c = cache[dev][k].load(std::memory_order_relaxed);
+        if (c > 0) return c;
+    }
+    if (cudaDeviceGetAttribute(&n, attr, dev) != cudaSuccess || n <= 0) {
+        (void)cudaGetLastError();
+        return fallback;
+    }
+    if (cacheable) cache[dev][k].store(n, std::memory_order_relaxed);
     return n;
 }
 

@@ -33,7 +33,13 @@
 
 #include "attention/decode_fast.h"
 
+#ifndef MKV_MAX_DEVICES
+#define MKV_MAX_DEVICES 64 /* devices whose properties are cached */
+#endif
+
 #include <cuda_fp16.h>
+
+#include <atomic>
 
 #include <type_traits>
 
@@ -1539,14 +1545,39 @@ __global__ void __launch_bounds__(MKV_FAST_WARPS * 32, stage_layout<KB, VB, D, K
  * the variant for kg key and vg value groups ({NULL, NULL} if none). */
 namespace mkv_fast {
 
+/* The shared-memory opt-in above 48 KB and the occupancy it gives, once per device and
+ * variant (both are per-device function state; asking every call cost host time per layer).
+ * Returns blocks per multiprocessor, 0 when the opt-in failed. */
+template <int KB, int VB, int D, int KG, int VG>
+int variant_setup(void)
+{
+    static std::atomic<int> cache[MKV_MAX_DEVICES]; /* 0: not yet; -1: failed; else blocks */
+    constexpr int smem = smem_bytes<KB, VB, D, KG, VG>();
+    int dev = 0;
+    if (cudaGetDevice(&dev) != cudaSuccess || dev < 0 || dev >= MKV_MAX_DEVICES) {
+        (void)cudaGetLastError();
+        dev = -1;
+    } else {
+        const int c = cache[dev].load(std::memory_order_relaxed);
+        if (c != 0) return c > 0 ? c : 0;
+    }
+    int n = 0;
+    if (cudaFuncSetAttribute(decode_kernel<KB, VB, D, KG, VG>, cudaFuncAttributeMaxDynamicSharedMemorySize,
+                             smem) != cudaSuccess ||
+        cudaOccupancyMaxActiveBlocksPerMultiprocessor(&n, decode_kernel<KB, VB, D, KG, VG>, MKV_FAST_WARPS * 32,
+                                                      smem) != cudaSuccess) {
+        (void)cudaGetLastError();
+        n = 0;
+    }
+    if (dev >= 0) cache[dev].store(n > 0 ? n : -1, std::memory_order_relaxed);
+    return n;
+}
+
 template <int KB, int VB, int D, int KG, int VG>
 cudaError_t launch_variant(const fast_args &a, dim3 grid, cudaStream_t stream)
 {
     constexpr int smem = smem_bytes<KB, VB, D, KG, VG>();
-    /* The opt-in above 48 KB (per device: set on every call, it is cheap). */
-    const cudaError_t e = cudaFuncSetAttribute(decode_kernel<KB, VB, D, KG, VG>,
-                                               cudaFuncAttributeMaxDynamicSharedMemorySize, smem);
-    if (e != cudaSuccess) return e;
+    if (variant_setup<KB, VB, D, KG, VG>() <= 0) return cudaErrorInvalidValue;
     decode_kernel<KB, VB, D, KG, VG><<<grid, MKV_FAST_WARPS * 32, smem, stream>>>(a);
     return cudaGetLastError();
 }
@@ -1554,16 +1585,7 @@ cudaError_t launch_variant(const fast_args &a, dim3 grid, cudaStream_t stream)
 template <int KB, int VB, int D, int KG, int VG>
 int blocks_per_sm_variant(void)
 {
-    constexpr int smem = smem_bytes<KB, VB, D, KG, VG>();
-    int n = 0;
-    if (cudaFuncSetAttribute(decode_kernel<KB, VB, D, KG, VG>, cudaFuncAttributeMaxDynamicSharedMemorySize,
-                             smem) != cudaSuccess ||
-        cudaOccupancyMaxActiveBlocksPerMultiprocessor(&n, decode_kernel<KB, VB, D, KG, VG>, MKV_FAST_WARPS * 32,
-                                                      smem) != cudaSuccess) {
-        (void)cudaGetLastError();
-        return 0;
-    }
-    return n;
+    return variant_setup<KB, VB, D, KG, VG>();
 }
 
 template <int KB, int VB, int D>

@@ -10,8 +10,8 @@
  * by a radix select of the lowest (significance, position) keys), writes each region's section
  * sizes for one batched mkv_cache_resize, and quantizes every kept token into its page in
  * position order (the CPU's order, so pages match byte for byte given the same classes).
- * Decode: a plan kernel finds each new token's page and slot, quant_cuda.h appends it, and
- * decode_cuda.h attends with the score write-back. Compress: one warp per head-region runs
+ * Decode: one kernel finds each new token's page and slot and quantizes it there (the CPU's
+ * bytes), then decode_cuda.h attends with the score write-back. Compress: one warp per head-region runs
  * Algorithm 1 (engine/policy.c's decide, with its tie order), the page movement is checked,
  * the leaving high token is staged and swap-removed, one resize recycles and allocates, the
  * staged tokens are demoted into their low slots; then budgets prune by the same radix select.
@@ -28,7 +28,6 @@
 #include "engine/policy.h"
 #include "memmgr/cuda_mm.h"
 #include "quant/quant_cuda.cuh"
-#include "quant/quant_cuda.h"
 
 #include <cuda_runtime.h>
 
@@ -75,10 +74,7 @@ typedef struct cuda_kv {
     float **d_ws_sig;
     /* decode */
     float *q32, *out32;     /* [S][H * G][d] */
-    uint16_t *k16, *v16;    /* [S][H][d] */
     int64_t *regions;       /* [S][H] */
-    int32_t *app_page, *app_slot; /* [S][H] */
-    int32_t *app_pos;       /* [S] */
     void *dec_ws;
     size_t dec_ws_bytes;
     /* compress */
@@ -89,6 +85,7 @@ typedef struct cuda_kv {
     int32_t *d_decoded;           /* [S][L] the KV layer's step bookkeeping, device-authoritative */
     int32_t *d_compressed;        /* [S] */
     int32_t *h_decoded, *h_compressed; /* host staging */
+    const void *checked[4];       /* q, k, v, out of the last call whose pointers were checked */
 } cuda_kv_t;
 
 /* Makes the cache's device current for one call and gives the caller back its own. */
@@ -293,37 +290,59 @@ static unsigned grid_for(int64_t n, int threads)
 /* Decode plan                                                                              */
 /* ---------------------------------------------------------------------------------------- */
 
-struct decode_plan_args {
+struct new_token_args {
+    const void *k, *v;          /* [n_slots][H][d] in dtype */
+    int32_t dtype;
     const int32_t *table, *n_hi, *len, *fail;
-    int32_t L, H, T, tpp_hi, layer;
+    uint8_t *pool;
+    int64_t page_bytes;
+    mkv_page_layout_t lay;      /* the high layout */
+    int32_t L, H, T, layer;
     int64_t empty_region;
-    int64_t *regions;
-    int32_t *page, *slot, *pos;
-    int32_t *decoded;
+    int64_t *regions;           /* [n_slots][H] for the attention */
+    int32_t *decoded;           /* [S][L] */
 };
 
-/* For listed slot j and KV head h: the head-region, and the page and slot of its newest high
- * token (position N - 1, made room for by mkv_cache_append). */
-static __global__ void decode_plan_kernel(const __grid_constant__ slot_args sa,
-                                          const __grid_constant__ decode_plan_args a)
+/* One warp per listed slot j and KV head h: the head-region, its newest high slot (position
+ * N - 1, made room for by mkv_cache_append), and the new token's K/V written there as a K16V16
+ * page would first hold them (sanitised, rounded to fp16), then quantized: what the CPU
+ * backend's decode writes, byte for byte. After a failed asynchronous call: nothing written,
+ * and the attention pointed at an always-empty region. */
+static __global__ void __launch_bounds__(KC_WARPS * 32)
+new_token_kernel(const __grid_constant__ slot_args sa, const __grid_constant__ new_token_args a)
 {
-    const int32_t i = blockIdx.x * blockDim.x + threadIdx.x;
-    if (i >= sa.n * a.H) return;
-    const int32_t jl = i / a.H, h = i % a.H, j = sa.first + jl, s = sa.slot[jl];
-    if (*a.fail != 0) { /* an earlier asynchronous call failed: append nothing, attend nothing */
-        a.regions[(int64_t)j * a.H + h] = a.empty_region;
-        a.page[(int64_t)j * a.H + h] = -1;
-        a.slot[(int64_t)j * a.H + h] = -1;
+    __shared__ float xs[KC_WARPS][QC_MAX_D];
+    __shared__ uint8_t qs[KC_WARPS][QC_MAX_D];
+    const int warp = threadIdx.x / 32, lane = threadIdx.x % 32;
+    const int64_t w = (int64_t)blockIdx.x * KC_WARPS + warp;
+    if (w >= (int64_t)sa.n * a.H) return;
+    const int32_t jl = (int32_t)(w / a.H), h = (int32_t)(w % a.H), j = sa.first + jl, s = sa.slot[jl];
+    const int32_t d = a.lay.head_dim;
+    if (*a.fail != 0) {
+        if (lane == 0) a.regions[(int64_t)j * a.H + h] = a.empty_region;
         return;
     }
     const int64_t r = ((int64_t)s * a.L + a.layer) * a.H + h;
     const int32_t k = a.n_hi[r] - 1, N = a.len[s];
-    a.regions[(int64_t)j * a.H + h] = r;
-    a.page[(int64_t)j * a.H + h] = k >= 0 ? a.table[r * a.T + k / a.tpp_hi] : -1;
-    a.slot[(int64_t)j * a.H + h] = k >= 0 ? k % a.tpp_hi : -1;
-    if (h == 0) {
-        a.pos[j] = N - 1;
-        a.decoded[(int64_t)s * a.L + a.layer] = N;
+    if (lane == 0) {
+        a.regions[(int64_t)j * a.H + h] = r;
+        if (h == 0) a.decoded[(int64_t)s * a.L + a.layer] = N;
+    }
+    if (k < 0) return;
+    uint8_t *page = a.pool + (int64_t)a.table[r * a.T + k / a.lay.tokens] * a.page_bytes;
+    const int32_t slot = k % a.lay.tokens;
+    const int64_t src = ((int64_t)j * a.H + h) * d;
+    for (int which = 0; which < 2; which++) {
+        for (int32_t e = lane; e < d; e += 32) {
+            const float x = load_elem(which ? a.v : a.k, a.dtype, src + e);
+            xs[warp][e] = mkv_f16_to_f32(mkv_f32_to_f16(sanitize(x)));
+        }
+        __syncwarp();
+        write_vector(page, &a.lay, which, slot, xs[warp], qs[warp], lane);
+    }
+    if (lane == 0) {
+        put_bytes(page + mkv_score_offset(&a.lay, slot), 0u, 4);
+        put_bytes(page + mkv_pos_offset(&a.lay, slot), (uint32_t)(N - 1), 4);
     }
 }
 
@@ -743,8 +762,8 @@ static void cuda_destroy(mkv_kv_t *base)
         for (int32_t s = 0; s < kv->S; s++) ws_release(&kv->ws[s]);
     free(kv->ws);
     free(kv->seq);
-    void *dev[] = {kv->d_ws_k, kv->d_ws_v, kv->d_ws_sig, kv->q32, kv->out32, kv->k16, kv->v16,
-                   kv->regions, kv->app_page, kv->app_slot, kv->app_pos, kv->dec_ws, kv->act,
+    void *dev[] = {kv->d_ws_k, kv->d_ws_v, kv->d_ws_sig, kv->q32, kv->out32,
+                   kv->regions, kv->dec_ws, kv->act,
                    kv->cand, kv->victim, kv->tgt_hi, kv->tgt_lo, kv->stage, kv->d_decoded,
                    kv->d_compressed};
     for (size_t i = 0; i < sizeof dev / sizeof dev[0]; i++) cudaFree(dev[i]);
@@ -791,12 +810,7 @@ static mkv_status_t cuda_create(mkv_cache_t *c, mkv_kv_t *base)
     DMALLOC(kv->d_ws_sig, S * sizeof(float *));
     DMALLOC(kv->q32, S * H * G * d * 4);
     DMALLOC(kv->out32, S * H * G * d * 4);
-    DMALLOC(kv->k16, S * H * d * 2);
-    DMALLOC(kv->v16, S * H * d * 2);
     DMALLOC(kv->regions, S * H * 8);
-    DMALLOC(kv->app_page, S * H * 4);
-    DMALLOC(kv->app_slot, S * H * 4);
-    DMALLOC(kv->app_pos, S * 4);
     DMALLOC(kv->act, R * 4);
     DMALLOC(kv->cand, R * 4);
     DMALLOC(kv->victim, R * 4);
@@ -848,10 +862,12 @@ static mkv_status_t ws_for(mkv_cache_t *c, cuda_kv_t *kv, int32_t s, dev_ws_t **
 
 /* q, k, v and out must be memory of the cache's device: a host pointer is refused with nothing
  * changed (a kernel reading it would fault and poison the context). */
-static mkv_status_t device_tensors(mkv_cache_t *c, const cuda_kv_t *kv, const void *q, const void *k,
+static mkv_status_t device_tensors(mkv_cache_t *c, cuda_kv_t *kv, const void *q, const void *k,
                                    const void *v, const void *out)
 {
     const void *p[4] = {q, k, v, out};
+    /* engines reuse their buffers: pointers checked by the previous call pass at once */
+    if (memcmp(p, kv->checked, sizeof p) == 0) return MKV_STATUS_OK;
     static const char *const names[4] = {"q", "k", "v", "out"};
     for (int i = 0; i < 4; i++) {
         cudaPointerAttributes at;
@@ -868,6 +884,7 @@ static mkv_status_t device_tensors(mkv_cache_t *c, const cuda_kv_t *kv, const vo
                             "%s is memory of device %d; the cache lives on device %d", names[i], at.device,
                             kv->device);
     }
+    memcpy(kv->checked, p, sizeof p);
     return MKV_STATUS_OK;
 }
 
@@ -1061,7 +1078,7 @@ static mkv_status_t cuda_decode(mkv_cache_t *c, mkv_kv_t *base, int32_t n_slots,
     const cudaStream_t stream = stream_of(stream_v);
     const mkv_cache_config_t *cfg = &c->cfg;
     const int64_t H = kv->H, G = kv->G, d = kv->d;
-    const int64_t nq = (int64_t)n_slots * H * G * d, nkv = (int64_t)n_slots * H * d;
+    const int64_t nq = (int64_t)n_slots * H * G * d;
     {
         const mkv_status_t ts = device_tensors(c, kv, q, k, v, out);
         if (ts != MKV_STATUS_OK) return ts;
@@ -1091,9 +1108,7 @@ static mkv_status_t cuda_decode(mkv_cache_t *c, mkv_kv_t *base, int32_t n_slots,
         }
         kv->dec_ws_bytes = want;
     }
-    /* The new token's K/V as a K16V16 page holds them (sanitised fp16), q and out in f32. */
-    to_f16_kernel<<<grid_for(nkv, 256), 256, 0, stream>>>(k, dtype, nkv, kv->k16, 1);
-    to_f16_kernel<<<grid_for(nkv, 256), 256, 0, stream>>>(v, dtype, nkv, kv->v16, 1);
+    /* q and out travel in f32; the new tokens go into their pages in one launch. */
     const float *q32 = (const float *)q;
     if (dtype != MKV_DTYPE_F32) {
         to_f32_kernel<<<grid_for(nq, 256), 256, 0, stream>>>(q, dtype, nq, kv->q32);
@@ -1101,24 +1116,16 @@ static mkv_status_t cuda_decode(mkv_cache_t *c, mkv_kv_t *base, int32_t n_slots,
     }
     LAUNCHED("conversion kernels");
     slot_args sa;
-    decode_plan_args pa = {kv->mm.table, kv->mm.n_hi, kv->mm.len, kv->mm.fail, kv->L, kv->H, kv->T,
-                           base->lay_hi.tokens, layer, kv->mm.empty_region, kv->regions,
-                           kv->app_page, kv->app_slot, kv->app_pos, kv->d_decoded};
+    new_token_args na = {k, v, (int32_t)dtype, kv->mm.table, kv->mm.n_hi, kv->mm.len, kv->mm.fail,
+                         kv->mm.pool, kv->page_bytes, base->lay_hi, kv->L, kv->H, kv->T, layer,
+                         kv->mm.empty_region, kv->regions, kv->d_decoded};
     for (int32_t first = 0; first < n_slots; first += KC_SLOTS) {
         const int32_t n = n_slots - first < KC_SLOTS ? n_slots - first : KC_SLOTS;
         fill_slots(c, slots, first, n, &sa);
-        decode_plan_kernel<<<grid_for((int64_t)n * H, 128), 128, 0, stream>>>(sa, pa);
-        LAUNCHED("decode_plan_kernel");
+        new_token_kernel<<<(unsigned)(((int64_t)n * H + KC_WARPS - 1) / KC_WARPS), KC_WARPS * 32, 0, stream>>>(sa, na);
+        LAUNCHED("new_token_kernel");
     }
-    mkv_cuda_append_t ap;
-    memset(&ap, 0, sizeof ap);
-    ap.k = kv->k16, ap.v = kv->v16, ap.is_bf16 = 0;
-    ap.n_tok = n_slots, ap.n_heads = (int32_t)H;
-    ap.page = kv->app_page, ap.slot = kv->app_slot, ap.pos = kv->app_pos;
-    ap.score = 0.0f;
-    ap.pool = kv->mm.pool, ap.page_bytes = kv->page_bytes, ap.lay = base->lay_hi;
-    mkv_status_t st = mkv_cuda_quant_append(&ap, stream, c->err);
-    if (st != MKV_STATUS_OK) return st;
+    mkv_status_t st;
     mkv_cuda_decode_t da;
     memset(&da, 0, sizeof da);
     da.pool = kv->mm.pool, da.page_bytes = kv->page_bytes;
