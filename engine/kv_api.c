@@ -29,9 +29,6 @@ static void kv_refresh(mkv_cache_t *c)
 /* The layer's state, created on first use with the backend the cache was made for. */
 static mkv_status_t kv_get(mkv_cache_t *c, mkv_kv_t **out)
 {
-    if (!c->pool && !c->dev)
-        return mkv_fail(c->err, MKV_STATUS_UNSUPPORTED,
-                        "this cache was created with MKV_CACHE_METADATA_ONLY: it holds no token data");
     if (c->kv) {
         *out = c->kv;
         return MKV_STATUS_OK;

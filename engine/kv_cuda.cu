@@ -205,8 +205,9 @@ __device__ __forceinline__ float token_sig(const uint8_t *page, const mkv_page_l
                                            int32_t slot, int32_t plen, int32_t N, int32_t obs,
                                            int32_t *pos)
 {
-    *pos = (int32_t)get_bytes(page + mkv_pos_offset(lay, slot), 4);
-    const float sum = __uint_as_float(get_bytes(page + mkv_score_offset(lay, slot), 4));
+    /* aligned words: pages are multiples of 16 bytes and segments start on 16-byte boundaries */
+    *pos = *(const int32_t *)(page + mkv_pos_offset(lay, slot));
+    const float sum = *(const float *)(page + mkv_score_offset(lay, slot));
     return __fdiv_rn(sum, (float)observers(*pos, plen, N, obs));
 }
 

@@ -82,6 +82,7 @@ mkv_status_t mkv_cache_create(const mkv_cache_config_t *config, mkv_cache_t **ou
         goto fail;
     }
     c->cfg = cfg;
+    c->mm = &mkv_mm_cpu_backend;
     c->parallel_min_regions = MKV_PARALLEL_MIN_REGIONS;
     c->async = cfg.backend == MKV_BACKEND_CUDA && (cfg.flags & MKV_CACHE_ASYNC_STEPS);
     MKV_TRY(mkv_mm_state_init(&c->st, &geom, err));
@@ -97,6 +98,7 @@ mkv_status_t mkv_cache_create(const mkv_cache_config_t *config, mkv_cache_t **ou
     if (cfg.backend == MKV_BACKEND_CUDA) {
         const int64_t pool = (cfg.flags & MKV_CACHE_METADATA_ONLY) ? 0 : cfg.pool_pages * cfg.page_bytes;
         MKV_TRY(mkv_cuda_mm_create(&geom, cfg.device_id, pool, &c->dev, err));
+        c->mm = &mkv_mm_cuda_backend;
     } else
 #endif
     if (!(cfg.flags & MKV_CACHE_METADATA_ONLY)) {
@@ -158,65 +160,10 @@ const char *mkv_cache_last_error(const mkv_cache_t *cache)
     return cache ? cache->err : "null cache";
 }
 
-#ifdef MKV_HAVE_CUDA
-/* The step call a failure record names. */
-static const char *failed_call(int32_t kind)
-{
-    return kind == MKV_CUDA_OP_APPEND ? "mkv_cache_append" : "mkv_cache_compress";
-}
-#endif
-
 mkv_status_t mkv_cache_collect(mkv_cache_t *c)
 {
-#ifdef MKV_HAVE_CUDA
-    if (!c->dev || !c->pending) return MKV_STATUS_OK;
-    mkv_mm_state_t *s = &c->st;
-    const int32_t S = s->g.max_seqs;
-    int64_t counters[2];
-    mkv_cuda_fail_t f;
-    int32_t *len = c->work.new_len; /* [S] scratch */
-    int64_t *tmp = malloc((size_t)S * sizeof(int64_t));
-    if (!tmp) return mkv_fail(c->err, MKV_STATUS_OUT_OF_MEMORY, "cannot allocate %d reservations", S);
-    char err[MKV_ERR_LEN];
-    mkv_status_t st = mkv_cuda_mm_collect(c->dev, &f, len, tmp, counters, err);
-    if (st == MKV_STATUS_OK) {
-        c->pending = 0;
-        s->head = counters[0];
-        s->tail = counters[1];
-        s->reserved_total = 0;
-        for (int32_t slot = 0; slot < S; slot++) {
-            if (!s->active[slot]) continue;
-            s->seq_len[slot] = len[slot];
-            s->reserved[slot] = tmp[slot];
-            s->reserved_total += tmp[slot];
-        }
-        if (c->kv_refresh) c->kv_refresh(c);
-        if (f.code != 0 && c->deferred == MKV_STATUS_OK) {
-            c->deferred = (mkv_status_t)f.code;
-            if (f.code == MKV_STATUS_OUT_OF_PAGES)
-                snprintf(c->deferred_msg, sizeof c->deferred_msg,
-                         "%s%s was refused on the device: out of pages: %lld needed, %lld free, "
-                         "%lld released, %lld reserved by other slots%s",
-                         failed_call(f.kind), c->async ? " (asynchronous)" : "", f.total_alloc,
-                         f.free_pages, f.total_release, f.others_reserved,
-                         c->async ? "; it and every later step call changed nothing" : "");
-            else
-                snprintf(c->deferred_msg, sizeof c->deferred_msg, "%s%s failed on the device: %s%s",
-                         failed_call(f.kind), c->async ? " (asynchronous)" : "",
-                         f.code == MKV_STATUS_INTERNAL ? "a head-region has no high token at the "
-                                                         "window's edge (internal error)"
-                                                       : mkv_status_string((mkv_status_t)f.code),
-                         c->async ? "; it and every later step call changed nothing" : "");
-        }
-    } else {
-        snprintf(c->err, sizeof c->err, "%s", err);
-    }
-    free(tmp);
-    return st;
-#else
-    (void)c;
-    return MKV_STATUS_OK;
-#endif
+    if (!c->pending || !c->mm->collect) return MKV_STATUS_OK;
+    return c->mm->collect(c);
 }
 
 mkv_status_t mkv_cache_settle(mkv_cache_t *c)
@@ -237,7 +184,7 @@ mkv_status_t mkv_cache_sync(mkv_cache_t *cache, void *stream)
     CHECK_CACHE(cache);
     cache->err[0] = '\0';
     /* Always read the device: graph replays move it without the host taking part. */
-    if (cache->dev) cache->pending = 1;
+    if (cache->mm->collect) cache->pending = 1;
     return mkv_cache_settle(cache);
 }
 
@@ -336,14 +283,12 @@ mkv_status_t mkv_cache_admit(mkv_cache_t *cache, int32_t prompt_len, int32_t *ou
     cache->prompt_len[slot] = prompt_len;
     cache->epoch[slot]++;
     cache->budget[slot] = 0;
-#ifdef MKV_HAVE_CUDA
-    if (cache->dev && (st = mkv_cuda_mm_set_slot(cache->dev, slot, 0, demand, cache->err)) != MKV_STATUS_OK) {
+    if ((st = cache->mm->admitted(cache, slot, demand)) != MKV_STATUS_OK) {
         s->active[slot] = 0;
         s->reserved[slot] = 0;
         s->reserved_total -= demand;
         return st;
     }
-#endif
     *out_slot = slot;
     return MKV_STATUS_OK;
 }
@@ -367,37 +312,7 @@ mkv_status_t mkv_cache_step_demand(mkv_cache_t *cache, int32_t n_slots, const in
         if (slots[j] < 0 || slots[j] >= g->max_seqs || !s->active[slots[j]])
             return mkv_fail(cache->err, MKV_STATUS_INVALID_ARGUMENT,
                             "slots[%d] = %d is not an active slot", j, slots[j]);
-#ifdef MKV_HAVE_CUDA
-    if (cache->dev) {
-        uint8_t *grow = cache->work.flags;
-        for (int32_t j = 0; j < n_slots; j++) grow[j] = s->seq_len[slots[j]] >= g->window;
-        return mkv_cuda_mm_step_demand(cache->dev, n_slots, slots, grow, out_pages, cache->err);
-    }
-#endif
-    int64_t pages = 0;
-    for (int32_t j = 0; j < n_slots; j++) {
-        const int32_t slot = slots[j];
-        const int lo_can_grow = s->seq_len[slot] >= g->window;
-        for (int64_t r = mkv_mm_region(g, slot, 0, 0); r < mkv_mm_region(g, slot + 1, 0, 0); r++) {
-            pages += s->n_hi[r] % g->tpp_hi == 0;
-            pages += lo_can_grow && s->n_lo[r] % g->tpp_lo == 0;
-        }
-    }
-    *out_pages = pages;
-    return MKV_STATUS_OK;
-}
-
-/* Tokens and pages by precision over one slot's head-regions. */
-static void slot_totals(const mkv_mm_state_t *s, int32_t slot, int64_t *tokens_hi,
-                        int64_t *tokens_lo, int64_t *pages_hi, int64_t *pages_lo)
-{
-    const mkv_mm_geom_t *g = &s->g;
-    for (int64_t r = mkv_mm_region(g, slot, 0, 0); r < mkv_mm_region(g, slot + 1, 0, 0); r++) {
-        *tokens_hi += s->n_hi[r];
-        *tokens_lo += s->n_lo[r];
-        *pages_hi += mkv_mm_pages_for(s->n_hi[r], g->tpp_hi);
-        *pages_lo += mkv_mm_pages_for(s->n_lo[r], g->tpp_lo);
-    }
+    return cache->mm->step_demand(cache, n_slots, slots, out_pages);
 }
 
 mkv_status_t mkv_cache_stats(const mkv_cache_t *cache, mkv_cache_stats_t *out)
@@ -419,21 +334,16 @@ mkv_status_t mkv_cache_stats(const mkv_cache_t *cache, mkv_cache_stats_t *out)
         if (!s->active[slot]) continue;
         out->active_slots++;
         out->tokens_seen += (int64_t)s->seq_len[slot] * g->n_layers * g->n_kv_heads;
-        if (!cache->dev)
-            slot_totals(s, slot, &out->tokens_hi, &out->tokens_lo, &out->pages_hi, &out->pages_lo);
     }
-#ifdef MKV_HAVE_CUDA
-    if (cache->dev) { /* free slots hold nothing: sums over every head-region */
-        int64_t sums[4];
-        char err[MKV_ERR_LEN];
-        const mkv_status_t st = mkv_cuda_mm_sums(cache->dev, -1, sums, err);
-        if (st != MKV_STATUS_OK) return mkv_fail_global(st, "%s", err);
-        out->tokens_hi = sums[0];
-        out->tokens_lo = sums[1];
-        out->pages_hi = sums[2];
-        out->pages_lo = sums[3];
-    }
-#endif
+    /* free slots hold nothing: sums over every head-region */
+    int64_t sums[4];
+    char err[MKV_ERR_LEN];
+    const mkv_status_t st = cache->mm->sums(cache, -1, sums, err);
+    if (st != MKV_STATUS_OK) return mkv_fail_global(st, "%s", err);
+    out->tokens_hi = sums[0];
+    out->tokens_lo = sums[1];
+    out->pages_hi = sums[2];
+    out->pages_lo = sums[3];
     out->tokens_pruned = out->tokens_seen - out->tokens_hi - out->tokens_lo;
     out->bytes_in_use = (out->pages_hi + out->pages_lo) * cache->cfg.page_bytes;
     out->bytes_fp16 = out->tokens_seen * 2 * cache->cfg.head_dim * 2;
@@ -458,19 +368,13 @@ mkv_status_t mkv_cache_slot_info(mkv_cache_t *cache, int32_t slot, mkv_slot_info
     out->active = s->active[slot];
     out->seq_len = s->seq_len[slot];
     out->reserved_pages = s->reserved[slot];
-#ifdef MKV_HAVE_CUDA
-    if (cache->dev) {
-        int64_t sums[4];
-        const mkv_status_t st = mkv_cuda_mm_sums(cache->dev, slot, sums, cache->err);
-        if (st != MKV_STATUS_OK) return st;
-        out->tokens_hi = sums[0];
-        out->tokens_lo = sums[1];
-        out->pages_hi = sums[2];
-        out->pages_lo = sums[3];
-        return MKV_STATUS_OK;
-    }
-#endif
-    slot_totals(s, slot, &out->tokens_hi, &out->tokens_lo, &out->pages_hi, &out->pages_lo);
+    int64_t sums[4];
+    const mkv_status_t st = cache->mm->sums(cache, slot, sums, cache->err);
+    if (st != MKV_STATUS_OK) return st;
+    out->tokens_hi = sums[0];
+    out->tokens_lo = sums[1];
+    out->pages_hi = sums[2];
+    out->pages_lo = sums[3];
     return MKV_STATUS_OK;
 }
 
@@ -483,16 +387,8 @@ mkv_status_t mkv_cache_validate(mkv_cache_t *cache)
         if (settled != MKV_STATUS_OK) return settled;
     }
     int64_t device_violations = 0;
-#ifdef MKV_HAVE_CUDA
-    if (cache->dev) {
-        /* The device checks its own state; the host then checks the downloaded mirror, which
-         * adds the per-slot bookkeeping and names the first violation precisely. */
-        mkv_status_t st = mkv_cuda_mm_validate(cache->dev, cache->st.active, cache->st.seq_len,
-                                               &device_violations, cache->err);
-        if (st == MKV_STATUS_OK) st = mkv_cuda_mm_download(cache->dev, &cache->st, cache->err);
-        if (st != MKV_STATUS_OK) return st;
-    }
-#endif
+    const mkv_status_t st = cache->mm->mirror(cache, &device_violations);
+    if (st != MKV_STATUS_OK) return st;
     mkv_first_violation_t first = {"", 0};
     int64_t n = mkv_mm_state_check(&cache->st, mkv_keep_first_violation, &first);
     if (n == 0 && device_violations > 0)

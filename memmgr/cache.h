@@ -34,8 +34,39 @@ typedef struct mkv_mm_work {
     int64_t *chunk_bad;    /* [n_chunks] first head-region with invalid targets, or -1 */
 } mkv_mm_work_t;
 
+struct mkv_mm_op; /* one batched page movement (resize.c) */
+
+/* The memory manager's backends side by side (memmgr/backend.c): every public call checks its
+ * arguments once, then dispatches through the cache's table. */
+typedef struct mkv_mm_backend {
+    const char *name;
+    /* resize.c's phases over the call's head-regions (check, then act) */
+    mkv_status_t (*apply)(struct mkv_mm_op *op, int dry_run, void *stream);
+    /* tokens_hi, tokens_lo, pages_hi, pages_lo of one slot (slot >= 0) or of every region */
+    mkv_status_t (*sums)(const mkv_cache_t *c, int32_t slot, int64_t out[4], char *err);
+    /* mkv_cache_step_demand's count, arguments checked */
+    mkv_status_t (*step_demand)(mkv_cache_t *c, int32_t n_slots, const int32_t *slots, int64_t *out);
+    /* a new occupant of slot: N 0 and its reservation, where the backend keeps them */
+    mkv_status_t (*admitted)(mkv_cache_t *c, int32_t slot, int64_t reserved);
+    /* the whole state into c->st (dumps, validation); *violations: what the backend's own
+     * check found there (NULL: skip it) */
+    mkv_status_t (*mirror)(mkv_cache_t *c, int64_t *violations);
+    /* waits for asynchronous work and refreshes c->st's per-slot state (NULL: nothing) */
+    mkv_status_t (*collect)(mkv_cache_t *c);
+} mkv_mm_backend_t;
+
+extern const mkv_mm_backend_t mkv_mm_cpu_backend;
+#ifdef MKV_HAVE_CUDA
+extern const mkv_mm_backend_t mkv_mm_cuda_backend;
+#endif
+
+/* resize.c's appliers, for the tables */
+mkv_status_t mkv_mm_apply_cpu(struct mkv_mm_op *op, int dry_run, void *stream);
+mkv_status_t mkv_mm_apply_cuda(struct mkv_mm_op *op, int dry_run, void *stream);
+
 struct mkv_cache {
     mkv_cache_config_t cfg; /* resolved: page_bytes and pool_pages filled in */
+    const mkv_mm_backend_t *mm; /* the memory manager's backend, chosen at create */
     mkv_cache_info_t info;
     mkv_mm_state_t st;
     uint8_t *pool;          /* [P * page_bytes] host page storage (CPU backend); NULL with

@@ -235,8 +235,8 @@ static mkv_status_t dump_string(mkv_cache_t *cache, char **out, size_t *out_len)
 {
     mkv_state_view_buf_t buf;
 #ifdef MKV_HAVE_CUDA
-    if (cache->dev) { /* the device state into the host mirror, then the same writer */
-        const mkv_status_t st = mkv_cuda_mm_download(cache->dev, &cache->st, cache->err);
+    { /* the backend's state into the host mirror (a no-op on the CPU), then one writer */
+        const mkv_status_t st = cache->mm->mirror(cache, NULL);
         if (st != MKV_STATUS_OK) return st;
     }
 #endif

@@ -29,7 +29,7 @@
 
 typedef enum op_kind { OP_RESIZE, OP_APPEND, OP_RELEASE } op_kind_t;
 
-typedef struct op {
+typedef struct mkv_mm_op {
     mkv_cache_t *c;
     op_kind_t kind;
     int32_t n_slots;
@@ -269,7 +269,7 @@ static void commit_slots(op_t *op)
 
 #ifdef MKV_HAVE_CUDA
 /* The same call on the CUDA backend: the phases run as kernels (memmgr/cuda_mm.cu). */
-static mkv_status_t apply_cuda(op_t *op, int dry_run, void *stream)
+mkv_status_t mkv_mm_apply_cuda(op_t *op, int dry_run, void *stream)
 {
     mkv_cache_t *c = op->c;
     mkv_cuda_op_t d;
@@ -310,10 +310,12 @@ static mkv_status_t apply_cuda(op_t *op, int dry_run, void *stream)
  * after the fit check: the answer of the call, with nothing changed. */
 static mkv_status_t apply(op_t *op, int dry_run, void *stream)
 {
+    return op->c->mm->apply(op, dry_run, stream);
+}
+
+mkv_status_t mkv_mm_apply_cpu(op_t *op, int dry_run, void *stream)
+{
     mkv_cache_t *c = op->c;
-#ifdef MKV_HAVE_CUDA
-    if (c->dev) return apply_cuda(op, dry_run, stream);
-#endif
     (void)stream;
     mkv_mm_state_t *s = &c->st;
     mkv_mm_work_t *w = &c->work;
