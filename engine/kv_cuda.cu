@@ -169,19 +169,27 @@ __device__ __forceinline__ uint8_t *page_of(uint8_t *pool, int64_t page_bytes, c
 __device__ void copy_token(uint8_t *dst, int32_t ds, const uint8_t *src, int32_t ss,
                            const mkv_page_layout_t *lay, int lane)
 {
+    /* Segments start on 16-byte boundaries and pages are multiples of 16 bytes: whole 16-byte
+     * chunks copy as one vector, metadata, score and position as words. */
     for (int which = 0; which < 2; which++) {
         const mkv_vec_layout_t *v = which ? &lay->value : &lay->key;
-        for (int32_t c = 0; c < v->n_chunks; c++)
-            for (int32_t b = lane; b < v->chunk_bytes; b += 32)
-                dst[mkv_code_offset(lay, which, ds, c) + b] = src[mkv_code_offset(lay, which, ss, c) + b];
+        if (v->chunk_bytes == 16) {
+            for (int32_t c = lane; c < v->n_chunks; c += 32)
+                *(uint4 *)(dst + mkv_code_offset(lay, which, ds, c)) =
+                    *(const uint4 *)(src + mkv_code_offset(lay, which, ss, c));
+        } else {
+            for (int32_t c = 0; c < v->n_chunks; c++)
+                for (int32_t b = lane; b < v->chunk_bytes; b += 32)
+                    dst[mkv_code_offset(lay, which, ds, c) + b] = src[mkv_code_offset(lay, which, ss, c) + b];
+        }
         if (v->bits != 16)
-            for (int32_t b = lane; b < 4 * v->groups; b += 32)
-                dst[mkv_meta_offset(lay, which, ds, b / 4) + b % 4] =
-                    src[mkv_meta_offset(lay, which, ss, b / 4) + b % 4];
+            for (int32_t g = lane; g < v->groups; g += 32)
+                *(uint32_t *)(dst + mkv_meta_offset(lay, which, ds, g)) =
+                    *(const uint32_t *)(src + mkv_meta_offset(lay, which, ss, g));
     }
-    if (lane < 4) {
-        dst[mkv_score_offset(lay, ds) + lane] = src[mkv_score_offset(lay, ss) + lane];
-        dst[mkv_pos_offset(lay, ds) + lane] = src[mkv_pos_offset(lay, ss) + lane];
+    if (lane == 0) {
+        *(uint32_t *)(dst + mkv_score_offset(lay, ds)) = *(const uint32_t *)(src + mkv_score_offset(lay, ss));
+        *(uint32_t *)(dst + mkv_pos_offset(lay, ds)) = *(const uint32_t *)(src + mkv_pos_offset(lay, ss));
     }
     __syncwarp();
 }
@@ -315,17 +323,18 @@ new_token_kernel(const __grid_constant__ slot_args sa, const __grid_constant__ n
     __shared__ float xs[KC_WARPS][QC_MAX_D];
     __shared__ uint8_t qs[KC_WARPS][QC_MAX_D];
     const int warp = threadIdx.x / 32, lane = threadIdx.x % 32;
-    const int64_t w = (int64_t)blockIdx.x * KC_WARPS + warp;
+    const int64_t w2 = (int64_t)blockIdx.x * KC_WARPS + warp, w = w2 / 2;
+    const int which = (int)(w2 % 2); /* the key and the value in two warps: half the latency */
     if (w >= (int64_t)sa.n * a.H) return;
     const int32_t jl = (int32_t)(w / a.H), h = (int32_t)(w % a.H), j = sa.first + jl, s = sa.slot[jl];
     const int32_t d = a.lay.head_dim;
     if (*a.fail != 0) {
-        if (lane == 0) a.regions[(int64_t)j * a.H + h] = a.empty_region;
+        if (lane == 0 && which == 0) a.regions[(int64_t)j * a.H + h] = a.empty_region;
         return;
     }
     const int64_t r = ((int64_t)s * a.L + a.layer) * a.H + h;
     const int32_t k = a.n_hi[r] - 1, N = a.len[s];
-    if (lane == 0) {
+    if (lane == 0 && which == 0) {
         a.regions[(int64_t)j * a.H + h] = r;
         if (h == 0) a.decoded[(int64_t)s * a.L + a.layer] = N;
     }
@@ -333,15 +342,13 @@ new_token_kernel(const __grid_constant__ slot_args sa, const __grid_constant__ n
     uint8_t *page = a.pool + (int64_t)a.table[r * a.T + k / a.lay.tokens] * a.page_bytes;
     const int32_t slot = k % a.lay.tokens;
     const int64_t src = ((int64_t)j * a.H + h) * d;
-    for (int which = 0; which < 2; which++) {
-        for (int32_t e = lane; e < d; e += 32) {
-            const float x = load_elem(which ? a.v : a.k, a.dtype, src + e);
-            xs[warp][e] = mkv_f16_to_f32(mkv_f32_to_f16(sanitize(x)));
-        }
-        __syncwarp();
-        write_vector(page, &a.lay, which, slot, xs[warp], qs[warp], lane);
+    for (int32_t e = lane; e < d; e += 32) {
+        const float x = load_elem(which ? a.v : a.k, a.dtype, src + e);
+        xs[warp][e] = mkv_f16_to_f32(mkv_f32_to_f16(sanitize(x)));
     }
-    if (lane == 0) {
+    __syncwarp();
+    write_vector(page, &a.lay, which, slot, xs[warp], qs[warp], lane);
+    if (lane == 0 && which == 0) {
         put_bytes(page + mkv_score_offset(&a.lay, slot), 0u, 4);
         put_bytes(page + mkv_pos_offset(&a.lay, slot), (uint32_t)(N - 1), 4);
     }
@@ -535,6 +542,8 @@ decide_kernel(const __grid_constant__ slot_args sa, const __grid_constant__ comp
         u64 best_hi = ~0ull, best_lo = ~0ull;
         int32_t c = -1, bh = -1, bl = -1;
         float sc = 0.0f;
+        /* unrolled: independent loads of several tokens in flight per lane */
+#pragma unroll 4
         for (int32_t k = lane; k < nh; k += 32) {
             int32_t slot, pos;
             const uint8_t *pg = page_of(a.pool, a.page_bytes, row, a.T, 0, k, a.lay_hi.tokens, &slot);
@@ -543,6 +552,7 @@ decide_kernel(const __grid_constant__ slot_args sa, const __grid_constant__ comp
             const u64 key = tok_key(sig, pos);
             if (pos < limit && key < best_hi) best_hi = key, bh = k;
         }
+#pragma unroll 4
         for (int32_t k = lane; k < nl; k += 32) {
             int32_t slot, pos;
             const uint8_t *pg = page_of(a.pool, a.page_bytes, row, a.T, 1, k, a.lay_lo.tokens, &slot);
@@ -643,19 +653,25 @@ unstage_kernel(const __grid_constant__ slot_args sa, const __grid_constant__ com
     __shared__ float xs[KC_WARPS][QC_MAX_D];
     __shared__ uint8_t qs[KC_WARPS][QC_MAX_D];
     const int warp = threadIdx.x / 32, lane = threadIdx.x % 32;
-    const int64_t w = (int64_t)blockIdx.x * KC_WARPS + warp;
+    const int64_t w2 = (int64_t)blockIdx.x * KC_WARPS + warp, w = w2 / 2;
+    const int which = (int)(w2 % 2); /* the key and the value in two warps: half the latency */
     if (w >= (int64_t)sa.n * a.LH) return;
     const int32_t jl = (int32_t)(w / a.LH), lh = (int32_t)(w % a.LH);
     const int64_t r = (int64_t)sa.slot[jl] * a.LH + lh, i = (int64_t)(sa.first + jl) * a.LH + lh;
     if (*a.fail != 0) return;
-    if (lh == 0 && lane == 0) a.compressed[sa.slot[jl]] = a.len[sa.slot[jl]]; /* the step is done */
+    if (which == 0 && lh == 0 && lane == 0) a.compressed[sa.slot[jl]] = a.len[sa.slot[jl]]; /* step done */
     if (!grows_low(a.act[i])) return;
-    const int32_t tpp = a.lay_hi.tokens;
+    const int32_t tpp = a.lay_hi.tokens, ss = (int32_t)(i % tpp);
     int32_t vs;
     uint8_t *vp = page_of(a.pool, a.page_bytes, a.table + r * a.T, a.T, 1, a.n_lo[r] - 1,
                           a.lay_lo.tokens, &vs);
-    demote_token(vp, &a.lay_lo, vs, a.stage + (i / tpp) * a.page_bytes, &a.lay_hi,
-                 (int32_t)(i % tpp), xs[warp], qs[warp], lane);
+    const uint8_t *sp = a.stage + (i / tpp) * a.page_bytes;
+    read_vector(sp, &a.lay_hi, which, ss, xs[warp], lane);
+    write_vector(vp, &a.lay_lo, which, vs, xs[warp], qs[warp], lane);
+    if (which == 0 && lane == 0) {
+        *(uint32_t *)(vp + mkv_score_offset(&a.lay_lo, vs)) = *(const uint32_t *)(sp + mkv_score_offset(&a.lay_hi, ss));
+        *(uint32_t *)(vp + mkv_pos_offset(&a.lay_lo, vs)) = *(const uint32_t *)(sp + mkv_pos_offset(&a.lay_hi, ss));
+    }
 }
 
 /* One warp per head-region of a slot with a budget: mkv_policy_budget's picks (the k lowest
@@ -1123,7 +1139,7 @@ static mkv_status_t cuda_decode(mkv_cache_t *c, mkv_kv_t *base, int32_t n_slots,
     for (int32_t first = 0; first < n_slots; first += KC_SLOTS) {
         const int32_t n = n_slots - first < KC_SLOTS ? n_slots - first : KC_SLOTS;
         fill_slots(c, slots, first, n, &sa);
-        new_token_kernel<<<(unsigned)(((int64_t)n * H + KC_WARPS - 1) / KC_WARPS), KC_WARPS * 32, 0, stream>>>(sa, na);
+        new_token_kernel<<<(unsigned)((2 * (int64_t)n * H + KC_WARPS - 1) / KC_WARPS), KC_WARPS * 32, 0, stream>>>(sa, na);
         LAUNCHED("new_token_kernel");
     }
     mkv_status_t st;
@@ -1155,7 +1171,8 @@ static mkv_status_t launch_regions(mkv_cache_t *c, cuda_kv_t *kv, const int32_t 
     for (int32_t first = 0; first < n_slots; first += KC_SLOTS) {
         const int32_t n = n_slots - first < KC_SLOTS ? n_slots - first : KC_SLOTS;
         fill_slots(c, slots, first, n, &sa);
-        const unsigned blocks = (unsigned)(((int64_t)n * LH + KC_WARPS - 1) / KC_WARPS);
+        const int64_t warps = (int64_t)n * LH * (which == 2 ? 2 : 1); /* unstage: key, value apart */
+        const unsigned blocks = (unsigned)((warps + KC_WARPS - 1) / KC_WARPS);
         switch (which) {
         case 0: decide_kernel<<<blocks, KC_WARPS * 32, 0, stream>>>(sa, *ca); break;
         case 1: move_kernel<<<blocks, KC_WARPS * 32, 0, stream>>>(sa, *ca); break;
