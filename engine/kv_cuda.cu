@@ -266,13 +266,6 @@ __device__ __forceinline__ float load_elem(const void *p, int dtype, int64_t i)
     return dtype == MKV_DTYPE_F16 ? mkv_f16_to_f32(h) : mkv_bf16_to_f32(h);
 }
 
-/* dtype -> f32 (exact). */
-static __global__ void to_f32_kernel(const void *src, int dtype, int64_t n, float *dst)
-{
-    for (int64_t i = (int64_t)blockIdx.x * blockDim.x + threadIdx.x; i < n; i += (int64_t)gridDim.x * blockDim.x)
-        dst[i] = load_elem(src, dtype, i);
-}
-
 /* dtype -> fp16, sanitised when `sane` (NaN -> 0, clamped to +-65504: a K16V16 page's value). */
 static __global__ void to_f16_kernel(const void *src, int dtype, int64_t n, uint16_t *dst, int sane)
 {
@@ -301,6 +294,10 @@ static unsigned grid_for(int64_t n, int threads)
 
 struct new_token_args {
     const void *k, *v;          /* [n_slots][H][d] in dtype */
+    const void *q;              /* [n_slots][H * G][d] in dtype: to q32 by the blocks after */
+    float *q32;
+    int64_t q_elems;            /* 0: no conversion */
+    uint32_t token_blocks;      /* blocks of token jobs */
     int32_t dtype;
     const int32_t *table, *n_hi, *len, *fail;
     uint8_t *pool;
@@ -323,6 +320,12 @@ new_token_kernel(const __grid_constant__ slot_args sa, const __grid_constant__ n
     __shared__ float xs[KC_WARPS][QC_MAX_D];
     __shared__ uint8_t qs[KC_WARPS][QC_MAX_D];
     const int warp = threadIdx.x / 32, lane = threadIdx.x % 32;
+    if (blockIdx.x >= a.token_blocks) { /* the queries to f32, in the same launch */
+        const int64_t n = a.q_elems, stride = (int64_t)(gridDim.x - a.token_blocks) * blockDim.x;
+        for (int64_t i = (int64_t)(blockIdx.x - a.token_blocks) * blockDim.x + threadIdx.x; i < n; i += stride)
+            a.q32[i] = load_elem(a.q, a.dtype, i);
+        return;
+    }
     const int64_t w2 = (int64_t)blockIdx.x * KC_WARPS + warp, w = w2 / 2;
     const int which = (int)(w2 % 2); /* the key and the value in two warps: half the latency */
     if (w >= (int64_t)sa.n * a.H) return;
@@ -552,16 +555,21 @@ decide_kernel(const __grid_constant__ slot_args sa, const __grid_constant__ comp
             const u64 key = tok_key(sig, pos);
             if (pos < limit && key < best_hi) best_hi = key, bh = k;
         }
+        /* the low section matters only when t_c itself is demoted (th_l <= sig < th_h) */
+        const uint32_t has_c = __ballot_sync(FULL_MASK, c >= 0);
+        const float sc_all = has_c ? __shfl_sync(FULL_MASK, sc, __ffs(has_c) - 1) : 0.0f;
+        const float th_h0 = __fdiv_rn(a.alpha_h, (float)N), th_l0 = __fdiv_rn(a.alpha_l, (float)N);
+        if (has_c && !(sc_all >= th_h0) && sc_all >= th_l0) {
 #pragma unroll 4
-        for (int32_t k = lane; k < nl; k += 32) {
-            int32_t slot, pos;
-            const uint8_t *pg = page_of(a.pool, a.page_bytes, row, a.T, 1, k, a.lay_lo.tokens, &slot);
-            const float sig = token_sig(pg, &a.lay_lo, slot, plen, N, a.obs, &pos);
-            const u64 key = tok_key(sig, pos);
-            if (key < best_lo) best_lo = key, bl = k;
+            for (int32_t k = lane; k < nl; k += 32) {
+                int32_t slot, pos;
+                const uint8_t *pg = page_of(a.pool, a.page_bytes, row, a.T, 1, k, a.lay_lo.tokens, &slot);
+                const float sig = token_sig(pg, &a.lay_lo, slot, plen, N, a.obs, &pos);
+                const u64 key = tok_key(sig, pos);
+                if (key < best_lo) best_lo = key, bl = k;
+            }
         }
         /* the owners of the candidate and of each minimum tell the warp */
-        const uint32_t has_c = __ballot_sync(FULL_MASK, c >= 0);
         const u64 min_hi = warp_min_u64(best_hi), min_lo = warp_min_u64(best_lo);
         const uint32_t own_hi = __ballot_sync(FULL_MASK, best_hi == min_hi && bh >= 0);
         const uint32_t own_lo = __ballot_sync(FULL_MASK, best_lo == min_lo && bl >= 0);
@@ -1125,21 +1133,24 @@ static mkv_status_t cuda_decode(mkv_cache_t *c, mkv_kv_t *base, int32_t n_slots,
         }
         kv->dec_ws_bytes = want;
     }
-    /* q and out travel in f32; the new tokens go into their pages in one launch. */
-    const float *q32 = (const float *)q;
-    if (dtype != MKV_DTYPE_F32) {
-        to_f32_kernel<<<grid_for(nq, 256), 256, 0, stream>>>(q, dtype, nq, kv->q32);
-        q32 = kv->q32;
-    }
-    LAUNCHED("conversion kernels");
+    /* q and out travel in f32; one launch converts q and writes the new tokens. */
+    const float *q32 = dtype == MKV_DTYPE_F32 ? (const float *)q : kv->q32;
     slot_args sa;
-    new_token_args na = {k, v, (int32_t)dtype, kv->mm.table, kv->mm.n_hi, kv->mm.len, kv->mm.fail,
-                         kv->mm.pool, kv->page_bytes, base->lay_hi, kv->L, kv->H, kv->T, layer,
-                         kv->mm.empty_region, kv->regions, kv->d_decoded};
+    new_token_args na = {k, v, q, kv->q32, 0, 0, (int32_t)dtype, kv->mm.table, kv->mm.n_hi, kv->mm.len,
+                         kv->mm.fail, kv->mm.pool, kv->page_bytes, base->lay_hi, kv->L, kv->H, kv->T,
+                         layer, kv->mm.empty_region, kv->regions, kv->d_decoded};
     for (int32_t first = 0; first < n_slots; first += KC_SLOTS) {
         const int32_t n = n_slots - first < KC_SLOTS ? n_slots - first : KC_SLOTS;
         fill_slots(c, slots, first, n, &sa);
-        new_token_kernel<<<(unsigned)((2 * (int64_t)n * H + KC_WARPS - 1) / KC_WARPS), KC_WARPS * 32, 0, stream>>>(sa, na);
+        na.token_blocks = (uint32_t)((2 * (int64_t)n * H + KC_WARPS - 1) / KC_WARPS);
+        unsigned q_blocks = 0;
+        if (first == 0 && dtype != MKV_DTYPE_F32) {
+            na.q_elems = nq;
+            q_blocks = grid_for(nq, KC_WARPS * 32) < 1024 ? grid_for(nq, KC_WARPS * 32) : 1024;
+        } else {
+            na.q_elems = 0;
+        }
+        new_token_kernel<<<na.token_blocks + q_blocks, KC_WARPS * 32, 0, stream>>>(sa, na);
         LAUNCHED("new_token_kernel");
     }
     mkv_status_t st;
