@@ -296,35 +296,69 @@ static int cmp_double(const void *a, const void *b)
     return x < y ? -1 : x > y;
 }
 
-/* Before a compress: a region of slot s has a near-tie when a stored token's significance is
- * near a threshold, or near the next larger significance among the region's tokens (every pick
- * compares two of them: a conservative superset of the comparisons Algorithm 1 and the budget
- * make). Exactly equal values are not near-ties: both backends then break the tie by position. */
+/* The two smallest of n values (inf when missing). */
+static void two_smallest(const double *x, int32_t n, double *m1, double *m2)
+{
+    *m1 = *m2 = INFINITY;
+    for (int32_t i = 0; i < n; i++) {
+        if (x[i] < *m1) *m2 = *m1, *m1 = x[i];
+        else if (x[i] < *m2) *m2 = x[i];
+    }
+}
+
+static int near_distinct(double a, double b) { return a != b && isfinite(a) && isfinite(b) && near(a, b); }
+
+/* Before a compress: whether one of the comparisons Algorithm 1 (engine/policy.c) and the
+ * budget make on a head-region of slot s is within rounding, judged on the CPU side: t_c's
+ * significance against both thresholds; when t_c stays, the weakest high token outside the
+ * window against the next weakest and against the thresholds; when t_c is demoted, the weakest
+ * low token against the next, against t_c and against alpha_l / N; with a budget, the tokens
+ * on either side of its cut. Exactly equal values are not near-ties: both backends then break
+ * the tie by position. */
 static int slot_near_tie(pair_t *p, int32_t s)
 {
     const mkv_cache_t *c = p->cpu;
-    const int32_t N = c->st.seq_len[s], plen = c->prompt_len[s];
-    const double th[2] = {(float)(p->g.ah / (float)N), (float)(p->g.al / (float)N)};
+    const int32_t N = c->st.seq_len[s], plen = c->prompt_len[s], W = p->g.W;
+    const double th_h = (float)(p->g.ah / (float)N), th_l = (float)(p->g.al / (float)N);
     const int64_t LH = (int64_t)p->g.L * p->g.H;
-    static double sig[2 * 4096];
+    static double hi_out[4096], lo[4096], outside[8192];
     for (int64_t lh = 0; lh < LH; lh++) {
         const int64_t r = (int64_t)s * LH + lh;
-        int32_t m = 0;
+        int32_t nh = 0, nl = 0, no = 0;
+        double sc = NAN;
         for (int sec = 0; sec < 2; sec++) {
             const int32_t n = sec ? c->st.n_lo[r] : c->st.n_hi[r];
-            for (int32_t k = 0; k < n && m < 2 * 4096; k++) {
+            for (int32_t k = 0; k < n && k < 4096; k++) {
                 int32_t slot, pos;
                 float sum;
                 const uint8_t *pg = tok_page(c, c->pool, r, sec, k, p->lay[sec].tokens, &slot);
                 memcpy(&pos, pg + mkv_pos_offset(&p->lay[sec], slot), 4);
                 memcpy(&sum, pg + mkv_score_offset(&p->lay[sec], slot), 4);
-                sig[m++] = sum / (double)mkv_observers(pos, plen, N, p->g.obs);
+                const double sig = (float)(sum / (float)mkv_observers(pos, plen, N, p->g.obs));
+                if (sec) lo[nl++] = sig;
+                else if (pos < N - W) hi_out[nh++] = sig;
+                if (!sec && pos == N - 1 - W) sc = sig;
+                if (pos < N - W) outside[no++] = sig;
             }
         }
-        qsort(sig, (size_t)m, sizeof sig[0], cmp_double);
-        for (int32_t i = 0; i < m; i++) {
-            if (near(sig[i], th[0]) || near(sig[i], th[1])) return 1;
-            if (i + 1 < m && sig[i] != sig[i + 1] && near(sig[i], sig[i + 1])) return 1;
+        if (N > W && !isnan(sc)) {
+            if (near(sc, th_h) || near(sc, th_l)) return 1;
+            double m1, m2;
+            if (sc >= th_h) {
+                two_smallest(hi_out, nh, &m1, &m2);
+                if (near_distinct(m1, m2) || near(m1, th_h) || near(m1, th_l)) return 1;
+            } else if (sc >= th_l) {
+                two_smallest(lo, nl, &m1, &m2);
+                if (near_distinct(m1, m2) || near_distinct(m1, sc) || near(m1, th_l)) return 1;
+            }
+        }
+        const int32_t budget = c->budget[s];
+        const int32_t total = c->st.n_hi[r] + c->st.n_lo[r];
+        if (budget > 0 && total + 1 > budget && no > 1) {
+            qsort(outside, (size_t)no, sizeof outside[0], cmp_double);
+            const int32_t k = total - budget; /* the cut, give or take this step's change */
+            for (int32_t i = k - 2; i <= k + 1; i++)
+                if (i >= 0 && i + 1 < no && near_distinct(outside[i], outside[i + 1])) return 1;
         }
     }
     return 0;
