@@ -64,28 +64,6 @@ static __device__ __forceinline__ uint16_t group_scale(float hi, uint16_t zero_h
     return s;
 }
 
-/* The group's min (want_max false) or max, warp-wide. The CPU scans in order and replaces
- * only on a strict < (>), so of equal values it keeps the first: that decides the sign of a
- * zero min or max ([+0, -0, ...] vs [-0, +0, ...]), which reaches the stored zero. Hence the
- * (value, index) reduction with the lower index winning ties. */
-static __device__ __forceinline__ float warp_extreme(const float *x, int32_t n, int lane, bool want_max)
-{
-    float best = 0.0f;
-    int32_t at = -1;
-    for (int32_t i = lane; i < n; i += 32) {
-        const float v = x[i];
-        if (at < 0 || (want_max ? v > best : v < best)) best = v, at = i;
-    }
-    for (int off = 16; off > 0; off >>= 1) {
-        const float ov = __shfl_xor_sync(FULL_MASK, best, off);
-        const int32_t oat = __shfl_xor_sync(FULL_MASK, at, off);
-        const bool better = oat >= 0 && (at < 0 || (want_max ? ov > best : ov < best) ||
-                                         (ov == best && oat < at));
-        if (better) best = ov, at = oat;
-    }
-    return best;
-}
-
 static __device__ __forceinline__ void put_bytes(uint8_t *p, uint32_t v, int n)
 {
     for (int i = 0; i < n; i++) p[i] = (uint8_t)(v >> (8 * i));
@@ -119,29 +97,47 @@ static __device__ void write_vector(uint8_t *page, const mkv_page_layout_t *lay,
         __syncwarp();
         return;
     }
+    /* Every group at once: lane l holds elements [l * E, (l + 1) * E), so a group of n
+     * elements is n / E neighbouring lanes (a power of two), whose min and max come from xor
+     * shuffles inside that lane segment. The CPU scans a group in order and replaces only on a
+     * strict < (>), so of equal values it keeps the first: that decides the sign of a zero min
+     * or max ([+0, -0, ...] vs [-0, +0, ...]), which reaches the stored zero. Hence (value,
+     * index) pairs with the lower index winning ties. */
     const int32_t n = v->group_elems, qmax = (1 << v->bits) - 1;
-    for (int32_t g = 0; g < v->groups; g++) {
-        const float *xg = x + g * n;
-        uint8_t *qg = q + g * n;
-        const float lo = warp_extreme(xg, n, lane, false);
-        const float hi = warp_extreme(xg, n, lane, true);
+    const int32_t E = d >= 32 ? d / 32 : 1, lanes = n / E, i0 = lane * E;
+    const bool active = i0 < d;
+    float lo = 0.0f, hi = 0.0f;
+    int32_t lo_at = -1, hi_at = -1;
+    for (int32_t e = 0; e < E && active; e++) {
+        const float xv = x[i0 + e];
+        if (lo_at < 0 || xv < lo) lo = xv, lo_at = i0 + e;
+        if (hi_at < 0 || xv > hi) hi = xv, hi_at = i0 + e;
+    }
+    for (int off = lanes / 2; off > 0; off >>= 1) {
+        const float olo = __shfl_xor_sync(FULL_MASK, lo, off), ohi = __shfl_xor_sync(FULL_MASK, hi, off);
+        const int32_t olo_at = __shfl_xor_sync(FULL_MASK, lo_at, off);
+        const int32_t ohi_at = __shfl_xor_sync(FULL_MASK, hi_at, off);
+        if (olo_at >= 0 && (lo_at < 0 || olo < lo || (olo == lo && olo_at < lo_at))) lo = olo, lo_at = olo_at;
+        if (ohi_at >= 0 && (hi_at < 0 || ohi > hi || (ohi == hi && ohi_at < hi_at))) hi = ohi, hi_at = ohi_at;
+    }
+    if (active) {
         uint16_t scale_h = 0, zero_h;
         if (lo == hi) { /* constant group, compared after sanitising, -0 == +0 included */
             zero_h = mkv_f32_to_f16(lo);
-            for (int32_t i = lane; i < n; i += 32) qg[i] = 0;
+            for (int32_t e = 0; e < E; e++) q[i0 + e] = 0;
         } else {
             zero_h = f16_round_down(lo);
             scale_h = group_scale(hi, zero_h, v->bits);
             const float zero_f = mkv_f16_to_f32(zero_h), scale_f = mkv_f16_to_f32(scale_h);
-            for (int32_t i = lane; i < n; i += 32) {
+            for (int32_t e = 0; e < E; e++) {
                 /* scale > 0, so the quotient is finite; clamping the int is clamping quant.c's
                  * float, as __float2int_rn saturates (and x >= zero keeps it >= 0 anyway). */
-                const int c = __float2int_rn(__fdiv_rn(__fsub_rn(xg[i], zero_f), scale_f));
-                qg[i] = (uint8_t)(c < 0 ? 0 : c > qmax ? qmax : c);
+                const int c = __float2int_rn(__fdiv_rn(__fsub_rn(x[i0 + e], zero_f), scale_f));
+                q[i0 + e] = (uint8_t)(c < 0 ? 0 : c > qmax ? qmax : c);
             }
         }
-        if (lane == 0) {
-            uint8_t *meta = page + mkv_meta_offset(lay, which, slot, g);
+        if (i0 % n == 0) { /* the group's first lane writes its metadata */
+            uint8_t *meta = page + mkv_meta_offset(lay, which, slot, i0 / n);
             put_bytes(meta, scale_h, 2);
             put_bytes(meta + 2, zero_h, 2);
         }
