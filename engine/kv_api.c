@@ -135,20 +135,30 @@ mkv_status_t mkv_cache_set_budget(mkv_cache_t *cache, int32_t slot, int32_t max_
 /* Prefill                                                                                  */
 /* ---------------------------------------------------------------------------------------- */
 
+/* What prefill and decode check alike: the backend's state, the slots, the layer, the element
+ * type, and (for a non-empty call) the four tensors. */
+static mkv_status_t check_token_call(mkv_cache_t *c, int32_t n_slots, const int32_t *slots,
+                                     int32_t layer, mkv_dtype_t dtype, const void *q,
+                                     const void *k, const void *v, const void *out, mkv_kv_t **kv)
+{
+    mkv_status_t st = kv_get(c, kv);
+    if (st != MKV_STATUS_OK) return st;
+    if ((st = mkv_cache_check_slots(c, n_slots, slots)) != MKV_STATUS_OK) return st;
+    if ((st = check_layer(c, layer)) != MKV_STATUS_OK) return st;
+    if ((st = check_dtype(c, dtype)) != MKV_STATUS_OK) return st;
+    if (n_slots > 0 && (!q || !k || !v || !out))
+        return mkv_fail(c->err, MKV_STATUS_INVALID_ARGUMENT, "null q, k, v or out");
+    return MKV_STATUS_OK;
+}
+
 static mkv_status_t prefill(mkv_cache_t *c, int32_t n_slots, const int32_t *slots, int32_t layer,
                             mkv_dtype_t dtype, const void *q, const void *k, const void *v,
                             void *out, void *stream, mkv_pool_t *pool)
 {
     SETTLE(c, 0);
     mkv_kv_t *kv;
-    mkv_status_t st = kv_get(c, &kv);
-    if (st != MKV_STATUS_OK) return st;
-    if ((st = mkv_cache_check_slots(c, n_slots, slots)) != MKV_STATUS_OK) return st;
-    if ((st = check_layer(c, layer)) != MKV_STATUS_OK) return st;
-    if ((st = check_dtype(c, dtype)) != MKV_STATUS_OK) return st;
-    if (n_slots == 0) return MKV_STATUS_OK;
-    if (!q || !k || !v || !out)
-        return mkv_fail(c->err, MKV_STATUS_INVALID_ARGUMENT, "null q, k, v or out");
+    mkv_status_t st = check_token_call(c, n_slots, slots, layer, dtype, q, k, v, out, &kv);
+    if (st != MKV_STATUS_OK || n_slots == 0) return st;
     for (int32_t j = 0; j < n_slots; j++)
         if (c->st.seq_len[slots[j]] != 0)
             return mkv_fail(c->err, MKV_STATUS_INVALID_ARGUMENT, "slot %d: its prompt is already committed",
@@ -229,13 +239,8 @@ static mkv_status_t decode(mkv_cache_t *c, int32_t n_slots, const int32_t *slots
 {
     SETTLE(c, 1);
     mkv_kv_t *kv;
-    mkv_status_t st = kv_get(c, &kv);
+    mkv_status_t st = check_token_call(c, n_slots, slots, layer, dtype, q, k, v, out, &kv);
     if (st != MKV_STATUS_OK) return st;
-    if ((st = mkv_cache_check_slots(c, n_slots, slots)) != MKV_STATUS_OK) return st;
-    if ((st = check_layer(c, layer)) != MKV_STATUS_OK) return st;
-    if ((st = check_dtype(c, dtype)) != MKV_STATUS_OK) return st;
-    if (n_slots > 0 && (!q || !k || !v || !out))
-        return mkv_fail(c->err, MKV_STATUS_INVALID_ARGUMENT, "null q, k, v or out");
     const int64_t L = kv->n_layers;
     for (int32_t j = 0; j < n_slots; j++) {
         const int32_t s = slots[j], N = c->st.seq_len[s];

@@ -29,6 +29,8 @@
 #include "memmgr/cuda_mm.h"
 #include "quant/quant_cuda.cuh"
 
+#include "common/device_scope.cuh"
+
 #include <cuda_runtime.h>
 
 #include <stdint.h>
@@ -88,16 +90,6 @@ typedef struct cuda_kv {
     const void *checked[4];       /* q, k, v, out of the last call whose pointers were checked */
 } cuda_kv_t;
 
-/* Makes the cache's device current for one call and gives the caller back its own. */
-struct device_scope {
-    int prev;
-    explicit device_scope(int device)
-    {
-        if (cudaGetDevice(&prev) != cudaSuccess) prev = device;
-        if (prev != device) cudaSetDevice(device);
-    }
-    ~device_scope() { cudaSetDevice(prev); }
-};
 
 /* Slots of one launch and what the kernels need of each. */
 struct slot_args {

@@ -10,6 +10,8 @@
 #include "common/error.h"
 
 #include <cub/block/block_scan.cuh>
+#include "common/device_scope.cuh"
+
 #include <cuda_runtime.h>
 
 #include <stdint.h>
@@ -65,16 +67,6 @@ struct mkv_cuda_mm {
     dev_status *h_status;
 };
 
-/* Makes the cache's device current for one call and gives the caller back its own. */
-struct device_scope {
-    int prev;
-    explicit device_scope(int device)
-    {
-        if (cudaGetDevice(&prev) != cudaSuccess) prev = device;
-        if (prev != device) cudaSetDevice(device);
-    }
-    ~device_scope() { cudaSetDevice(prev); }
-};
 
 #define CUDA_TRY(expr)                                                                         \
     do {                                                                                       \

@@ -989,3 +989,28 @@ Test(backend, dtypes_f16_bf16_batched_prefill)
     dtype_case(MKV_DTYPE_F16);
     dtype_case(MKV_DTYPE_BF16);
 }
+
+/* MKV_CACHE_ASYNC_STEPS is a CUDA-backend flag: the CPU backend accepts and ignores it, and
+ * mkv_cache_sync has nothing to wait for there (OK, nothing changed); a refused step is still
+ * refused at once. */
+Test(backend, async_flag_and_sync_on_cpu)
+{
+    const geom_t g = {1, 1, 1, 16, 2, 32, 2, 256, K8V4, K4V2, 1000.0f, 0.0f, 3, 0, 16};
+    mkv_cache_config_t cfg = make_config(&g);
+    cfg.flags = MKV_CACHE_ASYNC_STEPS;
+    mkv_cache_t *c = tu_create(&cfg);
+    cr_assert_eq(mkv_cache_sync(NULL, NULL), MKV_STATUS_INVALID_ARGUMENT);
+    int32_t s;
+    TU_COK(c, mkv_cache_admit(c, 30, &s));
+    tu_snap_t before, after;
+    tu_snap_take(c, &before);
+    TU_COK(c, mkv_cache_sync(c, NULL));
+    tu_snap_take(c, &after);
+    tu_snap_expect_equal(&before, &after, 1, "mkv_cache_sync");
+    tu_snap_free(&before), tu_snap_free(&after);
+    mkv_cache_destroy(c);
+    cfg.flags = 0x80u; /* an unknown bit is still refused */
+    mkv_cache_t *bad = NULL;
+    cr_assert_eq(mkv_cache_create(&cfg, &bad), MKV_STATUS_INVALID_ARGUMENT);
+    cr_assert_null(bad);
+}
