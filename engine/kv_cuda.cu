@@ -10,16 +10,18 @@
  * by a radix select of the lowest (significance, position) keys), writes each region's section
  * sizes for one batched mkv_cache_resize, and quantizes every kept token into its page in
  * position order (the CPU's order, so pages match byte for byte given the same classes).
- * Decode: one kernel finds each new token's page and slot and quantizes it there (the CPU's
- * bytes), then decode_cuda.h attends with the score write-back. Compress: one warp per head-region runs
- * Algorithm 1 (engine/policy.c's decide, with its tie order), the page movement is checked,
- * the leaving high token is staged and swap-removed, one resize recycles and allocates, the
+ * Decode: one kernel converts the queries, finds each new token's page and slot and quantizes
+ * it there (the CPU's bytes; key and value in two warps), then decode_cuda.h attends with the
+ * score write-back. Compress: one warp per head-region runs Algorithm 1 (engine/policy.c's
+ * decide, with its tie order); the resize's fit check gates the moves that must see the pages
+ * (the leaving high token staged and swap-removed), one resize recycles and allocates, the
  * staged tokens are demoted into their low slots; then budgets prune by the same radix select.
  *
- * Per-slot arguments travel as kernel parameters (KC_SLOTS slots per launch, more in chunks),
- * so no host array is copied to the device in a step.
- * NOTE: mkv_cache_resize still synchronises the stream to return its status; a step therefore
- * synchronises at append and compress (see docs/decisions.md).
+ * Per-slot arguments travel as kernel parameters (KC_SLOTS slots per launch, more in chunks)
+ * and N is read on the device, so a step copies nothing from the host and a graph can replay
+ * it. Every step kernel does nothing while the memory manager's sticky failure is set
+ * (MKV_CACHE_ASYNC_STEPS, docs/decisions.md 42); without the flag, append and compress wait
+ * for the device to return their status.
  */
 #include "engine/kv.h"
 
