@@ -57,8 +57,16 @@ struct mkv_kv {
     uint8_t *prefilled;      /* [S][L] layers prefilled for that occupant */
     int32_t *decoded;        /* [S][L] N at which the layer last received its new token */
     int32_t *compressed;     /* [S] N at which the slot was last compressed */
+    int32_t *budget;         /* [S] tokens kept per head-region (0: no cap) ... */
+    uint32_t *budget_epoch;  /* [S] ... for this occupant (a new one starts without a cap) */
     void *impl;              /* the backend's own state */
 };
+
+/* Slot s's budget for its current occupant (mkv_cache_set_budget), 0 when none. */
+static inline int32_t mkv_kv_budget(const mkv_cache_t *c, const mkv_kv_t *kv, int32_t s)
+{
+    return kv->budget_epoch[s] == c->epoch[s] ? kv->budget[s] : 0;
+}
 
 extern const mkv_kv_ops_t mkv_kv_cpu_ops;
 #ifdef MKV_HAVE_CUDA

@@ -17,6 +17,8 @@ static void kv_free(struct mkv_kv *kv)
     free(kv->prefilled);
     free(kv->decoded);
     free(kv->compressed);
+    free(kv->budget);
+    free(kv->budget_epoch);
     free(kv);
 }
 
@@ -59,7 +61,10 @@ static mkv_status_t kv_get(mkv_cache_t *c, mkv_kv_t **out)
     kv->prefilled = calloc((size_t)(S * L), 1);
     kv->decoded = calloc((size_t)(S * L), sizeof *kv->decoded);
     kv->compressed = calloc((size_t)S, sizeof *kv->compressed);
-    if (!kv->prefill_epoch || !kv->prefilled || !kv->decoded || !kv->compressed) {
+    kv->budget = calloc((size_t)S, sizeof *kv->budget);
+    kv->budget_epoch = calloc((size_t)S, sizeof *kv->budget_epoch);
+    if (!kv->prefill_epoch || !kv->prefilled || !kv->decoded || !kv->compressed || !kv->budget ||
+        !kv->budget_epoch) {
         kv_free(kv);
         return mkv_fail(c->err, MKV_STATUS_OUT_OF_MEMORY, "cannot allocate the KV backend's buffers");
     }
@@ -127,7 +132,10 @@ mkv_status_t mkv_cache_set_budget(mkv_cache_t *cache, int32_t slot, int32_t max_
     if (st != MKV_STATUS_OK) return st;
     if (max_tokens < 0)
         return mkv_fail(cache->err, MKV_STATUS_INVALID_ARGUMENT, "budget %d must be >= 0", max_tokens);
-    cache->budget[slot] = max_tokens;
+    mkv_kv_t *kv; /* the budget is the KV layer's: it prunes token data */
+    if ((st = kv_get(cache, &kv)) != MKV_STATUS_OK) return st;
+    kv->budget[slot] = max_tokens;
+    kv->budget_epoch[slot] = cache->epoch[slot];
     return MKV_STATUS_OK;
 }
 

@@ -370,9 +370,10 @@ static void classify_region(mkv_cache_t *c, cpu_kv_t *kv, const prompt_ws_t *ws,
         if (cls[i] == MKV_CLASS_HIGH) kv->hi_tok[nh++] = (mkv_policy_token_t){sig[i], i};
         else if (cls[i] == MKV_CLASS_LOW) kv->lo_tok[nl++] = (mkv_policy_token_t){sig[i], i};
     }
-    if (c->budget[slot] > 0 && nh + nl > c->budget[slot]) {
+    const int32_t budget = mkv_kv_budget(c, c->kv, slot);
+    if (budget > 0 && nh + nl > budget) {
         const int32_t np = mkv_policy_budget(kv->hi_tok, nh, kv->lo_tok, nl, n, cfg->window,
-                                             c->budget[slot], kv->prune_sec, kv->prune_idx);
+                                             budget, kv->prune_sec, kv->prune_idx);
         for (int32_t p = 0; p < np; p++) {
             const mkv_policy_token_t *t = kv->prune_sec[p] ? &kv->lo_tok[kv->prune_idx[p]]
                                                            : &kv->hi_tok[kv->prune_idx[p]];
@@ -529,10 +530,11 @@ static mkv_status_t apply_budgets(mkv_cache_t *c, cpu_kv_t *kv, int32_t n_slots,
             int32_t nh = c->st.n_hi[r], nl = c->st.n_lo[r];
             kv->tgt_hi[i] = nh;
             kv->tgt_lo[i] = nl;
-            if (c->budget[s] <= 0 || nh + nl <= c->budget[s]) continue;
+            const int32_t budget = mkv_kv_budget(c, c->kv, s);
+            if (budget <= 0 || nh + nl <= budget) continue;
             gather(c, kv, r, N, c->prompt_len[s]);
             int32_t np = mkv_policy_budget(kv->hi_tok, nh, kv->lo_tok, nl, N, cfg->window,
-                                           c->budget[s], kv->prune_sec, kv->prune_idx);
+                                           budget, kv->prune_sec, kv->prune_idx);
             /* Remove in descending index order per section: each swap-remove then moves a
              * token that is not itself marked. */
             for (int sec = 0; sec < 2; sec++) {
@@ -566,7 +568,7 @@ static mkv_status_t cpu_compress(mkv_cache_t *cache, mkv_kv_t *base, int32_t n_s
     const mkv_cache_config_t *cfg = &cache->cfg;
     const int64_t L = cfg->n_layers, LH = L * cfg->n_kv_heads;
     int budgets = 0;
-    for (int32_t j = 0; j < n_slots; j++) budgets |= cache->budget[slots[j]] > 0;
+    for (int32_t j = 0; j < n_slots; j++) budgets |= mkv_kv_budget(cache, base, slots[j]) > 0;
     /* With both thresholds 0 every significance passes: Algorithm 1 keeps everything. */
     if (cfg->alpha_h == 0.0f && cfg->alpha_l == 0.0f && !budgets) return MKV_STATUS_OK;
 

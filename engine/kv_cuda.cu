@@ -759,7 +759,7 @@ static void fill_slots(const mkv_cache_t *c, const int32_t *slots, int32_t first
         const int32_t s = slots[first + j];
         sa->slot[j] = s;
         sa->plen[j] = c->prompt_len[s];
-        sa->budget[j] = c->budget[s];
+        sa->budget[j] = mkv_kv_budget(c, c->kv, s);
         sa->base[j] = 0;
     }
 }
@@ -1217,7 +1217,7 @@ static mkv_status_t cuda_compress(mkv_cache_t *c, mkv_kv_t *base, int32_t n_slot
     const cudaStream_t stream = stream_of(stream_v);
     const mkv_cache_config_t *cfg = &c->cfg;
     int budgets = 0;
-    for (int32_t j = 0; j < n_slots; j++) budgets |= c->budget[slots[j]] > 0;
+    for (int32_t j = 0; j < n_slots; j++) budgets |= mkv_kv_budget(c, base, slots[j]) > 0;
     compress_args ca = {kv->mm.table, kv->mm.n_hi, kv->mm.n_lo, kv->mm.pool, kv->stage,
                         kv->page_bytes, kv->L * kv->H, kv->T, cfg->window, cfg->obs_window,
                         cfg->alpha_h, cfg->alpha_l, base->lay_hi, base->lay_lo, kv->act,

@@ -89,8 +89,7 @@ mkv_status_t mkv_cache_create(const mkv_cache_config_t *config, mkv_cache_t **ou
     MKV_TRY(work_init(&c->work, &geom, cfg.n_threads, err));
     c->prompt_len = calloc((size_t)geom.max_seqs, sizeof *c->prompt_len);
     c->epoch = calloc((size_t)geom.max_seqs, sizeof *c->epoch);
-    c->budget = calloc((size_t)geom.max_seqs, sizeof *c->budget);
-    if (!c->prompt_len || !c->epoch || !c->budget) {
+    if (!c->prompt_len || !c->epoch) {
         status = mkv_fail(err, MKV_STATUS_OUT_OF_MEMORY, "cannot allocate the slot arrays");
         goto fail;
     }
@@ -147,7 +146,6 @@ void mkv_cache_destroy(mkv_cache_t *cache)
 #endif
     free(cache->prompt_len);
     free(cache->epoch);
-    free(cache->budget);
     mkv_threads_destroy(cache->threads);
     mkv_mm_state_free(&cache->st);
     work_free(&cache->work);
@@ -282,7 +280,6 @@ mkv_status_t mkv_cache_admit(mkv_cache_t *cache, int32_t prompt_len, int32_t *ou
     s->reserved_total += demand;
     cache->prompt_len[slot] = prompt_len;
     cache->epoch[slot]++;
-    cache->budget[slot] = 0;
     if ((st = cache->mm->admitted(cache, slot, demand)) != MKV_STATUS_OK) {
         s->active[slot] = 0;
         s->reserved[slot] = 0;

@@ -80,7 +80,6 @@ struct mkv_cache {
     /* Per slot, set at admission, for the KV backend (engine/kv_backend.c). */
     int32_t *prompt_len;    /* [S] the admitted prompt length */
     uint32_t *epoch;        /* [S] bumped at every admission: tells a new occupant apart */
-    int32_t *budget;        /* [S] tokens kept per head-region, 0: no cap */
     /* Token data state of the KV backend, created on first use, freed with the cache. */
     struct mkv_kv *kv;
     void (*kv_free)(struct mkv_kv *kv);

@@ -20,6 +20,7 @@
 #include "gpu_util.h"
 
 #include "attention/attention.h"
+#include "engine/kv.h"
 #include "memmgr/cache.h"
 #include "memmgr/cuda_mm.h"
 #include "quant/format.h"
@@ -352,7 +353,7 @@ static int slot_near_tie(pair_t *p, int32_t s)
                 if (near_distinct(m1, m2) || near_distinct(m1, sc) || near(m1, th_l)) return 1;
             }
         }
-        const int32_t budget = c->budget[s];
+        const int32_t budget = mkv_kv_budget(c, c->kv, s);
         const int32_t total = c->st.n_hi[r] + c->st.n_lo[r];
         if (budget > 0 && total + 1 > budget && no > 1) {
             qsort(outside, (size_t)no, sizeof outside[0], cmp_double);
@@ -403,7 +404,7 @@ static int commit_explained(pair_t *p, int32_t s)
             if (cls[0][i] == cls[1][i]) continue;
             const double x = cls[0][i] ? sg[0][i] : sg[1][i];
             int explained = near(x, th[0]) || near(x, th[1]);
-            if (!explained && p->cpu->budget[s] > 0)
+            if (!explained && mkv_kv_budget(p->cpu, p->cpu->kv, s) > 0)
                 for (int32_t j = 0; j < n && !explained; j++)
                     explained = j != i && cls[0][j] && near(x, sg[0][j]);
             ok = explained;
