@@ -23,6 +23,7 @@
 #include "attention/decode_cuda.h"
 
 #include "attention/decode_fast.h"
+#include "quant/half.h"
 #include "common/error.h"
 
 #include <cuda_fp16.h>
@@ -76,6 +77,8 @@ struct dec_args {
     int32_t split, n_splits;
     const float *q;         /* [n_seq][H * G][d] */
     float *out;             /* [n_seq][H * G][d] */
+    uint16_t *out16;        /* or, when non-null, here in fp16 (bf16 with out_bf16) */
+    int32_t out_bf16;
     float softmax_scale;
     float *logits;          /* [n_seq * H][G][max_tokens] */
     float *part_o;          /* [n_seq * H][n_splits][G][d] unnormalised partial outputs */
@@ -433,7 +436,9 @@ static __global__ void merge_kernel(dec_args a)
         S = fmaf(a.part_ml[(first + i * step) * 2 + 1], f, S);
         o = fmaf(a.part_o[(first + i * step) * a.d + e], f, o);
     }
-    a.out[((rs * a.G) + g) * a.d + e] = o / S;
+    const float r = o / S;
+    if (a.out16) a.out16[((rs * a.G) + g) * a.d + e] = a.out_bf16 ? mkv_f32_to_bf16(r) : mkv_f32_to_f16(r);
+    else a.out[((rs * a.G) + g) * a.d + e] = r;
     if (e == 0) {
         a.final_ms[(rs * a.G + g) * 2] = M;
         a.final_ms[(rs * a.G + g) * 2 + 1] = S;
@@ -811,6 +816,7 @@ static mkv_status_t launch_fast(const mkv_cuda_decode_t *a, cudaStream_t stream,
     f.item_tokens = w.item_tokens, f.sec_items = w.sec_items;
     f.sec[0] = section_of(a->lay_hi), f.sec[1] = section_of(a->lay_lo);
     f.q = a->q, f.out = a->out, f.softmax_scale = a->softmax_scale;
+    f.out16 = a->out16, f.out_bf16 = a->out_bf16;
     f.logits = reinterpret_cast<float *>(ws + w.off_logits);
     f.part_o = reinterpret_cast<float *>(ws + w.off_part_o);
     f.part_ml = reinterpret_cast<float *>(ws + w.off_part_ml);
@@ -889,8 +895,8 @@ extern "C" size_t mkv_cuda_decode_workspace_size(int32_t n_seq, int32_t n_heads,
 extern "C" mkv_status_t mkv_cuda_decode(const mkv_cuda_decode_t *a, void *stream, char *err)
 {
     if (!a) return bad(err, "null arguments");
-    if (!a->pool || !a->table || !a->n_hi || !a->n_lo || !a->regions || !a->q || !a->out ||
-        !a->workspace)
+    if (!a->pool || !a->table || !a->n_hi || !a->n_lo || !a->regions || !a->q ||
+        (!a->out && !a->out16) || !a->workspace)
         return bad(err, "null pointer (pool %p, table %p, n_hi %p, n_lo %p, regions %p, q %p, "
                         "out %p, workspace %p)", (void *)a->pool, (const void *)a->table,
                    (const void *)a->n_hi, (const void *)a->n_lo, (const void *)a->regions,
@@ -943,6 +949,7 @@ extern "C" mkv_status_t mkv_cuda_decode(const mkv_cuda_decode_t *a, void *stream
     k.regions = a->regions, k.H = a->n_heads, k.G = a->group_size, k.d = a->head_dim;
     k.max_tokens = a->max_tokens, k.split = w.split, k.n_splits = w.n_splits;
     k.q = a->q, k.out = a->out, k.softmax_scale = a->softmax_scale;
+    k.out16 = a->out16, k.out_bf16 = a->out_bf16;
     k.logits = reinterpret_cast<float *>(ws + w.off_logits);
     k.part_o = reinterpret_cast<float *>(ws + w.off_part_o);
     k.part_ml = reinterpret_cast<float *>(ws + w.off_part_ml);

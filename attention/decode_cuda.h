@@ -38,6 +38,10 @@ typedef struct mkv_cuda_decode {
     int32_t kernel;           /* mkv_cuda_decode_kernel_t */
     int32_t scores;           /* mkv_cuda_decode_scores_t (tensor-core path) */
     int32_t logits;           /* mkv_cuda_decode_logits_t (fused write-back) */
+    uint16_t *out16;          /* device [n_seq][H * G][d], or NULL: when set, the outputs are
+                                 written here rounded to fp16 (bf16 when out_bf16) and out is
+                                 not used (saves an engine with 16-bit activations a pass) */
+    int32_t out_bf16;
 } mkv_cuda_decode_t;
 
 /* Which kernels a call uses. AUTO takes the tensor-core kernels where they apply (head_dim 64

@@ -1258,7 +1258,9 @@ struct region_finish {
         for (int j = 0; j < EMAX; j++) {
             const int32_t e = tid + j * NTH;
             if (e >= GD) break;
-            a.out[g.rs * GD + e] = o[j] / S[e / D];
+            const float r = o[j] / S[e / D];
+            if (a.out16) a.out16[g.rs * GD + e] = a.out_bf16 ? mkv_f32_to_bf16(r) : mkv_f32_to_f16(r);
+            else a.out[g.rs * GD + e] = r;
         }
     }
 

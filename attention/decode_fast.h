@@ -19,6 +19,7 @@
 
 #include "attention/decode_tuning.h"
 #include "quant/format.h"
+#include "quant/half.h"
 
 #include <cuda_runtime.h>
 
@@ -52,6 +53,8 @@ struct fast_args {
     fast_section sec[2]; /* high, low */
     const float *q;      /* [n_seq][H * G][d] */
     float *out;          /* [n_seq][H * G][d] */
+    uint16_t *out16;     /* or, when non-null, here in fp16 (bf16 with out_bf16) */
+    int32_t out_bf16;
     float softmax_scale;
     float *logits;  /* [n_seq * H][sec_items + 1][item_tokens][G]: item slot s of a region
                        holds its item's logits, log2 units (already times log2 e) */
@@ -281,7 +284,9 @@ __device__ __forceinline__ void merge_out(const fast_args &a, int64_t part, int3
             const float w = exp2f(__ldcg(a.part_ml + ((part + s) * G + g) * 2) - M[g]);
             o = fmaf(__ldcg(a.part_o + ((part + s) * G + g) * d + e), w, o);
         }
-        a.out[(rs * G + g) * d + e] = o / S[g];
+        const float r = o / S[g];
+        if (a.out16) a.out16[(rs * G + g) * d + e] = a.out_bf16 ? mkv_f32_to_bf16(r) : mkv_f32_to_f16(r);
+        else a.out[(rs * G + g) * d + e] = r;
     }
 }
 

@@ -77,7 +77,7 @@ typedef struct cuda_kv {
     uint16_t **d_ws_k, **d_ws_v; /* device [S] pointer tables for the commit kernels */
     float **d_ws_sig;
     /* decode */
-    float *q32, *out32;     /* [S][H * G][d] */
+    float *q32;             /* [S][H * G][d] */
     int64_t *regions;       /* [S][H] */
     void *dec_ws;
     size_t dec_ws_bytes;
@@ -267,13 +267,6 @@ static __global__ void to_f16_kernel(const void *src, int dtype, int64_t n, uint
         const float x = load_elem(src, dtype, i);
         dst[i] = mkv_f32_to_f16(sane ? sanitize(x) : x);
     }
-}
-
-/* f32 -> dtype (f16 / bf16, round to nearest even). */
-static __global__ void from_f32_kernel(const float *src, int dtype, int64_t n, uint16_t *dst)
-{
-    for (int64_t i = (int64_t)blockIdx.x * blockDim.x + threadIdx.x; i < n; i += (int64_t)gridDim.x * blockDim.x)
-        dst[i] = dtype == MKV_DTYPE_F16 ? mkv_f32_to_f16(src[i]) : mkv_f32_to_bf16(src[i]);
 }
 
 static unsigned grid_for(int64_t n, int threads)
@@ -781,7 +774,7 @@ static void cuda_destroy(mkv_kv_t *base)
         for (int32_t s = 0; s < kv->S; s++) ws_release(&kv->ws[s]);
     free(kv->ws);
     free(kv->seq);
-    void *dev[] = {kv->d_ws_k, kv->d_ws_v, kv->d_ws_sig, kv->q32, kv->out32,
+    void *dev[] = {kv->d_ws_k, kv->d_ws_v, kv->d_ws_sig, kv->q32,
                    kv->regions, kv->dec_ws, kv->act,
                    kv->cand, kv->victim, kv->tgt_hi, kv->tgt_lo, kv->stage, kv->d_decoded,
                    kv->d_compressed};
@@ -828,7 +821,6 @@ static mkv_status_t cuda_create(mkv_cache_t *c, mkv_kv_t *base)
     DMALLOC(kv->d_ws_v, S * sizeof(uint16_t *));
     DMALLOC(kv->d_ws_sig, S * sizeof(float *));
     DMALLOC(kv->q32, S * H * G * d * 4);
-    DMALLOC(kv->out32, S * H * G * d * 4);
     DMALLOC(kv->regions, S * H * 8);
     DMALLOC(kv->act, R * 4);
     DMALLOC(kv->cand, R * 4);
@@ -1147,7 +1139,6 @@ static mkv_status_t cuda_decode(mkv_cache_t *c, mkv_kv_t *base, int32_t n_slots,
         new_token_kernel<<<na.token_blocks + q_blocks, KC_WARPS * 32, 0, stream>>>(sa, na);
         LAUNCHED("new_token_kernel");
     }
-    mkv_status_t st;
     mkv_cuda_decode_t da;
     memset(&da, 0, sizeof da);
     da.pool = kv->mm.pool, da.page_bytes = kv->page_bytes;
@@ -1157,15 +1148,11 @@ static mkv_status_t cuda_decode(mkv_cache_t *c, mkv_kv_t *base, int32_t n_slots,
     da.n_seq = n_slots, da.n_heads = (int32_t)H, da.group_size = (int32_t)G, da.head_dim = (int32_t)d;
     da.max_tokens = max_tokens;
     da.q = q32;
-    da.out = dtype == MKV_DTYPE_F32 ? (float *)out : kv->out32;
+    if (dtype == MKV_DTYPE_F32) da.out = (float *)out;
+    else da.out16 = (uint16_t *)out, da.out_bf16 = dtype == MKV_DTYPE_BF16; /* written as dtype */
     da.softmax_scale = cfg->softmax_scale;
     da.workspace = kv->dec_ws;
-    if ((st = mkv_cuda_decode(&da, stream, c->err)) != MKV_STATUS_OK) return st;
-    if (dtype != MKV_DTYPE_F32) {
-        from_f32_kernel<<<grid_for(nq, 256), 256, 0, stream>>>(kv->out32, dtype, nq, (uint16_t *)out);
-        LAUNCHED("from_f32_kernel");
-    }
-    return MKV_STATUS_OK;
+    return mkv_cuda_decode(&da, stream, c->err);
 }
 
 static mkv_status_t launch_regions(mkv_cache_t *c, cuda_kv_t *kv, const int32_t *slots, int32_t n_slots,
