@@ -196,9 +196,9 @@ __device__ void demote_token(uint8_t *dst, const mkv_page_layout_t *dl, int32_t 
         read_vector(src, sl, which, ss, xs, lane);
         write_vector(dst, dl, which, ds, xs, qs, lane);
     }
-    if (lane < 4) {
-        dst[mkv_score_offset(dl, ds) + lane] = src[mkv_score_offset(sl, ss) + lane];
-        dst[mkv_pos_offset(dl, ds) + lane] = src[mkv_pos_offset(sl, ss) + lane];
+    if (lane == 0) {
+        *(uint32_t *)(dst + mkv_score_offset(dl, ds)) = *(const uint32_t *)(src + mkv_score_offset(sl, ss));
+        *(uint32_t *)(dst + mkv_pos_offset(dl, ds)) = *(const uint32_t *)(src + mkv_pos_offset(sl, ss));
     }
     __syncwarp();
 }
@@ -339,8 +339,8 @@ new_token_kernel(const __grid_constant__ slot_args sa, const __grid_constant__ n
     __syncwarp();
     write_vector(page, &a.lay, which, slot, xs[warp], qs[warp], lane);
     if (lane == 0 && which == 0) {
-        put_bytes(page + mkv_score_offset(&a.lay, slot), 0u, 4);
-        put_bytes(page + mkv_pos_offset(&a.lay, slot), (uint32_t)(N - 1), 4);
+        *(uint32_t *)(page + mkv_score_offset(&a.lay, slot)) = 0u; /* aligned words */
+        *(int32_t *)(page + mkv_pos_offset(&a.lay, slot)) = N - 1;
     }
 }
 
@@ -470,8 +470,8 @@ place_kernel(const __grid_constant__ slot_args sa, const __grid_constant__ place
             write_vector(page, lay, which, slot, xs[warp], qs[warp], lane);
         }
         if (lane == 0) {
-            put_bytes(page + mkv_score_offset(lay, slot), __float_as_uint(a.ws_sig[s][(int64_t)lh * n + i]), 4);
-            put_bytes(page + mkv_pos_offset(lay, slot), (uint32_t)i, 4);
+            *(float *)(page + mkv_score_offset(lay, slot)) = a.ws_sig[s][(int64_t)lh * n + i];
+            *(int32_t *)(page + mkv_pos_offset(lay, slot)) = i;
         }
         __syncwarp();
     }

@@ -34,6 +34,13 @@ MKV_HD uint16_t mkv_f32_to_f16(float f)
     const uint32_t absx = x & 0x7fffffffu;
     if (absx >= 0x7f800000u) /* inf or NaN */
         return (uint16_t)(sign | 0x7c00u | (absx > 0x7f800000u ? 0x0200u : 0u));
+#if defined(__CUDA_ARCH__)
+    { /* the same rounding in one instruction (finite inputs; NaN keeps the payload rule above) */
+        unsigned short h;
+        asm("cvt.rn.f16.f32 %0, %1;" : "=h"(h) : "f"(f));
+        return (uint16_t)h;
+    }
+#endif
     if (absx >= 0x477ff000u) /* rounds to >= 65520: overflow */
         return (uint16_t)(sign | 0x7c00u);
     if (absx < 0x38800000u) { /* below 2^-14: subnormal half or zero */
@@ -60,6 +67,13 @@ MKV_HD float mkv_f16_to_f32(uint16_t h)
     const uint32_t exp = (h >> 10) & 0x1fu;
     uint32_t mant = h & 0x3ffu;
     if (exp == 0x1fu) return mkv_bits_f32(sign | 0x7f800000u | (mant << 13));
+#if defined(__CUDA_ARCH__)
+    { /* exact either way; one instruction on the device (inf and NaN keep the rule above) */
+        float f;
+        asm("cvt.f32.f16 %0, %1;" : "=f"(f) : "h"((unsigned short)h));
+        return f;
+    }
+#endif
     if (exp == 0) {
         if (mant == 0) return mkv_bits_f32(sign);
         /* subnormal: mant * 2^-24 */

@@ -120,11 +120,17 @@ static __device__ void write_vector(uint8_t *page, const mkv_page_layout_t *lay,
         if (olo_at >= 0 && (lo_at < 0 || olo < lo || (olo == lo && olo_at < lo_at))) lo = olo, lo_at = olo_at;
         if (ohi_at >= 0 && (hi_at < 0 || ohi > hi || (ohi == hi && ohi_at < hi_at))) hi = ohi, hi_at = ohi_at;
     }
+    /* A lane's E codes fill whole bytes that sit together in one chunk where E * bits is 8, 16,
+     * 32 or 64 (d 64 to 256 at 2 to 8 bits, but 2-bit at d 64): one store from registers. */
+    const int32_t lane_bits = E * v->bits, lane_bytes = lane_bits / 8;
+    const bool direct = d >= 32 && lane_bits % 8 == 0 && lane_bytes <= 8 && v->chunk_bytes % lane_bytes == 0;
+    uint64_t packed = 0;
     if (active) {
         uint16_t scale_h = 0, zero_h;
         if (lo == hi) { /* constant group, compared after sanitising, -0 == +0 included */
             zero_h = mkv_f32_to_f16(lo);
-            for (int32_t e = 0; e < E; e++) q[i0 + e] = 0;
+            if (!direct)
+                for (int32_t e = 0; e < E; e++) q[i0 + e] = 0;
         } else {
             zero_h = f16_round_down(lo);
             scale_h = group_scale(hi, zero_h, v->bits);
@@ -133,14 +139,27 @@ static __device__ void write_vector(uint8_t *page, const mkv_page_layout_t *lay,
                 /* scale > 0, so the quotient is finite; clamping the int is clamping quant.c's
                  * float, as __float2int_rn saturates (and x >= zero keeps it >= 0 anyway). */
                 const int c = __float2int_rn(__fdiv_rn(__fsub_rn(x[i0 + e], zero_f), scale_f));
-                q[i0 + e] = (uint8_t)(c < 0 ? 0 : c > qmax ? qmax : c);
+                const uint32_t code = (uint32_t)(c < 0 ? 0 : c > qmax ? qmax : c);
+                if (direct) packed |= (uint64_t)code << (e * v->bits);
+                else q[i0 + e] = (uint8_t)code;
             }
         }
-        if (i0 % n == 0) { /* the group's first lane writes its metadata */
-            uint8_t *meta = page + mkv_meta_offset(lay, which, slot, i0 / n);
-            put_bytes(meta, scale_h, 2);
-            put_bytes(meta + 2, zero_h, 2);
+        if (i0 % n == 0) /* the group's first lane writes its metadata: {scale, zero}, one word */
+            *(uint32_t *)(page + mkv_meta_offset(lay, which, slot, i0 / n)) =
+                (uint32_t)scale_h | (uint32_t)zero_h << 16;
+    }
+    if (direct) { /* little-endian: code e at bit e * bits of the lane's bytes, as below */
+        if (active) {
+            uint8_t *dst = page + packed_byte(lay, which, slot, i0 * v->bits / 8);
+            switch (lane_bytes) {
+            case 1: *dst = (uint8_t)packed; break;
+            case 2: *(uint16_t *)dst = (uint16_t)packed; break;
+            case 4: *(uint32_t *)dst = (uint32_t)packed; break;
+            default: *(uint64_t *)dst = packed; break;
+            }
         }
+        __syncwarp();
+        return;
     }
     __syncwarp();
     const int32_t per_byte = 8 / v->bits;
@@ -167,9 +186,9 @@ static __device__ void read_vector(const uint8_t *page, const mkv_page_layout_t 
             const int32_t bit = i * v->bits;
             const uint32_t mask = (1u << v->bits) - 1u;
             const uint32_t code = (page[packed_byte(lay, which, slot, bit / 8)] >> (bit % 8)) & mask;
-            const uint8_t *meta = page + mkv_meta_offset(lay, which, slot, i / v->group_elems);
-            const float s = mkv_f16_to_f32((uint16_t)get_bytes(meta, 2));
-            const float z = mkv_f16_to_f32((uint16_t)get_bytes(meta + 2, 2));
+            /* {scale, zero}: one aligned word (segments start on 16-byte boundaries) */
+            const uint32_t meta = *(const uint32_t *)(page + mkv_meta_offset(lay, which, slot, i / v->group_elems));
+            const float s = mkv_f16_to_f32((uint16_t)meta), z = mkv_f16_to_f32((uint16_t)(meta >> 16));
             e = __fadd_rn(__fmul_rn((float)code, s), z); /* the product is exact */
         }
         x[i] = sanitize(e);
