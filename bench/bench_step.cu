@@ -111,11 +111,27 @@ static __global__ void fill_tokens(const __grid_constant__ token_fill f)
     }
 }
 
+static __global__ void empty_kernel() {}
+
 struct row {
     int32_t batch, context;
     double append_us, decode_us, attention_us, compress_us, overhead_pct, decode_host_us;
     int64_t pool_bytes;
+    /* the floor below which work outside attention cannot go (docs/results.md): */
+    int64_t attention_bytes, policy_bytes; /* what attention reads; score + position of every high token */
+    double launches_us;                    /* 32 empty launches, one per layer's token write */
+    double floor_pct;                      /* (launches + policy bytes at the copy rate) / attention */
+    double attention_copy_fraction;        /* attention bytes / time / copy rate */
 };
+
+/* Bytes the attention reads per token of a layout: codes, metadata and the score word. */
+static int64_t token_read_bytes(const mkv_page_layout_t *lay)
+{
+    int64_t b = 4;
+    const mkv_vec_layout_t *sides[2] = {&lay->key, &lay->value};
+    for (const mkv_vec_layout_t *v : sides) b += v->vec_bytes + (v->bits == 16 ? 0 : 4 * (int64_t)v->groups);
+    return b;
+}
 
 static double median(std::vector<double> v)
 {
@@ -123,7 +139,7 @@ static double median(std::vector<double> v)
     return v.empty() ? 0.0 : v[v.size() / 2];
 }
 
-static bool run(int32_t B, int32_t ctx, int reps, double max_gib, row *out)
+static bool run(int32_t B, int32_t ctx, int reps, double max_gib, double copy_rate, row *out)
 {
     mkv_cache_config_t cfg = MKV_CACHE_CONFIG_INIT;
     cfg.n_layers = L, cfg.n_kv_heads = H, cfg.group_size = G, cfg.head_dim = D;
@@ -198,9 +214,9 @@ static bool run(int32_t B, int32_t ctx, int reps, double max_gib, row *out)
     const size_t wsb = mkv_cuda_decode_workspace_size(B, H, G, D, da.max_tokens, 0);
     CK(cudaMalloc(&da.workspace, wsb));
 
-    cudaEvent_t ev[5];
-    for (int i = 0; i < 5; i++) CK(cudaEventCreate(&ev[i]));
-    std::vector<double> ta, td, tat, tc, thost;
+    cudaEvent_t ev[6];
+    for (int i = 0; i < 6; i++) CK(cudaEventCreate(&ev[i]));
+    std::vector<double> ta, td, tat, tc, thost, tlaunch;
     char err[MKV_ERR_LEN];
     for (int rep = 0; rep <= reps; rep++) {
         CK(cudaEventRecord(ev[0]));
@@ -221,13 +237,18 @@ static bool run(int32_t B, int32_t ctx, int reps, double max_gib, row *out)
             }
         }
         CK(cudaEventRecord(ev[4]));
+        /* the launch floor: as many empty kernels as layers, with the token write's grid */
+        const unsigned blocks = (unsigned)((2 * B * H + 3) / 4);
+        for (int32_t l = 0; l < L; l++) empty_kernel<<<blocks, 128>>>();
+        CK(cudaEventRecord(ev[5]));
         MK(c, mkv_cache_sync(c, NULL));
-        float ms[4];
-        for (int i = 0; i < 4; i++) CK(cudaEventElapsedTime(&ms[i], ev[i], ev[i + 1]));
+        float ms[5];
+        for (int i = 0; i < 5; i++) CK(cudaEventElapsedTime(&ms[i], ev[i], ev[i + 1]));
         if (rep == 0) continue; /* warm-up */
         ta.push_back(ms[0] * 1e3), td.push_back(ms[1] * 1e3), tc.push_back(ms[2] * 1e3);
         tat.push_back(ms[3] * 1e3);
         thost.push_back(host_us);
+        tlaunch.push_back(ms[4] * 1e3);
     }
     out->batch = B, out->context = ctx;
     out->append_us = median(ta), out->decode_us = median(td), out->compress_us = median(tc);
@@ -236,7 +257,14 @@ static bool run(int32_t B, int32_t ctx, int reps, double max_gib, row *out)
     out->overhead_pct = 100.0 * (out->append_us + out->decode_us - out->attention_us + out->compress_us) /
                         out->attention_us;
     out->pool_bytes = cfg.pool_pages * page_bytes;
-    for (int i = 0; i < 5; i++) cudaEventDestroy(ev[i]);
+    const int64_t n_regions = (int64_t)B * L * H;
+    out->attention_bytes = n_regions * ((int64_t)n_hi * token_read_bytes(&f.lay[0]) +
+                                      (int64_t)n_lo * token_read_bytes(&f.lay[1]));
+    out->policy_bytes = n_regions * (int64_t)n_hi * 8;
+    out->launches_us = median(tlaunch);
+    out->floor_pct = 100.0 * (out->launches_us + out->policy_bytes / copy_rate * 1e6) / out->attention_us;
+    out->attention_copy_fraction = out->attention_bytes / (out->attention_us * 1e-6) / copy_rate;
+    for (int i = 0; i < 6; i++) cudaEventDestroy(ev[i]);
     cudaFree(q), cudaFree(k), cudaFree(vv), cudaFree(o), cudaFree(q32), cudaFree(o32);
     cudaFree(regions), cudaFree(da.workspace), cudaFree(d_th), cudaFree(d_tl);
     mkv_cache_destroy(c);
@@ -281,26 +309,54 @@ int main(int argc, char **argv)
     }
     cudaDeviceProp prop;
     CK(cudaGetDeviceProperties(&prop, 0));
+    /* The device-to-device copy rate (read + write bytes per second) of a 1 GiB buffer. */
+    double copy_rate;
+    {
+        const size_t bytes = (size_t)1 << 30;
+        void *a, *b;
+        CK(cudaMalloc(&a, bytes));
+        CK(cudaMalloc(&b, bytes));
+        cudaEvent_t e0, e1;
+        CK(cudaEventCreate(&e0));
+        CK(cudaEventCreate(&e1));
+        std::vector<double> t;
+        for (int i = 0; i < 6; i++) {
+            CK(cudaEventRecord(e0));
+            CK(cudaMemcpyAsync(b, a, bytes, cudaMemcpyDeviceToDevice));
+            CK(cudaEventRecord(e1));
+            CK(cudaEventSynchronize(e1));
+            float ms;
+            CK(cudaEventElapsedTime(&ms, e0, e1));
+            if (i > 0) t.push_back(ms * 1e-3);
+        }
+        copy_rate = 2.0 * (double)bytes / median(t);
+        cudaEventDestroy(e0), cudaEventDestroy(e1), cudaFree(a), cudaFree(b);
+    }
     printf("bench_step on %s: Llama-3-8B geometry (L 32, H 8, G 4, d 128), K8V4/K4V2, 50%% high / 30%% low / "
            "20%% pruned, median of %d steps (us)\n",
            prop.name, reps);
-    printf("%6s %7s %9s %11s %11s %9s %10s %12s\n", "batch", "context", "append", "decode-attn", "attention",
-           "compress", "overhead%", "decode-host");
+    printf("copy rate %.0f GB/s; floor%%: 32 empty launches + every high token's score and position read at the "
+           "copy rate, over attention; attn/copy: attention's bytes per second over the copy rate\n",
+           copy_rate * 1e-9);
+    printf("%6s %7s %9s %11s %11s %9s %10s %12s %7s %9s\n", "batch", "context", "append", "decode-attn", "attention",
+           "compress", "overhead%", "decode-host", "floor%", "attn/copy");
     std::vector<row> rows;
     for (int32_t B : batches)
         for (int32_t ctx : contexts) {
             row r;
-            if (!run(B, ctx, reps, max_gib, &r)) {
+            if (!run(B, ctx, reps, max_gib, copy_rate, &r)) {
                 printf("%6d %7d   (skipped: the pool would exceed %.0f GiB)\n", B, ctx, max_gib);
                 continue;
             }
-            printf("%6d %7d %9.1f %11.1f %11.1f %9.1f %10.2f %12.1f\n", B, ctx, r.append_us,
-                   r.decode_us - r.attention_us, r.attention_us, r.compress_us, r.overhead_pct, r.decode_host_us);
+            printf("%6d %7d %9.1f %11.1f %11.1f %9.1f %10.2f %12.1f %7.2f %9.2f\n", B, ctx, r.append_us,
+                   r.decode_us - r.attention_us, r.attention_us, r.compress_us, r.overhead_pct, r.decode_host_us,
+                   r.floor_pct, r.attention_copy_fraction);
             fflush(stdout);
             rows.push_back(r);
         }
     if (jf) {
-        fprintf(jf, "{\n  \"format\": \"mixkv-bench-step\",\n  \"version\": 1,\n  \"device\": \"%s\",\n", prop.name);
+        fprintf(jf, "{\n  \"format\": \"mixkv-bench-step\",\n  \"version\": 2,\n  \"device\": \"%s\",\n"
+                    "  \"copy_gbps\": %.1f,\n", prop.name, copy_rate * 1e-9);
         fprintf(jf, "  \"geometry\": {\"layers\": %d, \"kv_heads\": %d, \"group\": %d, \"head_dim\": %d, "
                     "\"formats\": \"K8V4/K4V2\", \"mix\": \"50/30/20\"},\n  \"reps\": %d,\n  \"rows\": [\n",
                 L, H, G, D, reps);
@@ -308,9 +364,13 @@ int main(int argc, char **argv)
             const row &r = rows[i];
             fprintf(jf, "    {\"batch\": %d, \"context\": %d, \"append_us\": %.2f, \"decode_us\": %.2f, "
                         "\"attention_us\": %.2f, \"compress_us\": %.2f, \"overhead_pct\": %.3f, "
-                        "\"decode_host_us\": %.2f, \"pool_bytes\": %lld}%s\n",
+                        "\"decode_host_us\": %.2f, \"pool_bytes\": %lld, \"attention_bytes\": %lld, "
+                        "\"policy_bytes\": %lld, \"launches_us\": %.2f, \"floor_pct\": %.3f, "
+                        "\"attention_copy_fraction\": %.4f}%s\n",
                     r.batch, r.context, r.append_us, r.decode_us, r.attention_us, r.compress_us,
-                    r.overhead_pct, r.decode_host_us, (long long)r.pool_bytes, i + 1 < rows.size() ? "," : "");
+                    r.overhead_pct, r.decode_host_us, (long long)r.pool_bytes, (long long)r.attention_bytes,
+                    (long long)r.policy_bytes, r.launches_us, r.floor_pct, r.attention_copy_fraction,
+                    i + 1 < rows.size() ? "," : "");
         }
         fprintf(jf, "  ]\n}\n");
         fclose(jf);
