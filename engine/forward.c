@@ -18,10 +18,8 @@
 #include "engine/model.h"
 
 #include "common/error.h"
-#include "engine/kv_backend.h"
 #include "engine/parallel.h"
 #include "engine/weights.h"
-#include "memmgr/cache.h" /* the admitted prompt length, to check a prefill's n */
 
 #include <math.h>
 #include <stdlib.h>
@@ -295,8 +293,30 @@ static void rows_run(const mkv_model_t *m, mkv_forward_ws_t *ws, int32_t kind, c
 typedef mkv_status_t (*attend_fn)(mkv_cache_t *cache, int32_t layer, const mkv_forward_ws_t *ws,
                                   const void *arg);
 
+/* The cache's attention runs on the workspace's pool (mkv_cache_set_parallel). */
+static void run_on_pool(void *runner, mkv_task_fn fn, void *task, int64_t n)
+{
+    mkv_pool_run(runner, fn, task, n);
+}
+
+static mkv_status_t layers(const mkv_model_t *m, mkv_cache_t *cache, mkv_forward_ws_t *ws,
+                           int32_t n, attend_fn attend, const void *arg);
+
+/* Lends the cache the pool for the call's layers only: the cache must not keep a pointer to
+ * a workspace that may be freed before it. */
 static mkv_status_t run_layers(const mkv_model_t *m, mkv_cache_t *cache, mkv_forward_ws_t *ws,
                                int32_t n, attend_fn attend, const void *arg)
+{
+    mkv_status_t st;
+    if (ws->pool && (st = mkv_cache_set_parallel(cache, run_on_pool, ws->pool, ws->n_threads)) != MKV_STATUS_OK)
+        return cache_failed(cache, st);
+    st = layers(m, cache, ws, n, attend, arg);
+    if (ws->pool) (void)mkv_cache_set_parallel(cache, NULL, NULL, 1);
+    return st;
+}
+
+static mkv_status_t layers(const mkv_model_t *m, mkv_cache_t *cache, mkv_forward_ws_t *ws,
+                           int32_t n, attend_fn attend, const void *arg)
 {
     const mkv_model_config_t *c = &m->cfg;
     const int32_t D = c->hidden, QD = ws->q_dim, KD = ws->kv_dim, FF = c->intermediate;
@@ -386,8 +406,7 @@ static mkv_status_t attend_prefill(mkv_cache_t *cache, int32_t layer, const mkv_
                                    const void *arg)
 {
     const prefill_arg_t *p = arg;
-    return mkv_cache_prefill_layer_pool(cache, p->slot, layer, ws->q, ws->k, ws->v, ws->att,
-                                        ws->pool);
+    return mkv_cache_prefill_layer(cache, p->slot, layer, ws->q, ws->k, ws->v, ws->att, NULL);
 }
 
 mkv_status_t mkv_model_prefill(const mkv_model_t *m, mkv_cache_t *cache, int32_t slot,
@@ -403,11 +422,13 @@ mkv_status_t mkv_model_prefill(const mkv_model_t *m, mkv_cache_t *cache, int32_t
         return mkv_fail_global(MKV_STATUS_INVALID_ARGUMENT,
                                "mkv_model_prefill: slot %d is not an admitted, uncommitted slot",
                                slot);
-    if (n != cache->prompt_len[slot])
+    int32_t admitted;
+    if ((st = mkv_cache_prompt_len(cache, slot, &admitted)) != MKV_STATUS_OK) return cache_failed(cache, st);
+    if (n != admitted)
         return mkv_fail_global(MKV_STATUS_INVALID_ARGUMENT,
                                "mkv_model_prefill: %d tokens, but slot %d was admitted with a "
                                "prompt of %d",
-                               n, slot, cache->prompt_len[slot]);
+                               n, slot, admitted);
 
     for (int32_t t = 0; t < n; t++) ws->pos[t] = t;
     embed(m, tokens, n, ws->x);
@@ -435,8 +456,8 @@ static mkv_status_t attend_decode(mkv_cache_t *cache, int32_t layer, const mkv_f
                                   const void *arg)
 {
     const decode_arg_t *p = arg;
-    return mkv_cache_decode_layer_pool(cache, p->n_slots, p->slots, layer, ws->q, ws->k, ws->v,
-                                       ws->att, ws->pool);
+    return mkv_cache_decode_layer(cache, p->n_slots, p->slots, layer, ws->q, ws->k, ws->v, ws->att,
+                                  NULL);
 }
 
 mkv_status_t mkv_model_decode(const mkv_model_t *m, mkv_cache_t *cache, int32_t n_slots,

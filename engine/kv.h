@@ -22,26 +22,25 @@
 extern "C" {
 #endif
 
-struct mkv_pool;
 typedef struct mkv_kv mkv_kv_t;
 
 /* One backend's implementation of the token-data calls. Arguments arrive checked: slots
  * valid, active and distinct; layers in range; tensors non-null; the step order respected.
  * Tensors: q [rows][H * G][d], k and v [rows][H][d], out [rows][H * G][d] in `dtype`, with
  * rows the slots' prompt lengths one after another (prefill) or one row per slot (decode).
- * `pool` is the CPU backend's thread pool (NULL: the calling thread); CUDA ignores it. */
+ * The CPU backend runs its attention on the cache's parallel function (par_run). */
 typedef struct mkv_kv_ops {
     const char *name;
     mkv_status_t (*create)(mkv_cache_t *c, mkv_kv_t *kv);
     void (*destroy)(mkv_kv_t *kv);
     mkv_status_t (*prefill)(mkv_cache_t *c, mkv_kv_t *kv, int32_t n_slots, const int32_t *slots,
                             int32_t layer, mkv_dtype_t dtype, const void *q, const void *k,
-                            const void *v, void *out, void *stream, struct mkv_pool *pool);
+                            const void *v, void *out, void *stream);
     mkv_status_t (*commit)(mkv_cache_t *c, mkv_kv_t *kv, int32_t n_slots, const int32_t *slots,
                            void *stream);
     mkv_status_t (*decode)(mkv_cache_t *c, mkv_kv_t *kv, int32_t n_slots, const int32_t *slots,
                            int32_t layer, mkv_dtype_t dtype, const void *q, const void *k,
-                           const void *v, void *out, void *stream, struct mkv_pool *pool);
+                           const void *v, void *out, void *stream);
     mkv_status_t (*compress)(mkv_cache_t *c, mkv_kv_t *kv, int32_t n_slots, const int32_t *slots,
                              void *stream);
     /* The step bookkeeping (decoded, compressed) from the device, where it is authoritative

@@ -4,7 +4,6 @@
  * The backend is chosen once, when the layer's state is created on first use.
  */
 #include "engine/kv.h"
-#include "engine/kv_backend.h"
 
 #include <stdlib.h>
 #include <string.h>
@@ -161,7 +160,7 @@ static mkv_status_t check_token_call(mkv_cache_t *c, int32_t n_slots, const int3
 
 static mkv_status_t prefill(mkv_cache_t *c, int32_t n_slots, const int32_t *slots, int32_t layer,
                             mkv_dtype_t dtype, const void *q, const void *k, const void *v,
-                            void *out, void *stream, mkv_pool_t *pool)
+                            void *out, void *stream)
 {
     SETTLE(c, 0);
     mkv_kv_t *kv;
@@ -171,7 +170,7 @@ static mkv_status_t prefill(mkv_cache_t *c, int32_t n_slots, const int32_t *slot
         if (c->st.seq_len[slots[j]] != 0)
             return mkv_fail(c->err, MKV_STATUS_INVALID_ARGUMENT, "slot %d: its prompt is already committed",
                             slots[j]);
-    if ((st = kv->ops->prefill(c, kv, n_slots, slots, layer, dtype, q, k, v, out, stream, pool)) !=
+    if ((st = kv->ops->prefill(c, kv, n_slots, slots, layer, dtype, q, k, v, out, stream)) !=
         MKV_STATUS_OK)
         return st;
     for (int32_t j = 0; j < n_slots; j++) prefilled_of(c, kv, slots[j])[layer] = 1;
@@ -183,7 +182,7 @@ mkv_status_t mkv_cache_prefill_layer(mkv_cache_t *cache, int32_t slot, int32_t l
                                      void *stream)
 {
     HANDLE_CHECK(cache);
-    return prefill(cache, 1, &slot, layer, MKV_DTYPE_F32, q, k, v, out, stream, NULL);
+    return prefill(cache, 1, &slot, layer, MKV_DTYPE_F32, q, k, v, out, stream);
 }
 
 mkv_status_t mkv_cache_prefill_layer_ex(mkv_cache_t *cache, int32_t n_slots, const int32_t *slots,
@@ -191,15 +190,7 @@ mkv_status_t mkv_cache_prefill_layer_ex(mkv_cache_t *cache, int32_t n_slots, con
                                         const void *k, const void *v, void *out, void *stream)
 {
     HANDLE_CHECK(cache);
-    return prefill(cache, n_slots, slots, layer, dtype, q, k, v, out, stream, NULL);
-}
-
-mkv_status_t mkv_cache_prefill_layer_pool(mkv_cache_t *cache, int32_t slot, int32_t layer,
-                                          const float *q, const float *k, const float *v,
-                                          float *out, mkv_pool_t *pool)
-{
-    HANDLE_CHECK(cache);
-    return prefill(cache, 1, &slot, layer, MKV_DTYPE_F32, q, k, v, out, NULL, pool);
+    return prefill(cache, n_slots, slots, layer, dtype, q, k, v, out, stream);
 }
 
 /* ---------------------------------------------------------------------------------------- */
@@ -243,7 +234,7 @@ mkv_status_t mkv_cache_commit_prompt(mkv_cache_t *cache, int32_t n_slots, const 
 
 static mkv_status_t decode(mkv_cache_t *c, int32_t n_slots, const int32_t *slots, int32_t layer,
                            mkv_dtype_t dtype, const void *q, const void *k, const void *v,
-                           void *out, void *stream, mkv_pool_t *pool)
+                           void *out, void *stream)
 {
     SETTLE(c, 1);
     mkv_kv_t *kv;
@@ -259,7 +250,7 @@ static mkv_status_t decode(mkv_cache_t *c, int32_t n_slots, const int32_t *slots
                             s, layer);
     }
     if (n_slots == 0) return MKV_STATUS_OK;
-    if ((st = kv->ops->decode(c, kv, n_slots, slots, layer, dtype, q, k, v, out, stream, pool)) !=
+    if ((st = kv->ops->decode(c, kv, n_slots, slots, layer, dtype, q, k, v, out, stream)) !=
         MKV_STATUS_OK)
         return st;
     for (int32_t j = 0; j < n_slots; j++) kv->decoded[slots[j] * L + layer] = c->st.seq_len[slots[j]];
@@ -271,7 +262,7 @@ mkv_status_t mkv_cache_decode_layer(mkv_cache_t *cache, int32_t n_slots, const i
                                     float *out, void *stream)
 {
     HANDLE_CHECK(cache);
-    return decode(cache, n_slots, slots, layer, MKV_DTYPE_F32, q, k, v, out, stream, NULL);
+    return decode(cache, n_slots, slots, layer, MKV_DTYPE_F32, q, k, v, out, stream);
 }
 
 mkv_status_t mkv_cache_decode_layer_ex(mkv_cache_t *cache, int32_t n_slots, const int32_t *slots,
@@ -279,15 +270,20 @@ mkv_status_t mkv_cache_decode_layer_ex(mkv_cache_t *cache, int32_t n_slots, cons
                                        const void *k, const void *v, void *out, void *stream)
 {
     HANDLE_CHECK(cache);
-    return decode(cache, n_slots, slots, layer, dtype, q, k, v, out, stream, NULL);
+    return decode(cache, n_slots, slots, layer, dtype, q, k, v, out, stream);
 }
 
-mkv_status_t mkv_cache_decode_layer_pool(mkv_cache_t *cache, int32_t n_slots, const int32_t *slots,
-                                         int32_t layer, const float *q, const float *k,
-                                         const float *v, float *out, mkv_pool_t *pool)
+mkv_status_t mkv_cache_set_parallel(mkv_cache_t *cache, mkv_parallel_fn run, void *runner,
+                                    int32_t parts)
 {
     HANDLE_CHECK(cache);
-    return decode(cache, n_slots, slots, layer, MKV_DTYPE_F32, q, k, v, out, NULL, pool);
+    if (parts < 1)
+        return mkv_fail(cache->err, MKV_STATUS_INVALID_ARGUMENT, "mkv_cache_set_parallel: %d parts (>= 1)",
+                        parts);
+    cache->par_run = parts > 1 ? run : NULL;
+    cache->par_runner = parts > 1 ? runner : NULL;
+    cache->par_parts = run && parts > 1 ? parts : 1;
+    return MKV_STATUS_OK;
 }
 
 /* ---------------------------------------------------------------------------------------- */

@@ -20,7 +20,6 @@
  */
 #include "attention/attention.h"
 #include "engine/kv.h"
-#include "engine/kv_backend.h"
 #include "engine/policy.h"
 #include "memmgr/cache.h"
 #include "quant/half.h"
@@ -255,11 +254,6 @@ static mkv_status_t par_scratch(mkv_cache_t *c, cpu_kv_t *kv, int64_t floats)
     return MKV_STATUS_OK;
 }
 
-static void pool_runner(void *runner, mkv_attn_range_fn fn, void *ctx, int64_t n)
-{
-    mkv_pool_run(runner, fn, ctx, n);
-}
-
 /* f16 / bf16 elements as f32 (exact); f32 is used in place. */
 static const float *as_f32(cpu_kv_t *kv, mkv_dtype_t dtype, const void *src, int64_t n, int64_t at)
 {
@@ -296,8 +290,7 @@ static mkv_status_t conv_room(mkv_cache_t *c, cpu_kv_t *kv, mkv_dtype_t dtype, i
 }
 
 static mkv_status_t prefill_one(mkv_cache_t *cache, cpu_kv_t *kv, int32_t slot, int32_t layer,
-                                const float *q, const float *k, const float *v, float *out,
-                                mkv_pool_t *pool)
+                                const float *q, const float *k, const float *v, float *out)
 {
     prompt_ws_t *ws = NULL;
     mkv_status_t st;
@@ -311,7 +304,7 @@ static mkv_status_t prefill_one(mkv_cache_t *cache, cpu_kv_t *kv, int32_t slot, 
         kw[i] = round_f16(k[i]);
         vw[i] = round_f16(v[i]);
     }
-    const int32_t parts = mkv_pool_threads(pool);
+    const int32_t parts = cache->par_parts;
     if ((st = par_scratch(cache, kv, mkv_attn_prefill_blocked_scratch(ws->n, cfg->n_kv_heads,
                                                                        cfg->group_size,
                                                                        cfg->head_dim, parts))) !=
@@ -319,7 +312,7 @@ static mkv_status_t prefill_one(mkv_cache_t *cache, cpu_kv_t *kv, int32_t slot, 
         return st;
     mkv_attn_prefill_blocked(ws->n, cfg->n_kv_heads, cfg->group_size, cfg->head_dim, q, kw, vw,
                              cfg->softmax_scale, cfg->obs_window, out, ws->sig + layer * H * n,
-                             kv->par_scratch, parts, pool ? pool_runner : NULL, pool);
+                             kv->par_scratch, parts, cache->par_run, cache->par_runner);
     ws->done[layer] = 1;
     return MKV_STATUS_OK;
 }
@@ -328,7 +321,7 @@ static mkv_status_t prefill_one(mkv_cache_t *cache, cpu_kv_t *kv, int32_t slot, 
 static mkv_status_t cpu_prefill(mkv_cache_t *cache, mkv_kv_t *base, int32_t n_slots,
                                 const int32_t *slots, int32_t layer, mkv_dtype_t dtype,
                                 const void *q, const void *k, const void *v, void *out,
-                                void *stream, mkv_pool_t *pool)
+                                void *stream)
 {
     (void)stream;
     cpu_kv_t *kv = base->impl;
@@ -347,7 +340,7 @@ static mkv_status_t cpu_prefill(mkv_cache_t *cache, mkv_kv_t *base, int32_t n_sl
         const float *vf = as_f32(kv, dtype, (const char *)v + row * H * d * es, nkv, nq + nkv);
         char *o = (char *)out + row * H * G * d * es;
         float *of = dtype == MKV_DTYPE_F32 ? (float *)o : kv->conv + nq + 2 * nkv;
-        if ((st = prefill_one(cache, kv, s, layer, qf, kf, vf, of, pool)) != MKV_STATUS_OK) return st;
+        if ((st = prefill_one(cache, kv, s, layer, qf, kf, vf, of)) != MKV_STATUS_OK) return st;
         if (dtype != MKV_DTYPE_F32) store_out(dtype, of, o, nq);
         row += n;
     }
@@ -439,7 +432,7 @@ static mkv_status_t cpu_commit(mkv_cache_t *cache, mkv_kv_t *base, int32_t n_slo
 static mkv_status_t cpu_decode(mkv_cache_t *cache, mkv_kv_t *base, int32_t n_slots,
                                const int32_t *slots, int32_t layer, mkv_dtype_t dtype,
                                const void *q_in, const void *k_in, const void *v_in, void *out_in,
-                               void *stream, mkv_pool_t *pool)
+                               void *stream)
 {
     (void)stream;
     cpu_kv_t *kv = base->impl;
@@ -465,7 +458,7 @@ static mkv_status_t cpu_decode(mkv_cache_t *cache, mkv_kv_t *base, int32_t n_slo
             mkv_page_write_token(page, &kv->lay_hi, slot_in_page, kv->tok, kv->tok + d, 0.0f, N - 1);
         }
     }
-    /* Then attention over every head-region at once, split across the pool's threads. */
+    /* Then attention over every head-region at once, split across the engine's threads. */
     mkv_region_pages_t *rp = kv->dec_regions;
     for (int32_t j = 0; j < n_slots; j++)
         for (int64_t h = 0; h < H; h++) {
@@ -475,12 +468,12 @@ static mkv_status_t cpu_decode(mkv_cache_t *cache, mkv_kv_t *base, int32_t n_slo
                                                  cache->st.g.row_entries, cache->st.n_hi[r],
                                                  cache->st.n_lo[r]};
         }
-    const int32_t R = (int32_t)(n_slots * H), parts = mkv_pool_threads(pool);
+    const int32_t R = (int32_t)(n_slots * H), parts = cache->par_parts;
     if ((st = par_scratch(cache, kv, mkv_attn_decode_batch_scratch(rp, R, (int32_t)G, (int32_t)d,
                                                                    parts))) != MKV_STATUS_OK)
         return st;
     mkv_attn_decode_batch(rp, R, (int32_t)G, (int32_t)d, q, cfg->softmax_scale, out,
-                          kv->par_scratch, parts, pool ? pool_runner : NULL, pool);
+                          kv->par_scratch, parts, cache->par_run, cache->par_runner);
     if (dtype != MKV_DTYPE_F32) store_out(dtype, out, out_in, nq);
     return MKV_STATUS_OK;
 }

@@ -912,9 +912,8 @@ static __global__ void scatter_sig_kernel(const float *sig, int32_t total, int32
 static mkv_status_t cuda_prefill(mkv_cache_t *c, mkv_kv_t *base, int32_t n_slots,
                                  const int32_t *slots, int32_t layer, mkv_dtype_t dtype,
                                  const void *q, const void *k, const void *v, void *out,
-                                 void *stream_v, struct mkv_pool *pool)
+                                 void *stream_v)
 {
-    (void)pool;
     cuda_kv_t *kv = (cuda_kv_t *)base->impl;
     device_scope scope(kv->device);
     const cudaStream_t stream = stream_of(stream_v);
@@ -1081,9 +1080,8 @@ static mkv_status_t cuda_commit(mkv_cache_t *c, mkv_kv_t *base, int32_t n_slots,
 static mkv_status_t cuda_decode(mkv_cache_t *c, mkv_kv_t *base, int32_t n_slots,
                                 const int32_t *slots, int32_t layer, mkv_dtype_t dtype,
                                 const void *q, const void *k, const void *v, void *out,
-                                void *stream_v, struct mkv_pool *pool)
+                                void *stream_v)
 {
-    (void)pool;
     cuda_kv_t *kv = (cuda_kv_t *)base->impl;
     device_scope scope(kv->device);
     const cudaStream_t stream = stream_of(stream_v);

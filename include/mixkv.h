@@ -28,7 +28,8 @@ extern "C" {
 #endif
 
 #define MKV_VERSION_MAJOR 0
-#define MKV_VERSION_MINOR 2 /* 0.2: element types (mkv_dtype_t) and the batched _ex calls */
+#define MKV_VERSION_MINOR 3 /* 0.2: element types (mkv_dtype_t) and the batched _ex calls;
+                              0.3: mkv_cache_set_parallel, mkv_report_error */
 #define MKV_VERSION_PATCH 0
 
 /* ---------------------------------------------------------------------------------------- */
@@ -391,6 +392,20 @@ mkv_status_t mkv_cache_compress(mkv_cache_t *cache, int32_t n_slots, const int32
  * itself runs nothing: sync after it too). The CPU backend has nothing to wait for: OK. */
 mkv_status_t mkv_cache_sync(mkv_cache_t *cache, void *stream);
 
+/* An engine's own threads for the CPU backend's attention (since 0.3). A task function
+ * processes items [begin, end); part (0 <= part < parts) names the thread that runs it, for
+ * per-thread scratch. A parallel function runs fn over [0, n) in at most `parts` contiguous
+ * pieces, each with its own part, and returns when every piece is done. */
+typedef void (*mkv_task_fn)(void *task, int64_t begin, int64_t end, int32_t part);
+typedef void (*mkv_parallel_fn)(void *runner, mkv_task_fn fn, void *task, int64_t n);
+
+/* From now on the CPU backend's prefill and decode attention split their head-regions with
+ * run(runner, ...) into at most `parts` pieces; run NULL (or parts 1) goes back to the calling
+ * thread. The results are the same bits for any split. The CUDA backend ignores it.
+ * INVALID_ARGUMENT for parts < 1. */
+mkv_status_t mkv_cache_set_parallel(mkv_cache_t *cache, mkv_parallel_fn run, void *runner,
+                                    int32_t parts);
+
 /* ---------------------------------------------------------------------------------------- */
 /* Statistics, validation, dumps                                                            */
 /* ---------------------------------------------------------------------------------------- */
@@ -422,6 +437,10 @@ typedef struct mkv_slot_info {
 } mkv_slot_info_t;
 
 mkv_status_t mkv_cache_slot_info(mkv_cache_t *cache, int32_t slot, mkv_slot_info_t *out_info);
+
+/* The prompt length an active slot was admitted with: the rows its prefill calls take (since
+ * 0.3). INVALID_ARGUMENT for a slot out of range or not active. */
+mkv_status_t mkv_cache_prompt_len(mkv_cache_t *cache, int32_t slot, int32_t *out_len);
 
 /* Checks every invariant of DESIGN.md section 4: each page id in exactly one place (the free
  * region of the ring or one table row), each row holding ceil(n_hi / tpp_hi) left entries

@@ -84,6 +84,7 @@ mkv_status_t mkv_cache_create(const mkv_cache_config_t *config, mkv_cache_t **ou
     c->cfg = cfg;
     c->mm = &mkv_mm_cpu_backend;
     c->parallel_min_regions = MKV_PARALLEL_MIN_REGIONS;
+    c->par_parts = 1; /* the calling thread until mkv_cache_set_parallel */
     c->async = cfg.backend == MKV_BACKEND_CUDA && (cfg.flags & MKV_CACHE_ASYNC_STEPS);
     MKV_TRY(mkv_mm_state_init(&c->st, &geom, err));
     MKV_TRY(work_init(&c->work, &geom, cfg.n_threads, err));
@@ -344,6 +345,21 @@ mkv_status_t mkv_cache_stats(const mkv_cache_t *cache, mkv_cache_stats_t *out)
     out->tokens_pruned = out->tokens_seen - out->tokens_hi - out->tokens_lo;
     out->bytes_in_use = (out->pages_hi + out->pages_lo) * cache->cfg.page_bytes;
     out->bytes_fp16 = out->tokens_seen * 2 * cache->cfg.head_dim * 2;
+    return MKV_STATUS_OK;
+}
+
+mkv_status_t mkv_cache_prompt_len(mkv_cache_t *cache, int32_t slot, int32_t *out_len)
+{
+    CHECK_CACHE(cache);
+    cache->err[0] = '\0';
+    const mkv_mm_geom_t *g = &cache->st.g;
+    if (!out_len) return mkv_fail(cache->err, MKV_STATUS_INVALID_ARGUMENT, "null out_len");
+    if (slot < 0 || slot >= g->max_seqs)
+        return mkv_fail(cache->err, MKV_STATUS_INVALID_ARGUMENT, "slot %d is outside [0, %d)", slot,
+                        g->max_seqs);
+    if (!cache->st.active[slot])
+        return mkv_fail(cache->err, MKV_STATUS_INVALID_ARGUMENT, "slot %d is not active", slot);
+    *out_len = cache->prompt_len[slot];
     return MKV_STATUS_OK;
 }
 

@@ -84,6 +84,9 @@ struct mkv_cache {
     struct mkv_kv *kv;
     void (*kv_free)(struct mkv_kv *kv);
     int64_t parallel_min_regions; /* calls with fewer head-regions run inline (tests lower it) */
+    mkv_parallel_fn par_run;      /* the engine's threads for the CPU backend's attention */
+    void *par_runner;             /* (mkv_cache_set_parallel); NULL: the calling thread */
+    int32_t par_parts;
     /* CUDA backend, asynchronous steps (MKV_CACHE_ASYNC_STEPS): append, decode and compress
      * enqueue work and return; a refusal on the device stays there until collected
      * (mkv_cache_collect), which also refreshes the host's mirror of the per-slot state. */

@@ -1014,3 +1014,88 @@ Test(backend, async_flag_and_sync_on_cpu)
     cr_assert_eq(mkv_cache_create(&cfg, &bad), MKV_STATUS_INVALID_ARGUMENT);
     cr_assert_null(bad);
 }
+
+/* mkv_cache_set_parallel: the CPU backend's attention on an engine's own "threads" (here one
+ * thread running the pieces last first, with their part numbers) gives the same bits as the
+ * calling thread alone; the prompt length of a slot is readable through the API. */
+typedef struct rev_runner {
+    int32_t parts, calls, pieces, bad_part;
+} rev_runner_t;
+
+static void rev_run(void *runner, mkv_task_fn fn, void *task, int64_t n)
+{
+    rev_runner_t *r = runner;
+    r->calls++;
+    for (int32_t i = r->parts - 1; i >= 0; i--) {
+        const int64_t b = n * i / r->parts, e = n * (i + 1) / r->parts;
+        if (b >= e) continue;
+        r->pieces++;
+        if (i < 0 || i >= r->parts) r->bad_part = 1;
+        fn(task, b, e, i);
+    }
+}
+
+Test(backend, engine_threads_same_bits)
+{
+    const geom_t g = {2, 3, 2, 16, 3, 64, 2, 256, K8V4, K4V2, 1.0f, 0.3f, 3, 0, 0};
+    const int32_t H = g.H, G = g.G, d = g.d, plen = 11;
+    bk_t a, b;
+    bk_init(&a, &g, 5);
+    bk_init(&b, &g, 5);
+    rev_runner_t rr = {3, 0, 0, 0};
+    cr_assert_eq(mkv_cache_set_parallel(b.c, rev_run, &rr, 0), MKV_STATUS_INVALID_ARGUMENT);
+    cr_assert_eq(mkv_cache_set_parallel(NULL, rev_run, &rr, 3), MKV_STATUS_INVALID_ARGUMENT);
+    TU_COK(b.c, mkv_cache_set_parallel(b.c, rev_run, &rr, rr.parts));
+    int32_t slots[3], got;
+    cr_assert_eq(mkv_cache_prompt_len(a.c, 0, &got), MKV_STATUS_INVALID_ARGUMENT, "an inactive slot");
+    cr_assert_eq(mkv_cache_prompt_len(a.c, 99, &got), MKV_STATUS_INVALID_ARGUMENT, "out of range");
+    for (int i = 0; i < 3; i++) {
+        TU_COK(a.c, mkv_cache_admit(a.c, plen + i, &slots[i]));
+        TU_COK(b.c, mkv_cache_admit(b.c, plen + i, &slots[i]));
+        TU_COK(a.c, mkv_cache_prompt_len(a.c, slots[i], &got));
+        cr_assert_eq(got, plen + i);
+    }
+    tu_rng_t rng = {77};
+    const int64_t rows = 3 * plen + 3;
+    float *q = malloc((size_t)(rows * H * G * d) * 4), *k = malloc((size_t)(rows * H * d) * 4);
+    float *v = malloc((size_t)(rows * H * d) * 4), *oa = malloc((size_t)(rows * H * G * d) * 4);
+    float *ob = malloc((size_t)(rows * H * G * d) * 4);
+    for (int32_t l = 0; l < g.L; l++)
+        for (int i = 0; i < 3; i++) {
+            const int64_t n = plen + i;
+            fill(&rng, q, n * H * G * d, 2.0f), fill(&rng, k, n * H * d, 2.0f), fill(&rng, v, n * H * d, 2.0f);
+            TU_COK(a.c, mkv_cache_prefill_layer(a.c, slots[i], l, q, k, v, oa, NULL));
+            TU_COK(b.c, mkv_cache_prefill_layer(b.c, slots[i], l, q, k, v, ob, NULL));
+            cr_assert_eq(memcmp(oa, ob, (size_t)(n * H * G * d) * 4), 0, "prefill layer %d slot %d", l, i);
+        }
+    TU_COK(a.c, mkv_cache_commit_prompt(a.c, 3, slots, NULL));
+    TU_COK(b.c, mkv_cache_commit_prompt(b.c, 3, slots, NULL));
+    for (int step = 0; step < 8; step++) {
+        TU_COK(a.c, mkv_cache_append(a.c, 3, slots, NULL));
+        TU_COK(b.c, mkv_cache_append(b.c, 3, slots, NULL));
+        for (int32_t l = 0; l < g.L; l++) {
+            fill(&rng, q, 3 * H * G * d, 2.0f), fill(&rng, k, 3 * H * d, 2.0f), fill(&rng, v, 3 * H * d, 2.0f);
+            TU_COK(a.c, mkv_cache_decode_layer(a.c, 3, slots, l, q, k, v, oa, NULL));
+            TU_COK(b.c, mkv_cache_decode_layer(b.c, 3, slots, l, q, k, v, ob, NULL));
+            cr_assert_eq(memcmp(oa, ob, (size_t)(3 * H * G * d) * 4), 0, "decode step %d layer %d", step, l);
+        }
+        TU_COK(a.c, mkv_cache_compress(a.c, 3, slots, NULL));
+        TU_COK(b.c, mkv_cache_compress(b.c, 3, slots, NULL));
+    }
+    cr_assert_gt(rr.calls, 0, "the engine's parallel function was never used");
+    cr_assert_gt(rr.pieces, rr.calls, "no call was split");
+    cr_assert_eq(rr.bad_part, 0);
+    char *ja, *jb;
+    TU_COK(a.c, mkv_cache_dump_json_string(a.c, &ja));
+    TU_COK(b.c, mkv_cache_dump_json_string(b.c, &jb));
+    cr_assert_str_eq(ja, jb, "the two caches' dumps differ");
+    /* back to the calling thread: no more calls */
+    const int32_t calls = rr.calls;
+    TU_COK(b.c, mkv_cache_set_parallel(b.c, NULL, NULL, 1));
+    TU_COK(b.c, mkv_cache_append(b.c, 3, slots, NULL));
+    for (int32_t l = 0; l < g.L; l++) TU_COK(b.c, mkv_cache_decode_layer(b.c, 3, slots, l, q, k, v, ob, NULL));
+    cr_assert_eq(rr.calls, calls);
+    mkv_free(ja), mkv_free(jb);
+    free(q), free(k), free(v), free(oa), free(ob);
+    bk_free(&a), bk_free(&b);
+}
