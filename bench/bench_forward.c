@@ -1,5 +1,5 @@
 /*
- * bench_forward.c — speed of the CPU model runner (engine/forward.c): the prefill of a P-token
+ * bench_forward.c — speed of the CPU model runner (runner/forward.c): the prefill of a P-token
  * prompt and decode tokens/s over N tokens at that length, through the FP16 cache (K16V16,
  * nothing compressed) and through mixkv's defaults (K8V4 / K4V2, alpha 1 / 0.02, W 64).
  *
@@ -10,7 +10,7 @@
  * The first repeat is a warm-up unless --repeats 1; figures are the median (and min) of the
  * rest. Results: a table, and JSON with --json (docs/results-schema.md, `mixkv-bench-forward`).
  */
-#include "engine/model.h"
+#include "runner/model.h"
 #include "mixkv.h"
 
 #include <math.h>

@@ -17,8 +17,6 @@
 extern "C" {
 #endif
 
-#define MKV_ERR_LEN 512
-
 #if defined(__GNUC__)
 #define MKV_PRINTF(a, b) __attribute__((format(printf, a, b)))
 #else

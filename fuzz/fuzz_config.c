@@ -1,11 +1,11 @@
 /*
  * fuzz_config.c — libFuzzer target: the input as config.json beside the tiny model's
- * model.safetensors, loaded with mkv_model_load (engine/model.c): architecture, flags,
+ * model.safetensors, loaded with mkv_model_load (runner/model.c): architecture, flags,
  * dimensions and their consistency, token ids, then the tensor shapes the config implies.
  * Seeds: fuzz/corpus/config/.
  */
 #include "common/error.h"
-#include "engine/model.h"
+#include "runner/model.h"
 #include "fuzz_util.h"
 
 #include <cjson/cJSON.h>

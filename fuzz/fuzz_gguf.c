@@ -8,11 +8,11 @@
  * goes through mkv_model_load, which dequantizes whatever a llama file holds.
  *
  *   clang -g -O1 -fsanitize=fuzzer,address,undefined -I include -I . fuzz/fuzz_gguf.c \
- *     common/status.c engine/gguf.c engine/gguf_dequant.c engine/model.c engine/model_gguf.c \
+ *     common/status.c runner/gguf.c runner/gguf_dequant.c runner/model.c runner/model_gguf.c \
  *     -lcjson -lm -lpthread -o fuzz_gguf && ./fuzz_gguf fuzz/corpus/gguf
  */
-#include "engine/gguf.h"
-#include "engine/model.h"
+#include "runner/gguf.h"
+#include "runner/model.h"
 
 #include "common/error.h"
 

@@ -1,11 +1,11 @@
 /*
  * fuzz_safetensors.c — libFuzzer target: the input as model.safetensors beside the tiny
- * model's config.json, loaded with mkv_model_load (engine/model.c): the 8-byte header length,
+ * model's config.json, loaded with mkv_model_load (runner/model.c): the 8-byte header length,
  * the JSON header, every entry's dtype, shape and data_offsets against the file, and the
  * conversion of the tensors the config asks for. Seeds: fuzz/corpus/safetensors/.
  */
 #include "common/error.h"
-#include "engine/model.h"
+#include "runner/model.h"
 #include "fuzz_util.h"
 
 #include <stdio.h>

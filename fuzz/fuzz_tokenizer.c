@@ -1,5 +1,5 @@
 /*
- * fuzz_tokenizer.c — libFuzzer target: the input as tokenizer.json (engine/tokenizer_load.c),
+ * fuzz_tokenizer.c — libFuzzer target: the input as tokenizer.json (runner/tokenizer_load.c),
  * and when it loads, a few fixed texts through mkv_tokenizer_encode (normalizers, added
  * tokens, BPE merges, unknowns), the ids back through mkv_tokenizer_decode (decoders, byte
  * fallback) and mkv_tokenizer_piece, and ids the tokenizer never produced (every id of a
@@ -7,7 +7,7 @@
  * Seeds: fuzz/corpus/tokenizer/.
  */
 #include "common/error.h"
-#include "engine/tokenizer.h"
+#include "runner/tokenizer.h"
 #include "fuzz_util.h"
 
 #include <cjson/cJSON.h>

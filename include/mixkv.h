@@ -62,6 +62,10 @@ const char *mkv_version(void);
  * Valid until this thread's next mixkv call. */
 const char *mkv_last_error(void);
 
+/* The size of every error message buffer (the last-error texts, the `err` arguments of the
+ * project's engine functions), terminator included. */
+#define MKV_ERR_LEN 512
+
 /* Frees memory that mixkv returned to the caller (e.g. by mkv_cache_dump_json_string). */
 void mkv_free(void *ptr);
 
@@ -128,6 +132,22 @@ const char *mkv_dtype_name(mkv_dtype_t dtype);
 
 /* Bytes per element (4 or 2); 0 for a value out of range. */
 size_t mkv_dtype_size(mkv_dtype_t dtype);
+
+/* Converts n elements of src (type from) into dst (type to), in host memory, little-endian
+ * (since 0.3): to f16 or bf16 by rounding to nearest even (overflow to infinity, NaN stays
+ * NaN), to f32 exactly, the same type by copying: the conversions the CPU backend applies.
+ * src and dst need no alignment and must not overlap. INVALID_ARGUMENT for a null pointer
+ * with n > 0, n < 0 or a type out of range (nothing written). */
+mkv_status_t mkv_convert(void *dst, mkv_dtype_t to, const void *src, mkv_dtype_t from, int64_t n);
+
+/* For engines built on mixkv (since 0.3): formats a message into this thread's buffer behind
+ * mkv_last_error(), as the library's own handle-less calls do, and returns status; a null fmt
+ * clears the message. */
+mkv_status_t mkv_report_error(mkv_status_t status, const char *fmt, ...)
+#if defined(__GNUC__)
+    __attribute__((format(printf, 2, 3)))
+#endif
+    ;
 
 /* ---------------------------------------------------------------------------------------- */
 /* Backends                                                                                 */

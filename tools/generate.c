@@ -3,9 +3,9 @@
  * FP16 baseline), the text streamed as it is generated, then a summary of speed and KV memory.
  */
 #include "common/error.h"
-#include "engine/chat.h"
-#include "engine/scheduler.h"
-#include "engine/tokenizer.h"
+#include "runner/chat.h"
+#include "runner/scheduler.h"
+#include "runner/tokenizer.h"
 #include "tools/cli.h"
 #include "tools/model_opts.h"
 

@@ -5,8 +5,8 @@
 #ifndef MKV_TOOLS_MODEL_OPTS_H
 #define MKV_TOOLS_MODEL_OPTS_H
 
-#include "engine/model.h"
-#include "engine/tokenizer.h"
+#include "runner/model.h"
+#include "runner/tokenizer.h"
 #include "mixkv.h"
 
 typedef struct mkv_policy_opts {

@@ -6,12 +6,12 @@
  * what is tested is whether the prompt-phase policy keeps the tokens that matter far back.
  *
  * The prompt is the model's chat template around one user message where the tokenizer defines
- * one (engine/chat.h), else plain text ending in "Answer: The secret number is". Lengths are
+ * one (runner/chat.h), else plain text ending in "Answer: The secret number is". Lengths are
  * prompt lengths in tokens (the haystack is cut to fit; the actual length is reported).
  */
 #include "common/error.h"
-#include "engine/chat.h"
-#include "engine/tokenizer.h"
+#include "runner/chat.h"
+#include "runner/tokenizer.h"
 #include "tools/cli.h"
 #include "tools/model_opts.h"
 

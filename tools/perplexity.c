@@ -1,11 +1,11 @@
 /*
  * perplexity.c — `mixkv perplexity`: teacher-forced perplexity of a model over windows of a
  * text or of a directory of documents, for the FP16 baseline and for mixkv in one run
- * (engine/perplexity.h), with the memory ratio, the compression mix, the agreement of their
+ * (runner/perplexity.h), with the memory ratio, the compression mix, the agreement of their
  * greedy next-token predictions, and perplexity per bucket of position. Table and JSON.
  */
-#include "engine/perplexity.h"
-#include "engine/tokenizer.h"
+#include "runner/perplexity.h"
+#include "runner/tokenizer.h"
 #include "tools/cli.h"
 #include "tools/model_opts.h"
 

@@ -430,3 +430,51 @@ Test(api, config_group_sizes_resolve)
               again.config.lo_key_group == 64 && again.config.lo_value_group == 64);
     mkv_cache_destroy(c);
 }
+
+/* mkv_convert: exact widening, round-to-nearest-even narrowing (ties, overflow, subnormals,
+ * NaN), unaligned buffers, and refusals that write nothing. */
+Test(api, convert_element_types)
+{
+    const float x[8] = {1.0f, -2.5f, 65504.0f, 65520.0f, 1.0f + 0x1p-11f, 0x1p-24f, 0x1p-26f, NAN};
+    const uint16_t want16[8] = {0x3c00, 0xc100, 0x7bff, 0x7c00, 0x3c00, 0x0001, 0x0000, 0};
+    uint8_t raw[1 + 8 * 4]; /* an odd offset: no alignment assumed */
+    uint16_t h[8];
+    TU_OK(mkv_convert(h, MKV_DTYPE_F16, x, MKV_DTYPE_F32, 8));
+    for (int i = 0; i < 7; i++) cr_assert_eq(h[i], want16[i], "f16 of element %d: %#x", i, h[i]);
+    cr_assert((h[7] & 0x7c00) == 0x7c00 && (h[7] & 0x3ff), "NaN stays NaN: %#x", h[7]);
+    float back[8];
+    TU_OK(mkv_convert(raw + 1, MKV_DTYPE_F32, h, MKV_DTYPE_F16, 8));
+    memcpy(back, raw + 1, sizeof back);
+    cr_assert_eq(back[0], 1.0f);
+    cr_assert_eq(back[2], 65504.0f);
+    cr_assert(isinf(back[3]) && back[3] > 0);
+    cr_assert_eq(back[5], 0x1p-24f);
+    cr_assert(isnan(back[7]));
+    /* bf16: 1 + 2^-8 is a tie (to even: 1), 1 + 3 * 2^-8 rounds up */
+    const float y[2] = {1.0f + 0x1p-8f, 1.0f + 3 * 0x1p-8f};
+    uint16_t b[2];
+    TU_OK(mkv_convert(b, MKV_DTYPE_BF16, y, MKV_DTYPE_F32, 2));
+    cr_assert_eq(b[0], 0x3f80);
+    cr_assert_eq(b[1], 0x3f82);
+    uint16_t f2[2];
+    TU_OK(mkv_convert(f2, MKV_DTYPE_F16, b, MKV_DTYPE_BF16, 2)); /* through f32, exact */
+    cr_assert_eq(f2[0], 0x3c00);
+    cr_assert_eq(f2[1], 0x3c10); /* 1 + 2^-6 */
+    /* refusals write nothing */
+    uint16_t keep[2] = {0xabcd, 0xabcd};
+    cr_assert_eq(mkv_convert(keep, MKV_DTYPE_F16, x, MKV_DTYPE_F32, -1), MKV_STATUS_INVALID_ARGUMENT);
+    cr_assert_eq(mkv_convert(NULL, MKV_DTYPE_F16, x, MKV_DTYPE_F32, 1), MKV_STATUS_INVALID_ARGUMENT);
+    cr_assert_eq(mkv_convert(keep, MKV_DTYPE_COUNT, x, MKV_DTYPE_F32, 2), MKV_STATUS_INVALID_ARGUMENT);
+    cr_assert_str_neq(mkv_last_error(), "");
+    cr_assert(keep[0] == 0xabcd && keep[1] == 0xabcd);
+    TU_OK(mkv_convert(NULL, MKV_DTYPE_F16, NULL, MKV_DTYPE_F32, 0));
+}
+
+/* mkv_report_error: an engine's message in mkv_last_error(), its status returned; NULL clears. */
+Test(api, report_error_reaches_last_error)
+{
+    cr_assert_eq(mkv_report_error(MKV_STATUS_IO_ERROR, "engine: %s %d", "file", 7), MKV_STATUS_IO_ERROR);
+    cr_assert_str_eq(mkv_last_error(), "engine: file 7");
+    cr_assert_eq(mkv_report_error(MKV_STATUS_OK, NULL), MKV_STATUS_OK);
+    cr_assert_str_eq(mkv_last_error(), "");
+}

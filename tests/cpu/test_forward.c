@@ -1,12 +1,12 @@
 /*
- * test_forward.c — the forward pass (engine/forward.c) on the bundled TinyStories-656K model:
+ * test_forward.c — the forward pass (runner/forward.c) on the bundled TinyStories-656K model:
  * logits against a float64 implementation written here (its own RMSNorm, RoPE, attention and
  * MLP; only the weight pointers come from the loader), greedy generation from "Once upon a
  * time", fp16 vs mixkv caches with nothing compressed (bit-identical), and refusals.
  * Every test skips when the model folder is absent.
  */
 #include "common/error.h"
-#include "engine/model.h"
+#include "runner/model.h"
 #include "quant/half.h"
 
 #include <cjson/cJSON.h>

@@ -1,6 +1,6 @@
 /*
- * test_gguf.c — the GGUF reader (engine/gguf.c), the dequantizers (engine/gguf_dequant.c) and
- * the GGUF model loader (engine/model_gguf.c), with the quantized blocks it keeps for the packed
+ * test_gguf.c — the GGUF reader (runner/gguf.c), the dequantizers (runner/gguf_dequant.c) and
+ * the GGUF model loader (runner/model_gguf.c), with the quantized blocks it keeps for the packed
  * weights.
  *
  * A small GGUF writer here builds synthetic files, so every refusal is tested without the
@@ -13,8 +13,8 @@
  * and the README's greedy answer.
  */
 #include "common/error.h"
-#include "engine/gguf.h"
-#include "engine/model.h"
+#include "runner/gguf.h"
+#include "runner/model.h"
 #include "quant/half.h"
 
 #include "testutil.h"

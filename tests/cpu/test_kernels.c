@@ -2,7 +2,7 @@
  * test_kernels.c — the forward pass's fast kernels against their references:
  *   - mkv_attn_prefill_blocked vs mkv_attn_prefill (attention/prefill_ref.c): bit for bit
  *     (outputs and significance sums) on awkward sizes, with 1 to 3 threads;
- *   - packed-weight products (engine/weights.c) vs a float64 product: |got - want| <=
+ *   - packed-weight products (runner/weights.c) vs a float64 product: |got - want| <=
  *     TOL_MM * sum_k |x_k w_k| (fp32 sums over at most 1,536 terms), for fp32 and bf16
  *     panels, odd sizes; a GEMM row equals the matvec of that token bit for bit, and 1 to 3
  *     threads give the same bits;
@@ -13,9 +13,9 @@
  */
 #include "attention/attention.h"
 #include "common/error.h"
-#include "engine/gguf.h"
-#include "engine/parallel.h"
-#include "engine/weights.h"
+#include "runner/gguf.h"
+#include "runner/parallel.h"
+#include "runner/weights.h"
 
 #include <criterion/criterion.h>
 #include <math.h>

@@ -1,12 +1,12 @@
 /*
- * test_model.c — the model loader (engine/model.c): the bundled TinyStories-656K folder
+ * test_model.c — the model loader (runner/model.c): the bundled TinyStories-656K folder
  * against its own safetensors header parsed here; crafted folders under /tmp for every refusal
  * (each status and the name in its message); F16 / BF16 / unaligned F32 conversions checked
  * against decoders written here; a sharded copy. The forward pass is test_forward.c's.
  * Tests that need the bundled model skip when the folder is absent.
  */
 #include "common/error.h"
-#include "engine/model.h"
+#include "runner/model.h"
 #include "quant/half.h"
 
 #include <cjson/cJSON.h>

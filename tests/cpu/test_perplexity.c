@@ -6,8 +6,8 @@
  * 33.548 -> 33.621 (+0.22%) at 0.687 of the FP16 bytes, 96.6% greedy agreement. Also the
  * `mixkv perplexity` command on the same kind of run.
  */
-#include "engine/perplexity.h"
-#include "engine/tokenizer.h"
+#include "runner/perplexity.h"
+#include "runner/tokenizer.h"
 
 #include <cjson/cJSON.h>
 #include <criterion/criterion.h>

@@ -7,7 +7,7 @@
  * preempted ones may differ (the recomputed tokens are classified by the prompt-phase policy):
  * the test measures how many do. The cache validates after every step. Also sampling.
  */
-#include "engine/scheduler.h"
+#include "runner/scheduler.h"
 
 #include <criterion/criterion.h>
 #include <math.h>

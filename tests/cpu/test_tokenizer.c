@@ -1,11 +1,11 @@
 /*
- * test_tokenizer.c — the tokenizer.json BPE tokenizer (engine/tokenizer.h) on the TinyStories-656K
+ * test_tokenizer.c — the tokenizer.json BPE tokenizer (runner/tokenizer.h) on the TinyStories-656K
  * tokenizer in ../shared: ids derived by hand from tokenizer.json; a fixture produced offline by
  * Hugging Face `tokenizers`; paragraph round trips over the validation text; the whole text
  * encoded at once (guards the O(n log n) merge loop); streaming pieces; a byte-fallback
  * tokenizer written here; refused files. Tests that need ../shared skip without it.
  */
-#include "engine/tokenizer.h"
+#include "runner/tokenizer.h"
 
 #include "common/error.h"
 

@@ -1,5 +1,5 @@
 /*
- * test_tokenizer_bpe.c — byte-level BPE (engine/tokenizer.h) against Hugging Face `tokenizers`:
+ * test_tokenizer_bpe.c — byte-level BPE (runner/tokenizer.h) against Hugging Face `tokenizers`:
  * fixtures written by scripts/gen_tokenizer_fixtures.py (tests/fixtures/tokenizer_*: small
  * vocabularies trained with the pre-tokenizers of Llama 3, Qwen2, GPT-2 and a chain of every
  * Split behaviour, each with texts, HF's ids and HF's decodings), loaded from tokenizer.json and,

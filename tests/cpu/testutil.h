@@ -11,7 +11,7 @@
 #ifndef MKV_TESTS_CPU_TESTUTIL_H
 #define MKV_TESTS_CPU_TESTUTIL_H
 
-#include "engine/model.h"
+#include "runner/model.h"
 #include "memmgr/cache.h"
 #include "mixkv.h"
 

@@ -7,7 +7,7 @@
 #ifndef MKV_TESTS_TOKENIZER_FIXTURE_H
 #define MKV_TESTS_TOKENIZER_FIXTURE_H
 
-#include "engine/tokenizer.h"
+#include "runner/tokenizer.h"
 
 #include "common/error.h"
 

@@ -12,14 +12,14 @@
  * whatever the token count, the tiling, the thread split or the instruction set. So a prefill
  * and a decode of the same token give the same bits (the recompute of docs/model.md), and the
  * thread count never changes a result. A quantized panel rebuilds each w[o][k] as the GGUF
- * dequantizer does (engine/gguf_dequant.c: an fp32 multiply, then an add for Q4_1's min), so
+ * dequantizer does (runner/gguf_dequant.c: an fp32 multiply, then an add for Q4_1's min), so
  * its products are those of the fp32 panel of the dequantized matrix, bit for bit.
  */
 #ifndef MKV_ENGINE_WEIGHTS_H
 #define MKV_ENGINE_WEIGHTS_H
 
-#include "engine/model.h"
-#include "engine/parallel.h"
+#include "runner/model.h"
+#include "runner/parallel.h"
 
 #include <stdint.h>
 
@@ -74,7 +74,7 @@ void mkv_weights_free(mkv_weights_t *w);
 /* Packs one [out][in] fp32 matrix; bf16 storage when lossless (or when allow_lossy). */
 mkv_status_t mkv_wmat_pack(const float *w, int32_t out, int32_t in, int allow_lossy,
                            mkv_wmat_t *dst);
-/* Whether ggml type `type` (engine/gguf.h) packs as quantized panels (Q4_0, Q4_1, Q8_0). */
+/* Whether ggml type `type` (runner/gguf.h) packs as quantized panels (Q4_0, Q4_1, Q8_0). */
 int mkv_wmat_quant_supported(uint32_t type);
 /* Packs one [out][in] matrix from its ggml blocks (rows of in / 32 blocks, any alignment):
  * UNSUPPORTED when the type does not pack quantized or `in` is not a multiple of 32. */

@@ -1,5 +1,5 @@
 /*
- * tokenizer.c — encoding and decoding with a loaded tokenizer.json (engine/tokenizer.h,
+ * tokenizer.c — encoding and decoding with a loaded tokenizer.json (runner/tokenizer.h,
  * docs/tokenizer.md; tokenizer_load.c reads the file).
  *
  * Follows Hugging Face `tokenizers` step by step (checked against 0.21.1 and 0.22.2, see
@@ -16,11 +16,11 @@
  *    byte-level BPE, each byte of a piece becomes its GPT-2 character before BPE.
  *  - decoding runs the decoder chain over a list of token strings.
  */
-#include "engine/tokenizer_state.h"
+#include "runner/tokenizer_state.h"
 
-#include "engine/pretok.h"
+#include "runner/pretok.h"
 
-#include "common/error.h"
+#include "runner/error.h"
 
 #include <ctype.h>
 #include <stdio.h>
@@ -167,7 +167,7 @@ static int add_symbol(bpe_work_t *w, size_t *n, int32_t id, int32_t len)
 
 #define OOM_IF(cond)                                                                           \
     do {                                                                                       \
-        if (cond) return mkv_fail(err, MKV_STATUS_OUT_OF_MEMORY, "tokenizer: encoding");       \
+        if (cond) return runner_fail(err, MKV_STATUS_OUT_OF_MEMORY, "tokenizer: encoding");       \
     } while (0)
 
 /* BPE of one normalized piece s[0..n) (valid UTF-8), ids appended to out. */
@@ -183,7 +183,7 @@ static mkv_status_t bpe(const mkv_tokenizer_t *tok, const char *s, size_t n, bpe
     for (size_t i = 0; i < n;) {
         int32_t cl = (int32_t)utf8_len((const unsigned char *)s + i, n - i);
         if (cl == 0)
-            return mkv_fail(err, MKV_STATUS_INVALID_ARGUMENT,
+            return runner_fail(err, MKV_STATUS_INVALID_ARGUMENT,
                             "tokenizer: the text is not valid UTF-8 at byte %zu", i);
         int32_t id = smap_get(&tok->vocab, s + i, (size_t)cl), bytes_ok = id < 0;
         for (int32_t b = 0; b < cl && bytes_ok; b++)
@@ -195,7 +195,7 @@ static mkv_status_t bpe(const mkv_tokenizer_t *tok, const char *s, size_t n, bpe
                 OOM_IF(add_symbol(w, &n_sym, tok->byte_tok[(uint8_t)s[i + b]], 1) != 0);
         } else if (id < 0) {
             if (tok->unk < 0)
-                return mkv_fail(err, MKV_STATUS_INVALID_ARGUMENT, "tokenizer: character at "
+                return runner_fail(err, MKV_STATUS_INVALID_ARGUMENT, "tokenizer: character at "
                                 "byte %zu is not in the vocabulary and there is no unk token", i);
             if (unk_len > 0 && !tok->fuse_unk)
                 OOM_IF(add_symbol(w, &n_sym, tok->unk, unk_len) != 0);
@@ -247,7 +247,7 @@ static mkv_status_t encode_text(const mkv_tokenizer_t *tok, const char *s, size_
         st = mkv_pretok_run(tok->pre, s, n, &pcs, &tmp, err);
     } else if (n > 0) { /* one piece: the whole text */
         pcs.p = malloc(sizeof *pcs.p);
-        if (!pcs.p) st = mkv_fail(err, MKV_STATUS_OUT_OF_MEMORY, "tokenizer: encoding");
+        if (!pcs.p) st = runner_fail(err, MKV_STATUS_OUT_OF_MEMORY, "tokenizer: encoding");
         else pcs.p[pcs.n++] = (mkv_piece_t){0, n};
     }
     for (size_t k = 0; k < pcs.n && st == MKV_STATUS_OK; k++) {
@@ -258,7 +258,7 @@ static mkv_status_t encode_text(const mkv_tokenizer_t *tok, const char *s, size_
             for (size_t i = 0; i < len; i++) {
                 uint8_t b = (uint8_t)p[i];
                 if (sb_put(&mapped, tok->bl_char[b], tok->bl_len[b]) != 0) {
-                    st = mkv_fail(err, MKV_STATUS_OUT_OF_MEMORY, "tokenizer: encoding");
+                    st = runner_fail(err, MKV_STATUS_OUT_OF_MEMORY, "tokenizer: encoding");
                     break;
                 }
             }
@@ -312,10 +312,10 @@ static mkv_status_t split(const mkv_tokenizer_t *tok, int normalized, const char
             sbuf_t norm = {0}, tmp = {0};
             int bad = mkv_tok_normalize(tok, s + pos, end - pos, &norm, &tmp);
             mkv_status_t st =
-                bad == -2 ? mkv_fail(err, MKV_STATUS_INVALID_ARGUMENT, "tokenizer: the normalizer "
+                bad == -2 ? runner_fail(err, MKV_STATUS_INVALID_ARGUMENT, "tokenizer: the normalizer "
                                      "grows %zu bytes of text past %d x + %d bytes", end - pos,
                                      MKV_TOK_GROWTH, MKV_TOK_SLACK)
-                : bad ? mkv_fail(err, MKV_STATUS_OUT_OF_MEMORY, "tokenizer: encoding")
+                : bad ? runner_fail(err, MKV_STATUS_OUT_OF_MEMORY, "tokenizer: encoding")
                       : split(tok, 1, norm.p ? norm.p : "", norm.n, w, out, err);
             free(norm.p);
             free(tmp.p);
@@ -333,18 +333,18 @@ mkv_status_t mkv_tokenizer_encode(const mkv_tokenizer_t *tok, const char *text, 
     char dummy[MKV_ERR_LEN];
     if (!err) err = dummy;
     if (!tok || !out || !n_out || (!text && len))
-        return mkv_fail(err, MKV_STATUS_INVALID_ARGUMENT, "tokenizer encode: null argument");
+        return runner_fail(err, MKV_STATUS_INVALID_ARGUMENT, "tokenizer encode: null argument");
     *out = NULL;
     *n_out = 0;
     for (size_t i = 0, cl; i < len && !tok->byte_level; i += cl)
         if ((cl = utf8_len((const unsigned char *)text + i, len - i)) == 0)
-            return mkv_fail(err, MKV_STATUS_INVALID_ARGUMENT,
+            return runner_fail(err, MKV_STATUS_INVALID_ARGUMENT,
                             "tokenizer encode: invalid UTF-8 at byte %zu", i);
     ivec_t ids = {0};
     bpe_work_t w = {0};
     int bos = add_bos && tok->bos >= 0;
     mkv_status_t status = iv_push(&ids, tok->bos) != 0
-                              ? mkv_fail(err, MKV_STATUS_OUT_OF_MEMORY, "tokenizer: encoding")
+                              ? runner_fail(err, MKV_STATUS_OUT_OF_MEMORY, "tokenizer: encoding")
                               : split(tok, 0, text ? text : "", len, &w, &ids, err);
     free(w.c);
     free(w.prev);
@@ -352,7 +352,7 @@ mkv_status_t mkv_tokenizer_encode(const mkv_tokenizer_t *tok, const char *text, 
     free(w.len);
     free(w.heap);
     if (status == MKV_STATUS_OK && ids.n > INT32_MAX)
-        status = mkv_fail(err, MKV_STATUS_INVALID_ARGUMENT, "tokenizer encode: text too long");
+        status = runner_fail(err, MKV_STATUS_INVALID_ARGUMENT, "tokenizer encode: text too long");
     if (status != MKV_STATUS_OK) {
         free(ids.p);
         return status;
@@ -480,15 +480,15 @@ mkv_status_t mkv_tokenizer_decode(const mkv_tokenizer_t *tok, const int32_t *ids
     mkv_status_t status = MKV_STATUS_OK;
     if (!err) err = dummy;
     if (!tok || !out || n < 0 || (!ids && n))
-        return mkv_fail(err, MKV_STATUS_INVALID_ARGUMENT, "tokenizer decode: bad argument");
+        return runner_fail(err, MKV_STATUS_INVALID_ARGUMENT, "tokenizer decode: bad argument");
     *out = NULL;
     for (int32_t i = 0; i < n; i++)
         if (ids[i] < 0 || ids[i] >= tok->n_vocab || !tok->text[ids[i]])
-            return mkv_fail(err, MKV_STATUS_INVALID_ARGUMENT,
+            return runner_fail(err, MKV_STATUS_INVALID_ARGUMENT,
                             "tokenizer decode: id %d at %d is not in the vocabulary", ids[i], i);
     size_t m = 0;
     sbuf_t *t = calloc((size_t)n + 1, sizeof *t), all = {0};
-    if (!t) return mkv_fail(err, MKV_STATUS_OUT_OF_MEMORY, "tokenizer decode");
+    if (!t) return runner_fail(err, MKV_STATUS_OUT_OF_MEMORY, "tokenizer decode");
     for (int32_t i = 0; i < n; i++) {
         if (skip_special && tok->special[ids[i]]) continue;
         const char *s = tok->text[ids[i]];
@@ -505,7 +505,7 @@ mkv_status_t mkv_tokenizer_decode(const mkv_tokenizer_t *tok, const int32_t *ids
     all.p = NULL;
     goto done;
 oom:
-    status = mkv_fail(err, MKV_STATUS_OUT_OF_MEMORY, "tokenizer decode");
+    status = runner_fail(err, MKV_STATUS_OUT_OF_MEMORY, "tokenizer decode");
 done:
     for (int32_t i = 0; i < n; i++) free(t[i].p);
     free(t);

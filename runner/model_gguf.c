@@ -1,5 +1,5 @@
 /*
- * model_gguf.c — a llama-architecture GGUF file (engine/gguf.h) into an mkv_model_t, the same
+ * model_gguf.c — a llama-architecture GGUF file (runner/gguf.h) into an mkv_model_t, the same
  * fp32 row-major [out][in] weights that a Hugging Face folder gives (docs/model.md).
  *
  * The config comes from the `llama.*` keys, the vocabulary size from token_embd, BOS / EOS from
@@ -15,11 +15,11 @@
  * Projections of a type the packed weights keep quantized (Q4_0, Q4_1, Q8_0: weights.h) also
  * keep a copy of their blocks (mkv_qblocks_t), rows reordered the same way.
  */
-#include "engine/gguf.h"
-#include "engine/model.h"
-#include "engine/weights.h"
+#include "runner/gguf.h"
+#include "runner/model.h"
+#include "runner/weights.h"
 
-#include "common/error.h"
+#include "runner/error.h"
 
 #include <limits.h>
 #include <stdio.h>
@@ -30,7 +30,7 @@ static mkv_status_t key_pos(const mkv_gguf_t *g, const char *key, int32_t *out, 
 {
     mkv_status_t st = mkv_gguf_get_i32(g, key, out, err);
     if (st == MKV_STATUS_OK && *out < 1)
-        return mkv_fail(err, MKV_STATUS_PARSE_ERROR, "GGUF key %s must be positive (found %d)",
+        return runner_fail(err, MKV_STATUS_PARSE_ERROR, "GGUF key %s must be positive (found %d)",
                         key, *out);
     return st;
 }
@@ -46,7 +46,7 @@ static mkv_status_t key_float_opt(const mkv_gguf_t *g, const char *key, float *o
     if (!mkv_gguf_find(g, key)) return MKV_STATUS_OK;
     mkv_status_t st = mkv_gguf_get_f32(g, key, out, err);
     if (st == MKV_STATUS_OK && !(*out > 0.0f && *out < 1e30f))
-        return mkv_fail(err, MKV_STATUS_PARSE_ERROR, "GGUF key %s must be a positive number",
+        return runner_fail(err, MKV_STATUS_PARSE_ERROR, "GGUF key %s must be a positive number",
                         key);
     return st;
 }
@@ -59,7 +59,7 @@ static mkv_status_t key_token(const mkv_gguf_t *g, const char *key, int32_t voca
     if (!mkv_gguf_find(g, key)) return MKV_STATUS_OK;
     mkv_status_t st = mkv_gguf_get_i32(g, key, out, err);
     if (st == MKV_STATUS_OK && (*out < 0 || *out >= vocab))
-        return mkv_fail(err, MKV_STATUS_PARSE_ERROR,
+        return runner_fail(err, MKV_STATUS_PARSE_ERROR,
                         "GGUF key %s = %d is outside the vocabulary [0, %d)", key, *out, vocab);
     return st;
 }
@@ -68,89 +68,89 @@ static mkv_status_t read_config(const mkv_gguf_t *g, mkv_model_config_t *c, char
 {
     mkv_gguf_str_t arch;
     mkv_status_t status;
-    MKV_TRY(mkv_gguf_get_str(g, "general.architecture", &arch, err));
+    RUNNER_TRY(mkv_gguf_get_str(g, "general.architecture", &arch, err));
     if (arch.len != 5 || memcmp(arch.ptr, "llama", 5) != 0)
-        return mkv_fail(err, MKV_STATUS_UNSUPPORTED,
+        return runner_fail(err, MKV_STATUS_UNSUPPORTED,
                         "GGUF architecture '%.*s' is not supported (llama only)",
                         (int)(arch.len > 64 ? 64 : arch.len), arch.ptr);
     memset(c, 0, sizeof *c);
-    MKV_TRY(key_pos(g, "llama.context_length", &c->max_pos, err));
-    MKV_TRY(key_pos(g, "llama.embedding_length", &c->hidden, err));
-    MKV_TRY(key_pos(g, "llama.block_count", &c->n_layers, err));
-    MKV_TRY(key_pos(g, "llama.feed_forward_length", &c->intermediate, err));
-    MKV_TRY(key_pos(g, "llama.attention.head_count", &c->n_heads, err));
+    RUNNER_TRY(key_pos(g, "llama.context_length", &c->max_pos, err));
+    RUNNER_TRY(key_pos(g, "llama.embedding_length", &c->hidden, err));
+    RUNNER_TRY(key_pos(g, "llama.block_count", &c->n_layers, err));
+    RUNNER_TRY(key_pos(g, "llama.feed_forward_length", &c->intermediate, err));
+    RUNNER_TRY(key_pos(g, "llama.attention.head_count", &c->n_heads, err));
     c->n_kv_heads = c->n_heads;
-    MKV_TRY(key_pos_opt(g, "llama.attention.head_count_kv", &c->n_kv_heads, err));
+    RUNNER_TRY(key_pos_opt(g, "llama.attention.head_count_kv", &c->n_kv_heads, err));
     c->rope_theta = 10000.0f;
-    MKV_TRY(key_float_opt(g, "llama.rope.freq_base", &c->rope_theta, err));
-    MKV_TRY(mkv_gguf_get_f32(g, "llama.attention.layer_norm_rms_epsilon", &c->rms_eps, err));
+    RUNNER_TRY(key_float_opt(g, "llama.rope.freq_base", &c->rope_theta, err));
+    RUNNER_TRY(mkv_gguf_get_f32(g, "llama.attention.layer_norm_rms_epsilon", &c->rms_eps, err));
     if (!(c->rms_eps > 0.0f && c->rms_eps < 1.0f))
-        return mkv_fail(err, MKV_STATUS_PARSE_ERROR,
+        return runner_fail(err, MKV_STATUS_PARSE_ERROR,
                         "GGUF key llama.attention.layer_norm_rms_epsilon = %g (0 to 1)",
                         (double)c->rms_eps);
 
     int32_t kl = 0, vl = 0, rd = 0;
-    MKV_TRY(key_pos_opt(g, "llama.attention.key_length", &kl, err));
-    MKV_TRY(key_pos_opt(g, "llama.attention.value_length", &vl, err));
+    RUNNER_TRY(key_pos_opt(g, "llama.attention.key_length", &kl, err));
+    RUNNER_TRY(key_pos_opt(g, "llama.attention.value_length", &vl, err));
     if (!kl && c->hidden % c->n_heads != 0)
-        return mkv_fail(err, MKV_STATUS_PARSE_ERROR,
+        return runner_fail(err, MKV_STATUS_PARSE_ERROR,
                         "llama.embedding_length %d is not a multiple of head_count %d", c->hidden,
                         c->n_heads);
     c->head_dim = kl ? kl : c->hidden / c->n_heads;
     if (vl && vl != c->head_dim)
-        return mkv_fail(err, MKV_STATUS_UNSUPPORTED,
+        return runner_fail(err, MKV_STATUS_UNSUPPORTED,
                         "llama.attention.value_length %d differs from the key length %d", vl,
                         c->head_dim);
-    MKV_TRY(key_pos_opt(g, "llama.rope.dimension_count", &rd, err));
+    RUNNER_TRY(key_pos_opt(g, "llama.rope.dimension_count", &rd, err));
     if (rd && rd != c->head_dim)
-        return mkv_fail(err, MKV_STATUS_UNSUPPORTED,
+        return runner_fail(err, MKV_STATUS_UNSUPPORTED,
                         "llama.rope.dimension_count %d: partial RoPE is not supported (head_dim %d)",
                         rd, c->head_dim);
     if (c->n_heads % c->n_kv_heads != 0)
-        return mkv_fail(err, MKV_STATUS_PARSE_ERROR,
+        return runner_fail(err, MKV_STATUS_PARSE_ERROR,
                         "llama.attention.head_count %d is not a multiple of head_count_kv %d",
                         c->n_heads, c->n_kv_heads);
     if (c->head_dim % 2 != 0 || (int64_t)c->n_heads * c->head_dim > INT32_MAX / 2)
-        return mkv_fail(err, MKV_STATUS_UNSUPPORTED, "head_dim %d with %d heads", c->head_dim,
+        return runner_fail(err, MKV_STATUS_UNSUPPORTED, "head_dim %d with %d heads", c->head_dim,
                         c->n_heads);
 
     /* Refused rather than silently ignored: they change the model. */
     const mkv_gguf_kv_t *rs = mkv_gguf_find(g, "llama.rope.scaling.type");
     if (rs && !(rs->type == MKV_GGUF_STRING && rs->str.len == 4 && memcmp(rs->str.ptr, "none", 4) == 0))
-        return mkv_fail(err, MKV_STATUS_UNSUPPORTED, "llama.rope.scaling.type %.*s is not supported",
+        return runner_fail(err, MKV_STATUS_UNSUPPORTED, "llama.rope.scaling.type %.*s is not supported",
                         rs->type == MKV_GGUF_STRING ? (int)(rs->str.len > 32 ? 32 : rs->str.len) : 3,
                         rs->type == MKV_GGUF_STRING ? rs->str.ptr : "set");
     float lin = 1.0f;
-    MKV_TRY(key_float_opt(g, "llama.rope.scale_linear", &lin, err));
+    RUNNER_TRY(key_float_opt(g, "llama.rope.scale_linear", &lin, err));
     if (lin != 1.0f)
-        return mkv_fail(err, MKV_STATUS_UNSUPPORTED, "llama.rope.scale_linear %g is not supported",
+        return runner_fail(err, MKV_STATUS_UNSUPPORTED, "llama.rope.scale_linear %g is not supported",
                         (double)lin);
     int32_t experts = 0;
-    if (mkv_gguf_find(g, "llama.expert_count")) MKV_TRY(mkv_gguf_get_i32(g, "llama.expert_count", &experts, err));
+    if (mkv_gguf_find(g, "llama.expert_count")) RUNNER_TRY(mkv_gguf_get_i32(g, "llama.expert_count", &experts, err));
     if (experts > 0)
-        return mkv_fail(err, MKV_STATUS_UNSUPPORTED, "llama.expert_count %d: mixture of experts",
+        return runner_fail(err, MKV_STATUS_UNSUPPORTED, "llama.expert_count %d: mixture of experts",
                         experts);
 
     /* The vocabulary is token_embd's row count; a stated vocab_size must agree. */
     const mkv_gguf_tensor_t *emb = mkv_gguf_find_tensor(g, "token_embd.weight");
-    if (!emb) return mkv_fail(err, MKV_STATUS_INVALID_ARGUMENT, "missing tensor token_embd.weight");
+    if (!emb) return runner_fail(err, MKV_STATUS_INVALID_ARGUMENT, "missing tensor token_embd.weight");
     if (emb->n_dims != 2 || emb->ne[1] < 1 || emb->ne[1] > INT32_MAX)
-        return mkv_fail(err, MKV_STATUS_INVALID_ARGUMENT,
+        return runner_fail(err, MKV_STATUS_INVALID_ARGUMENT,
                         "tensor token_embd.weight: %d dims, ne1 = %lld", emb->n_dims,
                         (long long)emb->ne[1]);
     c->vocab = (int32_t)emb->ne[1];
     int32_t vs = c->vocab;
-    MKV_TRY(key_pos_opt(g, "llama.vocab_size", &vs, err));
+    RUNNER_TRY(key_pos_opt(g, "llama.vocab_size", &vs, err));
     if (vs != c->vocab)
-        return mkv_fail(err, MKV_STATUS_PARSE_ERROR,
+        return runner_fail(err, MKV_STATUS_PARSE_ERROR,
                         "llama.vocab_size %d differs from token_embd.weight's %d rows", vs,
                         c->vocab);
     c->tied = mkv_gguf_find_tensor(g, "output.weight") == NULL;
-    MKV_TRY(key_token(g, "tokenizer.ggml.bos_token_id", c->vocab, &c->bos, err));
-    MKV_TRY(key_token(g, "tokenizer.ggml.eos_token_id", c->vocab, &c->eos, err));
+    RUNNER_TRY(key_token(g, "tokenizer.ggml.bos_token_id", c->vocab, &c->bos, err));
+    RUNNER_TRY(key_token(g, "tokenizer.ggml.eos_token_id", c->vocab, &c->eos, err));
     /* Nine tensors per block: bounds block_count by the file before allocating layers. */
     if (c->n_layers > mkv_gguf_n_tensors(g) / 9)
-        return mkv_fail(err, MKV_STATUS_INVALID_ARGUMENT,
+        return runner_fail(err, MKV_STATUS_INVALID_ARGUMENT,
                         "llama.block_count %d, but the file holds only %lld tensors", c->n_layers,
                         (long long)mkv_gguf_n_tensors(g));
     return MKV_STATUS_OK;
@@ -169,17 +169,17 @@ static mkv_status_t load_tensor(mkv_model_t *m, const mkv_gguf_t *g, const char 
     const mkv_gguf_tensor_t *t = mkv_gguf_find_tensor(g, name);
     const int32_t nd = out ? 2 : 1;
     if (!t) {
-        if (out) return mkv_fail(err, MKV_STATUS_INVALID_ARGUMENT, "missing tensor %s (shape [%lld, %lld])", name, (long long)in, (long long)out);
-        return mkv_fail(err, MKV_STATUS_INVALID_ARGUMENT, "missing tensor %s (shape [%lld])", name, (long long)in);
+        if (out) return runner_fail(err, MKV_STATUS_INVALID_ARGUMENT, "missing tensor %s (shape [%lld, %lld])", name, (long long)in, (long long)out);
+        return runner_fail(err, MKV_STATUS_INVALID_ARGUMENT, "missing tensor %s (shape [%lld])", name, (long long)in);
     }
     if (t->n_dims != nd || t->ne[0] != in || (out && t->ne[1] != out))
-        return mkv_fail(err, MKV_STATUS_INVALID_ARGUMENT,
+        return runner_fail(err, MKV_STATUS_INVALID_ARGUMENT,
                         "tensor %s: expected GGUF shape [%lld, %lld] (ne0 first), found "
                         "[%lld, %lld, %lld, %lld] (%d dims)",
                         name, (long long)in, (long long)(out ? out : 1), (long long)t->ne[0],
                         (long long)t->ne[1], (long long)t->ne[2], (long long)t->ne[3], t->n_dims);
     if (!mkv_ggml_can_dequantize(t->type))
-        return mkv_fail(err, MKV_STATUS_UNSUPPORTED,
+        return runner_fail(err, MKV_STATUS_UNSUPPORTED,
                         "tensor %s has type %s (supported: F32, F16, BF16, Q8_0, Q4_0, Q4_1, "
                         "Q4_K, Q6_K)",
                         name, mkv_ggml_type_name(t->type));
@@ -215,10 +215,10 @@ mkv_status_t mkv_model_load_gguf(const char *path, mkv_model_t *m, char *err)
     char msg[MKV_ERR_LEN];
     mkv_gguf_t *g = NULL;
     mkv_status_t status;
-    MKV_TRY(mkv_gguf_open(path, &g, err));
+    RUNNER_TRY(mkv_gguf_open(path, &g, err));
     status = read_config(g, &m->cfg, msg);
     if (status != MKV_STATUS_OK) {
-        mkv_fail(err, status, "%s: %s", path, msg);
+        runner_fail(err, status, "%s: %s", path, msg);
         goto fail;
     }
     const mkv_model_config_t *c = &m->cfg;
@@ -226,7 +226,7 @@ mkv_status_t mkv_model_load_gguf(const char *path, mkv_model_t *m, char *err)
     const int64_t QD = c->n_heads * hd, KD = c->n_kv_heads * hd;
     mkv_layer_weights_t *layers = mkv_model_own(m, (size_t)c->n_layers * sizeof *layers, msg);
     if (!layers) {
-        status = mkv_fail(err, MKV_STATUS_OUT_OF_MEMORY, "%s: %s", path, msg);
+        status = runner_fail(err, MKV_STATUS_OUT_OF_MEMORY, "%s: %s", path, msg);
         goto fail;
     }
     memset(layers, 0, (size_t)c->n_layers * sizeof *layers);
@@ -235,7 +235,7 @@ mkv_status_t mkv_model_load_gguf(const char *path, mkv_model_t *m, char *err)
     do {                                                                                       \
         status = load_tensor(m, g, name, in, out, heads, dst, qdst, msg);                      \
         if (status != MKV_STATUS_OK) {                                                         \
-            mkv_fail(err, status, "%s: %s", path, msg);                                        \
+            runner_fail(err, status, "%s: %s", path, msg);                                        \
             goto fail;                                                                         \
         }                                                                                      \
     } while (0)

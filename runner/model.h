@@ -30,11 +30,11 @@ typedef struct mkv_model_config {
 } mkv_model_config_t;
 
 /* A GGUF projection's quantized blocks, kept beside its fp32 copy so that the packed weights
- * (engine/weights.h) can stay quantized: the fp32 copy holds exactly what these blocks
+ * (runner/weights.h) can stay quantized: the fp32 copy holds exactly what these blocks
  * dequantize to. blocks == NULL: none (a Hugging Face folder, or a type weights.c does not
  * pack quantized). */
 typedef struct mkv_qblocks {
-    uint32_t type;                    /* ggml type id (engine/gguf.h) */
+    uint32_t type;                    /* ggml type id (runner/gguf.h) */
     const void *blocks;               /* [out][in / block_elems] blocks, rows in the model's
                                          order (llama.cpp's Q/K permutation undone) */
 } mkv_qblocks_t;
@@ -60,7 +60,7 @@ typedef struct mkv_model {
 } mkv_model_t;
 
 /* Loads a model: `path` is a Hugging Face folder, or a GGUF file (a regular file: architecture
- * llama, weights dequantized to fp32, engine/model_gguf.c). Errors name the file, tensor or
+ * llama, weights dequantized to fp32, runner/model_gguf.c). Errors name the file, tensor or
  * field: IO_ERROR (missing files, a FIFO or device where a file is expected), PARSE_ERROR
  * (malformed JSON, safetensors or GGUF), UNSUPPORTED (architecture other than LlamaForCausalLM /
  * MistralForCausalLM / Qwen2ForCausalLM without biases or GGUF llama, dtype other than F32 /

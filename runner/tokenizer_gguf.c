@@ -5,10 +5,10 @@
  * for a regular file. The token and merge strings stay in the file's mapping while the
  * tokenizer is built (it copies what it keeps), then the file is closed.
  */
-#include "engine/tokenizer.h"
+#include "runner/tokenizer.h"
 
-#include "common/error.h"
-#include "engine/gguf.h"
+#include "runner/error.h"
+#include "runner/gguf.h"
 
 #include <stdio.h>
 #include <stdlib.h>
@@ -35,7 +35,7 @@ static mkv_status_t str_key(const mkv_gguf_t *g, const char *key, int required, 
     const mkv_status_t st = mkv_gguf_get_str(g, key, &s, err);
     if (st != MKV_STATUS_OK) return st;
     if (s.len >= cap || memchr(s.ptr, '\0', s.len))
-        return mkv_fail(err, MKV_STATUS_PARSE_ERROR, "GGUF %s: not a short text value", key);
+        return runner_fail(err, MKV_STATUS_PARSE_ERROR, "GGUF %s: not a short text value", key);
     memcpy(buf, s.ptr, s.len);
     buf[s.len] = '\0';
     return MKV_STATUS_OK;
@@ -50,18 +50,18 @@ static mkv_status_t str_array(const mkv_gguf_t *g, const char *key, int32_t *n,
     mkv_status_t st = mkv_gguf_get_arr(g, key, &elem, &count, err);
     if (st != MKV_STATUS_OK) return st;
     if (elem != MKV_GGUF_STRING)
-        return mkv_fail(err, MKV_STATUS_PARSE_ERROR, "GGUF %s: not an array of strings", key);
+        return runner_fail(err, MKV_STATUS_PARSE_ERROR, "GGUF %s: not an array of strings", key);
     if (count > INT32_MAX / 2)
-        return mkv_fail(err, MKV_STATUS_PARSE_ERROR, "GGUF %s: %llu entries", key,
+        return runner_fail(err, MKV_STATUS_PARSE_ERROR, "GGUF %s: %llu entries", key,
                         (unsigned long long)count);
     const mkv_gguf_kv_t *kv = mkv_gguf_find(g, key);
     *ptrs = malloc((count ? count : 1) * sizeof **ptrs);
     *lens = malloc((count ? count : 1) * sizeof **lens);
-    if (!*ptrs || !*lens) return mkv_fail(err, MKV_STATUS_OUT_OF_MEMORY, "GGUF %s", key);
+    if (!*ptrs || !*lens) return runner_fail(err, MKV_STATUS_OUT_OF_MEMORY, "GGUF %s", key);
     for (uint64_t i = 0; i < count; i++) {
         const mkv_gguf_str_t s = mkv_gguf_arr_str(g, kv, i);
         if (s.len > INT32_MAX)
-            return mkv_fail(err, MKV_STATUS_PARSE_ERROR, "GGUF %s[%llu]: too long", key,
+            return runner_fail(err, MKV_STATUS_PARSE_ERROR, "GGUF %s[%llu]: too long", key,
                             (unsigned long long)i);
         (*ptrs)[i] = s.ptr ? s.ptr : "";
         (*lens)[i] = (int32_t)s.len;
@@ -74,7 +74,7 @@ mkv_status_t mkv_tokenizer_load_gguf(const char *path, mkv_tokenizer_t **out, ch
 {
     char dummy[MKV_ERR_LEN], model[64], pre[64];
     if (!err) err = dummy;
-    if (!path || !out) return mkv_fail(err, MKV_STATUS_INVALID_ARGUMENT, "null argument");
+    if (!path || !out) return runner_fail(err, MKV_STATUS_INVALID_ARGUMENT, "null argument");
     *out = NULL;
     mkv_gguf_t *g = NULL;
     const char **tokens = NULL, **merges = NULL;
@@ -83,40 +83,40 @@ mkv_status_t mkv_tokenizer_load_gguf(const char *path, mkv_tokenizer_t **out, ch
     memset(&spec, 0, sizeof spec);
     mkv_status_t status = mkv_gguf_open(path, &g, err);
     if (status != MKV_STATUS_OK) return status;
-    MKV_TRY(str_key(g, "tokenizer.ggml.model", 1, model, sizeof model, err));
-    MKV_TRY(str_key(g, "tokenizer.ggml.pre", 0, pre, sizeof pre, err));
-    MKV_TRY(str_array(g, "tokenizer.ggml.tokens", &spec.n_vocab, &tokens, &token_lens, err));
+    RUNNER_TRY(str_key(g, "tokenizer.ggml.model", 1, model, sizeof model, err));
+    RUNNER_TRY(str_key(g, "tokenizer.ggml.pre", 0, pre, sizeof pre, err));
+    RUNNER_TRY(str_array(g, "tokenizer.ggml.tokens", &spec.n_vocab, &tokens, &token_lens, err));
     if (mkv_gguf_find(g, "tokenizer.ggml.merges"))
-        MKV_TRY(str_array(g, "tokenizer.ggml.merges", &spec.n_merges, &merges, &merge_lens, err));
+        RUNNER_TRY(str_array(g, "tokenizer.ggml.merges", &spec.n_merges, &merges, &merge_lens, err));
     const mkv_gguf_kv_t *tt = mkv_gguf_find(g, "tokenizer.ggml.token_type");
     if (tt) {
         if (tt->type != MKV_GGUF_ARRAY || tt->arr_count != (uint64_t)spec.n_vocab) {
-            status = mkv_fail(err, MKV_STATUS_PARSE_ERROR,
+            status = runner_fail(err, MKV_STATUS_PARSE_ERROR,
                               "GGUF tokenizer.ggml.token_type: not an array of %d integers",
                               spec.n_vocab);
             goto fail;
         }
         if (!(types = malloc((size_t)(spec.n_vocab ? spec.n_vocab : 1) * sizeof *types))) {
-            status = mkv_fail(err, MKV_STATUS_OUT_OF_MEMORY, "token types");
+            status = runner_fail(err, MKV_STATUS_OUT_OF_MEMORY, "token types");
             goto fail;
         }
         for (int32_t i = 0; i < spec.n_vocab; i++) {
             int64_t v;
             if (!mkv_gguf_arr_int(tt, (uint64_t)i, &v) || v < INT32_MIN || v > INT32_MAX) {
-                status = mkv_fail(err, MKV_STATUS_PARSE_ERROR,
+                status = runner_fail(err, MKV_STATUS_PARSE_ERROR,
                                   "GGUF tokenizer.ggml.token_type[%d]: not an integer", i);
                 goto fail;
             }
             types[i] = (int32_t)v;
         }
     }
-    MKV_TRY(opt_id(g, "tokenizer.ggml.bos_token_id", &spec.bos, err));
-    MKV_TRY(opt_id(g, "tokenizer.ggml.eos_token_id", &spec.eos, err));
-    MKV_TRY(opt_id(g, "tokenizer.ggml.unknown_token_id", &spec.unk, err));
-    MKV_TRY(opt_id(g, "tokenizer.ggml.padding_token_id", &spec.pad, err));
+    RUNNER_TRY(opt_id(g, "tokenizer.ggml.bos_token_id", &spec.bos, err));
+    RUNNER_TRY(opt_id(g, "tokenizer.ggml.eos_token_id", &spec.eos, err));
+    RUNNER_TRY(opt_id(g, "tokenizer.ggml.unknown_token_id", &spec.unk, err));
+    RUNNER_TRY(opt_id(g, "tokenizer.ggml.padding_token_id", &spec.pad, err));
     spec.add_bos = 0;
     if (mkv_gguf_find(g, "tokenizer.ggml.add_bos_token"))
-        MKV_TRY(mkv_gguf_get_bool(g, "tokenizer.ggml.add_bos_token", &spec.add_bos, err));
+        RUNNER_TRY(mkv_gguf_get_bool(g, "tokenizer.ggml.add_bos_token", &spec.add_bos, err));
     spec.tokens = tokens;
     spec.token_lens = token_lens;
     spec.token_types = types;

@@ -1,12 +1,12 @@
 /*
- * tokenizer_state.h — inside the tokenizer (engine/tokenizer.h): the loaded tokenizer.json
+ * tokenizer_state.h — inside the tokenizer (runner/tokenizer.h): the loaded tokenizer.json
  * (tokenizer_load.c builds it, tokenizer.c runs it) and the small containers both use.
- * Private to engine/tokenizer*.c.
+ * Private to runner/tokenizer*.c.
  */
 #ifndef MKV_ENGINE_TOKENIZER_STATE_H
 #define MKV_ENGINE_TOKENIZER_STATE_H
 
-#include "engine/tokenizer.h"
+#include "runner/tokenizer.h"
 
 #include <stddef.h>
 #include <stdint.h>
@@ -176,7 +176,7 @@ struct mkv_tokenizer {
     int add_bos;            /* GGUF's add_bos_token; -1 for tokenizer.json */
 };
 
-/* engine/tokenizer_load.c, shared with the GGUF constructor (tokenizer_bpe.c) */
+/* runner/tokenizer_load.c, shared with the GGUF constructor (tokenizer_bpe.c) */
 
 /* Adds a model vocabulary entry; PARSE_ERROR when the text is there already. */
 mkv_status_t mkv_tok_add_vocab(mkv_tokenizer_t *tok, const char *s, size_t n, int32_t id,
@@ -191,7 +191,7 @@ mkv_status_t mkv_tok_alloc_tables(mkv_tokenizer_t *tok, size_t n_vocab, size_t n
  * tokens and BOS / EOS / UNK ids that are not tokens. */
 mkv_status_t mkv_tok_finish(mkv_tokenizer_t *tok, char *err);
 
-/* engine/tokenizer_bpe.c */
+/* runner/tokenizer_bpe.c */
 
 /* Fills bl_char / bl_len / bl_byte with GPT-2's bytes_to_unicode (byte_level is the caller's). */
 void mkv_tok_init_byte_level(mkv_tokenizer_t *tok);

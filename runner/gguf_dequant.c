@@ -17,10 +17,9 @@
  * Each weight is computed as ggml computes it (fp32 products in the same order), so the
  * results equal ggml's dequantization bit for bit.
  */
-#include "engine/gguf.h"
+#include "runner/gguf.h"
 
-#include "common/error.h"
-#include "quant/half.h"
+#include "runner/error.h"
 
 #include <string.h>
 
@@ -72,8 +71,12 @@ const char *mkv_ggml_type_name(uint32_t type)
 /* Dequantizers                                                                             */
 /* ---------------------------------------------------------------------------------------- */
 
-static uint16_t rd16(const uint8_t *p) { return (uint16_t)(p[0] | p[1] << 8); }
-static float h2f(const uint8_t *p) { return mkv_f16_to_f32(rd16(p)); }
+static float h2f(const uint8_t *p)
+{
+    float f;
+    (void)mkv_convert(&f, MKV_DTYPE_F32, p, MKV_DTYPE_F16, 1); /* little-endian, as the file */
+    return f;
+}
 
 void mkv_dequant_f32(const void *src, float *dst, int64_t n)
 {
@@ -82,14 +85,12 @@ void mkv_dequant_f32(const void *src, float *dst, int64_t n)
 
 void mkv_dequant_f16(const void *src, float *dst, int64_t n)
 {
-    const uint8_t *p = src;
-    for (int64_t i = 0; i < n; i++) dst[i] = h2f(p + 2 * i);
+    (void)mkv_convert(dst, MKV_DTYPE_F32, src, MKV_DTYPE_F16, n);
 }
 
 void mkv_dequant_bf16(const void *src, float *dst, int64_t n)
 {
-    const uint8_t *p = src;
-    for (int64_t i = 0; i < n; i++) dst[i] = mkv_bits_f32((uint32_t)rd16(p + 2 * i) << 16);
+    (void)mkv_convert(dst, MKV_DTYPE_F32, src, MKV_DTYPE_BF16, n);
 }
 
 void mkv_dequant_q8_0(const void *src, float *dst, int64_t n)
@@ -205,13 +206,13 @@ mkv_status_t mkv_ggml_dequantize(uint32_t type, const void *src, float *dst, int
 {
     const dequant_fn f = dequantizer(type);
     if (!f)
-        return mkv_fail(err, MKV_STATUS_UNSUPPORTED,
+        return runner_fail(err, MKV_STATUS_UNSUPPORTED,
                         "ggml type %s (%u) cannot be dequantized (F32, F16, BF16, Q8_0, Q4_0, "
                         "Q4_1, Q4_K, Q6_K)",
                         mkv_ggml_type_name(type), type);
     const ggml_type_info_t *t = type_info(type);
     if (n < 0 || n % t->block_elems != 0)
-        return mkv_fail(err, MKV_STATUS_UNSUPPORTED, "%lld weights of %s: not whole blocks of %lld",
+        return runner_fail(err, MKV_STATUS_UNSUPPORTED, "%lld weights of %s: not whole blocks of %lld",
                         (long long)n, t->name, (long long)t->block_elems);
     f(src, dst, n);
     return MKV_STATUS_OK;

@@ -2,7 +2,7 @@
  * model.c — loads a Hugging Face Llama-family folder (docs/model.md) into an mkv_model_t:
  * config.json through cJSON, then the weights from model.safetensors or from the shards that
  * model.safetensors.index.json names. A regular file instead of a folder is a GGUF file
- * (engine/model_gguf.c).
+ * (runner/model_gguf.c).
  *
  * Safetensors files are memory-mapped read-only. F32 tensors whose data is 4-byte aligned in
  * the mapping are used in place; unaligned F32, F16 and BF16 tensors are converted into owned
@@ -10,10 +10,9 @@
  * NOTE: the file's bytes are read as little-endian, which is also how they are used in place,
  * so the loader assumes a little-endian host (every platform mixkv targets).
  */
-#include "engine/model.h"
+#include "runner/model.h"
 
-#include "common/error.h"
-#include "quant/half.h"
+#include "runner/error.h"
 
 #include <cjson/cJSON.h>
 
@@ -83,16 +82,16 @@ static void path_join(char *out, size_t len, const char *dir, const char *name)
 static mkv_status_t open_regular(const char *path, int *fd_out, struct stat *sb, char *err)
 {
     const int fd = open(path, O_RDONLY | O_NONBLOCK);
-    if (fd < 0) return mkv_fail(err, MKV_STATUS_IO_ERROR, "cannot open %s: %s", path, strerror(errno));
+    if (fd < 0) return runner_fail(err, MKV_STATUS_IO_ERROR, "cannot open %s: %s", path, strerror(errno));
     if (fstat(fd, sb) != 0) {
         const int e = errno;
         close(fd);
-        return mkv_fail(err, MKV_STATUS_IO_ERROR, "cannot stat %s: %s", path, strerror(e));
+        return runner_fail(err, MKV_STATUS_IO_ERROR, "cannot stat %s: %s", path, strerror(e));
     }
     if (!S_ISREG(sb->st_mode)) {
         const int isdir = S_ISDIR(sb->st_mode);
         close(fd);
-        return mkv_fail(err, MKV_STATUS_IO_ERROR, "%s is %s, not a regular file", path,
+        return runner_fail(err, MKV_STATUS_IO_ERROR, "%s is %s, not a regular file", path,
                         isdir ? "a directory" : "a FIFO, device or socket");
     }
     *fd_out = fd;
@@ -109,7 +108,7 @@ static mkv_status_t read_text(const char *path, char **out, char *err)
     FILE *f = fdopen(fd, "rb");
     if (!f) {
         close(fd);
-        return mkv_fail(err, MKV_STATUS_IO_ERROR, "cannot open %s: %s", path, strerror(errno));
+        return runner_fail(err, MKV_STATUS_IO_ERROR, "cannot open %s: %s", path, strerror(errno));
     }
     char *buf = NULL;
     size_t len = 0, cap = 0;
@@ -120,7 +119,7 @@ static mkv_status_t read_text(const char *path, char **out, char *err)
             if (!p) {
                 free(buf);
                 fclose(f);
-                return mkv_fail(err, MKV_STATUS_OUT_OF_MEMORY, "cannot read %s: out of memory",
+                return runner_fail(err, MKV_STATUS_OUT_OF_MEMORY, "cannot read %s: out of memory",
                                 path);
             }
             buf = p;
@@ -133,7 +132,7 @@ static mkv_status_t read_text(const char *path, char **out, char *err)
     fclose(f);
     if (bad) {
         free(buf);
-        return mkv_fail(err, MKV_STATUS_IO_ERROR, "cannot read %s", path);
+        return runner_fail(err, MKV_STATUS_IO_ERROR, "cannot read %s", path);
     }
     buf[len] = '\0';
     *out = buf;
@@ -147,7 +146,7 @@ static mkv_status_t parse_json_file(const char *path, cJSON **out, char *err)
     if (status != MKV_STATUS_OK) return status;
     *out = cJSON_Parse(text);
     free(text);
-    if (!*out) return mkv_fail(err, MKV_STATUS_PARSE_ERROR, "%s: malformed JSON", path);
+    if (!*out) return runner_fail(err, MKV_STATUS_PARSE_ERROR, "%s: malformed JSON", path);
     return MKV_STATUS_OK;
 }
 
@@ -180,12 +179,12 @@ static mkv_status_t cfg_int(const cJSON *root, const char *key, int32_t def, int
     const cJSON *j = cJSON_GetObjectItemCaseSensitive(root, key);
     int64_t v;
     if (!j || cJSON_IsNull(j)) {
-        if (def < 0) return mkv_fail(err, MKV_STATUS_PARSE_ERROR, "config.json: %s is missing", key);
+        if (def < 0) return runner_fail(err, MKV_STATUS_PARSE_ERROR, "config.json: %s is missing", key);
         *out = def;
         return MKV_STATUS_OK;
     }
     if (!json_uint(j, &v) || v < 1 || v > INT32_MAX)
-        return mkv_fail(err, MKV_STATUS_PARSE_ERROR, "config.json: %s must be a positive integer",
+        return runner_fail(err, MKV_STATUS_PARSE_ERROR, "config.json: %s must be a positive integer",
                         key);
     *out = (int32_t)v;
     return MKV_STATUS_OK;
@@ -201,7 +200,7 @@ static mkv_status_t cfg_float(const cJSON *root, const char *key, double def, fl
     }
     /* Within float's normal range: 1e300 would load as inf, 1e-300 as 0. */
     if (!cJSON_IsNumber(j) || !(j->valuedouble >= FLT_MIN && j->valuedouble <= FLT_MAX))
-        return mkv_fail(err, MKV_STATUS_PARSE_ERROR,
+        return runner_fail(err, MKV_STATUS_PARSE_ERROR,
                         "config.json: %s must be a positive number in float's range (%g to %g)",
                         key, (double)FLT_MIN, (double)FLT_MAX);
     *out = (float)j->valuedouble;
@@ -220,7 +219,7 @@ static mkv_status_t cfg_token(const cJSON *root, const char *key, int32_t vocab,
     if (cJSON_IsArray(j) && !e) return MKV_STATUS_OK; /* an empty list: none */
     for (; e; e = cJSON_IsArray(j) ? e->next : NULL) {
         if (!json_uint(e, &v) || v >= vocab)
-            return mkv_fail(err, MKV_STATUS_PARSE_ERROR,
+            return runner_fail(err, MKV_STATUS_PARSE_ERROR,
                             "config.json: %s must be a token id below vocab_size %d (or a list "
                             "of them)",
                             key, vocab);
@@ -235,7 +234,7 @@ static mkv_status_t cfg_bool(const cJSON *root, const char *key, int32_t *out, c
 {
     const cJSON *j = cJSON_GetObjectItemCaseSensitive(root, key);
     if (j && !cJSON_IsNull(j) && !cJSON_IsBool(j))
-        return mkv_fail(err, MKV_STATUS_PARSE_ERROR, "config.json: %s must be true or false", key);
+        return runner_fail(err, MKV_STATUS_PARSE_ERROR, "config.json: %s must be true or false", key);
     *out = cJSON_IsTrue(j);
     return MKV_STATUS_OK;
 }
@@ -245,7 +244,7 @@ static mkv_status_t cfg_string(const cJSON *root, const char *key, char *err)
 {
     const cJSON *j = cJSON_GetObjectItemCaseSensitive(root, key);
     if (j && !cJSON_IsNull(j) && !cJSON_IsString(j))
-        return mkv_fail(err, MKV_STATUS_PARSE_ERROR, "config.json: %s must be a string", key);
+        return runner_fail(err, MKV_STATUS_PARSE_ERROR, "config.json: %s must be a string", key);
     return MKV_STATUS_OK;
 }
 
@@ -257,28 +256,28 @@ static mkv_status_t parse_config(const char *dir, mkv_model_config_t *c, char *e
     cJSON *root = NULL;
     mkv_status_t status;
     path_join(path, sizeof path, dir, "config.json");
-    MKV_TRY(parse_json_file(path, &root, err));
+    RUNNER_TRY(parse_json_file(path, &root, err));
 
     if (!cJSON_IsObject(root)) {
-        status = mkv_fail(err, MKV_STATUS_PARSE_ERROR, "%s: not a JSON object", path);
+        status = runner_fail(err, MKV_STATUS_PARSE_ERROR, "%s: not a JSON object", path);
         goto fail;
     }
     const cJSON *a = cJSON_GetObjectItemCaseSensitive(root, "architectures");
     const cJSON *a0 = cJSON_GetArrayItem(a, 0);
     if (!cJSON_IsArray(a) || !cJSON_IsString(a0)) {
-        status = mkv_fail(err, MKV_STATUS_PARSE_ERROR,
+        status = runner_fail(err, MKV_STATUS_PARSE_ERROR,
                           "%s: architectures must be a list of strings (architectures[0] is "
                           "missing)",
                           path);
         goto fail;
     }
-    MKV_TRY(cfg_string(root, "model_type", err));
-    MKV_TRY(cfg_string(root, "torch_dtype", err));
+    RUNNER_TRY(cfg_string(root, "model_type", err));
+    RUNNER_TRY(cfg_string(root, "torch_dtype", err));
     int arch = -1;
     for (int i = 0; i < 3; i++)
         if (strcmp(a0->valuestring, archs[i]) == 0) arch = i;
     if (arch < 0) {
-        status = mkv_fail(err, MKV_STATUS_UNSUPPORTED,
+        status = runner_fail(err, MKV_STATUS_UNSUPPORTED,
                           "%s: architecture %s is not supported (LlamaForCausalLM, "
                           "MistralForCausalLM, Qwen2ForCausalLM)",
                           path, a0->valuestring);
@@ -287,20 +286,20 @@ static mkv_status_t parse_config(const char *dir, mkv_model_config_t *c, char *e
 
     const cJSON *rs = cJSON_GetObjectItemCaseSensitive(root, "rope_scaling");
     if (rs && !cJSON_IsNull(rs) && !cJSON_IsObject(rs)) {
-        status = mkv_fail(err, MKV_STATUS_PARSE_ERROR, "%s: rope_scaling must be an object or null",
+        status = runner_fail(err, MKV_STATUS_PARSE_ERROR, "%s: rope_scaling must be an object or null",
                           path);
         goto fail;
     }
     if (rs && !cJSON_IsNull(rs)) {
         const cJSON *t = cJSON_GetObjectItemCaseSensitive(rs, "rope_type");
         if (!cJSON_IsString(t)) t = cJSON_GetObjectItemCaseSensitive(rs, "type");
-        status = mkv_fail(err, MKV_STATUS_UNSUPPORTED, "%s: rope_scaling (%s) is not supported",
+        status = runner_fail(err, MKV_STATUS_UNSUPPORTED, "%s: rope_scaling (%s) is not supported",
                           path, cJSON_IsString(t) ? t->valuestring : "set");
         goto fail;
     }
     const cJSON *act = cJSON_GetObjectItemCaseSensitive(root, "hidden_act");
     if (act && !(cJSON_IsString(act) && strcmp(act->valuestring, "silu") == 0)) {
-        status = mkv_fail(err, MKV_STATUS_UNSUPPORTED,
+        status = runner_fail(err, MKV_STATUS_UNSUPPORTED,
                           "%s: hidden_act %s is not supported (silu only)", path,
                           cJSON_IsString(act) ? act->valuestring : "(not a string)");
         goto fail;
@@ -308,48 +307,48 @@ static mkv_status_t parse_config(const char *dir, mkv_model_config_t *c, char *e
     static const char *const flags[] = {"attention_bias", "mlp_bias", "use_sliding_window"};
     for (int i = 0; i < 3; i++) {
         int32_t on = 0;
-        MKV_TRY(cfg_bool(root, flags[i], &on, err));
+        RUNNER_TRY(cfg_bool(root, flags[i], &on, err));
         if (on) {
-            status = mkv_fail(err, MKV_STATUS_UNSUPPORTED, "%s: %s is not supported", path,
+            status = runner_fail(err, MKV_STATUS_UNSUPPORTED, "%s: %s is not supported", path,
                               flags[i]);
             goto fail;
         }
     }
 
     memset(c, 0, sizeof *c);
-    MKV_TRY(cfg_int(root, "hidden_size", -1, &c->hidden, err));
-    MKV_TRY(cfg_int(root, "num_hidden_layers", -1, &c->n_layers, err));
-    MKV_TRY(cfg_int(root, "num_attention_heads", -1, &c->n_heads, err));
-    MKV_TRY(cfg_int(root, "num_key_value_heads", c->n_heads, &c->n_kv_heads, err));
+    RUNNER_TRY(cfg_int(root, "hidden_size", -1, &c->hidden, err));
+    RUNNER_TRY(cfg_int(root, "num_hidden_layers", -1, &c->n_layers, err));
+    RUNNER_TRY(cfg_int(root, "num_attention_heads", -1, &c->n_heads, err));
+    RUNNER_TRY(cfg_int(root, "num_key_value_heads", c->n_heads, &c->n_kv_heads, err));
     const cJSON *hd = cJSON_GetObjectItemCaseSensitive(root, "head_dim");
     if (hd && !cJSON_IsNull(hd) && !cJSON_IsNumber(hd)) {
-        status = mkv_fail(err, MKV_STATUS_PARSE_ERROR, "config.json: head_dim must be a positive integer");
+        status = runner_fail(err, MKV_STATUS_PARSE_ERROR, "config.json: head_dim must be a positive integer");
         goto fail;
     }
     if (c->hidden % c->n_heads != 0 && (!hd || cJSON_IsNull(hd))) {
-        status = mkv_fail(err, MKV_STATUS_PARSE_ERROR,
+        status = runner_fail(err, MKV_STATUS_PARSE_ERROR,
                           "config.json: hidden_size %d is not a multiple of num_attention_heads %d",
                           c->hidden, c->n_heads);
         goto fail;
     }
-    MKV_TRY(cfg_int(root, "head_dim", c->hidden / c->n_heads, &c->head_dim, err));
-    MKV_TRY(cfg_int(root, "intermediate_size", -1, &c->intermediate, err));
-    MKV_TRY(cfg_int(root, "vocab_size", -1, &c->vocab, err));
-    MKV_TRY(cfg_int(root, "max_position_embeddings", -1, &c->max_pos, err));
-    MKV_TRY(cfg_float(root, "rope_theta", 10000.0, &c->rope_theta, err));
-    MKV_TRY(cfg_float(root, "rms_norm_eps", 1e-6, &c->rms_eps, err));
-    MKV_TRY(cfg_bool(root, "tie_word_embeddings", &c->tied, err));
-    MKV_TRY(cfg_token(root, "bos_token_id", c->vocab, &c->bos, err));
-    MKV_TRY(cfg_token(root, "eos_token_id", c->vocab, &c->eos, err));
+    RUNNER_TRY(cfg_int(root, "head_dim", c->hidden / c->n_heads, &c->head_dim, err));
+    RUNNER_TRY(cfg_int(root, "intermediate_size", -1, &c->intermediate, err));
+    RUNNER_TRY(cfg_int(root, "vocab_size", -1, &c->vocab, err));
+    RUNNER_TRY(cfg_int(root, "max_position_embeddings", -1, &c->max_pos, err));
+    RUNNER_TRY(cfg_float(root, "rope_theta", 10000.0, &c->rope_theta, err));
+    RUNNER_TRY(cfg_float(root, "rms_norm_eps", 1e-6, &c->rms_eps, err));
+    RUNNER_TRY(cfg_bool(root, "tie_word_embeddings", &c->tied, err));
+    RUNNER_TRY(cfg_token(root, "bos_token_id", c->vocab, &c->bos, err));
+    RUNNER_TRY(cfg_token(root, "eos_token_id", c->vocab, &c->eos, err));
     if (c->n_heads % c->n_kv_heads != 0) {
-        status = mkv_fail(err, MKV_STATUS_PARSE_ERROR,
+        status = runner_fail(err, MKV_STATUS_PARSE_ERROR,
                           "config.json: num_attention_heads %d is not a multiple of "
                           "num_key_value_heads %d",
                           c->n_heads, c->n_kv_heads);
         goto fail;
     }
     if (c->head_dim % 2 != 0) {
-        status = mkv_fail(err, MKV_STATUS_UNSUPPORTED, "config.json: odd head_dim %d", c->head_dim);
+        status = runner_fail(err, MKV_STATUS_UNSUPPORTED, "config.json: odd head_dim %d", c->head_dim);
         goto fail;
     }
     /* Mistral's sliding window: within it attention is plain causal attention, so the model
@@ -357,7 +356,7 @@ static mkv_status_t parse_config(const char *dir, mkv_model_config_t *c, char *e
     const cJSON *swj = cJSON_GetObjectItemCaseSensitive(root, "sliding_window");
     int64_t sw = 0; /* 0 or null: no window */
     if (swj && !cJSON_IsNull(swj) && (!json_uint(swj, &sw) || sw > INT32_MAX)) {
-        status = mkv_fail(err, MKV_STATUS_PARSE_ERROR,
+        status = runner_fail(err, MKV_STATUS_PARSE_ERROR,
                           "config.json: sliding_window must be a non-negative integer or null");
         goto fail;
     }
@@ -400,24 +399,24 @@ static mkv_status_t add_tensor(storage_t *s, int32_t file, const cJSON *e, const
         cJSON_GetArraySize(sh) > MAX_DIMS || !cJSON_IsArray(off) || cJSON_GetArraySize(off) != 2 ||
         !json_uint(cJSON_GetArrayItem(off, 0), &begin) ||
         !json_uint(cJSON_GetArrayItem(off, 1), &end) || begin > end)
-        return mkv_fail(err, MKV_STATUS_PARSE_ERROR,
+        return runner_fail(err, MKV_STATUS_PARSE_ERROR,
                         "%s: tensor %s: malformed entry (dtype, shape, data_offsets)", fname, name);
     if ((uint64_t)end > avail)
-        return mkv_fail(err, MKV_STATUS_PARSE_ERROR,
+        return runner_fail(err, MKV_STATUS_PARSE_ERROR,
                         "%s: tensor %s: data_offsets [%lld, %lld] run past the end of the data "
                         "(%llu bytes)",
                         fname, name, (long long)begin, (long long)end, (unsigned long long)avail);
     if (find_tensor(s, name))
-        return mkv_fail(err, MKV_STATUS_PARSE_ERROR, "%s: tensor %s appears twice", fname, name);
+        return runner_fail(err, MKV_STATUS_PARSE_ERROR, "%s: tensor %s appears twice", fname, name);
     if (!grow((void **)&s->tensors, &s->cap_tensors, s->n_tensors + 1, sizeof(st_tensor_t)))
-        return mkv_fail(err, MKV_STATUS_OUT_OF_MEMORY, "out of memory reading %s", fname);
+        return runner_fail(err, MKV_STATUS_OUT_OF_MEMORY, "out of memory reading %s", fname);
     st_tensor_t *t = &s->tensors[s->n_tensors];
     memset(t, 0, sizeof *t);
     int64_t numel = 1;
     t->ndim = cJSON_GetArraySize(sh);
     for (int32_t i = 0; i < t->ndim; i++) {
         if (!json_uint(cJSON_GetArrayItem(sh, i), &t->shape[i]) || t->shape[i] > INT32_MAX)
-            return mkv_fail(err, MKV_STATUS_PARSE_ERROR, "%s: tensor %s: malformed shape", fname,
+            return runner_fail(err, MKV_STATUS_PARSE_ERROR, "%s: tensor %s: malformed shape", fname,
                             name);
         /* Saturate past the data's size: such a shape cannot match its offsets anyway. */
         numel = (double)numel * (double)t->shape[i] > (double)avail ? (int64_t)avail + 1
@@ -428,13 +427,13 @@ static mkv_status_t add_tensor(storage_t *s, int32_t file, const cJSON *e, const
     if (es && numel * es != end - begin) {
         char sbuf[128];
         shape_str(sbuf, sizeof sbuf, t->ndim, t->shape);
-        return mkv_fail(err, MKV_STATUS_PARSE_ERROR,
+        return runner_fail(err, MKV_STATUS_PARSE_ERROR,
                         "%s: tensor %s: data_offsets span %lld bytes, shape %s of %s needs %lld",
                         fname, name, (long long)(end - begin), sbuf, t->dtype,
                         (long long)(numel * es));
     }
     t->name = strdup(name);
-    if (!t->name) return mkv_fail(err, MKV_STATUS_OUT_OF_MEMORY, "out of memory reading %s", fname);
+    if (!t->name) return runner_fail(err, MKV_STATUS_OUT_OF_MEMORY, "out of memory reading %s", fname);
     t->data = base + begin;
     t->nbytes = end - begin;
     t->file = file;
@@ -453,34 +452,34 @@ static mkv_status_t open_safetensors(storage_t *s, const char *dir, const char *
     if (st != MKV_STATUS_OK) return st;
     if (sb.st_size < 8) {
         close(fd);
-        return mkv_fail(err, MKV_STATUS_PARSE_ERROR, "%s: too short for a safetensors header",
+        return runner_fail(err, MKV_STATUS_PARSE_ERROR, "%s: too short for a safetensors header",
                         path);
     }
     void *map = mmap(NULL, (size_t)sb.st_size, PROT_READ, MAP_PRIVATE, fd, 0);
     close(fd);
     if (map == MAP_FAILED)
-        return mkv_fail(err, MKV_STATUS_IO_ERROR, "cannot map %s: %s", path, strerror(errno));
+        return runner_fail(err, MKV_STATUS_IO_ERROR, "cannot map %s: %s", path, strerror(errno));
     if (!grow((void **)&s->files, &s->cap_files, s->n_files + 1, sizeof(st_file_t))) {
         munmap(map, (size_t)sb.st_size);
-        return mkv_fail(err, MKV_STATUS_OUT_OF_MEMORY, "out of memory reading %s", path);
+        return runner_fail(err, MKV_STATUS_OUT_OF_MEMORY, "out of memory reading %s", path);
     }
     const int32_t file = s->n_files;
     s->files[file] = (st_file_t){strdup(fname), map, (size_t)sb.st_size};
     s->n_files++;
-    if (!s->files[file].name) return mkv_fail(err, MKV_STATUS_OUT_OF_MEMORY, "out of memory");
+    if (!s->files[file].name) return runner_fail(err, MKV_STATUS_OUT_OF_MEMORY, "out of memory");
 
     const uint8_t *b = map;
     uint64_t hlen = 0;
     for (int i = 7; i >= 0; i--) hlen = hlen << 8 | b[i];
     const uint64_t size = (uint64_t)sb.st_size;
     if (hlen > size - 8)
-        return mkv_fail(err, MKV_STATUS_PARSE_ERROR,
+        return runner_fail(err, MKV_STATUS_PARSE_ERROR,
                         "%s: header of %llu bytes runs past the end of the file (%llu bytes)",
                         path, (unsigned long long)hlen, (unsigned long long)size);
     cJSON *h = cJSON_ParseWithLength((const char *)b + 8, (size_t)hlen);
     if (!cJSON_IsObject(h)) {
         cJSON_Delete(h);
-        return mkv_fail(err, MKV_STATUS_PARSE_ERROR, "%s: malformed JSON header", path);
+        return runner_fail(err, MKV_STATUS_PARSE_ERROR, "%s: malformed JSON header", path);
     }
     mkv_status_t status = MKV_STATUS_OK;
     for (const cJSON *e = h->child; e && status == MKV_STATUS_OK; e = e->next) {
@@ -496,27 +495,27 @@ static mkv_status_t open_sharded(storage_t *s, const char *dir, const char *inde
 {
     cJSON *root = NULL;
     mkv_status_t status;
-    MKV_TRY(parse_json_file(index, &root, err));
+    RUNNER_TRY(parse_json_file(index, &root, err));
     const cJSON *wm = cJSON_GetObjectItemCaseSensitive(root, "weight_map");
     if (!cJSON_IsObject(wm) || !wm->child) {
-        status = mkv_fail(err, MKV_STATUS_PARSE_ERROR, "%s: no weight_map", index);
+        status = runner_fail(err, MKV_STATUS_PARSE_ERROR, "%s: no weight_map", index);
         goto fail;
     }
     for (const cJSON *e = wm->child; e; e = e->next) {
         if (!cJSON_IsString(e) || strchr(e->valuestring, '/')) {
-            status = mkv_fail(err, MKV_STATUS_PARSE_ERROR,
+            status = runner_fail(err, MKV_STATUS_PARSE_ERROR,
                               "%s: weight_map[%s] must be a file name in the folder", index,
                               e->string);
             goto fail;
         }
         int32_t seen = 0;
         for (int32_t f = 0; f < s->n_files; f++) seen |= strcmp(s->files[f].name, e->valuestring) == 0;
-        if (!seen) MKV_TRY(open_safetensors(s, dir, e->valuestring, err));
+        if (!seen) RUNNER_TRY(open_safetensors(s, dir, e->valuestring, err));
     }
     for (const cJSON *e = wm->child; e; e = e->next) {
         const st_tensor_t *t = find_tensor(s, e->string);
         if (!t || strcmp(s->files[t->file].name, e->valuestring) != 0) {
-            status = mkv_fail(err, MKV_STATUS_PARSE_ERROR,
+            status = runner_fail(err, MKV_STATUS_PARSE_ERROR,
                               "%s: weight_map puts %s in %s, which does not hold it", index,
                               e->string, e->valuestring);
             goto fail;
@@ -533,10 +532,6 @@ fail:
 /* Tensors to fp32                                                                          */
 /* ---------------------------------------------------------------------------------------- */
 
-static float bf16_to_f32(uint16_t h) { return mkv_bits_f32((uint32_t)h << 16); }
-
-static uint16_t le16(const uint8_t *p) { return (uint16_t)(p[0] | p[1] << 8); }
-
 /* The fp32 data of tensor `name` of shape dims[ndim]. */
 static mkv_status_t get_tensor(storage_t *s, const char *name, int32_t ndim, int64_t d0,
                                int64_t d1, const float **out, char *err)
@@ -545,34 +540,32 @@ static mkv_status_t get_tensor(storage_t *s, const char *name, int32_t ndim, int
     char wbuf[64], fbuf[128];
     shape_str(wbuf, sizeof wbuf, ndim, want);
     const st_tensor_t *t = find_tensor(s, name);
-    if (!t) return mkv_fail(err, MKV_STATUS_INVALID_ARGUMENT, "missing tensor %s (shape %s)", name, wbuf);
+    if (!t) return runner_fail(err, MKV_STATUS_INVALID_ARGUMENT, "missing tensor %s (shape %s)", name, wbuf);
     int same = t->ndim == ndim;
     for (int32_t i = 0; same && i < ndim; i++) same = t->shape[i] == want[i];
     if (!same) {
         shape_str(fbuf, sizeof fbuf, t->ndim, t->shape);
-        return mkv_fail(err, MKV_STATUS_INVALID_ARGUMENT,
+        return runner_fail(err, MKV_STATUS_INVALID_ARGUMENT,
                         "tensor %s: expected shape %s, found %s", name, wbuf, fbuf);
     }
     const int64_t n = ndim == 1 ? d0 : d0 * d1;
     const int is32 = strcmp(t->dtype, "F32") == 0, is16 = strcmp(t->dtype, "F16") == 0;
     const int isbf = strcmp(t->dtype, "BF16") == 0;
     if (!is32 && !is16 && !isbf)
-        return mkv_fail(err, MKV_STATUS_UNSUPPORTED,
+        return runner_fail(err, MKV_STATUS_UNSUPPORTED,
                         "tensor %s has dtype %s (supported: F32, F16, BF16)", name, t->dtype);
     if (is32 && (uintptr_t)t->data % sizeof(float) == 0) {
         *out = (const float *)(const void *)t->data;
         return MKV_STATUS_OK;
     }
     if (!grow((void **)&s->owned, &s->cap_owned, s->n_owned + 1, sizeof(void *)))
-        return mkv_fail(err, MKV_STATUS_OUT_OF_MEMORY, "out of memory converting %s", name);
+        return runner_fail(err, MKV_STATUS_OUT_OF_MEMORY, "out of memory converting %s", name);
     float *buf = malloc((size_t)n * sizeof(float));
-    if (!buf) return mkv_fail(err, MKV_STATUS_OUT_OF_MEMORY, "out of memory converting %s", name);
+    if (!buf) return runner_fail(err, MKV_STATUS_OUT_OF_MEMORY, "out of memory converting %s", name);
     s->owned[s->n_owned++] = buf;
     if (is32) memcpy(buf, t->data, (size_t)n * sizeof(float)); /* unaligned in the file */
-    else if (is16)
-        for (int64_t i = 0; i < n; i++) buf[i] = mkv_f16_to_f32(le16(t->data + 2 * i));
-    else
-        for (int64_t i = 0; i < n; i++) buf[i] = bf16_to_f32(le16(t->data + 2 * i));
+    else /* the library's exact conversions (little-endian, as the file) */
+        (void)mkv_convert(buf, MKV_DTYPE_F32, t->data, is16 ? MKV_DTYPE_F16 : MKV_DTYPE_BF16, n);
     *out = buf;
     return MKV_STATUS_OK;
 }
@@ -588,23 +581,23 @@ static mkv_status_t load_weights(mkv_model_t *m, storage_t *s, char *err)
         const char *nm = s->tensors[i].name;
         const size_t len = strlen(nm);
         if (len >= 5 && strcmp(nm + len - 5, ".bias") == 0)
-            return mkv_fail(err, MKV_STATUS_UNSUPPORTED, "tensor %s: biases are not supported", nm);
+            return runner_fail(err, MKV_STATUS_UNSUPPORTED, "tensor %s: biases are not supported", nm);
     }
     /* Tied checkpoints may hold either name once (torch's shared-tensor dedup keeps one: the
      * bundled TinyStories file has only lm_head.weight). */
     const char *emb = "model.embed_tokens.weight";
     if (c->tied && !find_tensor(s, emb) && find_tensor(s, "lm_head.weight")) emb = "lm_head.weight";
-    MKV_TRY(get_tensor(s, emb, 2, V, D, &m->embed, err));
+    RUNNER_TRY(get_tensor(s, emb, 2, V, D, &m->embed, err));
     if (c->tied) m->lm_head = m->embed;
-    else MKV_TRY(get_tensor(s, "lm_head.weight", 2, V, D, &m->lm_head, err));
-    MKV_TRY(get_tensor(s, "model.norm.weight", 1, D, 0, &m->final_norm, err));
+    else RUNNER_TRY(get_tensor(s, "lm_head.weight", 2, V, D, &m->lm_head, err));
+    RUNNER_TRY(get_tensor(s, "model.norm.weight", 1, D, 0, &m->final_norm, err));
     for (int32_t l = 0; l < c->n_layers; l++) {
         mkv_layer_weights_t *w = &s->layers[l];
         char nm[128];
 #define LAYER_TENSOR(field, suffix, nd, a, b)                                                  \
     do {                                                                                       \
         snprintf(nm, sizeof nm, "model.layers.%d.%s.weight", l, suffix);                       \
-        MKV_TRY(get_tensor(s, nm, nd, a, b, &w->field, err));                                  \
+        RUNNER_TRY(get_tensor(s, nm, nd, a, b, &w->field, err));                                  \
     } while (0)
         LAYER_TENSOR(attn_norm, "input_layernorm", 1, D, 0);
         LAYER_TENSOR(wq, "self_attn.q_proj", 2, QD, D);
@@ -641,7 +634,7 @@ void *mkv_model_own(mkv_model_t *m, size_t bytes, char *err)
     if (grow((void **)&s->owned, &s->cap_owned, s->n_owned + 1, sizeof(void *)))
         p = malloc(bytes ? bytes : 1);
     if (!p) {
-        mkv_fail(err, MKV_STATUS_OUT_OF_MEMORY, "out of memory (%zu bytes)", bytes);
+        runner_fail(err, MKV_STATUS_OUT_OF_MEMORY, "out of memory (%zu bytes)", bytes);
         return NULL;
     }
     s->owned[s->n_owned++] = p;
@@ -679,61 +672,61 @@ mkv_status_t mkv_model_load(const char *dir, mkv_model_t **out, char *err)
     err[0] = '\0';
     if (out) *out = NULL;
     if (!dir || !out) {
-        status = mkv_fail(err, MKV_STATUS_INVALID_ARGUMENT, "mkv_model_load: null dir or out");
+        status = runner_fail(err, MKV_STATUS_INVALID_ARGUMENT, "mkv_model_load: null dir or out");
         goto fail;
     }
     m = calloc(1, sizeof *m);
     s = m ? calloc(1, sizeof *s) : NULL;
     if (!s) {
-        status = mkv_fail(err, MKV_STATUS_OUT_OF_MEMORY, "cannot allocate the model");
+        status = runner_fail(err, MKV_STATUS_OUT_OF_MEMORY, "cannot allocate the model");
         goto fail;
     }
     m->storage = s;
     if (stat(dir, &sb) != 0) {
-        status = mkv_fail(err, MKV_STATUS_IO_ERROR, "cannot open %s: %s", dir, strerror(errno));
+        status = runner_fail(err, MKV_STATUS_IO_ERROR, "cannot open %s: %s", dir, strerror(errno));
         goto fail;
     }
     if (!S_ISDIR(sb.st_mode)) { /* a GGUF file; anything but a regular file is refused there */
-        MKV_TRY(mkv_model_load_gguf(dir, m, err));
+        RUNNER_TRY(mkv_model_load_gguf(dir, m, err));
         *out = m;
         return MKV_STATUS_OK;
     }
-    MKV_TRY(parse_config(dir, &m->cfg, err));
+    RUNNER_TRY(parse_config(dir, &m->cfg, err));
 
     path_join(path, sizeof path, dir, "model.safetensors");
     if (stat(path, &sb) == 0) {
-        MKV_TRY(open_safetensors(s, dir, "model.safetensors", err));
+        RUNNER_TRY(open_safetensors(s, dir, "model.safetensors", err));
     } else {
         path_join(path, sizeof path, dir, "model.safetensors.index.json");
         if (stat(path, &sb) != 0) {
-            status = mkv_fail(err, MKV_STATUS_IO_ERROR,
+            status = runner_fail(err, MKV_STATUS_IO_ERROR,
                               "%s: neither model.safetensors nor model.safetensors.index.json",
                               dir);
             goto fail;
         }
-        MKV_TRY(open_sharded(s, dir, path, err));
+        RUNNER_TRY(open_sharded(s, dir, path, err));
     }
     /* Nine tensors per layer: bounds num_hidden_layers by the files before allocating. */
     if ((int64_t)m->cfg.n_layers * 9 > s->n_tensors) {
-        status = mkv_fail(err, MKV_STATUS_PARSE_ERROR,
+        status = runner_fail(err, MKV_STATUS_PARSE_ERROR,
                           "config.json: num_hidden_layers %d, but the weights hold only %d tensors",
                           m->cfg.n_layers, s->n_tensors);
         goto fail;
     }
     s->layers = calloc((size_t)m->cfg.n_layers, sizeof *s->layers);
     if (!s->layers) {
-        status = mkv_fail(err, MKV_STATUS_OUT_OF_MEMORY, "cannot allocate %d layers",
+        status = runner_fail(err, MKV_STATUS_OUT_OF_MEMORY, "cannot allocate %d layers",
                           m->cfg.n_layers);
         goto fail;
     }
     m->layers = s->layers;
-    MKV_TRY(load_weights(m, s, err));
+    RUNNER_TRY(load_weights(m, s, err));
     free_tensor_table(s);
     *out = m;
     return MKV_STATUS_OK;
 fail:
     mkv_model_free(m);
-    mkv_set_global_error_text(err);
+    (void)mkv_report_error(MKV_STATUS_OK, "%s", err);
     return status;
 }
 

@@ -1,9 +1,9 @@
 /*
  * perplexity.c — teacher-forced perplexity through several caches (see perplexity.h).
  */
-#include "engine/perplexity.h"
+#include "runner/perplexity.h"
 
-#include "common/error.h"
+#include "runner/error.h"
 
 #include <math.h>
 #include <stdlib.h>
@@ -80,7 +80,7 @@ static mkv_status_t run_window(const mkv_model_t *m, mkv_cache_t *c, int k, cons
     int32_t slot;
     const double t0 = now_s();
     if ((st = mkv_cache_admit(c, P, &slot)) != MKV_STATUS_OK)
-        return mkv_fail_global(st, "%s", mkv_cache_last_error(c));
+        return mkv_report_error(st, "%s", mkv_cache_last_error(c));
     /* Prompt: logits of every prompt position. */
     if ((st = mkv_model_prefill(m, c, slot, t, P, logits, NULL, ws)) != MKV_STATUS_OK) return st;
     double busy = now_s() - t0;
@@ -101,11 +101,11 @@ static mkv_status_t run_window(const mkv_model_t *m, mkv_cache_t *c, int k, cons
     md->tokens_lo += cs.tokens_lo;
     md->tokens_pruned += cs.tokens_pruned;
     if ((st = mkv_cache_validate(c)) != MKV_STATUS_OK)
-        return mkv_fail_global(st, "%s", mkv_cache_last_error(c));
+        return mkv_report_error(st, "%s", mkv_cache_last_error(c));
     if (last && o->dump_path && (st = mkv_cache_dump_json(c, o->dump_path)) != MKV_STATUS_OK)
-        return mkv_fail_global(st, "%s", mkv_cache_last_error(c));
+        return mkv_report_error(st, "%s", mkv_cache_last_error(c));
     if ((st = mkv_cache_release(c, slot, NULL)) != MKV_STATUS_OK)
-        return mkv_fail_global(st, "%s", mkv_cache_last_error(c));
+        return mkv_report_error(st, "%s", mkv_cache_last_error(c));
     return MKV_STATUS_OK;
 }
 
@@ -118,40 +118,40 @@ mkv_status_t mkv_perplexity(const mkv_model_t *m, mkv_cache_t *const *caches, in
     mkv_forward_ws_t *ws = NULL;
     float *logits = NULL;
     int32_t *pred0 = NULL;
-    mkv_clear_global_error();
+    (void)mkv_report_error(MKV_STATUS_OK, NULL);
     memset(out, 0, sizeof *out);
     if (n_modes < 1 || n_modes > MKV_PPL_MAX_MODES)
-        return mkv_fail_global(MKV_STATUS_INVALID_ARGUMENT, "%d modes: 1 to %d", n_modes,
+        return mkv_report_error(MKV_STATUS_INVALID_ARGUMENT, "%d modes: 1 to %d", n_modes,
                                MKV_PPL_MAX_MODES);
     if (o->window < 2 || o->prompt_len < 1 || o->prompt_len >= o->window)
-        return mkv_fail_global(MKV_STATUS_INVALID_ARGUMENT,
+        return mkv_report_error(MKV_STATUS_INVALID_ARGUMENT,
                                "window %d and prompt length %d: need 1 <= prompt < window",
                                o->window, o->prompt_len);
     if (o->window > m->cfg.max_pos)
-        return mkv_fail_global(MKV_STATUS_INVALID_ARGUMENT,
+        return mkv_report_error(MKV_STATUS_INVALID_ARGUMENT,
                                "window %d exceeds the model's %d positions", o->window,
                                m->cfg.max_pos);
     if (o->max_windows < 0 || o->windows_per_doc < 0)
-        return mkv_fail_global(MKV_STATUS_INVALID_ARGUMENT, "negative window limits");
+        return mkv_report_error(MKV_STATUS_INVALID_ARGUMENT, "negative window limits");
     const int64_t windows = mkv_perplexity_windows(docs, n_docs, o);
     if (windows < 1) {
         int64_t longest = 0;
         for (int32_t d = 0; d < n_docs; d++) longest = docs[d].n > longest ? docs[d].n : longest;
-        return mkv_fail_global(MKV_STATUS_INVALID_ARGUMENT,
+        return mkv_report_error(MKV_STATUS_INVALID_ARGUMENT,
                                "no document holds a window of %d tokens (the longest has %lld)",
                                o->window, (long long)longest);
     }
     const int32_t V = m->cfg.vocab;
     if ((st = mkv_forward_ws_create(m, o->prompt_len, &ws, err)) != MKV_STATUS_OK)
-        return mkv_fail_global(st, "%s", err);
+        return mkv_report_error(st, "%s", err);
     if (o->n_threads > 0 && (st = mkv_forward_ws_set_threads(ws, o->n_threads)) != MKV_STATUS_OK) {
         mkv_forward_ws_free(ws);
-        return mkv_fail_global(st, "cannot use %d threads", o->n_threads);
+        return mkv_report_error(st, "cannot use %d threads", o->n_threads);
     }
     logits = malloc((size_t)o->prompt_len * V * sizeof(float));
     pred0 = malloc((size_t)o->window * sizeof(int32_t));
     if (!logits || !pred0) {
-        st = mkv_fail_global(MKV_STATUS_OUT_OF_MEMORY, "cannot allocate the logits of %d positions",
+        st = mkv_report_error(MKV_STATUS_OUT_OF_MEMORY, "cannot allocate the logits of %d positions",
                              o->prompt_len);
         goto done;
     }

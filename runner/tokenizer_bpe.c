@@ -1,5 +1,5 @@
 /*
- * tokenizer_bpe.c — what byte-level BPE adds to the tokenizer (engine/tokenizer.h,
+ * tokenizer_bpe.c — what byte-level BPE adds to the tokenizer (runner/tokenizer.h,
  * docs/tokenizer.md): GPT-2's byte-to-character map and its inverse, the ByteLevel decoder's
  * byte recovery and Rust's from_utf8_lossy, the NFC normalizer (ICU), and the constructor from
  * GGUF metadata arrays (mkv_tokenizer_create_bpe), which gives a GGUF model the same pipeline
@@ -9,11 +9,11 @@
  * composition tables, which mixkv does not keep a copy of; ICU is the reference
  * implementation, already on the build machines, and its C API (unorm2) is stable.
  */
-#include "engine/tokenizer_state.h"
+#include "runner/tokenizer_state.h"
 
-#include "engine/pretok.h"
+#include "runner/pretok.h"
 
-#include "common/error.h"
+#include "runner/error.h"
 
 #include <unicode/unorm2.h>
 #include <unicode/ustring.h>
@@ -162,7 +162,7 @@ int mkv_tok_nfc(const char *s, size_t n, sbuf_t *out, size_t limit)
 static mkv_status_t one_step(step_t **steps, int32_t *n, int kind, char *err)
 {
     if (!(*steps = calloc(1, sizeof **steps)))
-        return mkv_fail(err, MKV_STATUS_OUT_OF_MEMORY, "tokenizer");
+        return runner_fail(err, MKV_STATUS_OUT_OF_MEMORY, "tokenizer");
     (*steps)[0].kind = kind;
     *n = 1;
     return MKV_STATUS_OK;
@@ -171,17 +171,17 @@ static mkv_status_t one_step(step_t **steps, int32_t *n, int kind, char *err)
 static mkv_status_t load_tokens(mkv_tokenizer_t *tok, const mkv_bpe_spec_t *sp, char *err)
 {
     mkv_status_t status = MKV_STATUS_OK;
-    MKV_TRY(mkv_tok_alloc_tables(tok, (size_t)sp->n_vocab, (size_t)sp->n_merges, err));
+    RUNNER_TRY(mkv_tok_alloc_tables(tok, (size_t)sp->n_vocab, (size_t)sp->n_merges, err));
     if (!(tok->added = calloc((size_t)sp->n_vocab, sizeof *tok->added)))
-        return mkv_fail(err, MKV_STATUS_OUT_OF_MEMORY, "tokenizer");
+        return runner_fail(err, MKV_STATUS_OUT_OF_MEMORY, "tokenizer");
     for (int32_t i = 0; i < sp->n_vocab; i++) {
         const char *s = sp->tokens[i];
         int32_t len = s && sp->token_lens ? sp->token_lens[i] : s ? (int32_t)strlen(s) : -1;
         int32_t type = sp->token_types ? sp->token_types[i] : 1;
         if (len <= 0 || memchr(s, '\0', (size_t)len))
-            return mkv_fail(err, MKV_STATUS_PARSE_ERROR, "tokenizer: token %d is %s", i,
+            return runner_fail(err, MKV_STATUS_PARSE_ERROR, "tokenizer: token %d is %s", i,
                             len < 0 ? "missing" : len == 0 ? "empty" : "holds a NUL byte");
-        MKV_TRY(mkv_tok_add_vocab(tok, s, (size_t)len, i, err));
+        RUNNER_TRY(mkv_tok_add_vocab(tok, s, (size_t)len, i, err));
         if (type != 3 && type != 4) continue;
         /* Control and user-defined tokens are matched whole in the raw text, as the
          * tokenizer.json's added tokens (normalized: false) are. */
@@ -189,7 +189,7 @@ static mkv_status_t load_tokens(mkv_tokenizer_t *tok, const mkv_bpe_spec_t *sp, 
         a->id = i;
         a->special = type == 3;
         if (!(a->content = malloc((size_t)len + 1)))
-            return mkv_fail(err, MKV_STATUS_OUT_OF_MEMORY, "tokenizer");
+            return runner_fail(err, MKV_STATUS_OUT_OF_MEMORY, "tokenizer");
         memcpy(a->content, s, (size_t)len);
         a->content[len] = '\0';
     }
@@ -204,9 +204,9 @@ static mkv_status_t load_tokens(mkv_tokenizer_t *tok, const mkv_bpe_spec_t *sp, 
             sp1 = strchr(pair, ' ');
         }
         if (!sp1 || sp1 == pair || !sp1[1] || strchr(sp1 + 1, ' ') || strlen(pair) != (size_t)len)
-            return mkv_fail(err, MKV_STATUS_PARSE_ERROR, "tokenizer: merge %d is not \"a b\"", r);
+            return runner_fail(err, MKV_STATUS_PARSE_ERROR, "tokenizer: merge %d is not \"a b\"", r);
         *sp1 = '\0';
-        MKV_TRY(mkv_tok_add_merge(tok, pair, sp1 + 1, r, err));
+        RUNNER_TRY(mkv_tok_add_merge(tok, pair, sp1 + 1, r, err));
     }
 fail:
     return status;
@@ -220,19 +220,19 @@ mkv_status_t mkv_tokenizer_create_bpe(const mkv_bpe_spec_t *sp, mkv_tokenizer_t 
     if (!err) err = dummy;
     if (!sp || !out || sp->n_vocab <= 0 || !sp->tokens || sp->n_merges < 0 ||
         (sp->n_merges > 0 && !sp->merges))
-        return mkv_fail(err, MKV_STATUS_INVALID_ARGUMENT, "tokenizer: bad BPE spec");
+        return runner_fail(err, MKV_STATUS_INVALID_ARGUMENT, "tokenizer: bad BPE spec");
     *out = NULL;
     if (!sp->model || strcmp(sp->model, "gpt2") != 0)
-        return mkv_fail(err, MKV_STATUS_UNSUPPORTED, "tokenizer.ggml.model '%s' is not "
+        return runner_fail(err, MKV_STATUS_UNSUPPORTED, "tokenizer.ggml.model '%s' is not "
                         "supported (only gpt2, byte-level BPE)", sp->model ? sp->model : "(none)");
     const int32_t ids[4] = {sp->bos, sp->eos, sp->unk, sp->pad};
     static const char *const names[4] = {"bos", "eos", "unk", "pad"};
     for (int i = 0; i < 4; i++)
         if (ids[i] < -1 || ids[i] >= sp->n_vocab)
-            return mkv_fail(err, MKV_STATUS_PARSE_ERROR, "tokenizer: %s id %d is not a token "
+            return runner_fail(err, MKV_STATUS_PARSE_ERROR, "tokenizer: %s id %d is not a token "
                             "(vocabulary of %d)", names[i], ids[i], sp->n_vocab);
     mkv_tokenizer_t *tok = calloc(1, sizeof *tok);
-    if (!tok) return mkv_fail(err, MKV_STATUS_OUT_OF_MEMORY, "tokenizer");
+    if (!tok) return runner_fail(err, MKV_STATUS_OUT_OF_MEMORY, "tokenizer");
     tok->bos = sp->bos;
     tok->eos = sp->eos;
     tok->unk = sp->unk;
@@ -243,12 +243,12 @@ mkv_status_t mkv_tokenizer_create_bpe(const mkv_bpe_spec_t *sp, mkv_tokenizer_t 
     tok->byte_level = 1;
     /* Llama 3's tokenizer.json sets ignore_merges; the others leave it false. */
     tok->ignore_merges = sp->pre && strcmp(sp->pre, "llama-bpe") == 0;
-    MKV_TRY(mkv_pretok_from_name(sp->pre, &tok->pre, &nfc, err));
-    if (nfc) MKV_TRY(one_step(&tok->norm, &tok->n_norm, STEP_NFC, err));
-    MKV_TRY(one_step(&tok->dec, &tok->n_dec, STEP_BYTE_LEVEL, err));
+    RUNNER_TRY(mkv_pretok_from_name(sp->pre, &tok->pre, &nfc, err));
+    if (nfc) RUNNER_TRY(one_step(&tok->norm, &tok->n_norm, STEP_NFC, err));
+    RUNNER_TRY(one_step(&tok->dec, &tok->n_dec, STEP_BYTE_LEVEL, err));
     tok->has_decoder = 1;
-    MKV_TRY(load_tokens(tok, sp, err));
-    MKV_TRY(mkv_tok_finish(tok, err));
+    RUNNER_TRY(load_tokens(tok, sp, err));
+    RUNNER_TRY(mkv_tok_finish(tok, err));
     *out = tok;
     return MKV_STATUS_OK;
 fail:

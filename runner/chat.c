@@ -1,9 +1,9 @@
 /*
  * chat.c — ChatML and Llama 3 chat templates (see chat.h).
  */
-#include "engine/chat.h"
+#include "runner/chat.h"
 
-#include "common/error.h"
+#include "runner/error.h"
 
 #include <stdio.h>
 #include <stdlib.h>

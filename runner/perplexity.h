@@ -15,7 +15,7 @@
 #ifndef MKV_ENGINE_PERPLEXITY_H
 #define MKV_ENGINE_PERPLEXITY_H
 
-#include "engine/model.h"
+#include "runner/model.h"
 #include "mixkv.h"
 
 #include <stdint.h>

@@ -16,8 +16,8 @@
 #ifndef MKV_ENGINE_SCHEDULER_H
 #define MKV_ENGINE_SCHEDULER_H
 
-#include "engine/model.h"
-#include "engine/sampling.h"
+#include "runner/model.h"
+#include "runner/sampling.h"
 #include "mixkv.h"
 
 #include <stdint.h>

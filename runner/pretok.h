@@ -1,6 +1,6 @@
 /*
  * pretok.h — pre-tokenizers: how a normalized text is cut into the pieces that BPE sees
- * separately (docs/tokenizer.md). Private to engine/tokenizer*.c.
+ * separately (docs/tokenizer.md). Private to runner/tokenizer*.c.
  *
  * A pipeline is a list of steps, each turning a list of pieces into a new one, as Hugging Face
  * `tokenizers` runs a pre_tokenizer Sequence: Split (a PCRE2 regex or a literal, with one of
@@ -16,7 +16,7 @@
 #ifndef MKV_ENGINE_PRETOK_H
 #define MKV_ENGINE_PRETOK_H
 
-#include "engine/tokenizer_state.h"
+#include "runner/tokenizer_state.h"
 
 #include <cjson/cJSON.h>
 

@@ -7,11 +7,10 @@
  * as fp32, converted by the same function as the GGUF dequantizer (exact), so that the kernels
  * rebuild every weight with the dequantizer's own two roundings (see gguf_dequant.c).
  */
-#include "engine/weights.h"
+#include "runner/weights.h"
 
-#include "common/error.h"
-#include "engine/gguf.h"
-#include "quant/half.h"
+#include "runner/error.h"
+#include "runner/gguf.h"
 
 #include <stdatomic.h>
 #include <stdlib.h>
@@ -93,7 +92,12 @@ int mkv_wmat_quant_supported(uint32_t type)
     return quant_fmt(type, &f, &b, &c);
 }
 
-static float f16_at(const uint8_t *p) { return mkv_f16_to_f32((uint16_t)(p[0] | p[1] << 8)); }
+static float f16_at(const uint8_t *p)
+{
+    float f;
+    (void)mkv_convert(&f, MKV_DTYPE_F32, p, MKV_DTYPE_F16, 1); /* little-endian, as the file */
+    return f;
+}
 
 /* One ggml block of row j into lane j of its group (weights.h's layout). */
 static void pack_block(int32_t fmt, const uint8_t *blk, int32_t codes_at, int32_t j, uint8_t *grp)
@@ -202,12 +206,12 @@ mkv_status_t mkv_weights_prepare(const mkv_model_t *m, mkv_pool_t *pool, mkv_wei
     *out = NULL;
     const mkv_model_config_t *c = &m->cfg;
     mkv_weights_t *w = calloc(1, sizeof *w);
-    if (!w) return mkv_fail(err, MKV_STATUS_OUT_OF_MEMORY, "cannot allocate packed weights");
+    if (!w) return runner_fail(err, MKV_STATUS_OUT_OF_MEMORY, "cannot allocate packed weights");
     w->n_layers = c->n_layers;
     w->mats = calloc((size_t)c->n_layers * MKV_W_PER_LAYER, sizeof *w->mats);
     if (!w->mats) {
         free(w);
-        return mkv_fail(err, MKV_STATUS_OUT_OF_MEMORY, "cannot allocate packed weights");
+        return runner_fail(err, MKV_STATUS_OUT_OF_MEMORY, "cannot allocate packed weights");
     }
     const int32_t D = c->hidden, QD = c->n_heads * c->head_dim, KD = c->n_kv_heads * c->head_dim,
                   I = c->intermediate;
@@ -216,7 +220,7 @@ mkv_status_t mkv_weights_prepare(const mkv_model_t *m, mkv_pool_t *pool, mkv_wei
     mkv_pool_run(pool, pack_range, &j, (int64_t)c->n_layers * MKV_W_PER_LAYER + 1);
     if (atomic_load(&j.failed)) {
         mkv_weights_free(w);
-        return mkv_fail(err, MKV_STATUS_OUT_OF_MEMORY, "cannot allocate packed weights");
+        return runner_fail(err, MKV_STATUS_OUT_OF_MEMORY, "cannot allocate packed weights");
     }
     for (int64_t i = 0; i < (int64_t)c->n_layers * MKV_W_PER_LAYER; i++)
         w->bytes += (int64_t)w->mats[i].panels * w->mats[i].panel_bytes;

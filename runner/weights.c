@@ -16,7 +16,7 @@
  * runs 8 panels at a time (8 independent accumulation chains). Every output's sum runs over
  * k from 0 upwards in one accumulator, whatever the tile: that is the operation order.
  */
-#include "engine/weights.h"
+#include "runner/weights.h"
 
 #include <string.h>
 

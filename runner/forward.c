@@ -15,11 +15,11 @@
  * mkv_last_error() (a failing cache call's message is copied there) so that callers read one
  * place. Nothing here allocates after mkv_forward_ws_create.
  */
-#include "engine/model.h"
+#include "runner/model.h"
 
-#include "common/error.h"
-#include "engine/parallel.h"
-#include "engine/weights.h"
+#include "runner/error.h"
+#include "runner/parallel.h"
+#include "runner/weights.h"
 
 #include <math.h>
 #include <stdlib.h>
@@ -33,7 +33,7 @@ struct mkv_forward_ws {
     int32_t max_tokens; /* T */
     int32_t n_threads;
     mkv_pool_t *pool;   /* n_threads - 1 workers; NULL for one thread */
-    mkv_weights_t *w;   /* the projections, packed (engine/weights.h) */
+    mkv_weights_t *w;   /* the projections, packed (runner/weights.h) */
     const mkv_model_t *model; /* the model w was packed from */
     int32_t hidden, q_dim, kv_dim, inter, head_dim; /* the model it was sized for */
     float *x;           /* [T][hidden] residual stream */
@@ -133,10 +133,10 @@ mkv_status_t mkv_forward_ws_create(const mkv_model_t *m, int32_t max_tokens, mkv
     if (out) *out = NULL;
     mkv_status_t status = MKV_STATUS_OK;
     if (!m || !out || max_tokens < 1) {
-        status = mkv_fail(err, MKV_STATUS_INVALID_ARGUMENT,
+        status = runner_fail(err, MKV_STATUS_INVALID_ARGUMENT,
                           "mkv_forward_ws_create: null model or out, or max_tokens %d < 1",
                           max_tokens);
-        mkv_set_global_error_text(err);
+        (void)mkv_report_error(MKV_STATUS_OK, "%s", err);
         return status;
     }
     const mkv_model_config_t *c = &m->cfg;
@@ -173,28 +173,28 @@ mkv_status_t mkv_forward_ws_create(const mkv_model_t *m, int32_t max_tokens, mkv
     ws->model = m;
     if ((status = mkv_weights_prepare(m, ws->pool, &ws->w, err)) != MKV_STATUS_OK) {
         mkv_forward_ws_free(ws);
-        mkv_set_global_error_text(err);
+        (void)mkv_report_error(MKV_STATUS_OK, "%s", err);
         return status;
     }
     *out = ws;
     return MKV_STATUS_OK;
 oom:
     mkv_forward_ws_free(ws);
-    status = mkv_fail(err, MKV_STATUS_OUT_OF_MEMORY,
+    status = runner_fail(err, MKV_STATUS_OUT_OF_MEMORY,
                       "cannot allocate a forward workspace for %d tokens", max_tokens);
-    mkv_set_global_error_text(err);
+    (void)mkv_report_error(MKV_STATUS_OK, "%s", err);
     return status;
 }
 
 mkv_status_t mkv_forward_ws_set_threads(mkv_forward_ws_t *ws, int32_t n_threads)
 {
     if (!ws || n_threads < 1 || n_threads > 256)
-        return mkv_fail_global(MKV_STATUS_INVALID_ARGUMENT,
+        return mkv_report_error(MKV_STATUS_INVALID_ARGUMENT,
                                "mkv_forward_ws_set_threads: null workspace or %d threads", n_threads);
     if (n_threads == ws->n_threads) return MKV_STATUS_OK;
     mkv_pool_t *pool = NULL;
     if (n_threads > 1 && !(pool = mkv_pool_create(n_threads)))
-        return mkv_fail_global(MKV_STATUS_OUT_OF_MEMORY,
+        return mkv_report_error(MKV_STATUS_OUT_OF_MEMORY,
                                "mkv_forward_ws_set_threads: cannot start %d threads", n_threads);
     mkv_pool_destroy(ws->pool);
     ws->pool = pool;
@@ -210,7 +210,7 @@ int32_t mkv_forward_ws_threads(const mkv_forward_ws_t *ws) { return ws ? ws->n_t
 
 static mkv_status_t cache_failed(const mkv_cache_t *cache, mkv_status_t status)
 {
-    mkv_set_global_error_text(mkv_cache_last_error(cache));
+    (void)mkv_report_error(MKV_STATUS_OK, "%s", mkv_cache_last_error(cache));
     return status;
 }
 
@@ -219,13 +219,13 @@ static mkv_status_t check_common(const char *fn, const mkv_model_t *m, const mkv
                                  const mkv_forward_ws_t *ws, const int32_t *tokens, int32_t n)
 {
     if (!m || !cache || !ws || !tokens)
-        return mkv_fail_global(MKV_STATUS_INVALID_ARGUMENT, "%s: null model, cache, workspace "
+        return mkv_report_error(MKV_STATUS_INVALID_ARGUMENT, "%s: null model, cache, workspace "
                                "or tokens", fn);
     const mkv_model_config_t *c = &m->cfg;
     if (ws->model != m ||
         ws->hidden != c->hidden || ws->q_dim != c->n_heads * c->head_dim ||
         ws->kv_dim != c->n_kv_heads * c->head_dim || ws->inter != c->intermediate)
-        return mkv_fail_global(MKV_STATUS_INVALID_ARGUMENT,
+        return mkv_report_error(MKV_STATUS_INVALID_ARGUMENT,
                                "%s: the workspace was created for another model", fn);
     mkv_cache_info_t info;
     mkv_status_t st = mkv_cache_info(cache, &info);
@@ -233,17 +233,17 @@ static mkv_status_t check_common(const char *fn, const mkv_model_t *m, const mkv
     const mkv_cache_config_t *k = &info.config;
     if (k->n_layers != c->n_layers || k->n_kv_heads != c->n_kv_heads ||
         k->group_size * k->n_kv_heads != c->n_heads || k->head_dim != c->head_dim)
-        return mkv_fail_global(MKV_STATUS_INVALID_ARGUMENT,
+        return mkv_report_error(MKV_STATUS_INVALID_ARGUMENT,
                                "%s: the cache (L %d, H %d, G %d, d %d) does not fit the model "
                                "(L %d, KV heads %d, heads %d, head_dim %d)",
                                fn, k->n_layers, k->n_kv_heads, k->group_size, k->head_dim,
                                c->n_layers, c->n_kv_heads, c->n_heads, c->head_dim);
     if (n < 1 || n > ws->max_tokens)
-        return mkv_fail_global(MKV_STATUS_INVALID_ARGUMENT,
+        return mkv_report_error(MKV_STATUS_INVALID_ARGUMENT,
                                "%s: %d tokens, the workspace holds 1 to %d", fn, n, ws->max_tokens);
     for (int32_t t = 0; t < n; t++)
         if (tokens[t] < 0 || tokens[t] >= c->vocab)
-            return mkv_fail_global(MKV_STATUS_INVALID_ARGUMENT,
+            return mkv_report_error(MKV_STATUS_INVALID_ARGUMENT,
                                    "%s: token %d (at %d) is outside [0, %d)", fn, tokens[t], t,
                                    c->vocab);
     return MKV_STATUS_OK;
@@ -413,19 +413,19 @@ mkv_status_t mkv_model_prefill(const mkv_model_t *m, mkv_cache_t *cache, int32_t
                                const int32_t *tokens, int32_t n, float *logits, float *last_logits,
                                mkv_forward_ws_t *ws)
 {
-    mkv_clear_global_error();
+    (void)mkv_report_error(MKV_STATUS_OK, NULL);
     mkv_status_t st = check_common("mkv_model_prefill", m, cache, ws, tokens, n);
     if (st != MKV_STATUS_OK) return st;
     mkv_slot_info_t si;
     if ((st = mkv_cache_slot_info(cache, slot, &si)) != MKV_STATUS_OK) return cache_failed(cache, st);
     if (!si.active || si.seq_len != 0)
-        return mkv_fail_global(MKV_STATUS_INVALID_ARGUMENT,
+        return mkv_report_error(MKV_STATUS_INVALID_ARGUMENT,
                                "mkv_model_prefill: slot %d is not an admitted, uncommitted slot",
                                slot);
     int32_t admitted;
     if ((st = mkv_cache_prompt_len(cache, slot, &admitted)) != MKV_STATUS_OK) return cache_failed(cache, st);
     if (n != admitted)
-        return mkv_fail_global(MKV_STATUS_INVALID_ARGUMENT,
+        return mkv_report_error(MKV_STATUS_INVALID_ARGUMENT,
                                "mkv_model_prefill: %d tokens, but slot %d was admitted with a "
                                "prompt of %d",
                                n, slot, admitted);
@@ -464,18 +464,18 @@ mkv_status_t mkv_model_decode(const mkv_model_t *m, mkv_cache_t *cache, int32_t 
                               const int32_t *slots, const int32_t *tokens, float *logits,
                               mkv_forward_ws_t *ws)
 {
-    mkv_clear_global_error();
+    (void)mkv_report_error(MKV_STATUS_OK, NULL);
     mkv_status_t st = check_common("mkv_model_decode", m, cache, ws, tokens, n_slots);
     if (st != MKV_STATUS_OK) return st;
     if (!slots || !logits)
-        return mkv_fail_global(MKV_STATUS_INVALID_ARGUMENT, "mkv_model_decode: null slots or logits");
+        return mkv_report_error(MKV_STATUS_INVALID_ARGUMENT, "mkv_model_decode: null slots or logits");
     /* The new token's position is the slot's N before the append. */
     for (int32_t j = 0; j < n_slots; j++) {
         mkv_slot_info_t si;
         if ((st = mkv_cache_slot_info(cache, slots[j], &si)) != MKV_STATUS_OK)
             return cache_failed(cache, st);
         if (!si.active || si.seq_len == 0)
-            return mkv_fail_global(MKV_STATUS_INVALID_ARGUMENT,
+            return mkv_report_error(MKV_STATUS_INVALID_ARGUMENT,
                                    "mkv_model_decode: slot %d has no committed prompt", slots[j]);
         ws->pos[j] = si.seq_len;
     }

@@ -7,7 +7,7 @@
 #ifndef MKV_ENGINE_CHAT_H
 #define MKV_ENGINE_CHAT_H
 
-#include "engine/tokenizer.h"
+#include "runner/tokenizer.h"
 
 #include <stdint.h>
 

@@ -6,11 +6,11 @@
  * TemplateProcessing / ByteLevel post-processors. The table builders at the end are shared
  * with the GGUF constructor (tokenizer_bpe.c).
  */
-#include "engine/tokenizer_state.h"
+#include "runner/tokenizer_state.h"
 
-#include "engine/pretok.h"
+#include "runner/pretok.h"
 
-#include "common/error.h"
+#include "runner/error.h"
 
 #include <cjson/cJSON.h>
 
@@ -46,7 +46,7 @@ static mkv_status_t read_json(const char *path, int optional, cJSON **out, char 
     FILE *f = fopen(path, "rb");
     if (!f) {
         if (optional && errno == ENOENT) return MKV_STATUS_OK;
-        return mkv_fail(err, MKV_STATUS_IO_ERROR, "cannot open %s: %s", path, strerror(errno));
+        return runner_fail(err, MKV_STATUS_IO_ERROR, "cannot open %s: %s", path, strerror(errno));
     }
     sbuf_t b = {0};
     char chunk[65536];
@@ -55,20 +55,20 @@ static mkv_status_t read_json(const char *path, int optional, cJSON **out, char 
         if (sb_put(&b, chunk, got) != 0) {
             fclose(f);
             free(b.p);
-            return mkv_fail(err, MKV_STATUS_OUT_OF_MEMORY, "reading %s", path);
+            return runner_fail(err, MKV_STATUS_OUT_OF_MEMORY, "reading %s", path);
         }
     }
     int bad = ferror(f);
     fclose(f);
     if (bad) {
         free(b.p);
-        return mkv_fail(err, MKV_STATUS_IO_ERROR, "cannot read %s", path);
+        return runner_fail(err, MKV_STATUS_IO_ERROR, "cannot read %s", path);
     }
     const char *end = NULL;
     *out = cJSON_ParseWithLengthOpts(b.p ? b.p : "", b.n, &end, 0);
     size_t at = end && b.p ? (size_t)(end - b.p) : 0;
     free(b.p);
-    if (!*out) return mkv_fail(err, MKV_STATUS_PARSE_ERROR, "%s: malformed JSON near byte %zu",
+    if (!*out) return runner_fail(err, MKV_STATUS_PARSE_ERROR, "%s: malformed JSON near byte %zu",
                                path, at);
     return MKV_STATUS_OK;
 }
@@ -82,7 +82,7 @@ static mkv_status_t add_step(step_t **steps, int32_t *n, step_t s, char *err)
     if (!p) {
         free(s.a);
         free(s.b);
-        return mkv_fail(err, MKV_STATUS_OUT_OF_MEMORY, "tokenizer steps");
+        return runner_fail(err, MKV_STATUS_OUT_OF_MEMORY, "tokenizer steps");
     }
     p[(*n)++] = s;
     *steps = p;
@@ -105,13 +105,13 @@ static mkv_status_t load_replace(const cJSON *n, const char *what, step_t *s, ch
     const cJSON *pat = jget(n, "pattern");
     const char *from = jstr(pat, "String"), *to = jstr(n, "content");
     if (jget(pat, "Regex"))
-        return mkv_fail(err, MKV_STATUS_UNSUPPORTED,
+        return runner_fail(err, MKV_STATUS_UNSUPPORTED,
                         "tokenizer.json: %s Replace with a Regex pattern is not supported", what);
     if (!from || !from[0] || !to)
-        return mkv_fail(err, MKV_STATUS_PARSE_ERROR, "tokenizer.json: malformed %s Replace",
+        return runner_fail(err, MKV_STATUS_PARSE_ERROR, "tokenizer.json: malformed %s Replace",
                         what);
     if (!valid_utf8(from) || !valid_utf8(to))
-        return mkv_fail(err, MKV_STATUS_PARSE_ERROR,
+        return runner_fail(err, MKV_STATUS_PARSE_ERROR,
                         "tokenizer.json: %s Replace with a string that is not valid UTF-8", what);
     *s = (step_t){.kind = STEP_REPLACE, .a = strdup(from), .b = strdup(to)};
     return MKV_STATUS_OK;
@@ -122,11 +122,11 @@ static mkv_status_t load_normalizer(mkv_tokenizer_t *tok, const cJSON *n, char *
     if (!n) return MKV_STATUS_OK;
     const char *type = jstr(n, "type");
     step_t s = {0};
-    if (!type) return mkv_fail(err, MKV_STATUS_PARSE_ERROR, "tokenizer.json: untyped normalizer");
+    if (!type) return runner_fail(err, MKV_STATUS_PARSE_ERROR, "tokenizer.json: untyped normalizer");
     if (strcmp(type, "Sequence") == 0) {
         const cJSON *item;
         if (!cJSON_IsArray(jget(n, "normalizers")))
-            return mkv_fail(err, MKV_STATUS_PARSE_ERROR, "tokenizer.json: malformed Sequence");
+            return runner_fail(err, MKV_STATUS_PARSE_ERROR, "tokenizer.json: malformed Sequence");
         cJSON_ArrayForEach(item, jget(n, "normalizers")) {
             mkv_status_t st = load_normalizer(tok, item, err);
             if (st != MKV_STATUS_OK) return st;
@@ -135,9 +135,9 @@ static mkv_status_t load_normalizer(mkv_tokenizer_t *tok, const cJSON *n, char *
     }
     if (strcmp(type, "Prepend") == 0) {
         if (!jstr(n, "prepend"))
-            return mkv_fail(err, MKV_STATUS_PARSE_ERROR, "tokenizer.json: malformed Prepend");
+            return runner_fail(err, MKV_STATUS_PARSE_ERROR, "tokenizer.json: malformed Prepend");
         if (!valid_utf8(jstr(n, "prepend")))
-            return mkv_fail(err, MKV_STATUS_PARSE_ERROR,
+            return runner_fail(err, MKV_STATUS_PARSE_ERROR,
                             "tokenizer.json: Prepend with a string that is not valid UTF-8");
         s = (step_t){.kind = STEP_PREPEND, .a = strdup(jstr(n, "prepend"))};
     } else if (strcmp(type, "Replace") == 0) {
@@ -146,7 +146,7 @@ static mkv_status_t load_normalizer(mkv_tokenizer_t *tok, const cJSON *n, char *
     } else if (strcmp(type, "NFC") == 0) {
         s.kind = STEP_NFC;
     } else {
-        return mkv_fail(err, MKV_STATUS_UNSUPPORTED,
+        return runner_fail(err, MKV_STATUS_UNSUPPORTED,
                         "tokenizer.json: normalizer '%s' is not supported (only Sequence, "
                         "Prepend, Replace, NFC)", type);
     }
@@ -157,11 +157,11 @@ static mkv_status_t load_decoder(mkv_tokenizer_t *tok, const cJSON *n, char *err
 {
     const char *type = jstr(n, "type");
     step_t s = {0};
-    if (!type) return mkv_fail(err, MKV_STATUS_PARSE_ERROR, "tokenizer.json: untyped decoder");
+    if (!type) return runner_fail(err, MKV_STATUS_PARSE_ERROR, "tokenizer.json: untyped decoder");
     if (strcmp(type, "Sequence") == 0) {
         const cJSON *item;
         if (!cJSON_IsArray(jget(n, "decoders")))
-            return mkv_fail(err, MKV_STATUS_PARSE_ERROR, "tokenizer.json: malformed Sequence");
+            return runner_fail(err, MKV_STATUS_PARSE_ERROR, "tokenizer.json: malformed Sequence");
         cJSON_ArrayForEach(item, jget(n, "decoders")) {
             mkv_status_t st = load_decoder(tok, item, err);
             if (st != MKV_STATUS_OK) return st;
@@ -182,11 +182,11 @@ static mkv_status_t load_decoder(mkv_tokenizer_t *tok, const cJSON *n, char *err
         const cJSON *a = jget(n, "start"), *b = jget(n, "stop");
         if (!c || !c[0] || utf8_len((const unsigned char *)c, strlen(c)) != strlen(c) ||
             !cJSON_IsNumber(a) || !cJSON_IsNumber(b) || a->valueint < 0 || b->valueint < 0)
-            return mkv_fail(err, MKV_STATUS_PARSE_ERROR, "tokenizer.json: malformed Strip");
+            return runner_fail(err, MKV_STATUS_PARSE_ERROR, "tokenizer.json: malformed Strip");
         s = (step_t){.kind = STEP_STRIP, .a = strdup(c), .start = a->valueint,
                      .stop = b->valueint};
     } else {
-        return mkv_fail(err, MKV_STATUS_UNSUPPORTED,
+        return runner_fail(err, MKV_STATUS_UNSUPPORTED,
                         "tokenizer.json: decoder '%s' is not supported (only Sequence, "
                         "Replace, ByteFallback, Fuse, Strip, ByteLevel)", type);
     }
@@ -198,18 +198,18 @@ static mkv_status_t load_model(mkv_tokenizer_t *tok, const cJSON *m, char *err)
     const char *type = jstr(m, "type");
     const cJSON *vocab = jget(m, "vocab"), *merges = jget(m, "merges"), *item, *drop;
     if (!cJSON_IsObject(m) || !type)
-        return mkv_fail(err, MKV_STATUS_PARSE_ERROR, "tokenizer.json: no typed \"model\"");
+        return runner_fail(err, MKV_STATUS_PARSE_ERROR, "tokenizer.json: no typed \"model\"");
     if (strcmp(type, "BPE") != 0)
-        return mkv_fail(err, MKV_STATUS_UNSUPPORTED,
+        return runner_fail(err, MKV_STATUS_UNSUPPORTED,
                         "tokenizer.json: model type '%s' is not supported (only BPE)", type);
     drop = jget(m, "dropout");
     if ((drop && (!cJSON_IsNumber(drop) || drop->valuedouble != 0.0)) ||
         (jstr(m, "continuing_subword_prefix") && jstr(m, "continuing_subword_prefix")[0]) ||
         (jstr(m, "end_of_word_suffix") && jstr(m, "end_of_word_suffix")[0]))
-        return mkv_fail(err, MKV_STATUS_UNSUPPORTED, "tokenizer.json: BPE dropout, "
+        return runner_fail(err, MKV_STATUS_UNSUPPORTED, "tokenizer.json: BPE dropout, "
                         "continuing_subword_prefix and end_of_word_suffix are not supported");
     if (!cJSON_IsObject(vocab) || !cJSON_IsArray(merges))
-        return mkv_fail(err, MKV_STATUS_PARSE_ERROR, "tokenizer.json: BPE without vocab/merges");
+        return runner_fail(err, MKV_STATUS_PARSE_ERROR, "tokenizer.json: BPE without vocab/merges");
 
     mkv_status_t st = mkv_tok_alloc_tables(tok, (size_t)cJSON_GetArraySize(vocab),
                                            (size_t)cJSON_GetArraySize(merges), err);
@@ -217,7 +217,7 @@ static mkv_status_t load_model(mkv_tokenizer_t *tok, const cJSON *m, char *err)
     cJSON_ArrayForEach(item, vocab) {
         if (!cJSON_IsNumber(item) || item->valuedouble < 0 || item->valuedouble > 1e9 ||
             item->valuedouble != (double)item->valueint)
-            return mkv_fail(err, MKV_STATUS_PARSE_ERROR, "tokenizer.json: bad id of '%s'",
+            return runner_fail(err, MKV_STATUS_PARSE_ERROR, "tokenizer.json: bad id of '%s'",
                             item->string);
         st = mkv_tok_add_vocab(tok, item->string, strlen(item->string), item->valueint, err);
         if (st != MKV_STATUS_OK) return st;
@@ -240,14 +240,14 @@ static mkv_status_t load_model(mkv_tokenizer_t *tok, const cJSON *m, char *err)
             a = cJSON_GetArrayItem(item, 0)->valuestring;
             b = cJSON_GetArrayItem(item, 1)->valuestring;
         }
-        if (!a) return mkv_fail(err, MKV_STATUS_PARSE_ERROR, "tokenizer.json: malformed merge %d",
+        if (!a) return runner_fail(err, MKV_STATUS_PARSE_ERROR, "tokenizer.json: malformed merge %d",
                                 rank);
         if ((st = mkv_tok_add_merge(tok, a, b, rank++, err)) != MKV_STATUS_OK) return st;
     }
     const char *unk = jstr(m, "unk_token");
     tok->unk = unk ? smap_get(&tok->vocab, unk, strlen(unk)) : -1;
     if (unk && tok->unk < 0)
-        return mkv_fail(err, MKV_STATUS_PARSE_ERROR, "tokenizer.json: unk_token '%s' is not in "
+        return runner_fail(err, MKV_STATUS_PARSE_ERROR, "tokenizer.json: unk_token '%s' is not in "
                         "the vocabulary", unk);
     tok->fuse_unk = jbool(m, "fuse_unk", 0);
     tok->ignore_merges = jbool(m, "ignore_merges", 0);
@@ -265,25 +265,25 @@ static mkv_status_t load_added(mkv_tokenizer_t *tok, const cJSON *arr, char *err
     static const char *const flags[] = {"lstrip", "rstrip", "single_word"};
     if (!arr) return MKV_STATUS_OK;
     if (!cJSON_IsArray(arr))
-        return mkv_fail(err, MKV_STATUS_PARSE_ERROR, "tokenizer.json: added_tokens not a list");
+        return runner_fail(err, MKV_STATUS_PARSE_ERROR, "tokenizer.json: added_tokens not a list");
     tok->added = calloc((size_t)cJSON_GetArraySize(arr) + 1, sizeof *tok->added);
-    if (!tok->added) return mkv_fail(err, MKV_STATUS_OUT_OF_MEMORY, "added tokens");
+    if (!tok->added) return runner_fail(err, MKV_STATUS_OUT_OF_MEMORY, "added tokens");
     cJSON_ArrayForEach(item, arr) {
         const cJSON *id = jget(item, "id");
         const char *content = jstr(item, "content");
         if (!cJSON_IsNumber(id) || id->valuedouble < 0 || id->valuedouble > 1e9 || !content ||
             !content[0])
-            return mkv_fail(err, MKV_STATUS_PARSE_ERROR, "tokenizer.json: malformed added token");
+            return runner_fail(err, MKV_STATUS_PARSE_ERROR, "tokenizer.json: malformed added token");
         for (int f = 0; f < 3; f++)
             if (jbool(item, flags[f], 0))
-                return mkv_fail(err, MKV_STATUS_UNSUPPORTED, "tokenizer.json: added token "
+                return runner_fail(err, MKV_STATUS_UNSUPPORTED, "tokenizer.json: added token "
                                 "'%s' has %s set (not supported)", content, flags[f]);
         added_t *a = &tok->added[tok->n_added++];
         a->id = id->valueint;
         a->special = jbool(item, "special", 0);
         a->normalized = jbool(item, "normalized", !a->special); /* HF's default */
         if (!(a->content = strdup(content)))
-            return mkv_fail(err, MKV_STATUS_OUT_OF_MEMORY, "added tokens");
+            return runner_fail(err, MKV_STATUS_OUT_OF_MEMORY, "added tokens");
         if (a->id >= tok->n_vocab) tok->n_vocab = a->id + 1;
     }
     return MKV_STATUS_OK;
@@ -305,7 +305,7 @@ static mkv_status_t config_token(const mkv_tokenizer_t *tok, const cJSON *cfg, c
     const char *s = cJSON_IsString(v) ? v->valuestring : jstr(v, "content");
     if (!s) return MKV_STATUS_OK;
     if ((*id = mkv_tokenizer_token_id(tok, s)) < 0)
-        return mkv_fail(err, MKV_STATUS_PARSE_ERROR,
+        return runner_fail(err, MKV_STATUS_PARSE_ERROR,
                         "tokenizer_config.json: %s '%s' is not in the vocabulary", key, s);
     return MKV_STATUS_OK;
 }
@@ -325,7 +325,7 @@ static mkv_status_t load_post(mkv_tokenizer_t *tok, const cJSON *pp, char *err)
     }
     if (type && strcmp(type, "ByteLevel") == 0) return MKV_STATUS_OK; /* offsets only */
     if (!type || strcmp(type, "TemplateProcessing") != 0)
-        return mkv_fail(err, MKV_STATUS_UNSUPPORTED, "tokenizer.json: post_processor '%s' is "
+        return runner_fail(err, MKV_STATUS_UNSUPPORTED, "tokenizer.json: post_processor '%s' is "
                         "not supported (only TemplateProcessing, ByteLevel, Sequence)", type ? type : "?");
     const cJSON *first = cJSON_GetArrayItem(jget(pp, "single"), 0);
     const char *name = jstr(jget(first, "SpecialToken"), "id");
@@ -345,16 +345,16 @@ mkv_status_t mkv_tok_finish(mkv_tokenizer_t *tok, char *err)
     int64_t entries = tok->n_added;
     for (size_t i = 0; i < tok->vocab.cap; i++) entries += tok->vocab.e[i].key != NULL;
     if (tok->n_vocab > entries)
-        return mkv_fail(err, MKV_STATUS_PARSE_ERROR, "tokenizer: ids are not dense: id %d with "
+        return runner_fail(err, MKV_STATUS_PARSE_ERROR, "tokenizer: ids are not dense: id %d with "
                         "only %lld tokens", tok->n_vocab - 1, (long long)entries);
     tok->text = calloc((size_t)tok->n_vocab + 1, sizeof *tok->text);
     tok->special = calloc((size_t)tok->n_vocab + 1, 1);
-    if (!tok->text || !tok->special) return mkv_fail(err, MKV_STATUS_OUT_OF_MEMORY, "tokenizer");
+    if (!tok->text || !tok->special) return runner_fail(err, MKV_STATUS_OUT_OF_MEMORY, "tokenizer");
     for (size_t i = 0; i < tok->vocab.cap; i++) {
         const smap_entry_t *e = &tok->vocab.e[i];
         if (!e->key) continue;
         if (tok->text[e->id])
-            return mkv_fail(err, MKV_STATUS_PARSE_ERROR, "tokenizer: id %d is given to both "
+            return runner_fail(err, MKV_STATUS_PARSE_ERROR, "tokenizer: id %d is given to both "
                             "'%s' and '%s'", e->id, tok->text[e->id], e->key);
         tok->text[e->id] = e->key;
     }
@@ -369,7 +369,7 @@ mkv_status_t mkv_tok_finish(mkv_tokenizer_t *tok, char *err)
             if (rc == -2) {
                 free(norm.p);
                 free(tmp.p);
-                return mkv_fail(err, MKV_STATUS_PARSE_ERROR,
+                return runner_fail(err, MKV_STATUS_PARSE_ERROR,
                                 "tokenizer: the normalizer expands the added token '%.64s' "
                                 "beyond %dx its length", a->content, MKV_TOK_GROWTH);
             }
@@ -383,12 +383,12 @@ mkv_status_t mkv_tok_finish(mkv_tokenizer_t *tok, char *err)
     free(norm.p);
     free(tmp.p);
     for (int32_t k = 0; k < tok->n_added; k++)
-        if (!tok->added[k].match) return mkv_fail(err, MKV_STATUS_OUT_OF_MEMORY, "tokenizer");
+        if (!tok->added[k].match) return runner_fail(err, MKV_STATUS_OUT_OF_MEMORY, "tokenizer");
     static const char *const names[3] = {"bos", "eos", "unk"};
     const int32_t ids[3] = {tok->bos, tok->eos, tok->unk};
     for (int i = 0; i < 3; i++)
         if (ids[i] < -1 || ids[i] >= tok->n_vocab || (ids[i] >= 0 && !tok->text[ids[i]]))
-            return mkv_fail(err, MKV_STATUS_PARSE_ERROR, "tokenizer: %s id %d is not a token "
+            return runner_fail(err, MKV_STATUS_PARSE_ERROR, "tokenizer: %s id %d is not a token "
                             "(vocabulary of %d)", names[i], ids[i], tok->n_vocab);
     return MKV_STATUS_OK;
 }
@@ -400,35 +400,35 @@ mkv_status_t mkv_tokenizer_load(const char *dir, mkv_tokenizer_t **out, char *er
     cJSON *root = NULL, *cfg = NULL;
     mkv_tokenizer_t *tok = NULL;
     if (!err) err = dummy;
-    if (!dir || !out) return mkv_fail(err, MKV_STATUS_INVALID_ARGUMENT, "null argument");
+    if (!dir || !out) return runner_fail(err, MKV_STATUS_INVALID_ARGUMENT, "null argument");
     *out = NULL;
     struct stat sb;
     if (stat(dir, &sb) == 0 && !S_ISDIR(sb.st_mode)) return mkv_tokenizer_load_gguf(dir, out, err);
     if (snprintf(path, sizeof path, "%s/tokenizer.json", dir) >= (int)sizeof path)
-        return mkv_fail(err, MKV_STATUS_INVALID_ARGUMENT, "path too long");
-    MKV_TRY(read_json(path, 0, &root, err));
+        return runner_fail(err, MKV_STATUS_INVALID_ARGUMENT, "path too long");
+    RUNNER_TRY(read_json(path, 0, &root, err));
     if (!(tok = calloc(1, sizeof *tok))) {
-        status = mkv_fail(err, MKV_STATUS_OUT_OF_MEMORY, "tokenizer");
+        status = runner_fail(err, MKV_STATUS_OUT_OF_MEMORY, "tokenizer");
         goto fail;
     }
     tok->bos = tok->eos = tok->unk = tok->pad = tok->add_bos = -1;
     mkv_tok_init_byte_level(tok); /* for a ByteLevel decoder, with or without the pre-tokenizer */
     if (jget(root, "pre_tokenizer"))
-        MKV_TRY(mkv_pretok_from_json(jget(root, "pre_tokenizer"), &tok->pre, &tok->byte_level,
+        RUNNER_TRY(mkv_pretok_from_json(jget(root, "pre_tokenizer"), &tok->pre, &tok->byte_level,
                                      err));
-    MKV_TRY(load_model(tok, jget(root, "model"), err));
-    MKV_TRY(load_added(tok, jget(root, "added_tokens"), err));
-    MKV_TRY(load_normalizer(tok, jget(root, "normalizer"), err));
+    RUNNER_TRY(load_model(tok, jget(root, "model"), err));
+    RUNNER_TRY(load_added(tok, jget(root, "added_tokens"), err));
+    RUNNER_TRY(load_normalizer(tok, jget(root, "normalizer"), err));
     if (jget(root, "decoder")) {
         tok->has_decoder = 1;
-        MKV_TRY(load_decoder(tok, jget(root, "decoder"), err));
+        RUNNER_TRY(load_decoder(tok, jget(root, "decoder"), err));
     }
-    MKV_TRY(load_post(tok, jget(root, "post_processor"), err));
+    RUNNER_TRY(load_post(tok, jget(root, "post_processor"), err));
     snprintf(path, sizeof path, "%s/tokenizer_config.json", dir);
-    MKV_TRY(read_json(path, 1, &cfg, err));
-    MKV_TRY(config_token(tok, cfg, "bos_token", &tok->bos, err));
-    MKV_TRY(config_token(tok, cfg, "eos_token", &tok->eos, err));
-    MKV_TRY(mkv_tok_finish(tok, err));
+    RUNNER_TRY(read_json(path, 1, &cfg, err));
+    RUNNER_TRY(config_token(tok, cfg, "bos_token", &tok->bos, err));
+    RUNNER_TRY(config_token(tok, cfg, "eos_token", &tok->eos, err));
+    RUNNER_TRY(mkv_tok_finish(tok, err));
     cJSON_Delete(root);
     cJSON_Delete(cfg);
     *out = tok;
@@ -478,7 +478,7 @@ mkv_status_t mkv_tok_alloc_tables(mkv_tokenizer_t *tok, size_t n_vocab, size_t n
     tok->vocab.e = calloc(tok->vocab.cap, sizeof *tok->vocab.e);
     tok->merges.e = malloc(tok->merges.cap * sizeof *tok->merges.e);
     if (!tok->vocab.e || !tok->merges.e)
-        return mkv_fail(err, MKV_STATUS_OUT_OF_MEMORY, "tokenizer vocab");
+        return runner_fail(err, MKV_STATUS_OUT_OF_MEMORY, "tokenizer vocab");
     for (size_t i = 0; i < tok->merges.cap; i++) tok->merges.e[i].rank = -1;
     return MKV_STATUS_OK;
 }
@@ -488,9 +488,9 @@ mkv_status_t mkv_tok_add_vocab(mkv_tokenizer_t *tok, const char *s, size_t n, in
 {
     smap_entry_t *e = smap_slot(&tok->vocab, s, n);
     if (e->key)
-        return mkv_fail(err, MKV_STATUS_PARSE_ERROR, "tokenizer: token '%.*s' appears twice in "
+        return runner_fail(err, MKV_STATUS_PARSE_ERROR, "tokenizer: token '%.*s' appears twice in "
                         "the vocabulary (ids %d and %d)", (int)n, s, e->id, id);
-    if (!(e->key = malloc(n + 1))) return mkv_fail(err, MKV_STATUS_OUT_OF_MEMORY, "tokenizer");
+    if (!(e->key = malloc(n + 1))) return runner_fail(err, MKV_STATUS_OUT_OF_MEMORY, "tokenizer");
     memcpy(e->key, s, n);
     e->key[n] = '\0';
     e->len = n;
@@ -504,11 +504,11 @@ mkv_status_t mkv_tok_add_merge(mkv_tokenizer_t *tok, const char *a, const char *
 {
     char joined[2048];
     if (snprintf(joined, sizeof joined, "%s%s", a, b) >= (int)sizeof joined)
-        return mkv_fail(err, MKV_STATUS_PARSE_ERROR, "tokenizer: merge %d is too long", rank);
+        return runner_fail(err, MKV_STATUS_PARSE_ERROR, "tokenizer: merge %d is too long", rank);
     int32_t ia = smap_get(&tok->vocab, a, strlen(a)), ib = smap_get(&tok->vocab, b, strlen(b));
     int32_t ij = smap_get(&tok->vocab, joined, strlen(joined));
     if (ia < 0 || ib < 0 || ij < 0)
-        return mkv_fail(err, MKV_STATUS_PARSE_ERROR, "tokenizer: merge %d ('%s' '%s') names a "
+        return runner_fail(err, MKV_STATUS_PARSE_ERROR, "tokenizer: merge %d ('%s' '%s') names a "
                         "token not in the vocabulary ('%s')", rank, a, b,
                         ia < 0 ? a : ib < 0 ? b : joined);
     pmap_entry_t *e = &tok->merges.e[pmap_find(&tok->merges, pair_key(ia, ib))];

@@ -7,9 +7,9 @@
  * a preemption. When a decode step still cannot be guaranteed, the newest running request is
  * preempted (released, requeued at the front) until it can.
  */
-#include "engine/scheduler.h"
+#include "runner/scheduler.h"
 
-#include "common/error.h"
+#include "runner/error.h"
 
 #include <stdlib.h>
 #include <string.h>
@@ -56,18 +56,18 @@ mkv_status_t mkv_scheduler_create(const mkv_model_t *model, mkv_cache_t *cache, 
 {
     char err[MKV_ERR_LEN];
     mkv_cache_info_t info;
-    mkv_clear_global_error();
+    (void)mkv_report_error(MKV_STATUS_OK, NULL);
     if (!out || !model || !cache)
-        return mkv_fail_global(MKV_STATUS_INVALID_ARGUMENT, "mkv_scheduler_create: null argument");
+        return mkv_report_error(MKV_STATUS_INVALID_ARGUMENT, "mkv_scheduler_create: null argument");
     *out = NULL;
     mkv_status_t st = mkv_cache_info(cache, &info);
     if (st != MKV_STATUS_OK) return st;
     if (max_batch < 1 || max_batch > info.config.max_seqs)
-        return mkv_fail_global(MKV_STATUS_INVALID_ARGUMENT,
+        return mkv_report_error(MKV_STATUS_INVALID_ARGUMENT,
                                "max_batch %d must be in [1, the cache's %d slots]", max_batch,
                                info.config.max_seqs);
     mkv_scheduler_t *s = calloc(1, sizeof *s);
-    if (!s) return mkv_fail_global(MKV_STATUS_OUT_OF_MEMORY, "cannot allocate the scheduler");
+    if (!s) return mkv_report_error(MKV_STATUS_OUT_OF_MEMORY, "cannot allocate the scheduler");
     const int64_t V = model->cfg.vocab;
     s->model = model;
     s->cache = cache;
@@ -84,12 +84,12 @@ mkv_status_t mkv_scheduler_create(const mkv_model_t *model, mkv_cache_t *cache, 
     if (!s->running || !s->logits || !s->sample_scratch || !s->slots || !s->tokens || !s->done ||
         !s->input) {
         mkv_scheduler_free(s);
-        return mkv_fail_global(MKV_STATUS_OUT_OF_MEMORY, "cannot allocate the scheduler's buffers");
+        return mkv_report_error(MKV_STATUS_OUT_OF_MEMORY, "cannot allocate the scheduler's buffers");
     }
     const int32_t ws_tokens = s->max_seq_len > max_batch ? s->max_seq_len : max_batch;
     if ((st = mkv_forward_ws_create(model, ws_tokens, &s->ws, err)) != MKV_STATUS_OK) {
         mkv_scheduler_free(s);
-        return mkv_fail_global(st, "%s", err);
+        return mkv_report_error(st, "%s", err);
     }
     *out = s;
     return MKV_STATUS_OK;
@@ -118,7 +118,7 @@ static mkv_status_t grow_waiting(mkv_scheduler_t *s)
     if (s->n_waiting < s->cap_waiting) return MKV_STATUS_OK;
     const int32_t cap = s->cap_waiting ? 2 * s->cap_waiting : 16;
     mkv_request_t **w = realloc(s->waiting, (size_t)cap * sizeof *w);
-    if (!w) return mkv_fail_global(MKV_STATUS_OUT_OF_MEMORY, "cannot grow the waiting queue");
+    if (!w) return mkv_report_error(MKV_STATUS_OUT_OF_MEMORY, "cannot grow the waiting queue");
     s->waiting = w;
     s->cap_waiting = cap;
     return MKV_STATUS_OK;
@@ -126,26 +126,26 @@ static mkv_status_t grow_waiting(mkv_scheduler_t *s)
 
 mkv_status_t mkv_scheduler_add(mkv_scheduler_t *s, mkv_request_t *r)
 {
-    mkv_clear_global_error();
+    (void)mkv_report_error(MKV_STATUS_OK, NULL);
     if (!s || !r || (r->prompt_len > 0 && !r->prompt))
-        return mkv_fail_global(MKV_STATUS_INVALID_ARGUMENT, "mkv_scheduler_add: null argument");
+        return mkv_report_error(MKV_STATUS_INVALID_ARGUMENT, "mkv_scheduler_add: null argument");
     const int64_t total = (int64_t)r->prompt_len + r->max_new_tokens;
     if (r->prompt_len < 1 || r->max_new_tokens < 1 || total > s->max_seq_len ||
         total > s->model->cfg.max_pos)
-        return mkv_fail_global(MKV_STATUS_INVALID_ARGUMENT,
+        return mkv_report_error(MKV_STATUS_INVALID_ARGUMENT,
                                "request %d: prompt %d + %d new tokens must be >= 1 + 1 and fit "
                                "max_seq_len %d and the model's %d positions",
                                r->id, r->prompt_len, r->max_new_tokens, s->max_seq_len,
                                s->model->cfg.max_pos);
     for (int32_t i = 0; i < r->prompt_len; i++)
         if (r->prompt[i] < 0 || r->prompt[i] >= s->model->cfg.vocab)
-            return mkv_fail_global(MKV_STATUS_INVALID_ARGUMENT,
+            return mkv_report_error(MKV_STATUS_INVALID_ARGUMENT,
                                    "request %d: prompt token %d = %d is outside the vocabulary",
                                    r->id, i, r->prompt[i]);
     if (grow_waiting(s) != MKV_STATUS_OK) return MKV_STATUS_OUT_OF_MEMORY;
     free(r->out);
     r->out = malloc((size_t)r->max_new_tokens * sizeof(int32_t));
-    if (!r->out) return mkv_fail_global(MKV_STATUS_OUT_OF_MEMORY, "cannot allocate the output");
+    if (!r->out) return mkv_report_error(MKV_STATUS_OUT_OF_MEMORY, "cannot allocate the output");
     r->n_out = 0;
     r->state = MKV_REQ_WAITING;
     r->slot = -1;
@@ -160,7 +160,7 @@ int mkv_scheduler_idle(const mkv_scheduler_t *s) { return s->n_waiting == 0 && s
 
 static mkv_status_t cache_fail(mkv_scheduler_t *s, mkv_status_t st)
 {
-    return mkv_fail_global(st, "%s", mkv_cache_last_error(s->cache));
+    return mkv_report_error(st, "%s", mkv_cache_last_error(s->cache));
 }
 
 static void pop_front(mkv_scheduler_t *s)
@@ -237,7 +237,7 @@ static mkv_status_t try_admit(mkv_scheduler_t *s, int *admitted, int *failed)
             r->state = MKV_REQ_FAILED;
             pop_front(s);
             *failed = 1;
-            mkv_fail_global(MKV_STATUS_OUT_OF_PAGES,
+            mkv_report_error(MKV_STATUS_OUT_OF_PAGES,
                                    "request %d needs %lld pages for its %d-token prompt and first "
                                    "step; the pool has %lld",
                                    r->id, (long long)(prompt_pages + margin), len,
@@ -285,7 +285,7 @@ mkv_status_t mkv_scheduler_step(mkv_scheduler_t *s, mkv_sched_stats_t *stats)
     mkv_sched_stats_t local;
     mkv_sched_stats_t *out = stats ? stats : &local;
     mkv_status_t st = MKV_STATUS_OK, fail = MKV_STATUS_OK;
-    mkv_clear_global_error();
+    (void)mkv_report_error(MKV_STATUS_OK, NULL);
     memset(out, 0, sizeof *out);
     out->step = s->steps++;
 

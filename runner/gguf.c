@@ -10,9 +10,9 @@
  * NOTE: multi-byte fields are assembled byte by byte (little-endian), so neither the host's
  * byte order nor the alignment of the mapping matters while parsing.
  */
-#include "engine/gguf.h"
+#include "runner/gguf.h"
 
-#include "common/error.h"
+#include "runner/error.h"
 
 #include <errno.h>
 #include <fcntl.h>
@@ -131,7 +131,7 @@ static mkv_status_t read_value(cursor_t *c, int64_t i, mkv_gguf_kv_t *kv,
     const uint64_t at = c->pos;
     if (kv->type == MKV_GGUF_STRING) {
         if (!rd_str(c, &kv->str))
-            return mkv_fail(err, MKV_STATUS_PARSE_ERROR,
+            return runner_fail(err, MKV_STATUS_PARSE_ERROR,
                             "kv[%lld] '%s': string at byte %llu runs past the end of the file",
                             (long long)i, k, (unsigned long long)at);
         return MKV_STATUS_OK;
@@ -140,35 +140,35 @@ static mkv_status_t read_value(cursor_t *c, int64_t i, mkv_gguf_kv_t *kv,
         const int n = type_size(kv->type);
         uint64_t u;
         if (!rd(c, n, &u))
-            return mkv_fail(err, MKV_STATUS_PARSE_ERROR,
+            return runner_fail(err, MKV_STATUS_PARSE_ERROR,
                             "kv[%lld] '%s': %s value at byte %llu runs past the end of the file",
                             (long long)i, k, tname(kv->type), (unsigned long long)at);
         if (kv->type == MKV_GGUF_F32 || kv->type == MKV_GGUF_F64) kv->num.f64 = bits_f64(u, n);
         else if (is_signed(kv->type)) kv->num.i64 = sign_extend(u, n);
         else kv->num.u64 = u;
         if (kv->type == MKV_GGUF_BOOL && u > 1)
-            return mkv_fail(err, MKV_STATUS_PARSE_ERROR, "kv[%lld] '%s': bool value %llu",
+            return runner_fail(err, MKV_STATUS_PARSE_ERROR, "kv[%lld] '%s': bool value %llu",
                             (long long)i, k, (unsigned long long)u);
         return MKV_STATUS_OK;
     }
     uint64_t et, count;
     if (!rd(c, 4, &et) || !rd(c, 8, &count))
-        return mkv_fail(err, MKV_STATUS_PARSE_ERROR,
+        return runner_fail(err, MKV_STATUS_PARSE_ERROR,
                         "kv[%lld] '%s': array header at byte %llu runs past the end of the file",
                         (long long)i, k, (unsigned long long)at);
     if (et >= MKV_GGUF_TYPE_COUNT)
-        return mkv_fail(err, MKV_STATUS_PARSE_ERROR,
+        return runner_fail(err, MKV_STATUS_PARSE_ERROR,
                         "kv[%lld] '%s': unknown array element type %llu", (long long)i, k,
                         (unsigned long long)et);
     if (et == MKV_GGUF_ARRAY)
-        return mkv_fail(err, MKV_STATUS_UNSUPPORTED, "kv[%lld] '%s': nested arrays",
+        return runner_fail(err, MKV_STATUS_UNSUPPORTED, "kv[%lld] '%s': nested arrays",
                         (long long)i, k);
     kv->arr_type = (mkv_gguf_type_t)et;
     kv->arr_count = count;
     if (et != MKV_GGUF_STRING) {
         const uint64_t es = (uint64_t)type_size((uint32_t)et);
         if (count > left(c) / es) /* count * es would run past the end (or overflow) */
-            return mkv_fail(err, MKV_STATUS_PARSE_ERROR,
+            return runner_fail(err, MKV_STATUS_PARSE_ERROR,
                             "kv[%lld] '%s': array of %llu %s runs past the end of the file",
                             (long long)i, k, (unsigned long long)count, tname((uint32_t)et));
         kv->arr_data = c->p + c->pos;
@@ -176,18 +176,18 @@ static mkv_status_t read_value(cursor_t *c, int64_t i, mkv_gguf_kv_t *kv,
         return MKV_STATUS_OK;
     }
     if (count > left(c) / 8)
-        return mkv_fail(err, MKV_STATUS_PARSE_ERROR,
+        return runner_fail(err, MKV_STATUS_PARSE_ERROR,
                         "kv[%lld] '%s': array of %llu strings runs past the end of the file",
                         (long long)i, k, (unsigned long long)count);
     kv->arr_str_off = malloc((size_t)(count ? count : 1) * sizeof(uint64_t));
     if (!kv->arr_str_off)
-        return mkv_fail(err, MKV_STATUS_OUT_OF_MEMORY, "kv[%lld] '%s': out of memory",
+        return runner_fail(err, MKV_STATUS_OUT_OF_MEMORY, "kv[%lld] '%s': out of memory",
                         (long long)i, k);
     for (uint64_t e = 0; e < count; e++) {
         mkv_gguf_str_t s;
         kv->arr_str_off[e] = c->pos;
         if (!rd_str(c, &s))
-            return mkv_fail(err, MKV_STATUS_PARSE_ERROR,
+            return runner_fail(err, MKV_STATUS_PARSE_ERROR,
                             "kv[%lld] '%s': string %llu of %llu runs past the end of the file",
                             (long long)i, k, (unsigned long long)e, (unsigned long long)count);
     }
@@ -202,22 +202,22 @@ static mkv_status_t read_kvs(mkv_gguf_t *g, cursor_t *c, char *err)
         uint64_t t;
         const uint64_t at = c->pos;
         if (!rd_str(c, &key))
-            return mkv_fail(err, MKV_STATUS_PARSE_ERROR,
+            return runner_fail(err, MKV_STATUS_PARSE_ERROR,
                             "kv[%lld]: key at byte %llu runs past the end of the file",
                             (long long)i, (unsigned long long)at);
         if (key.len == 0 || memchr(key.ptr, 0, (size_t)key.len))
-            return mkv_fail(err, MKV_STATUS_PARSE_ERROR, "kv[%lld]: %s key", (long long)i,
+            return runner_fail(err, MKV_STATUS_PARSE_ERROR, "kv[%lld]: %s key", (long long)i,
                             key.len ? "NUL byte in the" : "empty");
         char *copy = malloc((size_t)key.len + 1);
-        if (!copy) return mkv_fail(err, MKV_STATUS_OUT_OF_MEMORY, "kv[%lld]: out of memory", (long long)i);
+        if (!copy) return runner_fail(err, MKV_STATUS_OUT_OF_MEMORY, "kv[%lld]: out of memory", (long long)i);
         memcpy(copy, key.ptr, (size_t)key.len);
         copy[key.len] = '\0';
         kv->key = copy;
         if (!rd(c, 4, &t))
-            return mkv_fail(err, MKV_STATUS_PARSE_ERROR,
+            return runner_fail(err, MKV_STATUS_PARSE_ERROR,
                             "kv[%lld] '%s': type runs past the end of the file", (long long)i, copy);
         if (t >= MKV_GGUF_TYPE_COUNT)
-            return mkv_fail(err, MKV_STATUS_PARSE_ERROR, "kv[%lld] '%s': unknown value type %llu",
+            return runner_fail(err, MKV_STATUS_PARSE_ERROR, "kv[%lld] '%s': unknown value type %llu",
                             (long long)i, copy, (unsigned long long)t);
         kv->type = (mkv_gguf_type_t)t;
         mkv_status_t st = read_value(c, i, kv, err);
@@ -234,30 +234,30 @@ static mkv_status_t read_tensor_infos(mkv_gguf_t *g, cursor_t *c, char *err)
         uint64_t v;
         const uint64_t at = c->pos;
         if (!rd_str(c, &name))
-            return mkv_fail(err, MKV_STATUS_PARSE_ERROR,
+            return runner_fail(err, MKV_STATUS_PARSE_ERROR,
                             "tensor info %lld: name at byte %llu runs past the end of the file",
                             (long long)i, (unsigned long long)at);
         if (name.len == 0 || name.len > MKV_GGUF_MAX_NAME || memchr(name.ptr, 0, (size_t)name.len))
-            return mkv_fail(err, MKV_STATUS_PARSE_ERROR,
+            return runner_fail(err, MKV_STATUS_PARSE_ERROR,
                             "tensor info %lld: name of %llu bytes (1 to %d, no NUL byte)",
                             (long long)i, (unsigned long long)name.len, MKV_GGUF_MAX_NAME);
         memcpy(t->name, name.ptr, (size_t)name.len);
         t->name[name.len] = '\0';
         if (!rd(c, 4, &v))
-            return mkv_fail(err, MKV_STATUS_PARSE_ERROR, "tensor %s: n_dims past the end of the file",
+            return runner_fail(err, MKV_STATUS_PARSE_ERROR, "tensor %s: n_dims past the end of the file",
                             t->name);
         if (v < 1 || v > MKV_GGUF_MAX_DIMS)
-            return mkv_fail(err, MKV_STATUS_PARSE_ERROR, "tensor %s: n_dims %llu (1 to %d)",
+            return runner_fail(err, MKV_STATUS_PARSE_ERROR, "tensor %s: n_dims %llu (1 to %d)",
                             t->name, (unsigned long long)v, MKV_GGUF_MAX_DIMS);
         t->n_dims = (int32_t)v;
         int64_t n = 1;
         for (int d = 0; d < MKV_GGUF_MAX_DIMS; d++) t->ne[d] = 1;
         for (int d = 0; d < t->n_dims; d++) {
             if (!rd(c, 8, &v))
-                return mkv_fail(err, MKV_STATUS_PARSE_ERROR,
+                return runner_fail(err, MKV_STATUS_PARSE_ERROR,
                                 "tensor %s: ne[%d] past the end of the file", t->name, d);
             if (v > (uint64_t)INT64_MAX || (v && (uint64_t)n > (uint64_t)INT64_MAX / v))
-                return mkv_fail(err, MKV_STATUS_PARSE_ERROR,
+                return runner_fail(err, MKV_STATUS_PARSE_ERROR,
                                 "tensor %s: ne[%d] = %llu: the element count overflows", t->name,
                                 d, (unsigned long long)v);
             t->ne[d] = (int64_t)v;
@@ -265,27 +265,27 @@ static mkv_status_t read_tensor_infos(mkv_gguf_t *g, cursor_t *c, char *err)
         }
         t->n_elements = n;
         if (!rd(c, 4, &v))
-            return mkv_fail(err, MKV_STATUS_PARSE_ERROR, "tensor %s: type past the end of the file",
+            return runner_fail(err, MKV_STATUS_PARSE_ERROR, "tensor %s: type past the end of the file",
                             t->name);
         int64_t be, bb;
         if (!mkv_ggml_block((uint32_t)v, &be, &bb))
-            return mkv_fail(err, MKV_STATUS_PARSE_ERROR, "tensor %s: unknown ggml type %llu",
+            return runner_fail(err, MKV_STATUS_PARSE_ERROR, "tensor %s: unknown ggml type %llu",
                             t->name, (unsigned long long)v);
         t->type = (uint32_t)v;
         if (t->ne[0] % be != 0)
-            return mkv_fail(err, MKV_STATUS_PARSE_ERROR,
+            return runner_fail(err, MKV_STATUS_PARSE_ERROR,
                             "tensor %s: ne0 = %lld is not a multiple of the %s block (%lld)",
                             t->name, (long long)t->ne[0], mkv_ggml_type_name(t->type),
                             (long long)be);
         /* n / be blocks of bb bytes; compared with the file's size before multiplying. */
         const uint64_t blocks = (uint64_t)(n / be);
         if (blocks > g->size / (uint64_t)bb)
-            return mkv_fail(err, MKV_STATUS_PARSE_ERROR,
+            return runner_fail(err, MKV_STATUS_PARSE_ERROR,
                             "tensor %s: %lld elements of %s are larger than the file", t->name,
                             (long long)n, mkv_ggml_type_name(t->type));
         t->nbytes = blocks * (uint64_t)bb;
         if (!rd(c, 8, &t->offset))
-            return mkv_fail(err, MKV_STATUS_PARSE_ERROR, "tensor %s: offset past the end of the file",
+            return runner_fail(err, MKV_STATUS_PARSE_ERROR, "tensor %s: offset past the end of the file",
                             t->name);
     }
     return MKV_STATUS_OK;
@@ -298,7 +298,7 @@ static mkv_status_t read_alignment(mkv_gguf_t *g, char *err)
     const mkv_gguf_kv_t *a = mkv_gguf_find(g, "general.alignment");
     if (!a) return MKV_STATUS_OK;
     if (a->type != MKV_GGUF_U32 || a->num.u64 == 0 || (a->num.u64 & (a->num.u64 - 1)) != 0)
-        return mkv_fail(err, MKV_STATUS_PARSE_ERROR,
+        return runner_fail(err, MKV_STATUS_PARSE_ERROR,
                         "general.alignment must be a u32 power of two (found %s %llu)",
                         tname(a->type), (unsigned long long)a->num.u64);
     g->alignment = a->num.u64;
@@ -349,20 +349,20 @@ static mkv_status_t index_and_check(mkv_gguf_t *g, char *err)
     mkv_status_t status = MKV_STATUS_OK;
     int64_t dup;
     if (!refs || !offs) {
-        status = mkv_fail(err, MKV_STATUS_OUT_OF_MEMORY, "out of memory indexing the file");
+        status = runner_fail(err, MKV_STATUS_OUT_OF_MEMORY, "out of memory indexing the file");
         goto done;
     }
     for (int64_t i = 0; i < g->n_kv; i++) refs[i] = (name_ref_t){g->kv[i].key, i};
     sort_names(refs, g->n_kv, g->kv_sorted, &dup);
     if (dup >= 0) {
-        status = mkv_fail(err, MKV_STATUS_PARSE_ERROR, "kv[%lld]: key '%s' appears twice",
+        status = runner_fail(err, MKV_STATUS_PARSE_ERROR, "kv[%lld]: key '%s' appears twice",
                           (long long)dup, g->kv[dup].key);
         goto done;
     }
     for (int64_t i = 0; i < g->n_tensors; i++) refs[i] = (name_ref_t){g->tensors[i].name, i};
     sort_names(refs, g->n_tensors, g->t_sorted, &dup);
     if (dup >= 0) {
-        status = mkv_fail(err, MKV_STATUS_PARSE_ERROR, "tensor %s appears twice",
+        status = runner_fail(err, MKV_STATUS_PARSE_ERROR, "tensor %s appears twice",
                           g->tensors[dup].name);
         goto done;
     }
@@ -374,14 +374,14 @@ static mkv_status_t index_and_check(mkv_gguf_t *g, char *err)
     for (int64_t i = 0; i < g->n_tensors; i++) {
         mkv_gguf_tensor_t *t = &g->tensors[i];
         if (t->offset % g->alignment != 0) {
-            status = mkv_fail(err, MKV_STATUS_PARSE_ERROR,
+            status = runner_fail(err, MKV_STATUS_PARSE_ERROR,
                               "tensor %s: offset %llu is not a multiple of the alignment %llu",
                               t->name, (unsigned long long)t->offset,
                               (unsigned long long)g->alignment);
             goto done;
         }
         if (t->offset > avail || t->nbytes > avail - t->offset) {
-            status = mkv_fail(err, MKV_STATUS_PARSE_ERROR,
+            status = runner_fail(err, MKV_STATUS_PARSE_ERROR,
                               "tensor %s: data [%llu, +%llu) runs past the end of the data "
                               "section (%llu bytes)",
                               t->name, (unsigned long long)t->offset,
@@ -395,7 +395,7 @@ static mkv_status_t index_and_check(mkv_gguf_t *g, char *err)
     for (int64_t i = 1; i < g->n_tensors; i++) {
         const mkv_gguf_tensor_t *a = &g->tensors[offs[i - 1].index], *b = &g->tensors[offs[i].index];
         if (a->offset + a->nbytes > b->offset) { /* no overflow: both within the file */
-            status = mkv_fail(err, MKV_STATUS_PARSE_ERROR, "tensors %s and %s overlap", a->name,
+            status = runner_fail(err, MKV_STATUS_PARSE_ERROR, "tensors %s and %s overlap", a->name,
                               b->name);
             goto done;
         }
@@ -430,29 +430,29 @@ static mkv_status_t map_file(const char *path, mkv_gguf_t *g, char *err)
 {
     /* O_NONBLOCK: opening a FIFO for reading would otherwise wait for a writer. */
     const int fd = open(path, O_RDONLY | O_NONBLOCK);
-    if (fd < 0) return mkv_fail(err, MKV_STATUS_IO_ERROR, "cannot open %s: %s", path, strerror(errno));
+    if (fd < 0) return runner_fail(err, MKV_STATUS_IO_ERROR, "cannot open %s: %s", path, strerror(errno));
     struct stat sb;
     if (fstat(fd, &sb) != 0) {
         const int e = errno;
         close(fd);
-        return mkv_fail(err, MKV_STATUS_IO_ERROR, "cannot stat %s: %s", path, strerror(e));
+        return runner_fail(err, MKV_STATUS_IO_ERROR, "cannot stat %s: %s", path, strerror(e));
     }
     if (!S_ISREG(sb.st_mode)) {
         close(fd);
-        return mkv_fail(err, MKV_STATUS_IO_ERROR, "%s is %s, not a regular file", path,
+        return runner_fail(err, MKV_STATUS_IO_ERROR, "%s is %s, not a regular file", path,
                         S_ISDIR(sb.st_mode) ? "a directory" : S_ISFIFO(sb.st_mode) ? "a FIFO"
                                                                                   : "a special file");
     }
     if ((uint64_t)sb.st_size < HEADER_BYTES) {
         close(fd);
-        return mkv_fail(err, MKV_STATUS_PARSE_ERROR,
+        return runner_fail(err, MKV_STATUS_PARSE_ERROR,
                         "%s: %lld bytes, too short for a GGUF header (%u)", path,
                         (long long)sb.st_size, HEADER_BYTES);
     }
     void *map = mmap(NULL, (size_t)sb.st_size, PROT_READ, MAP_PRIVATE, fd, 0);
     const int e = errno;
     close(fd);
-    if (map == MAP_FAILED) return mkv_fail(err, MKV_STATUS_IO_ERROR, "cannot map %s: %s", path, strerror(e));
+    if (map == MAP_FAILED) return runner_fail(err, MKV_STATUS_IO_ERROR, "cannot map %s: %s", path, strerror(e));
     g->map = map;
     g->size = (uint64_t)sb.st_size;
     return MKV_STATUS_OK;
@@ -463,26 +463,26 @@ static mkv_status_t parse(mkv_gguf_t *g, char *err)
     cursor_t c = {g->map, g->size, 0};
     uint64_t version = 0, nt = 0, nkv = 0;
     if (memcmp(g->map, GGUF_MAGIC, 4) != 0)
-        return mkv_fail(err, MKV_STATUS_PARSE_ERROR,
+        return runner_fail(err, MKV_STATUS_PARSE_ERROR,
                         "bad magic %02x %02x %02x %02x (a GGUF file starts with \"GGUF\")",
                         g->map[0], g->map[1], g->map[2], g->map[3]);
     c.pos = 4;
     rd(&c, 4, &version); /* the header's length is checked by map_file */
     if (version == 1)
-        return mkv_fail(err, MKV_STATUS_UNSUPPORTED, "GGUF version 1 is not supported (2 and 3)");
+        return runner_fail(err, MKV_STATUS_UNSUPPORTED, "GGUF version 1 is not supported (2 and 3)");
     if (version != 2 && version != 3)
-        return mkv_fail(err, MKV_STATUS_UNSUPPORTED,
+        return runner_fail(err, MKV_STATUS_UNSUPPORTED,
                         "GGUF version %llu is not supported (2 and 3%s)", (unsigned long long)version,
                         (version & 0xffff) == 0 ? "; a big-endian file?" : "");
     g->version = (uint32_t)version;
     rd(&c, 8, &nt);
     rd(&c, 8, &nkv);
     if (nkv > left(&c) / MIN_KV_BYTES)
-        return mkv_fail(err, MKV_STATUS_PARSE_ERROR,
+        return runner_fail(err, MKV_STATUS_PARSE_ERROR,
                         "n_kv = %llu: more pairs than the file's %llu bytes can hold",
                         (unsigned long long)nkv, (unsigned long long)g->size);
     if (nt > left(&c) / MIN_TENSOR_BYTES)
-        return mkv_fail(err, MKV_STATUS_PARSE_ERROR,
+        return runner_fail(err, MKV_STATUS_PARSE_ERROR,
                         "n_tensors = %llu: more tensor infos than the file's %llu bytes can hold",
                         (unsigned long long)nt, (unsigned long long)g->size);
     g->n_kv = (int64_t)nkv;
@@ -492,7 +492,7 @@ static mkv_status_t parse(mkv_gguf_t *g, char *err)
     g->tensors = calloc((size_t)(nt ? nt : 1), sizeof *g->tensors);
     g->t_sorted = calloc((size_t)(nt ? nt : 1), sizeof *g->t_sorted);
     if (!g->kv || !g->kv_sorted || !g->tensors || !g->t_sorted)
-        return mkv_fail(err, MKV_STATUS_OUT_OF_MEMORY, "out of memory for %llu pairs, %llu tensors",
+        return runner_fail(err, MKV_STATUS_OUT_OF_MEMORY, "out of memory for %llu pairs, %llu tensors",
                         (unsigned long long)nkv, (unsigned long long)nt);
     mkv_status_t st = read_kvs(g, &c, err);
     if (st == MKV_STATUS_OK) st = read_tensor_infos(g, &c, err);
@@ -507,13 +507,13 @@ mkv_status_t mkv_gguf_open(const char *path, mkv_gguf_t **out, char *err)
     if (!err) err = local;
     err[0] = '\0';
     if (out) *out = NULL;
-    if (!path || !out) return mkv_fail(err, MKV_STATUS_INVALID_ARGUMENT, "mkv_gguf_open: null path or out");
+    if (!path || !out) return runner_fail(err, MKV_STATUS_INVALID_ARGUMENT, "mkv_gguf_open: null path or out");
     mkv_gguf_t *g = calloc(1, sizeof *g);
-    if (!g) return mkv_fail(err, MKV_STATUS_OUT_OF_MEMORY, "cannot allocate the GGUF reader");
+    if (!g) return runner_fail(err, MKV_STATUS_OUT_OF_MEMORY, "cannot allocate the GGUF reader");
     mkv_status_t st = map_file(path, g, err);
     if (st == MKV_STATUS_OK) {
         st = parse(g, msg);
-        if (st != MKV_STATUS_OK) mkv_fail(err, st, "%s: %s", path, msg);
+        if (st != MKV_STATUS_OK) runner_fail(err, st, "%s: %s", path, msg);
     }
     if (st != MKV_STATUS_OK) {
         mkv_gguf_close(g);
@@ -571,13 +571,13 @@ const mkv_gguf_tensor_t *mkv_gguf_find_tensor(const mkv_gguf_t *g, const char *n
 static mkv_status_t need(const mkv_gguf_t *g, const char *key, const mkv_gguf_kv_t **kv, char *err)
 {
     *kv = mkv_gguf_find(g, key);
-    if (!*kv) return mkv_fail(err, MKV_STATUS_PARSE_ERROR, "GGUF key %s is missing", key);
+    if (!*kv) return runner_fail(err, MKV_STATUS_PARSE_ERROR, "GGUF key %s is missing", key);
     return MKV_STATUS_OK;
 }
 
 static mkv_status_t wrong(const char *key, const mkv_gguf_kv_t *kv, const char *want, char *err)
 {
-    return mkv_fail(err, MKV_STATUS_PARSE_ERROR, "GGUF key %s: %s value where %s is expected",
+    return runner_fail(err, MKV_STATUS_PARSE_ERROR, "GGUF key %s: %s value where %s is expected",
                     key, tname(kv->type), want);
 }
 
@@ -594,9 +594,9 @@ static mkv_status_t get_int(const mkv_gguf_t *g, const char *key, int64_t lo, in
     const int sg = is_signed(kv->type);
     if (sg ? kv->num.i64 < lo || kv->num.i64 > hi : kv->num.u64 > (uint64_t)hi) {
         if (sg)
-            return mkv_fail(err, MKV_STATUS_PARSE_ERROR, "GGUF key %s: %lld does not fit %s", key,
+            return runner_fail(err, MKV_STATUS_PARSE_ERROR, "GGUF key %s: %lld does not fit %s", key,
                             (long long)kv->num.i64, want);
-        return mkv_fail(err, MKV_STATUS_PARSE_ERROR, "GGUF key %s: %llu does not fit %s", key,
+        return runner_fail(err, MKV_STATUS_PARSE_ERROR, "GGUF key %s: %llu does not fit %s", key,
                         (unsigned long long)kv->num.u64, want);
     }
     *out = sg ? kv->num.i64 : (int64_t)kv->num.u64;

@@ -5,7 +5,7 @@
  * in `sleepers` under the mutex before re-checking the generation, and the caller, after bumping
  * the generation, takes the mutex and broadcasts whenever it sees a sleeper.
  */
-#include "engine/parallel.h"
+#include "runner/parallel.h"
 
 #include <pthread.h>
 #include <sched.h>

@@ -7,9 +7,9 @@
  * which HF uses; PCRE2 reads the same syntax ((?i:...), \p{L}, \p{N}, (?!\S)) with the same
  * leftmost-first alternation, and its UTF + UCP mode gives \s, \p{..} their Unicode meaning.
  */
-#include "engine/pretok.h"
+#include "runner/pretok.h"
 
-#include "common/error.h"
+#include "runner/error.h"
 
 #define PCRE2_CODE_UNIT_WIDTH 8
 #include <pcre2.h>
@@ -72,7 +72,7 @@ static mkv_status_t add_step(mkv_pretok_t *pt, pt_step_t s, char *err)
     pt_step_t *p = realloc(pt->steps, (size_t)(pt->n + 1) * sizeof *p);
     if (!p) {
         pcre2_code_free(s.re);
-        return mkv_fail(err, MKV_STATUS_OUT_OF_MEMORY, "pre-tokenizer");
+        return runner_fail(err, MKV_STATUS_OUT_OF_MEMORY, "pre-tokenizer");
     }
     p[pt->n++] = s;
     pt->steps = p;
@@ -91,7 +91,7 @@ static mkv_status_t add_split(mkv_pretok_t *pt, const char *pattern, int literal
     if (!re) {
         PCRE2_UCHAR msg[160];
         pcre2_get_error_message(code, msg, sizeof msg);
-        return mkv_fail(err, MKV_STATUS_PARSE_ERROR, "pre-tokenizer regex '%s': %s at offset %zu",
+        return runner_fail(err, MKV_STATUS_PARSE_ERROR, "pre-tokenizer regex '%s': %s at offset %zu",
                         pattern, (const char *)msg, (size_t)at);
     }
     (void)pcre2_jit_compile(re, PCRE2_JIT_COMPLETE); /* optional: the interpreter is the fallback */
@@ -123,14 +123,14 @@ static int jbool(const cJSON *o, const char *k, int dflt)
 static mkv_status_t load_node(mkv_pretok_t *pt, const cJSON *n, int *byte_level, char *err)
 {
     const char *type = jstr(n, "type");
-    if (!type) return mkv_fail(err, MKV_STATUS_PARSE_ERROR, "tokenizer.json: untyped pre_tokenizer");
+    if (!type) return runner_fail(err, MKV_STATUS_PARSE_ERROR, "tokenizer.json: untyped pre_tokenizer");
     if (*byte_level)
-        return mkv_fail(err, MKV_STATUS_UNSUPPORTED, "tokenizer.json: pre_tokenizer '%s' after "
+        return runner_fail(err, MKV_STATUS_UNSUPPORTED, "tokenizer.json: pre_tokenizer '%s' after "
                         "ByteLevel is not supported (ByteLevel must come last)", type);
     if (strcmp(type, "Sequence") == 0) {
         const cJSON *item, *list = cJSON_GetObjectItemCaseSensitive(n, "pretokenizers");
         if (!cJSON_IsArray(list))
-            return mkv_fail(err, MKV_STATUS_PARSE_ERROR, "tokenizer.json: malformed Sequence");
+            return runner_fail(err, MKV_STATUS_PARSE_ERROR, "tokenizer.json: malformed Sequence");
         cJSON_ArrayForEach(item, list) {
             mkv_status_t st = load_node(pt, item, byte_level, err);
             if (st != MKV_STATUS_OK) return st;
@@ -151,13 +151,13 @@ static mkv_status_t load_node(mkv_pretok_t *pt, const cJSON *n, int *byte_level,
         for (int i = 0; b && i < 5; i++)
             if (strcmp(b, behavior_names[i]) == 0) behavior = i;
         if ((!re && !lit) || (lit && !lit[0]) || !b)
-            return mkv_fail(err, MKV_STATUS_PARSE_ERROR, "tokenizer.json: malformed Split");
+            return runner_fail(err, MKV_STATUS_PARSE_ERROR, "tokenizer.json: malformed Split");
         if (behavior < 0)
-            return mkv_fail(err, MKV_STATUS_UNSUPPORTED, "tokenizer.json: Split behavior '%s' "
+            return runner_fail(err, MKV_STATUS_UNSUPPORTED, "tokenizer.json: Split behavior '%s' "
                             "is not supported", b);
         return add_split(pt, re ? re : lit, !re, behavior, jbool(n, "invert", 0), err);
     }
-    return mkv_fail(err, MKV_STATUS_UNSUPPORTED, "tokenizer.json: pre_tokenizer '%s' is not "
+    return runner_fail(err, MKV_STATUS_UNSUPPORTED, "tokenizer.json: pre_tokenizer '%s' is not "
                     "supported (only Sequence, Split, Digits, ByteLevel)", type);
 }
 
@@ -167,7 +167,7 @@ mkv_status_t mkv_pretok_from_json(const cJSON *node, mkv_pretok_t **out, int *by
     mkv_pretok_t *pt = calloc(1, sizeof *pt);
     *out = NULL;
     *byte_level = 0;
-    if (!pt) return mkv_fail(err, MKV_STATUS_OUT_OF_MEMORY, "pre-tokenizer");
+    if (!pt) return runner_fail(err, MKV_STATUS_OUT_OF_MEMORY, "pre-tokenizer");
     mkv_status_t st = load_node(pt, node, byte_level, err);
     if (st != MKV_STATUS_OK) {
         mkv_pretok_free(pt);
@@ -183,7 +183,7 @@ mkv_status_t mkv_pretok_from_name(const char *pre, mkv_pretok_t **out, int *nfc,
     mkv_pretok_t *pt = calloc(1, sizeof *pt);
     *out = NULL;
     *nfc = 0;
-    if (!pt) return mkv_fail(err, MKV_STATUS_OUT_OF_MEMORY, "pre-tokenizer");
+    if (!pt) return runner_fail(err, MKV_STATUS_OUT_OF_MEMORY, "pre-tokenizer");
     if (!pre) pre = "default";
     /* Each name gets the pre_tokenizer of its models' tokenizer.json. "default" (a GGUF
      * written without a known pre-tokenizer) is taken as plain GPT-2 ByteLevel. */
@@ -196,7 +196,7 @@ mkv_status_t mkv_pretok_from_name(const char *pre, mkv_pretok_t **out, int *nfc,
         st = add_split(pt, pre[0] == 'q' ? RE_QWEN2 : RE_LLAMA3, 0, B_ISOLATED, 0, err);
         *nfc = pre[0] == 'q';
     } else {
-        st = mkv_fail(err, MKV_STATUS_UNSUPPORTED, "tokenizer.ggml.pre '%s' is not supported "
+        st = runner_fail(err, MKV_STATUS_UNSUPPORTED, "tokenizer.ggml.pre '%s' is not supported "
                       "(only gpt2, default, smollm, llama-bpe, qwen2)", pre);
     }
     if (st != MKV_STATUS_OK) {
@@ -253,7 +253,7 @@ static int find_segments(const pcre2_code *re, pcre2_match_data *md, const char 
         if (rc < 0) {
             PCRE2_UCHAR msg[160];
             pcre2_get_error_message(rc, msg, sizeof msg);
-            mkv_fail(err, MKV_STATUS_INVALID_ARGUMENT, "pre-tokenizer: %s", (const char *)msg);
+            runner_fail(err, MKV_STATUS_INVALID_ARGUMENT, "pre-tokenizer: %s", (const char *)msg);
             return -1;
         }
         PCRE2_SIZE *ov = pcre2_get_ovector_pointer(md);
@@ -271,7 +271,7 @@ static int find_segments(const pcre2_code *re, pcre2_match_data *md, const char 
     if (prev < n && push_seg(v, nv, cap, (seg_t){prev, n, 0}) != 0) goto oom;
     return 0;
 oom:
-    mkv_fail(err, MKV_STATUS_OUT_OF_MEMORY, "pre-tokenizer");
+    runner_fail(err, MKV_STATUS_OUT_OF_MEMORY, "pre-tokenizer");
     return -1;
 }
 
@@ -322,7 +322,7 @@ static mkv_status_t run_split(const pt_step_t *st, const mkv_pieces_t *in, mkv_p
     seg_t *v = NULL;
     size_t nv = 0, cap = 0;
     mkv_status_t status = MKV_STATUS_OK;
-    if (!md) return mkv_fail(err, MKV_STATUS_OUT_OF_MEMORY, "pre-tokenizer");
+    if (!md) return runner_fail(err, MKV_STATUS_OUT_OF_MEMORY, "pre-tokenizer");
     for (size_t k = 0; k < in->n; k++) {
         const char *s = in->text.p + in->p[k].off;
         if (find_segments(st->re, md, s, in->p[k].len, &v, &nv, &cap, err) != 0) {
@@ -333,7 +333,7 @@ static mkv_status_t run_split(const pt_step_t *st, const mkv_pieces_t *in, mkv_p
         apply_behavior(st->behavior, v, &nv);
         for (size_t i = 0; i < nv; i++)
             if (put_piece(out, s + v[i].s, v[i].e - v[i].s, 0) != 0) {
-                status = mkv_fail(err, MKV_STATUS_OUT_OF_MEMORY, "pre-tokenizer");
+                status = runner_fail(err, MKV_STATUS_OUT_OF_MEMORY, "pre-tokenizer");
                 break;
             }
         if (status != MKV_STATUS_OK) break;
@@ -348,7 +348,7 @@ mkv_status_t mkv_pretok_run(const mkv_pretok_t *pt, const char *s, size_t n, mkv
 {
     out->n = out->text.n = 0;
     if (put_piece(out, s, n, 0) != 0)
-        return mkv_fail(err, MKV_STATUS_OUT_OF_MEMORY, "pre-tokenizer");
+        return runner_fail(err, MKV_STATUS_OUT_OF_MEMORY, "pre-tokenizer");
     for (int i = 0; i < pt->n; i++) {
         const pt_step_t *st = &pt->steps[i];
         mkv_status_t status = MKV_STATUS_OK;
@@ -359,14 +359,14 @@ mkv_status_t mkv_pretok_run(const mkv_pretok_t *pt, const char *s, size_t n, mkv
             for (size_t k = 0; k < out->n && status == MKV_STATUS_OK; k++) {
                 const char *p = out->text.p + out->p[k].off;
                 if (put_piece(tmp, p, out->p[k].len, p[0] != ' ') != 0)
-                    status = mkv_fail(err, MKV_STATUS_OUT_OF_MEMORY, "pre-tokenizer");
+                    status = runner_fail(err, MKV_STATUS_OUT_OF_MEMORY, "pre-tokenizer");
             }
         }
         if (status != MKV_STATUS_OK) return status;
         /* A step keeps or drops bytes and adds at most one space per piece: a text can at
          * most double here. Anything more is a bug, refused rather than allocated. */
         if (tmp->text.n > 2 * n + 16)
-            return mkv_fail(err, MKV_STATUS_INVALID_ARGUMENT, "pre-tokenizer: %zu input bytes "
+            return runner_fail(err, MKV_STATUS_INVALID_ARGUMENT, "pre-tokenizer: %zu input bytes "
                             "grew to %zu (limit 2x + 16)", n, tmp->text.n);
         mkv_pieces_t t = *out;
         *out = *tmp;
