@@ -426,6 +426,24 @@ typedef void (*mkv_parallel_fn)(void *runner, mkv_task_fn fn, void *task, int64_
 mkv_status_t mkv_cache_set_parallel(mkv_cache_t *cache, mkv_parallel_fn run, void *runner,
                                     int32_t parts);
 
+/* A forward pass as a driver of the cache sees it (since 0.3): the model runner's CPU pass
+ * implements it today (runner/model.h, mkv_model_forward), and the project's scheduler loop
+ * (engine/scheduler.h) drives any implementation unchanged. Messages go to mkv_last_error(). */
+typedef struct mkv_forward {
+    void *ctx;             /* the implementation's state, passed back to every call */
+    int32_t vocab;         /* logits per token */
+    int32_t max_positions; /* positions a sequence may reach */
+    int32_t max_tokens;    /* most tokens one call takes (a prompt, or a decode batch) */
+    /* The admitted, uncommitted slot's prompt (n tokens, as admitted) through every layer,
+     * then committed; the next token's logits into last_logits [vocab]. */
+    mkv_status_t (*prefill)(void *ctx, mkv_cache_t *cache, int32_t slot, const int32_t *tokens,
+                            int32_t n, float *last_logits);
+    /* One decode step of n_slots committed slots, tokens [n_slots] their inputs: append,
+     * every layer, compress; logits [n_slots][vocab]. */
+    mkv_status_t (*decode)(void *ctx, mkv_cache_t *cache, int32_t n_slots, const int32_t *slots,
+                           const int32_t *tokens, float *logits);
+} mkv_forward_t;
+
 /* ---------------------------------------------------------------------------------------- */
 /* Statistics, validation, dumps                                                            */
 /* ---------------------------------------------------------------------------------------- */

@@ -489,3 +489,35 @@ mkv_status_t mkv_model_decode(const mkv_model_t *m, mkv_cache_t *cache, int32_t 
     head(m, ws, 0, n_slots, logits, 0);
     return MKV_STATUS_OK;
 }
+
+/* ---------------------------------------------------------------------------------------- */
+/* As mixkv.h's mkv_forward_t                                                               */
+/* ---------------------------------------------------------------------------------------- */
+
+static mkv_status_t forward_prefill(void *ctx, mkv_cache_t *cache, int32_t slot, const int32_t *tokens,
+                                    int32_t n, float *last_logits)
+{
+    mkv_forward_ws_t *ws = ctx;
+    return mkv_model_prefill(ws->model, cache, slot, tokens, n, NULL, last_logits, ws);
+}
+
+static mkv_status_t forward_decode(void *ctx, mkv_cache_t *cache, int32_t n_slots, const int32_t *slots,
+                                   const int32_t *tokens, float *logits)
+{
+    mkv_forward_ws_t *ws = ctx;
+    return mkv_model_decode(ws->model, cache, n_slots, slots, tokens, logits, ws);
+}
+
+mkv_forward_t mkv_model_forward(mkv_forward_ws_t *ws)
+{
+    mkv_forward_t f;
+    memset(&f, 0, sizeof f);
+    if (!ws) return f; /* no calls: mkv_scheduler_create refuses it */
+    f.ctx = ws;
+    f.vocab = ws->model->cfg.vocab;
+    f.max_positions = ws->model->cfg.max_pos;
+    f.max_tokens = ws->max_tokens;
+    f.prefill = forward_prefill;
+    f.decode = forward_decode;
+    return f;
+}

@@ -89,6 +89,11 @@ void mkv_forward_ws_free(mkv_forward_ws_t *ws);
 /* Threads the forward pass uses (the caller's thread counts as one): 1 to 256; a workspace
  * starts with one per online core. Results do not depend on it (docs/model.md, "Speed"). */
 mkv_status_t mkv_forward_ws_set_threads(mkv_forward_ws_t *ws, int32_t n_threads);
+
+/* The CPU forward pass of ws's model through ws, as mixkv.h's mkv_forward_t (what the
+ * scheduler loop drives): prefill is mkv_model_prefill with last_logits only, decode is
+ * mkv_model_decode. ws must outlive every use. */
+mkv_forward_t mkv_model_forward(mkv_forward_ws_t *ws);
 int32_t mkv_forward_ws_threads(const mkv_forward_ws_t *ws);
 
 /* The prompt of an admitted slot (tokens[n], n == the admitted prompt_len) through every layer

@@ -4,7 +4,7 @@
  */
 #include "common/error.h"
 #include "runner/chat.h"
-#include "runner/scheduler.h"
+#include "engine/scheduler.h"
 #include "runner/tokenizer.h"
 #include "tools/cli.h"
 #include "tools/model_opts.h"
@@ -240,6 +240,7 @@ int mkv_generate_main(int argc, char **argv)
     mkv_tokenizer_t *tok = NULL;
     mkv_cache_t *cache = NULL;
     mkv_scheduler_t *sched = NULL;
+    mkv_forward_ws_t *ws = NULL;
     int32_t *ids = NULL, n_ids = 0;
     mkv_request_t req;
     memset(&req, 0, sizeof req);
@@ -285,15 +286,22 @@ int mkv_generate_main(int argc, char **argv)
         goto done;
     }
     if (!(cache = mkv_tools_make_cache(CMD, model, o.fp16, &o.policy, 1, max_len, 1.0))) goto done;
-    if (mkv_scheduler_create(model, cache, eos, 1, &sched) != MKV_STATUS_OK) {
-        mkv_cli_error(CMD, "%s", mkv_last_error());
+    if (mkv_forward_ws_create(model, max_len, &ws, err) != MKV_STATUS_OK) {
+        mkv_cli_error(CMD, "%s", err);
         goto done;
     }
-    if (o.dump_path) mkv_scheduler_on_finish(sched, dump_at_finish, (void *)o.dump_path);
-    if (o.threads > 0 && mkv_scheduler_set_threads(sched, o.threads) != MKV_STATUS_OK) {
+    if (o.threads > 0 && mkv_forward_ws_set_threads(ws, o.threads) != MKV_STATUS_OK) {
         mkv_cli_error(CMD, "cannot use %d threads", o.threads);
         goto done;
     }
+    {
+        const mkv_forward_t fwd = mkv_model_forward(ws); /* copied by the scheduler */
+        if (mkv_scheduler_create(&fwd, cache, eos, 1, &sched) != MKV_STATUS_OK) {
+            mkv_cli_error(CMD, "%s", mkv_last_error());
+            goto done;
+        }
+    }
+    if (o.dump_path) mkv_scheduler_on_finish(sched, dump_at_finish, (void *)o.dump_path);
     const int stream_on = !o.quiet && !(o.json_path && !strcmp(o.json_path, "-"));
     stream_t stream = {tok, -1, stream_on, 0, 0.0};
     mkv_scheduler_on_token(sched, on_token, &stream);
@@ -386,6 +394,7 @@ done:
     free(req.out);
     free(ids);
     mkv_scheduler_free(sched);
+    mkv_forward_ws_free(ws);
     mkv_cache_destroy(cache);
     mkv_tokenizer_free(tok);
     mkv_model_free(model);

@@ -7,7 +7,8 @@
  * preempted ones may differ (the recomputed tokens are classified by the prompt-phase policy):
  * the test measures how many do. The cache validates after every step. Also sampling.
  */
-#include "runner/scheduler.h"
+#include "engine/scheduler.h"
+#include "runner/model.h"
 
 #include <criterion/criterion.h>
 #include <math.h>
@@ -103,7 +104,11 @@ static void run(const mkv_model_t *m, int fp16, const workload_t *w, mkv_request
 {
     mkv_cache_t *c = make_cache(m, fp16, max_batch, 128, pool_scale);
     mkv_scheduler_t *s = NULL;
-    cr_assert_eq(mkv_scheduler_create(m, c, m->cfg.eos, max_batch, &s), MKV_STATUS_OK, "%s",
+    mkv_forward_ws_t *ws = NULL;
+    char err[MKV_ERR_LEN];
+    cr_assert_eq(mkv_forward_ws_create(m, 128, &ws, err), MKV_STATUS_OK, "%s", err);
+    const mkv_forward_t fwd = mkv_model_forward(ws);
+    cr_assert_eq(mkv_scheduler_create(&fwd, c, m->cfg.eos, max_batch, &s), MKV_STATUS_OK, "%s",
                  mkv_last_error());
     for (int k = 0; k < n; k++) {
         init_request(&reqs[ids[k]], w, ids[k]);
@@ -126,6 +131,7 @@ static void run(const mkv_model_t *m, int fp16, const workload_t *w, mkv_request
     mkv_cache_stats(c, &cs);
     cr_assert_eq(cs.free_pages, cs.total_pages, "pages leaked after every request finished");
     mkv_scheduler_free(s);
+    mkv_forward_ws_free(ws);
     mkv_cache_destroy(c);
 }
 
@@ -197,7 +203,22 @@ Test(scheduler, rejects_requests_that_cannot_fit)
     mkv_model_t *m = load_or_skip();
     mkv_cache_t *c = make_cache(m, 1, 2, 64, 1.0);
     mkv_scheduler_t *s = NULL;
-    cr_assert_eq(mkv_scheduler_create(m, c, m->cfg.eos, 2, &s), MKV_STATUS_OK);
+    mkv_forward_ws_t *ws = NULL, *small = NULL;
+    char err[MKV_ERR_LEN];
+    cr_assert_eq(mkv_forward_ws_create(m, 64, &ws, err), MKV_STATUS_OK, "%s", err);
+    const mkv_forward_t fwd = mkv_model_forward(ws);
+    cr_assert_eq(mkv_scheduler_create(&fwd, c, m->cfg.eos, 2, &s), MKV_STATUS_OK);
+    /* a forward pass that cannot take a whole sequence (a preempted request's recompute) */
+    cr_assert_eq(mkv_forward_ws_create(m, 32, &small, err), MKV_STATUS_OK, "%s", err);
+    const mkv_forward_t fs = mkv_model_forward(small);
+    mkv_scheduler_t *s2 = NULL;
+    cr_assert_eq(mkv_scheduler_create(&fs, c, m->cfg.eos, 2, &s2), MKV_STATUS_INVALID_ARGUMENT);
+    cr_assert_null(s2);
+    mkv_forward_t broken = fwd;
+    broken.decode = NULL;
+    cr_assert_eq(mkv_scheduler_create(&broken, c, m->cfg.eos, 2, &s2), MKV_STATUS_INVALID_ARGUMENT);
+    cr_assert_null(s2);
+    mkv_forward_ws_free(small);
     int32_t prompt[80] = {1};
     mkv_request_t r;
     memset(&r, 0, sizeof r);
@@ -211,11 +232,12 @@ Test(scheduler, rejects_requests_that_cannot_fit)
     prompt[3] = m->cfg.vocab; /* out of the vocabulary */
     cr_assert_eq(mkv_scheduler_add(s, &r), MKV_STATUS_INVALID_ARGUMENT);
     mkv_scheduler_t *s3 = NULL;
-    cr_assert_eq(mkv_scheduler_create(m, c, m->cfg.eos, 3, &s3), MKV_STATUS_INVALID_ARGUMENT,
+    cr_assert_eq(mkv_scheduler_create(&fwd, c, m->cfg.eos, 3, &s3), MKV_STATUS_INVALID_ARGUMENT,
                  "max_batch above the cache's slots");
     cr_assert_null(s3);
     free(r.out);
     mkv_scheduler_free(s);
+    mkv_forward_ws_free(ws);
     mkv_cache_destroy(c);
     mkv_model_free(m);
 }

@@ -7,22 +7,22 @@
  * a preemption. When a decode step still cannot be guaranteed, the newest running request is
  * preempted (released, requeued at the front) until it can.
  */
-#include "runner/scheduler.h"
+#include "engine/scheduler.h"
 
-#include "runner/error.h"
+#include "common/error.h"
 
 #include <stdlib.h>
 #include <string.h>
 
 struct mkv_scheduler {
-    const mkv_model_t *model;
+    mkv_forward_t fwd;
     mkv_cache_t *cache;
+    int32_t n_layers, n_kv_heads;
     int32_t eos, max_batch, max_seq_len;
     mkv_request_t **waiting; /* FCFS, front first */
     int32_t n_waiting, cap_waiting;
     mkv_request_t **running; /* [max_batch], in admission order */
     int32_t n_running;
-    mkv_forward_ws_t *ws;
     float *logits;           /* [max_batch][vocab] */
     float *sample_scratch;   /* [2 * vocab] */
     int32_t *slots, *tokens; /* [max_batch] */
@@ -39,7 +39,6 @@ struct mkv_scheduler {
 void mkv_scheduler_free(mkv_scheduler_t *s)
 {
     if (!s) return;
-    mkv_forward_ws_free(s->ws);
     free(s->waiting);
     free(s->running);
     free(s->logits);
@@ -51,25 +50,38 @@ void mkv_scheduler_free(mkv_scheduler_t *s)
     free(s);
 }
 
-mkv_status_t mkv_scheduler_create(const mkv_model_t *model, mkv_cache_t *cache, int32_t eos,
+mkv_status_t mkv_scheduler_create(const mkv_forward_t *fwd, mkv_cache_t *cache, int32_t eos,
                                   int32_t max_batch, mkv_scheduler_t **out)
 {
-    char err[MKV_ERR_LEN];
     mkv_cache_info_t info;
-    (void)mkv_report_error(MKV_STATUS_OK, NULL);
-    if (!out || !model || !cache)
-        return mkv_report_error(MKV_STATUS_INVALID_ARGUMENT, "mkv_scheduler_create: null argument");
+    mkv_clear_global_error();
+    if (!out || !fwd || !cache)
+        return mkv_fail_global(MKV_STATUS_INVALID_ARGUMENT, "mkv_scheduler_create: null argument");
+    if (!fwd->prefill || !fwd->decode || fwd->vocab < 1 || fwd->max_positions < 1)
+        return mkv_fail_global(MKV_STATUS_INVALID_ARGUMENT,
+                                "mkv_scheduler_create: the forward pass lacks prefill or decode, or "
+                                "has vocab %d, max_positions %d",
+                                fwd->vocab, fwd->max_positions);
     *out = NULL;
     mkv_status_t st = mkv_cache_info(cache, &info);
     if (st != MKV_STATUS_OK) return st;
     if (max_batch < 1 || max_batch > info.config.max_seqs)
-        return mkv_report_error(MKV_STATUS_INVALID_ARGUMENT,
+        return mkv_fail_global(MKV_STATUS_INVALID_ARGUMENT,
                                "max_batch %d must be in [1, the cache's %d slots]", max_batch,
                                info.config.max_seqs);
+    if (fwd->max_tokens < info.config.max_seq_len || fwd->max_tokens < max_batch)
+        return mkv_fail_global(MKV_STATUS_INVALID_ARGUMENT,
+                                "the forward pass takes %d tokens a call; the scheduler needs %d "
+                                "(max_seq_len %d, max_batch %d)",
+                                fwd->max_tokens,
+                                info.config.max_seq_len > max_batch ? info.config.max_seq_len : max_batch,
+                                info.config.max_seq_len, max_batch);
     mkv_scheduler_t *s = calloc(1, sizeof *s);
-    if (!s) return mkv_report_error(MKV_STATUS_OUT_OF_MEMORY, "cannot allocate the scheduler");
-    const int64_t V = model->cfg.vocab;
-    s->model = model;
+    if (!s) return mkv_fail_global(MKV_STATUS_OUT_OF_MEMORY, "cannot allocate the scheduler");
+    const int64_t V = fwd->vocab;
+    s->fwd = *fwd;
+    s->n_layers = info.config.n_layers;
+    s->n_kv_heads = info.config.n_kv_heads;
     s->cache = cache;
     s->eos = eos;
     s->max_batch = max_batch;
@@ -84,12 +96,7 @@ mkv_status_t mkv_scheduler_create(const mkv_model_t *model, mkv_cache_t *cache, 
     if (!s->running || !s->logits || !s->sample_scratch || !s->slots || !s->tokens || !s->done ||
         !s->input) {
         mkv_scheduler_free(s);
-        return mkv_report_error(MKV_STATUS_OUT_OF_MEMORY, "cannot allocate the scheduler's buffers");
-    }
-    const int32_t ws_tokens = s->max_seq_len > max_batch ? s->max_seq_len : max_batch;
-    if ((st = mkv_forward_ws_create(model, ws_tokens, &s->ws, err)) != MKV_STATUS_OK) {
-        mkv_scheduler_free(s);
-        return mkv_report_error(st, "%s", err);
+        return mkv_fail_global(MKV_STATUS_OUT_OF_MEMORY, "cannot allocate the scheduler's buffers");
     }
     *out = s;
     return MKV_STATUS_OK;
@@ -99,11 +106,6 @@ void mkv_scheduler_on_token(mkv_scheduler_t *s, mkv_token_fn fn, void *ctx)
 {
     s->on_token = fn;
     s->ctx = ctx;
-}
-
-mkv_status_t mkv_scheduler_set_threads(mkv_scheduler_t *s, int32_t n_threads)
-{
-    return mkv_forward_ws_set_threads(s->ws, n_threads);
 }
 
 void mkv_scheduler_on_finish(mkv_scheduler_t *s, mkv_finish_fn fn, void *ctx)
@@ -118,7 +120,7 @@ static mkv_status_t grow_waiting(mkv_scheduler_t *s)
     if (s->n_waiting < s->cap_waiting) return MKV_STATUS_OK;
     const int32_t cap = s->cap_waiting ? 2 * s->cap_waiting : 16;
     mkv_request_t **w = realloc(s->waiting, (size_t)cap * sizeof *w);
-    if (!w) return mkv_report_error(MKV_STATUS_OUT_OF_MEMORY, "cannot grow the waiting queue");
+    if (!w) return mkv_fail_global(MKV_STATUS_OUT_OF_MEMORY, "cannot grow the waiting queue");
     s->waiting = w;
     s->cap_waiting = cap;
     return MKV_STATUS_OK;
@@ -126,26 +128,26 @@ static mkv_status_t grow_waiting(mkv_scheduler_t *s)
 
 mkv_status_t mkv_scheduler_add(mkv_scheduler_t *s, mkv_request_t *r)
 {
-    (void)mkv_report_error(MKV_STATUS_OK, NULL);
+    mkv_clear_global_error();
     if (!s || !r || (r->prompt_len > 0 && !r->prompt))
-        return mkv_report_error(MKV_STATUS_INVALID_ARGUMENT, "mkv_scheduler_add: null argument");
+        return mkv_fail_global(MKV_STATUS_INVALID_ARGUMENT, "mkv_scheduler_add: null argument");
     const int64_t total = (int64_t)r->prompt_len + r->max_new_tokens;
     if (r->prompt_len < 1 || r->max_new_tokens < 1 || total > s->max_seq_len ||
-        total > s->model->cfg.max_pos)
-        return mkv_report_error(MKV_STATUS_INVALID_ARGUMENT,
+        total > s->fwd.max_positions)
+        return mkv_fail_global(MKV_STATUS_INVALID_ARGUMENT,
                                "request %d: prompt %d + %d new tokens must be >= 1 + 1 and fit "
                                "max_seq_len %d and the model's %d positions",
                                r->id, r->prompt_len, r->max_new_tokens, s->max_seq_len,
-                               s->model->cfg.max_pos);
+                               s->fwd.max_positions);
     for (int32_t i = 0; i < r->prompt_len; i++)
-        if (r->prompt[i] < 0 || r->prompt[i] >= s->model->cfg.vocab)
-            return mkv_report_error(MKV_STATUS_INVALID_ARGUMENT,
+        if (r->prompt[i] < 0 || r->prompt[i] >= s->fwd.vocab)
+            return mkv_fail_global(MKV_STATUS_INVALID_ARGUMENT,
                                    "request %d: prompt token %d = %d is outside the vocabulary",
                                    r->id, i, r->prompt[i]);
     if (grow_waiting(s) != MKV_STATUS_OK) return MKV_STATUS_OUT_OF_MEMORY;
     free(r->out);
     r->out = malloc((size_t)r->max_new_tokens * sizeof(int32_t));
-    if (!r->out) return mkv_report_error(MKV_STATUS_OUT_OF_MEMORY, "cannot allocate the output");
+    if (!r->out) return mkv_fail_global(MKV_STATUS_OUT_OF_MEMORY, "cannot allocate the output");
     r->n_out = 0;
     r->state = MKV_REQ_WAITING;
     r->slot = -1;
@@ -160,7 +162,7 @@ int mkv_scheduler_idle(const mkv_scheduler_t *s) { return s->n_waiting == 0 && s
 
 static mkv_status_t cache_fail(mkv_scheduler_t *s, mkv_status_t st)
 {
-    return mkv_report_error(st, "%s", mkv_cache_last_error(s->cache));
+    return mkv_fail_global(st, "%s", mkv_cache_last_error(s->cache));
 }
 
 static void pop_front(mkv_scheduler_t *s)
@@ -221,7 +223,6 @@ static mkv_status_t try_admit(mkv_scheduler_t *s, int *admitted, int *failed)
 {
     mkv_request_t *r = s->waiting[0];
     const int32_t len = r->prompt_len + r->n_out;
-    const mkv_model_config_t *mc = &s->model->cfg;
     int64_t prompt_pages, running_pages;
     mkv_cache_stats_t cs;
     mkv_status_t st;
@@ -231,13 +232,13 @@ static mkv_status_t try_admit(mkv_scheduler_t *s, int *admitted, int *failed)
     if ((st = running_demand(s, &running_pages)) != MKV_STATUS_OK) return st;
     if ((st = mkv_cache_stats(s->cache, &cs)) != MKV_STATUS_OK) return st;
     /* The margin: the next decode step of everything running, and of this request. */
-    const int64_t margin = running_pages + 2 * (int64_t)mc->n_layers * mc->n_kv_heads;
+    const int64_t margin = running_pages + 2 * (int64_t)s->n_layers * s->n_kv_heads;
     if (prompt_pages + margin > cs.available_pages) {
         if (s->n_running == 0 && prompt_pages + margin > cs.total_pages - cs.reserved_pages) {
             r->state = MKV_REQ_FAILED;
             pop_front(s);
             *failed = 1;
-            mkv_report_error(MKV_STATUS_OUT_OF_PAGES,
+            mkv_fail_global(MKV_STATUS_OUT_OF_PAGES,
                                    "request %d needs %lld pages for its %d-token prompt and first "
                                    "step; the pool has %lld",
                                    r->id, (long long)(prompt_pages + margin), len,
@@ -252,15 +253,14 @@ static mkv_status_t try_admit(mkv_scheduler_t *s, int *admitted, int *failed)
     pop_front(s);
     memcpy(s->input, r->prompt, (size_t)r->prompt_len * sizeof(int32_t));
     memcpy(s->input + r->prompt_len, r->out, (size_t)r->n_out * sizeof(int32_t));
-    if ((st = mkv_model_prefill(s->model, s->cache, slot, s->input, len, NULL, s->logits, s->ws)) !=
-        MKV_STATUS_OK)
+    if ((st = s->fwd.prefill(s->fwd.ctx, s->cache, slot, s->input, len, s->logits)) != MKV_STATUS_OK)
         return st;
     r->state = MKV_REQ_RUNNING;
     r->slot = slot;
     r->admitted_at = s->admissions++;
     s->running[s->n_running++] = r;
     *admitted = 1;
-    const int32_t t = mkv_sample(&r->sampler, s->logits, mc->vocab, s->sample_scratch);
+    const int32_t t = mkv_sample(&r->sampler, s->logits, s->fwd.vocab, s->sample_scratch);
     return emit(s, r, t) ? finish(s, s->n_running - 1) : MKV_STATUS_OK;
 }
 
@@ -285,7 +285,7 @@ mkv_status_t mkv_scheduler_step(mkv_scheduler_t *s, mkv_sched_stats_t *stats)
     mkv_sched_stats_t local;
     mkv_sched_stats_t *out = stats ? stats : &local;
     mkv_status_t st = MKV_STATUS_OK, fail = MKV_STATUS_OK;
-    (void)mkv_report_error(MKV_STATUS_OK, NULL);
+    mkv_clear_global_error();
     memset(out, 0, sizeof *out);
     out->step = s->steps++;
 
@@ -314,13 +314,12 @@ mkv_status_t mkv_scheduler_step(mkv_scheduler_t *s, mkv_sched_stats_t *stats)
         }
     }
     if (s->n_running > 0) {
-        const int32_t n = s->n_running, V = s->model->cfg.vocab;
+        const int32_t n = s->n_running, V = s->fwd.vocab;
         for (int32_t j = 0; j < n; j++) {
             s->slots[j] = s->running[j]->slot;
             s->tokens[j] = s->running[j]->out[s->running[j]->n_out - 1];
         }
-        if ((st = mkv_model_decode(s->model, s->cache, n, s->slots, s->tokens, s->logits, s->ws)) !=
-            MKV_STATUS_OK)
+        if ((st = s->fwd.decode(s->fwd.ctx, s->cache, n, s->slots, s->tokens, s->logits)) != MKV_STATUS_OK)
             return st;
         out->decoded = n;
         /* Sample in running order; finish afterwards so indices stay valid. */

@@ -16,8 +16,7 @@
 #ifndef MKV_ENGINE_SCHEDULER_H
 #define MKV_ENGINE_SCHEDULER_H
 
-#include "runner/model.h"
-#include "runner/sampling.h"
+#include "engine/sampling.h"
 #include "mixkv.h"
 
 #include <stdint.h>
@@ -62,16 +61,15 @@ typedef void (*mkv_token_fn)(void *ctx, const mkv_request_t *req, int32_t token)
 
 typedef struct mkv_scheduler mkv_scheduler_t;
 
-/* eos: the model's EOS id (-1: none). max_batch: most requests running at once (<= the
+/* fwd: the forward pass (copied; its ctx must outlive the scheduler), whose max_tokens covers
+ * the cache's max_seq_len (a preempted request comes back as one prompt) and max_batch.
+ * eos: the model's EOS id (-1: none). max_batch: most requests running at once (<= the
  * cache's slots). Messages go to mkv_last_error(). */
-mkv_status_t mkv_scheduler_create(const mkv_model_t *model, mkv_cache_t *cache, int32_t eos,
+mkv_status_t mkv_scheduler_create(const mkv_forward_t *fwd, mkv_cache_t *cache, int32_t eos,
                                   int32_t max_batch, mkv_scheduler_t **out);
 void mkv_scheduler_free(mkv_scheduler_t *s);
 
 void mkv_scheduler_on_token(mkv_scheduler_t *s, mkv_token_fn fn, void *ctx);
-
-/* Threads of the forward pass (mkv_forward_ws_set_threads); by default one per online core. */
-mkv_status_t mkv_scheduler_set_threads(mkv_scheduler_t *s, int32_t n_threads);
 
 /* Called when a request finishes, before its slot is released: the cache still holds the
  * request's tokens (for a dump, say). A status other than OK stops the step with it; the hook

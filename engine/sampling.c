@@ -5,7 +5,7 @@
  * until their mass reaches top_p, then draws one in proportion to probability. The generator
  * is splitmix64: one 53-bit uniform per sampled token.
  */
-#include "runner/sampling.h"
+#include "engine/sampling.h"
 
 #include <math.h>
 #include <stdlib.h>
