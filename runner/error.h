@@ -10,6 +10,10 @@
 
 #include "mixkv.h"
 
+#ifdef __cplusplus
+extern "C" {
+#endif
+
 /* Formats a message into buf (MKV_ERR_LEN bytes; NULL: dropped) and returns status. */
 mkv_status_t runner_fail(char *buf, mkv_status_t status, const char *fmt, ...)
 #if defined(__GNUC__)
@@ -25,5 +29,9 @@ mkv_status_t runner_fail(char *buf, mkv_status_t status, const char *fmt, ...)
             goto fail;                                                                         \
         }                                                                                      \
     } while (0)
+
+#ifdef __cplusplus
+}
+#endif
 
 #endif /* MKV_RUNNER_ERROR_H */

@@ -14,6 +14,10 @@
 
 #include <stdint.h>
 
+#ifdef __cplusplus
+extern "C" {
+#endif
+
 typedef struct mkv_model_config {
     int32_t hidden;       /* hidden_size */
     int32_t n_layers;     /* num_hidden_layers */
@@ -109,5 +113,9 @@ mkv_status_t mkv_model_prefill(const mkv_model_t *m, mkv_cache_t *cache, int32_t
 mkv_status_t mkv_model_decode(const mkv_model_t *m, mkv_cache_t *cache, int32_t n_slots,
                               const int32_t *slots, const int32_t *tokens, float *logits,
                               mkv_forward_ws_t *ws);
+
+#ifdef __cplusplus
+}
+#endif
 
 #endif /* MKV_ENGINE_MODEL_H */

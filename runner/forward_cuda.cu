@@ -1,0 +1,506 @@
+/*
+ * forward_cuda.cu — the model runner's forward pass on CUDA (runner/forward_cuda.h).
+ *
+ * One layer, n tokens, element type T (f32, f16 or bf16) for weights and activations:
+ *   a = rmsnorm(x) (T) -> q, k, v = a W^T (cuBLAS, fp32 accumulation) -> RoPE on q and k ->
+ *   the cache's attention (q, k, v -> att, all T) -> x += att Wo^T (the GEMM accumulates into
+ *   the fp32 residual, beta 1) -> a = rmsnorm(x) -> gate, up -> gate = silu(gate) * up ->
+ *   x += gate Wdown^T.
+ * The logits are a GEMM of the final norm's rows with lm_head into fp32, copied to the host
+ * (mkv_forward_t hands logits to its driver). Everything runs on the default stream.
+ */
+#include "runner/forward_cuda.h"
+
+#include "runner/error.h"
+
+#include <cublas_v2.h>
+#include <cuda_bf16.h>
+#include <cuda_fp16.h>
+#include <cuda_runtime.h>
+
+#include <math.h>
+#include <stdlib.h>
+#include <string.h>
+
+namespace {
+
+struct dev_layer {
+    void *wq, *wk, *wv, *wo, *w_gate, *w_up, *w_down;
+    float *attn_norm, *mlp_norm;
+};
+
+} // namespace
+
+struct mkv_cuda_forward {
+    mkv_model_config_t cfg;
+    mkv_dtype_t dtype;
+    int32_t max_tokens;
+    int device;
+    cublasHandle_t blas;
+    void *embed, *lm_head; /* [V][D] in dtype; the same pointer when tied */
+    float *final_norm;
+    dev_layer *layers;     /* host array of device pointers */
+    /* scratch, [T] rows */
+    float *x;              /* [T][D] residual stream */
+    void *a;               /* [T][D] a block's normed input */
+    void *q, *k, *v, *att; /* [T][H hd], [T][Hkv hd] x2, [T][H hd] */
+    void *gate, *up;       /* [T][I] */
+    float *logits;         /* [T][V] */
+    float *cs;             /* [T][hd / 2][2] cos, sin */
+    int32_t *tok;          /* [T] */
+    /* host scratch */
+    double *inv_freq;      /* [hd / 2] */
+    float *h_cs;           /* [T][hd / 2][2] */
+    int32_t *pos;          /* [T] */
+};
+
+/* ---------------------------------------------------------------------------------------- */
+/* Kernels                                                                                  */
+/* ---------------------------------------------------------------------------------------- */
+
+template <typename T> __device__ __forceinline__ float to_f(T v);
+template <> __device__ __forceinline__ float to_f<float>(float v) { return v; }
+template <> __device__ __forceinline__ float to_f<__half>(__half v) { return __half2float(v); }
+template <> __device__ __forceinline__ float to_f<__nv_bfloat16>(__nv_bfloat16 v) { return __bfloat162float(v); }
+
+template <typename T> __device__ __forceinline__ T from_f(float v);
+template <> __device__ __forceinline__ float from_f<float>(float v) { return v; }
+template <> __device__ __forceinline__ __half from_f<__half>(float v) { return __float2half_rn(v); }
+template <> __device__ __forceinline__ __nv_bfloat16 from_f<__nv_bfloat16>(float v) { return __float2bfloat16_rn(v); }
+
+template <typename T>
+__global__ void embed_kernel(const T *E, const int32_t *tok, int32_t D, float *x)
+{
+    const int32_t t = blockIdx.x;
+    const T *row = E + (int64_t)tok[t] * D;
+    for (int32_t i = threadIdx.x; i < D; i += blockDim.x) x[(int64_t)t * D + i] = to_f(row[i]);
+}
+
+/* One block per row: y = x / sqrt(mean(x^2) + eps) * w, the mean in double as on the CPU. */
+template <typename T>
+__global__ void rmsnorm_kernel(const float *x, const float *w, int32_t D, float eps, T *y)
+{
+    __shared__ double part[32];
+    const int32_t t = blockIdx.x;
+    const float *xt = x + (int64_t)t * D;
+    double ss = 0.0;
+    for (int32_t i = threadIdx.x; i < D; i += blockDim.x) ss += (double)xt[i] * xt[i];
+    for (int off = 16; off > 0; off >>= 1) ss += __shfl_xor_sync(0xffffffffu, ss, off);
+    if (threadIdx.x % 32 == 0) part[threadIdx.x / 32] = ss;
+    __syncthreads();
+    if (threadIdx.x == 0) {
+        double s = 0.0;
+        for (int i = 0; i < (int)blockDim.x / 32; i++) s += part[i];
+        part[0] = s;
+    }
+    __syncthreads();
+    const float r = (float)(1.0 / sqrt(part[0] / D + (double)eps));
+    for (int32_t i = threadIdx.x; i < D; i += blockDim.x) y[(int64_t)t * D + i] = from_f<T>(xt[i] * r * w[i]);
+}
+
+/* Hugging Face's rotate_half: in each head, element i pairs with i + hd/2. cs: [n][hd/2][2]. */
+template <typename T>
+__global__ void rope_kernel(T *x, int32_t n_heads, int32_t hd, int32_t n, const float *cs)
+{
+    const int32_t half = hd / 2;
+    const int64_t total = (int64_t)n * n_heads * half;
+    for (int64_t e = (int64_t)blockIdx.x * blockDim.x + threadIdx.x; e < total; e += (int64_t)gridDim.x * blockDim.x) {
+        const int32_t i = (int32_t)(e % half);
+        const int64_t th = e / half;
+        const int32_t t = (int32_t)(th / n_heads);
+        const float c = cs[((int64_t)t * half + i) * 2], s = cs[((int64_t)t * half + i) * 2 + 1];
+        T *p = x + th * hd;
+        const float x1 = to_f(p[i]), x2 = to_f(p[i + half]);
+        p[i] = from_f<T>(x1 * c - x2 * s);
+        p[i + half] = from_f<T>(x2 * c + x1 * s);
+    }
+}
+
+template <typename T>
+__global__ void silu_mul_kernel(T *g, const T *u, int64_t n)
+{
+    for (int64_t i = (int64_t)blockIdx.x * blockDim.x + threadIdx.x; i < n; i += (int64_t)gridDim.x * blockDim.x) {
+        const float v = to_f(g[i]);
+        g[i] = from_f<T>(v / (1.0f + expf(-v)) * to_f(u[i]));
+    }
+}
+
+static unsigned grid_of(int64_t n, int threads)
+{
+    const int64_t b = (n + threads - 1) / threads;
+    return (unsigned)(b < 4096 ? (b > 0 ? b : 1) : 4096);
+}
+
+/* ---------------------------------------------------------------------------------------- */
+/* Dispatch on the element type                                                             */
+/* ---------------------------------------------------------------------------------------- */
+
+static size_t esize(mkv_dtype_t t) { return mkv_dtype_size(t); }
+
+static cudaDataType_t cuda_type(mkv_dtype_t t)
+{
+    return t == MKV_DTYPE_F32 ? CUDA_R_32F : t == MKV_DTYPE_F16 ? CUDA_R_16F : CUDA_R_16BF;
+}
+
+template <typename F>
+static void with_type(mkv_dtype_t t, F f)
+{
+    if (t == MKV_DTYPE_F32) f(float());
+    else if (t == MKV_DTYPE_F16) f(__half());
+    else f(__nv_bfloat16());
+}
+
+static mkv_status_t cuda_failed(char *err, const char *what)
+{
+    const cudaError_t e = cudaGetLastError();
+    return runner_fail(err, MKV_STATUS_CUDA_ERROR, "CUDA forward: %s: %s", what, cudaGetErrorString(e));
+}
+
+/* C [n][out] (ctype) = A [n][in] (dtype) W^T, W [out][in] (dtype), row-major; beta 1 adds. */
+static mkv_status_t gemm(mkv_cuda_forward_t *f, const void *W, int32_t out, int32_t in, const void *A,
+                         int32_t n, void *C, mkv_dtype_t ctype, float beta, char *err)
+{
+    const float alpha = 1.0f;
+    const cudaDataType_t t = cuda_type(f->dtype);
+    const cublasStatus_t s = cublasGemmEx(f->blas, CUBLAS_OP_T, CUBLAS_OP_N, out, n, in, &alpha, W, t, in, A,
+                                          t, in, &beta, C, cuda_type(ctype), out, CUBLAS_COMPUTE_32F,
+                                          CUBLAS_GEMM_DEFAULT);
+    if (s != CUBLAS_STATUS_SUCCESS)
+        return runner_fail(err, MKV_STATUS_CUDA_ERROR, "CUDA forward: cublasGemmEx (%d x %d x %d): status %d",
+                           n, out, in, (int)s);
+    return MKV_STATUS_OK;
+}
+
+/* ---------------------------------------------------------------------------------------- */
+/* Create and free                                                                          */
+/* ---------------------------------------------------------------------------------------- */
+
+void mkv_cuda_forward_free(mkv_cuda_forward_t *f)
+{
+    if (!f) return;
+    int prev = 0;
+    cudaGetDevice(&prev);
+    cudaSetDevice(f->device);
+    if (f->layers) {
+        for (int32_t l = 0; l < f->cfg.n_layers; l++) {
+            dev_layer *d = &f->layers[l];
+            void *p[] = {d->wq, d->wk, d->wv, d->wo, d->w_gate, d->w_up, d->w_down, d->attn_norm, d->mlp_norm};
+            for (void *x : p) cudaFree(x);
+        }
+        free(f->layers);
+    }
+    if (f->lm_head != f->embed) cudaFree(f->lm_head);
+    void *p[] = {f->embed, f->final_norm, f->x, f->a, f->q, f->k, f->v, f->att, f->gate, f->up,
+                 f->logits, f->cs, f->tok};
+    for (void *x : p) cudaFree(x);
+    if (f->blas) cublasDestroy(f->blas);
+    free(f->inv_freq);
+    free(f->h_cs);
+    free(f->pos);
+    cudaSetDevice(prev);
+    free(f);
+}
+
+/* n fp32 host values to a new device array of f->dtype (or fp32 when as_f32). */
+static mkv_status_t upload(mkv_cuda_forward_t *f, const float *src, int64_t n, int as_f32, void **out,
+                           char *err)
+{
+    *out = NULL;
+    const mkv_dtype_t t = as_f32 ? MKV_DTYPE_F32 : f->dtype;
+    const size_t bytes = (size_t)n * esize(t);
+    if (cudaMalloc(out, bytes) != cudaSuccess) {
+        (void)cudaGetLastError();
+        return runner_fail(err, MKV_STATUS_OUT_OF_MEMORY, "CUDA forward: cannot allocate %zu bytes of weights",
+                           bytes);
+    }
+    const void *host = src;
+    void *conv = NULL;
+    if (t != MKV_DTYPE_F32) {
+        if (!(conv = malloc(bytes)))
+            return runner_fail(err, MKV_STATUS_OUT_OF_MEMORY, "CUDA forward: cannot convert %lld weights",
+                               (long long)n);
+        (void)mkv_convert(conv, t, src, MKV_DTYPE_F32, n);
+        host = conv;
+    }
+    const cudaError_t e = cudaMemcpy(*out, host, bytes, cudaMemcpyHostToDevice);
+    free(conv);
+    return e == cudaSuccess ? MKV_STATUS_OK : cuda_failed(err, "weight upload");
+}
+
+static mkv_status_t scratch(void **p, size_t bytes, char *err)
+{
+    if (cudaMalloc(p, bytes) == cudaSuccess) return MKV_STATUS_OK;
+    *p = NULL;
+    (void)cudaGetLastError();
+    return runner_fail(err, MKV_STATUS_OUT_OF_MEMORY, "CUDA forward: cannot allocate %zu bytes of scratch", bytes);
+}
+
+extern "C" int mkv_cuda_forward_available(void) { return 1; }
+
+extern "C" mkv_status_t mkv_cuda_forward_create(const mkv_model_t *m, int32_t max_tokens, mkv_dtype_t dtype,
+                                                mkv_cuda_forward_t **out, char *err)
+{
+    if (!out || !m)
+        return runner_fail(err, MKV_STATUS_INVALID_ARGUMENT, "mkv_cuda_forward_create: null argument");
+    *out = NULL;
+    if (max_tokens < 1 || mkv_dtype_size(dtype) == 0)
+        return runner_fail(err, MKV_STATUS_INVALID_ARGUMENT,
+                           "mkv_cuda_forward_create: %d tokens (>= 1), element type %d", max_tokens, (int)dtype);
+    int n_dev = 0;
+    if (cudaGetDeviceCount(&n_dev) != cudaSuccess || n_dev == 0) {
+        (void)cudaGetLastError();
+        return runner_fail(err, MKV_STATUS_CUDA_ERROR, "mkv_cuda_forward_create: no CUDA device");
+    }
+    mkv_cuda_forward_t *f = (mkv_cuda_forward_t *)calloc(1, sizeof *f);
+    if (!f) return runner_fail(err, MKV_STATUS_OUT_OF_MEMORY, "cannot allocate the CUDA forward pass");
+    const mkv_model_config_t *c = &m->cfg;
+    f->cfg = *c;
+    f->dtype = dtype;
+    f->max_tokens = max_tokens;
+    cudaGetDevice(&f->device);
+    mkv_status_t status = MKV_STATUS_OK;
+    const int64_t D = c->hidden, V = c->vocab, I = c->intermediate, hd = c->head_dim;
+    const int64_t QD = (int64_t)c->n_heads * hd, KD = (int64_t)c->n_kv_heads * hd, T = max_tokens;
+    const size_t es = esize(dtype);
+    if (cublasCreate(&f->blas) != CUBLAS_STATUS_SUCCESS) {
+        f->blas = NULL;
+        status = runner_fail(err, MKV_STATUS_CUDA_ERROR, "CUDA forward: cublasCreate failed");
+        goto fail;
+    }
+    cublasSetStream(f->blas, NULL);
+    cublasSetMathMode(f->blas, CUBLAS_DEFAULT_MATH); /* no TF32: fp32 is fp32 */
+    if (!(f->layers = (dev_layer *)calloc((size_t)c->n_layers, sizeof *f->layers))) {
+        status = runner_fail(err, MKV_STATUS_OUT_OF_MEMORY, "cannot allocate the CUDA forward pass");
+        goto fail;
+    }
+    for (int32_t l = 0; l < c->n_layers; l++) {
+        const mkv_layer_weights_t *w = &m->layers[l];
+        dev_layer *d = &f->layers[l];
+        RUNNER_TRY(upload(f, w->wq, QD * D, 0, &d->wq, err));
+        RUNNER_TRY(upload(f, w->wk, KD * D, 0, &d->wk, err));
+        RUNNER_TRY(upload(f, w->wv, KD * D, 0, &d->wv, err));
+        RUNNER_TRY(upload(f, w->wo, D * QD, 0, &d->wo, err));
+        RUNNER_TRY(upload(f, w->w_gate, I * D, 0, &d->w_gate, err));
+        RUNNER_TRY(upload(f, w->w_up, I * D, 0, &d->w_up, err));
+        RUNNER_TRY(upload(f, w->w_down, D * I, 0, &d->w_down, err));
+        RUNNER_TRY(upload(f, w->attn_norm, D, 1, (void **)&d->attn_norm, err));
+        RUNNER_TRY(upload(f, w->mlp_norm, D, 1, (void **)&d->mlp_norm, err));
+    }
+    RUNNER_TRY(upload(f, m->embed, V * D, 0, &f->embed, err));
+    if (m->lm_head == m->embed) f->lm_head = f->embed;
+    else RUNNER_TRY(upload(f, m->lm_head, V * D, 0, &f->lm_head, err));
+    RUNNER_TRY(upload(f, m->final_norm, D, 1, (void **)&f->final_norm, err));
+    RUNNER_TRY(scratch((void **)&f->x, (size_t)(T * D) * 4, err));
+    RUNNER_TRY(scratch(&f->a, (size_t)(T * D) * es, err));
+    RUNNER_TRY(scratch(&f->q, (size_t)(T * QD) * es, err));
+    RUNNER_TRY(scratch(&f->k, (size_t)(T * KD) * es, err));
+    RUNNER_TRY(scratch(&f->v, (size_t)(T * KD) * es, err));
+    RUNNER_TRY(scratch(&f->att, (size_t)(T * QD) * es, err));
+    RUNNER_TRY(scratch(&f->gate, (size_t)(T * I) * es, err));
+    RUNNER_TRY(scratch(&f->up, (size_t)(T * I) * es, err));
+    RUNNER_TRY(scratch((void **)&f->logits, (size_t)(T * V) * 4, err));
+    RUNNER_TRY(scratch((void **)&f->cs, (size_t)(T * hd) * 4, err));
+    RUNNER_TRY(scratch((void **)&f->tok, (size_t)T * 4, err));
+    f->inv_freq = (double *)malloc((size_t)(hd / 2 + 1) * sizeof(double));
+    f->h_cs = (float *)malloc((size_t)(T * hd) * sizeof(float));
+    f->pos = (int32_t *)malloc((size_t)T * sizeof(int32_t));
+    if (!f->inv_freq || !f->h_cs || !f->pos) {
+        status = runner_fail(err, MKV_STATUS_OUT_OF_MEMORY, "cannot allocate the CUDA forward pass's host scratch");
+        goto fail;
+    }
+    for (int32_t i = 0; i < hd / 2; i++) f->inv_freq[i] = pow((double)c->rope_theta, -2.0 * i / hd);
+    *out = f;
+    return MKV_STATUS_OK;
+fail:
+    mkv_cuda_forward_free(f);
+    return status;
+}
+
+/* ---------------------------------------------------------------------------------------- */
+/* The pass                                                                                 */
+/* ---------------------------------------------------------------------------------------- */
+
+static mkv_status_t report(mkv_status_t st, const char *err)
+{
+    return mkv_report_error(st, "%s", err);
+}
+
+static mkv_status_t cache_failed(mkv_cache_t *cache, mkv_status_t st)
+{
+    return mkv_report_error(st, "%s", mkv_cache_last_error(cache));
+}
+
+/* Embeddings and RoPE angles of n tokens at positions f->pos. */
+static mkv_status_t begin(mkv_cuda_forward_t *f, const int32_t *tokens, int32_t n, char *err)
+{
+    const int32_t half = f->cfg.head_dim / 2;
+    for (int32_t t = 0; t < n; t++) /* as the CPU pass: the angle in double, cos and sin to fp32 */
+        for (int32_t i = 0; i < half; i++) {
+            const double ang = (double)f->pos[t] * f->inv_freq[i];
+            f->h_cs[((int64_t)t * half + i) * 2] = (float)cos(ang);
+            f->h_cs[((int64_t)t * half + i) * 2 + 1] = (float)sin(ang);
+        }
+    if (cudaMemcpy(f->cs, f->h_cs, (size_t)n * half * 2 * 4, cudaMemcpyHostToDevice) != cudaSuccess ||
+        cudaMemcpy(f->tok, tokens, (size_t)n * 4, cudaMemcpyHostToDevice) != cudaSuccess)
+        return cuda_failed(err, "input upload");
+    with_type(f->dtype, [&](auto z) {
+        using T = decltype(z);
+        embed_kernel<T><<<n, 128>>>((const T *)f->embed, f->tok, f->cfg.hidden, f->x);
+    });
+    return cudaGetLastError() == cudaSuccess ? MKV_STATUS_OK : cuda_failed(err, "embed");
+}
+
+/* Every layer over the n tokens in f->x; decode: through decode_layer_ex, else prefill_layer_ex. */
+static mkv_status_t layers(mkv_cuda_forward_t *f, mkv_cache_t *cache, int32_t n, int32_t n_slots,
+                           const int32_t *slots, int decode, char *err)
+{
+    const mkv_model_config_t *c = &f->cfg;
+    const int32_t D = c->hidden, QD = c->n_heads * c->head_dim, KD = c->n_kv_heads * c->head_dim;
+    const int32_t I = c->intermediate;
+    mkv_status_t st;
+    for (int32_t l = 0; l < c->n_layers; l++) {
+        const dev_layer *w = &f->layers[l];
+        with_type(f->dtype, [&](auto z) {
+            using T = decltype(z);
+            rmsnorm_kernel<T><<<n, 256>>>(f->x, w->attn_norm, D, c->rms_eps, (T *)f->a);
+        });
+        if ((st = gemm(f, w->wq, QD, D, f->a, n, f->q, f->dtype, 0.0f, err)) != MKV_STATUS_OK ||
+            (st = gemm(f, w->wk, KD, D, f->a, n, f->k, f->dtype, 0.0f, err)) != MKV_STATUS_OK ||
+            (st = gemm(f, w->wv, KD, D, f->a, n, f->v, f->dtype, 0.0f, err)) != MKV_STATUS_OK)
+            return st;
+        with_type(f->dtype, [&](auto z) {
+            using T = decltype(z);
+            const int64_t half = c->head_dim / 2;
+            rope_kernel<T><<<grid_of((int64_t)n * c->n_heads * half, 256), 256>>>((T *)f->q, c->n_heads,
+                                                                                 c->head_dim, n, f->cs);
+            rope_kernel<T><<<grid_of((int64_t)n * c->n_kv_heads * half, 256), 256>>>((T *)f->k, c->n_kv_heads,
+                                                                                    c->head_dim, n, f->cs);
+        });
+        if (cudaGetLastError() != cudaSuccess) return cuda_failed(err, "norm or rope");
+        st = decode ? mkv_cache_decode_layer_ex(cache, n_slots, slots, l, f->dtype, f->q, f->k, f->v, f->att, NULL)
+                    : mkv_cache_prefill_layer_ex(cache, n_slots, slots, l, f->dtype, f->q, f->k, f->v, f->att,
+                                                 NULL);
+        if (st != MKV_STATUS_OK)
+            return runner_fail(err, st, "layer %d: %s", l, mkv_cache_last_error(cache));
+        if ((st = gemm(f, w->wo, D, QD, f->att, n, f->x, MKV_DTYPE_F32, 1.0f, err)) != MKV_STATUS_OK) return st;
+        with_type(f->dtype, [&](auto z) {
+            using T = decltype(z);
+            rmsnorm_kernel<T><<<n, 256>>>(f->x, w->mlp_norm, D, c->rms_eps, (T *)f->a);
+        });
+        if ((st = gemm(f, w->w_gate, I, D, f->a, n, f->gate, f->dtype, 0.0f, err)) != MKV_STATUS_OK ||
+            (st = gemm(f, w->w_up, I, D, f->a, n, f->up, f->dtype, 0.0f, err)) != MKV_STATUS_OK)
+            return st;
+        with_type(f->dtype, [&](auto z) {
+            using T = decltype(z);
+            silu_mul_kernel<T><<<grid_of((int64_t)n * I, 256), 256>>>((T *)f->gate, (const T *)f->up, (int64_t)n * I);
+        });
+        if (cudaGetLastError() != cudaSuccess) return cuda_failed(err, "silu");
+        if ((st = gemm(f, w->w_down, D, I, f->gate, n, f->x, MKV_DTYPE_F32, 1.0f, err)) != MKV_STATUS_OK) return st;
+    }
+    return MKV_STATUS_OK;
+}
+
+/* The logits of rows [first, first + count) of f->x into host logits [count][V]. */
+static mkv_status_t head(mkv_cuda_forward_t *f, int32_t first, int32_t count, float *logits, char *err)
+{
+    const mkv_model_config_t *c = &f->cfg;
+    with_type(f->dtype, [&](auto z) {
+        using T = decltype(z);
+        rmsnorm_kernel<T><<<count, 256>>>(f->x + (int64_t)first * c->hidden, f->final_norm, c->hidden, c->rms_eps,
+                                          (T *)f->a);
+    });
+    mkv_status_t st = gemm(f, f->lm_head, c->vocab, c->hidden, f->a, count, f->logits, MKV_DTYPE_F32, 0.0f, err);
+    if (st != MKV_STATUS_OK) return st;
+    if (cudaMemcpy(logits, f->logits, (size_t)count * c->vocab * 4, cudaMemcpyDeviceToHost) != cudaSuccess)
+        return cuda_failed(err, "logits download");
+    return MKV_STATUS_OK;
+}
+
+static mkv_status_t check_tokens(const mkv_cuda_forward_t *f, const char *fn, const int32_t *tokens, int32_t n,
+                                 char *err)
+{
+    if (!tokens) return runner_fail(err, MKV_STATUS_INVALID_ARGUMENT, "%s: null tokens", fn);
+    if (n < 1 || n > f->max_tokens)
+        return runner_fail(err, MKV_STATUS_INVALID_ARGUMENT, "%s: %d tokens, the pass takes 1 to %d", fn, n,
+                           f->max_tokens);
+    for (int32_t t = 0; t < n; t++)
+        if (tokens[t] < 0 || tokens[t] >= f->cfg.vocab)
+            return runner_fail(err, MKV_STATUS_INVALID_ARGUMENT, "%s: token %d (at %d) is outside [0, %d)", fn,
+                               tokens[t], t, f->cfg.vocab);
+    return MKV_STATUS_OK;
+}
+
+static mkv_status_t cuda_prefill(void *ctx, mkv_cache_t *cache, int32_t slot, const int32_t *tokens, int32_t n,
+                                 float *last_logits)
+{
+    mkv_cuda_forward_t *f = (mkv_cuda_forward_t *)ctx;
+    char err[MKV_ERR_LEN];
+    mkv_status_t st;
+    if ((st = check_tokens(f, "CUDA prefill", tokens, n, err)) != MKV_STATUS_OK) return report(st, err);
+    int32_t admitted;
+    if ((st = mkv_cache_prompt_len(cache, slot, &admitted)) != MKV_STATUS_OK) return cache_failed(cache, st);
+    if (n != admitted)
+        return mkv_report_error(MKV_STATUS_INVALID_ARGUMENT,
+                                "CUDA prefill: %d tokens, but slot %d was admitted with a prompt of %d", n, slot,
+                                admitted);
+    int prev = 0;
+    cudaGetDevice(&prev);
+    cudaSetDevice(f->device);
+    for (int32_t t = 0; t < n; t++) f->pos[t] = t;
+    if ((st = begin(f, tokens, n, err)) == MKV_STATUS_OK && (st = layers(f, cache, n, 1, &slot, 0, err)) == MKV_STATUS_OK) {
+        if ((st = mkv_cache_commit_prompt(cache, 1, &slot, NULL)) != MKV_STATUS_OK)
+            st = runner_fail(err, st, "%s", mkv_cache_last_error(cache));
+        else if (last_logits)
+            st = head(f, n - 1, 1, last_logits, err);
+    }
+    cudaSetDevice(prev);
+    return st == MKV_STATUS_OK ? st : report(st, err);
+}
+
+static mkv_status_t cuda_decode(void *ctx, mkv_cache_t *cache, int32_t n_slots, const int32_t *slots,
+                                const int32_t *tokens, float *logits)
+{
+    mkv_cuda_forward_t *f = (mkv_cuda_forward_t *)ctx;
+    char err[MKV_ERR_LEN];
+    mkv_status_t st;
+    if ((st = check_tokens(f, "CUDA decode", tokens, n_slots, err)) != MKV_STATUS_OK) return report(st, err);
+    if (!slots || !logits) return mkv_report_error(MKV_STATUS_INVALID_ARGUMENT, "CUDA decode: null slots or logits");
+    for (int32_t j = 0; j < n_slots; j++) { /* the new token's position: N before the append */
+        mkv_slot_info_t si;
+        if ((st = mkv_cache_slot_info(cache, slots[j], &si)) != MKV_STATUS_OK) return cache_failed(cache, st);
+        if (!si.active || si.seq_len == 0)
+            return mkv_report_error(MKV_STATUS_INVALID_ARGUMENT, "CUDA decode: slot %d has no committed prompt",
+                                    slots[j]);
+        f->pos[j] = si.seq_len;
+    }
+    int prev = 0;
+    cudaGetDevice(&prev);
+    cudaSetDevice(f->device);
+    if ((st = mkv_cache_append(cache, n_slots, slots, NULL)) != MKV_STATUS_OK) {
+        cudaSetDevice(prev);
+        return cache_failed(cache, st);
+    }
+    if ((st = begin(f, tokens, n_slots, err)) == MKV_STATUS_OK &&
+        (st = layers(f, cache, n_slots, n_slots, slots, 1, err)) == MKV_STATUS_OK) {
+        if ((st = mkv_cache_compress(cache, n_slots, slots, NULL)) != MKV_STATUS_OK)
+            st = runner_fail(err, st, "%s", mkv_cache_last_error(cache));
+        else
+            st = head(f, 0, n_slots, logits, err);
+    }
+    cudaSetDevice(prev);
+    return st == MKV_STATUS_OK ? st : report(st, err);
+}
+
+extern "C" mkv_forward_t mkv_cuda_forward(mkv_cuda_forward_t *f)
+{
+    mkv_forward_t fw;
+    memset(&fw, 0, sizeof fw);
+    if (!f) return fw; /* no calls: mkv_scheduler_create refuses it */
+    fw.ctx = f;
+    fw.vocab = f->cfg.vocab;
+    fw.max_positions = f->cfg.max_pos;
+    fw.max_tokens = f->max_tokens;
+    fw.prefill = cuda_prefill;
+    fw.decode = cuda_decode;
+    return fw;
+}

@@ -1,0 +1,44 @@
+/*
+ * forward_cuda.h — the model runner's forward pass on CUDA: a Llama-family model (loaded by
+ * runner/model.h, fp32 on the host) copied to the device in f32, f16 or bf16, cuBLAS GEMMs with
+ * fp32 accumulation, RMSNorm, RoPE (Hugging Face's rotate_half layout, angles in double as on
+ * the CPU), SiLU-and-multiply and an fp32 residual stream on the device, and every layer's
+ * attention through a CUDA-backend cache (mkv_cache_prefill_layer_ex / decode_layer_ex, device
+ * tensors of the same element type). Exposed as mixkv.h's mkv_forward_t, so the scheduler loop
+ * drives it exactly as it drives the CPU pass (runner/model.h, mkv_model_forward).
+ *
+ * What differs from the CPU pass: the order of every sum (GEMMs, norms), and in f16 / bf16 the
+ * rounding of weights and activations; the residual stream and the logits stay fp32.
+ */
+#ifndef MKV_RUNNER_FORWARD_CUDA_H
+#define MKV_RUNNER_FORWARD_CUDA_H
+
+#include "mixkv.h"
+#include "runner/model.h"
+
+#ifdef __cplusplus
+extern "C" {
+#endif
+
+typedef struct mkv_cuda_forward mkv_cuda_forward_t;
+
+/* The model's weights on the current device in dtype, and scratch for up to max_tokens tokens
+ * a call (a prompt, or a decode batch). The model may be freed afterwards. Errors:
+ * INVALID_ARGUMENT (a null argument, max_tokens < 1, a dtype out of range), OUT_OF_MEMORY,
+ * CUDA_ERROR (no device, or a failing call), with the reason in err. */
+mkv_status_t mkv_cuda_forward_create(const mkv_model_t *m, int32_t max_tokens, mkv_dtype_t dtype,
+                                     mkv_cuda_forward_t **out, char *err);
+void mkv_cuda_forward_free(mkv_cuda_forward_t *f);
+
+/* The pass as an mkv_forward_t; the cache must use the CUDA backend on the same device and
+ * have the model's geometry (L, KV heads, G, head_dim). f must outlive every use. */
+mkv_forward_t mkv_cuda_forward(mkv_cuda_forward_t *f);
+
+/* Whether this build has the CUDA pass (0: mkv_cuda_forward_create returns UNSUPPORTED). */
+int mkv_cuda_forward_available(void);
+
+#ifdef __cplusplus
+}
+#endif
+
+#endif /* MKV_RUNNER_FORWARD_CUDA_H */
