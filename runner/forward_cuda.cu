@@ -45,7 +45,8 @@ struct mkv_cuda_forward {
     void *a;               /* [T][D] a block's normed input */
     void *q, *k, *v, *att; /* [T][H hd], [T][Hkv hd] x2, [T][H hd] */
     void *gate, *up;       /* [T][I] */
-    float *logits;         /* [T][V] */
+    float *logits;         /* [logit_rows][V] */
+    int32_t logit_rows;    /* grows to the largest decode batch (a prefill needs one row) */
     float *cs;             /* [T][hd / 2][2] cos, sin */
     int32_t *tok;          /* [T] */
     /* host scratch */
@@ -114,6 +115,26 @@ __global__ void rope_kernel(T *x, int32_t n_heads, int32_t hd, int32_t n, const 
         p[i] = from_f<T>(x1 * c - x2 * s);
         p[i + half] = from_f<T>(x2 * c + x1 * s);
     }
+}
+
+/* Deterministic stand-in weights: uniform in [-scale, scale) from a hash of (seed, i). */
+template <typename T>
+__global__ void fill_uniform_kernel(T *p, int64_t n, uint64_t seed, float scale)
+{
+    for (int64_t i = (int64_t)blockIdx.x * blockDim.x + threadIdx.x; i < n; i += (int64_t)gridDim.x * blockDim.x) {
+        uint64_t z = seed + 0x9e3779b97f4a7c15ull * (uint64_t)(i + 1);
+        z = (z ^ (z >> 30)) * 0xbf58476d1ce4e5b9ull;
+        z = (z ^ (z >> 27)) * 0x94d049bb133111ebull;
+        z ^= z >> 31;
+        const float u = (float)(z >> 40) * (1.0f / 16777216.0f); /* [0, 1) */
+        p[i] = from_f<T>(scale * (2.0f * u - 1.0f));
+    }
+}
+
+__global__ void fill_const_kernel(float *p, int64_t n, float v)
+{
+    for (int64_t i = (int64_t)blockIdx.x * blockDim.x + threadIdx.x; i < n; i += (int64_t)gridDim.x * blockDim.x)
+        p[i] = v;
 }
 
 template <typename T>
@@ -237,15 +258,47 @@ static mkv_status_t scratch(void **p, size_t bytes, char *err)
 
 extern "C" int mkv_cuda_forward_available(void) { return 1; }
 
-extern "C" mkv_status_t mkv_cuda_forward_create(const mkv_model_t *m, int32_t max_tokens, mkv_dtype_t dtype,
-                                                mkv_cuda_forward_t **out, char *err)
+/* Weights of tensor `id` (its seed) as dummies: uniform in [-1/sqrt(in), 1/sqrt(in)). */
+static mkv_status_t dummy(mkv_cuda_forward_t *f, int64_t n, int64_t in, uint64_t seed, uint64_t id, void **out,
+                          char *err)
 {
-    if (!out || !m)
-        return runner_fail(err, MKV_STATUS_INVALID_ARGUMENT, "mkv_cuda_forward_create: null argument");
+    const size_t bytes = (size_t)n * esize(f->dtype);
+    if (cudaMalloc(out, bytes) != cudaSuccess) {
+        *out = NULL;
+        (void)cudaGetLastError();
+        return runner_fail(err, MKV_STATUS_OUT_OF_MEMORY, "CUDA forward: cannot allocate %zu bytes of weights",
+                           bytes);
+    }
+    const float scale = (float)(1.0 / sqrt((double)in));
+    with_type(f->dtype, [&](auto z) {
+        using T = decltype(z);
+        fill_uniform_kernel<T><<<grid_of(n, 256), 256>>>((T *)*out, n, seed * 1000003ull + id, scale);
+    });
+    return cudaGetLastError() == cudaSuccess ? MKV_STATUS_OK : cuda_failed(err, "dummy weights");
+}
+
+static mkv_status_t ones(int64_t n, float **out, char *err)
+{
+    if (cudaMalloc((void **)out, (size_t)n * 4) != cudaSuccess) {
+        *out = NULL;
+        (void)cudaGetLastError();
+        return runner_fail(err, MKV_STATUS_OUT_OF_MEMORY, "CUDA forward: cannot allocate norms");
+    }
+    fill_const_kernel<<<grid_of(n, 256), 256>>>(*out, n, 1.0f);
+    return cudaGetLastError() == cudaSuccess ? MKV_STATUS_OK : cuda_failed(err, "norm weights");
+}
+
+/* Everything but the weights: the handle, cuBLAS, scratch for max_tokens tokens. */
+static mkv_status_t create_common(const mkv_model_config_t *c, int32_t max_tokens, mkv_dtype_t dtype,
+                                  mkv_cuda_forward_t **out, char *err)
+{
     *out = NULL;
     if (max_tokens < 1 || mkv_dtype_size(dtype) == 0)
         return runner_fail(err, MKV_STATUS_INVALID_ARGUMENT,
                            "mkv_cuda_forward_create: %d tokens (>= 1), element type %d", max_tokens, (int)dtype);
+    if (c->n_layers < 1 || c->hidden < 1 || c->n_heads < 1 || c->n_kv_heads < 1 || c->head_dim < 2 ||
+        c->intermediate < 1 || c->vocab < 1 || c->n_heads % c->n_kv_heads != 0)
+        return runner_fail(err, MKV_STATUS_INVALID_ARGUMENT, "mkv_cuda_forward_create: a model shape out of range");
     int n_dev = 0;
     if (cudaGetDeviceCount(&n_dev) != cudaSuccess || n_dev == 0) {
         (void)cudaGetLastError();
@@ -253,7 +306,6 @@ extern "C" mkv_status_t mkv_cuda_forward_create(const mkv_model_t *m, int32_t ma
     }
     mkv_cuda_forward_t *f = (mkv_cuda_forward_t *)calloc(1, sizeof *f);
     if (!f) return runner_fail(err, MKV_STATUS_OUT_OF_MEMORY, "cannot allocate the CUDA forward pass");
-    const mkv_model_config_t *c = &m->cfg;
     f->cfg = *c;
     f->dtype = dtype;
     f->max_tokens = max_tokens;
@@ -273,6 +325,44 @@ extern "C" mkv_status_t mkv_cuda_forward_create(const mkv_model_t *m, int32_t ma
         status = runner_fail(err, MKV_STATUS_OUT_OF_MEMORY, "cannot allocate the CUDA forward pass");
         goto fail;
     }
+    f->logit_rows = max_tokens < 64 ? max_tokens : 64;
+    RUNNER_TRY(scratch((void **)&f->x, (size_t)(T * D) * 4, err));
+    RUNNER_TRY(scratch(&f->a, (size_t)(T * D) * es, err));
+    RUNNER_TRY(scratch(&f->q, (size_t)(T * QD) * es, err));
+    RUNNER_TRY(scratch(&f->k, (size_t)(T * KD) * es, err));
+    RUNNER_TRY(scratch(&f->v, (size_t)(T * KD) * es, err));
+    RUNNER_TRY(scratch(&f->att, (size_t)(T * QD) * es, err));
+    RUNNER_TRY(scratch(&f->gate, (size_t)(T * I) * es, err));
+    RUNNER_TRY(scratch(&f->up, (size_t)(T * I) * es, err));
+    RUNNER_TRY(scratch((void **)&f->logits, (size_t)f->logit_rows * V * 4, err));
+    RUNNER_TRY(scratch((void **)&f->cs, (size_t)(T * hd) * 4, err));
+    RUNNER_TRY(scratch((void **)&f->tok, (size_t)T * 4, err));
+    f->inv_freq = (double *)malloc((size_t)(hd / 2 + 1) * sizeof(double));
+    f->h_cs = (float *)malloc((size_t)(T * hd) * sizeof(float));
+    f->pos = (int32_t *)malloc((size_t)T * sizeof(int32_t));
+    if (!f->inv_freq || !f->h_cs || !f->pos) {
+        status = runner_fail(err, MKV_STATUS_OUT_OF_MEMORY, "cannot allocate the CUDA forward pass's host scratch");
+        goto fail;
+    }
+    for (int32_t i = 0; i < hd / 2; i++) f->inv_freq[i] = pow((double)c->rope_theta, -2.0 * i / hd);
+    *out = f;
+    return MKV_STATUS_OK;
+fail:
+    mkv_cuda_forward_free(f);
+    return status;
+}
+
+extern "C" mkv_status_t mkv_cuda_forward_create(const mkv_model_t *m, int32_t max_tokens, mkv_dtype_t dtype,
+                                                mkv_cuda_forward_t **out, char *err)
+{
+    if (!out || !m)
+        return runner_fail(err, MKV_STATUS_INVALID_ARGUMENT, "mkv_cuda_forward_create: null argument");
+    mkv_cuda_forward_t *f;
+    mkv_status_t status = create_common(&m->cfg, max_tokens, dtype, &f, err);
+    if (status != MKV_STATUS_OK) return status;
+    const mkv_model_config_t *c = &m->cfg;
+    const int64_t D = c->hidden, V = c->vocab, I = c->intermediate, hd = c->head_dim;
+    const int64_t QD = (int64_t)c->n_heads * hd, KD = (int64_t)c->n_kv_heads * hd;
     for (int32_t l = 0; l < c->n_layers; l++) {
         const mkv_layer_weights_t *w = &m->layers[l];
         dev_layer *d = &f->layers[l];
@@ -290,30 +380,62 @@ extern "C" mkv_status_t mkv_cuda_forward_create(const mkv_model_t *m, int32_t ma
     if (m->lm_head == m->embed) f->lm_head = f->embed;
     else RUNNER_TRY(upload(f, m->lm_head, V * D, 0, &f->lm_head, err));
     RUNNER_TRY(upload(f, m->final_norm, D, 1, (void **)&f->final_norm, err));
-    RUNNER_TRY(scratch((void **)&f->x, (size_t)(T * D) * 4, err));
-    RUNNER_TRY(scratch(&f->a, (size_t)(T * D) * es, err));
-    RUNNER_TRY(scratch(&f->q, (size_t)(T * QD) * es, err));
-    RUNNER_TRY(scratch(&f->k, (size_t)(T * KD) * es, err));
-    RUNNER_TRY(scratch(&f->v, (size_t)(T * KD) * es, err));
-    RUNNER_TRY(scratch(&f->att, (size_t)(T * QD) * es, err));
-    RUNNER_TRY(scratch(&f->gate, (size_t)(T * I) * es, err));
-    RUNNER_TRY(scratch(&f->up, (size_t)(T * I) * es, err));
-    RUNNER_TRY(scratch((void **)&f->logits, (size_t)(T * V) * 4, err));
-    RUNNER_TRY(scratch((void **)&f->cs, (size_t)(T * hd) * 4, err));
-    RUNNER_TRY(scratch((void **)&f->tok, (size_t)T * 4, err));
-    f->inv_freq = (double *)malloc((size_t)(hd / 2 + 1) * sizeof(double));
-    f->h_cs = (float *)malloc((size_t)(T * hd) * sizeof(float));
-    f->pos = (int32_t *)malloc((size_t)T * sizeof(int32_t));
-    if (!f->inv_freq || !f->h_cs || !f->pos) {
-        status = runner_fail(err, MKV_STATUS_OUT_OF_MEMORY, "cannot allocate the CUDA forward pass's host scratch");
-        goto fail;
-    }
-    for (int32_t i = 0; i < hd / 2; i++) f->inv_freq[i] = pow((double)c->rope_theta, -2.0 * i / hd);
     *out = f;
     return MKV_STATUS_OK;
 fail:
     mkv_cuda_forward_free(f);
     return status;
+}
+
+extern "C" mkv_status_t mkv_cuda_forward_create_dummy(const mkv_model_config_t *c, uint64_t seed,
+                                                      int32_t max_tokens, mkv_dtype_t dtype,
+                                                      mkv_cuda_forward_t **out, char *err)
+{
+    if (!out || !c)
+        return runner_fail(err, MKV_STATUS_INVALID_ARGUMENT, "mkv_cuda_forward_create_dummy: null argument");
+    mkv_cuda_forward_t *f;
+    mkv_status_t status = create_common(c, max_tokens, dtype, &f, err);
+    if (status != MKV_STATUS_OK) return status;
+    const int64_t D = c->hidden, V = c->vocab, I = c->intermediate, hd = c->head_dim;
+    const int64_t QD = (int64_t)c->n_heads * hd, KD = (int64_t)c->n_kv_heads * hd;
+    for (int32_t l = 0; l < c->n_layers; l++) {
+        dev_layer *d = &f->layers[l];
+        const uint64_t id = (uint64_t)l * 16;
+        RUNNER_TRY(dummy(f, QD * D, D, seed, id + 0, &d->wq, err));
+        RUNNER_TRY(dummy(f, KD * D, D, seed, id + 1, &d->wk, err));
+        RUNNER_TRY(dummy(f, KD * D, D, seed, id + 2, &d->wv, err));
+        RUNNER_TRY(dummy(f, D * QD, QD, seed, id + 3, &d->wo, err));
+        RUNNER_TRY(dummy(f, I * D, D, seed, id + 4, &d->w_gate, err));
+        RUNNER_TRY(dummy(f, I * D, D, seed, id + 5, &d->w_up, err));
+        RUNNER_TRY(dummy(f, D * I, I, seed, id + 6, &d->w_down, err));
+        RUNNER_TRY(ones(D, &d->attn_norm, err));
+        RUNNER_TRY(ones(D, &d->mlp_norm, err));
+    }
+    /* embeddings of unit scale (as the norms will see them), lm_head like a projection */
+    RUNNER_TRY(dummy(f, V * D, 1, seed, (uint64_t)c->n_layers * 16 + 1, &f->embed, err));
+    if (c->tied) f->lm_head = f->embed;
+    else RUNNER_TRY(dummy(f, V * D, D, seed, (uint64_t)c->n_layers * 16 + 2, &f->lm_head, err));
+    RUNNER_TRY(ones(D, &f->final_norm, err));
+    if (cudaDeviceSynchronize() != cudaSuccess) {
+        status = cuda_failed(err, "dummy weights");
+        goto fail;
+    }
+    *out = f;
+    return MKV_STATUS_OK;
+fail:
+    mkv_cuda_forward_free(f);
+    return status;
+}
+
+/* Bytes of the weights on the device (what one decode step reads at least once). */
+extern "C" int64_t mkv_cuda_forward_weight_bytes(const mkv_cuda_forward_t *f)
+{
+    if (!f) return 0;
+    const mkv_model_config_t *c = &f->cfg;
+    const int64_t D = c->hidden, V = c->vocab, I = c->intermediate, hd = c->head_dim;
+    const int64_t QD = (int64_t)c->n_heads * hd, KD = (int64_t)c->n_kv_heads * hd;
+    const int64_t per_layer = (QD * D + 2 * KD * D + D * QD + 3 * I * D) * (int64_t)esize(f->dtype) + 2 * D * 4;
+    return per_layer * c->n_layers + V * D * (int64_t)esize(f->dtype) * (c->tied ? 1 : 2) + D * 4;
 }
 
 /* ---------------------------------------------------------------------------------------- */
@@ -409,8 +531,18 @@ static mkv_status_t head(mkv_cuda_forward_t *f, int32_t first, int32_t count, fl
         rmsnorm_kernel<T><<<count, 256>>>(f->x + (int64_t)first * c->hidden, f->final_norm, c->hidden, c->rms_eps,
                                           (T *)f->a);
     });
+    if (count > f->logit_rows) { /* a larger decode batch than before */
+        cudaFree(f->logits);
+        f->logits = NULL;
+        if (scratch((void **)&f->logits, (size_t)count * c->vocab * 4, err) != MKV_STATUS_OK) {
+            f->logit_rows = 0;
+            return MKV_STATUS_OUT_OF_MEMORY;
+        }
+        f->logit_rows = count;
+    }
     mkv_status_t st = gemm(f, f->lm_head, c->vocab, c->hidden, f->a, count, f->logits, MKV_DTYPE_F32, 0.0f, err);
     if (st != MKV_STATUS_OK) return st;
+    if (!logits) return cudaDeviceSynchronize() == cudaSuccess ? MKV_STATUS_OK : cuda_failed(err, "head");
     if (cudaMemcpy(logits, f->logits, (size_t)count * c->vocab * 4, cudaMemcpyDeviceToHost) != cudaSuccess)
         return cuda_failed(err, "logits download");
     return MKV_STATUS_OK;
@@ -464,7 +596,7 @@ static mkv_status_t cuda_decode(void *ctx, mkv_cache_t *cache, int32_t n_slots, 
     char err[MKV_ERR_LEN];
     mkv_status_t st;
     if ((st = check_tokens(f, "CUDA decode", tokens, n_slots, err)) != MKV_STATUS_OK) return report(st, err);
-    if (!slots || !logits) return mkv_report_error(MKV_STATUS_INVALID_ARGUMENT, "CUDA decode: null slots or logits");
+    if (!slots) return mkv_report_error(MKV_STATUS_INVALID_ARGUMENT, "CUDA decode: null slots");
     for (int32_t j = 0; j < n_slots; j++) { /* the new token's position: N before the append */
         mkv_slot_info_t si;
         if ((st = mkv_cache_slot_info(cache, slots[j], &si)) != MKV_STATUS_OK) return cache_failed(cache, st);
@@ -485,7 +617,7 @@ static mkv_status_t cuda_decode(void *ctx, mkv_cache_t *cache, int32_t n_slots, 
         if ((st = mkv_cache_compress(cache, n_slots, slots, NULL)) != MKV_STATUS_OK)
             st = runner_fail(err, st, "%s", mkv_cache_last_error(cache));
         else
-            st = head(f, 0, n_slots, logits, err);
+            st = head(f, 0, n_slots, logits, err); /* logits NULL: computed, left on the device */
     }
     cudaSetDevice(prev);
     return st == MKV_STATUS_OK ? st : report(st, err);

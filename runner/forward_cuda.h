@@ -30,8 +30,19 @@ mkv_status_t mkv_cuda_forward_create(const mkv_model_t *m, int32_t max_tokens, m
                                      mkv_cuda_forward_t **out, char *err);
 void mkv_cuda_forward_free(mkv_cuda_forward_t *f);
 
+/* A model of shape c with deterministic stand-in weights made on the device from seed
+ * (projections uniform in +-1/sqrt(fan-in), embeddings in +-1, norms 1): throughput at real
+ * sizes without the weights (--dummy-weights). Its outputs mean nothing. */
+mkv_status_t mkv_cuda_forward_create_dummy(const mkv_model_config_t *c, uint64_t seed, int32_t max_tokens,
+                                           mkv_dtype_t dtype, mkv_cuda_forward_t **out, char *err);
+
+/* Bytes of its weights on the device (what a decode step reads at least once). */
+int64_t mkv_cuda_forward_weight_bytes(const mkv_cuda_forward_t *f);
+
 /* The pass as an mkv_forward_t; the cache must use the CUDA backend on the same device and
- * have the model's geometry (L, KV heads, G, head_dim). f must outlive every use. */
+ * have the model's geometry (L, KV heads, G, head_dim). f must outlive every use. Its decode
+ * also takes logits NULL: the logits are computed and left on the device (a benchmark's step
+ * without the copy to the host). */
 mkv_forward_t mkv_cuda_forward(mkv_cuda_forward_t *f);
 
 /* Whether this build has the CUDA pass (0: mkv_cuda_forward_create returns UNSUPPORTED). */

@@ -733,12 +733,55 @@ fail:
 void mkv_model_cache_config(const mkv_model_t *m, const mkv_cache_config_t *base,
                             mkv_cache_config_t *out)
 {
+    mkv_model_config_cache(&m->cfg, base, out);
+}
+
+void mkv_model_config_cache(const mkv_model_config_t *c, const mkv_cache_config_t *base,
+                            mkv_cache_config_t *out)
+{
     *out = *base;
-    out->n_layers = m->cfg.n_layers;
-    out->n_kv_heads = m->cfg.n_kv_heads;
-    out->group_size = m->cfg.n_heads / m->cfg.n_kv_heads;
-    out->head_dim = m->cfg.head_dim;
+    out->n_layers = c->n_layers;
+    out->n_kv_heads = c->n_kv_heads;
+    out->group_size = c->n_heads / c->n_kv_heads;
+    out->head_dim = c->head_dim;
     /* Never beyond the trained positions; base's limit when it is smaller. */
-    if (base->max_seq_len <= 0 || base->max_seq_len > m->cfg.max_pos)
-        out->max_seq_len = m->cfg.max_pos;
+    if (base->max_seq_len <= 0 || base->max_seq_len > c->max_pos)
+        out->max_seq_len = c->max_pos;
+}
+
+mkv_status_t mkv_model_config_load(const char *path, mkv_model_config_t *out, char *err)
+{
+    char local[MKV_ERR_LEN], dir[4096];
+    if (!err) err = local;
+    if (!path || !out) return runner_fail(err, MKV_STATUS_INVALID_ARGUMENT, "mkv_model_config_load: null argument");
+    struct stat sb;
+    if (stat(path, &sb) != 0)
+        return runner_fail(err, MKV_STATUS_IO_ERROR, "cannot open %s: %s", path, strerror(errno));
+    snprintf(dir, sizeof dir, "%s", path);
+    if (!S_ISDIR(sb.st_mode)) { /* a config.json: its folder */
+        char *slash = strrchr(dir, '/');
+        if (slash) *slash = '\0';
+        else snprintf(dir, sizeof dir, ".");
+    }
+    mkv_model_config_t c;
+    memset(&c, 0, sizeof c);
+    const mkv_status_t st = parse_config(dir, &c, err);
+    if (st == MKV_STATUS_OK) *out = c;
+    return st;
+}
+
+mkv_status_t mkv_model_config_builtin(const char *name, mkv_model_config_t *out, char *err)
+{
+    char local[MKV_ERR_LEN];
+    if (!err) err = local;
+    if (!name || !out) return runner_fail(err, MKV_STATUS_INVALID_ARGUMENT, "mkv_model_config_builtin: null argument");
+    if (strcmp(name, "llama-3-8b") != 0)
+        return runner_fail(err, MKV_STATUS_INVALID_ARGUMENT, "no built-in model shape '%s' (known: llama-3-8b)", name);
+    /* Meta-Llama-3-8B's config.json */
+    const mkv_model_config_t c = {.hidden = 4096, .n_layers = 32, .n_heads = 32, .n_kv_heads = 8,
+                                  .head_dim = 128, .intermediate = 14336, .vocab = 128256,
+                                  .max_pos = 8192, .rope_theta = 500000.0f, .rms_eps = 1e-5f,
+                                  .tied = 0, .bos = 128000, .eos = 128001};
+    *out = c;
+    return MKV_STATUS_OK;
 }

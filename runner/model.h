@@ -82,6 +82,16 @@ void *mkv_model_own(mkv_model_t *m, size_t bytes, char *err);
 /* A cache config for this model (L, H, G, d, from the model; the rest from base). */
 void mkv_model_cache_config(const mkv_model_t *m, const mkv_cache_config_t *base,
                             mkv_cache_config_t *out);
+void mkv_model_config_cache(const mkv_model_config_t *c, const mkv_cache_config_t *base,
+                            mkv_cache_config_t *out);
+
+/* A model's shape without its weights: path is a Hugging Face folder or its config.json (the
+ * same checks as mkv_model_load). For runs at real sizes on random weights (--dummy-weights). */
+mkv_status_t mkv_model_config_load(const char *path, mkv_model_config_t *out, char *err);
+
+/* A built-in shape by name: "llama-3-8b" (Meta-Llama-3-8B's config.json). INVALID_ARGUMENT
+ * for another name. */
+mkv_status_t mkv_model_config_builtin(const char *name, mkv_model_config_t *out, char *err);
 
 /* Scratch for the forward pass, sized for up to max_tokens tokens at once (a prompt or a
  * batch of decode tokens). */

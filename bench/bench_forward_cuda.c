@@ -1,0 +1,274 @@
+/*
+ * bench_forward_cuda.c — the model runner's CUDA forward pass at a real model's shape with
+ * stand-in weights (runner/forward_cuda.h, mkv_cuda_forward_create_dummy): `batch` prompts of
+ * `context` tokens prefilled one at a time, then `steps` decode steps of the whole batch,
+ * through an fp16 cache (K16V16, no compression: the FP16 paged baseline) or a mixkv cache.
+ *
+ * Reported beside the times, from the same run: the device copy rate (read plus write bytes
+ * per second of a 1 GiB copy) and a large square cuBLAS GEMM's TFLOP/s in the same element
+ * type; the decode step's roofline (the weights read once plus the stored KV read once, at
+ * the copy rate) and the step's ratio to it; the prefill's matmul TFLOP/s (2 x matmul
+ * parameters x tokens over the whole prefill's time: attention and the rest count against
+ * it) as a fraction of the square GEMM's. JSON ("mixkv-bench-forward-cuda") and a table.
+ */
+#include "runner/forward_cuda.h"
+#include "runner/model.h"
+
+#include <cublas_v2.h>
+#include <cuda_runtime.h>
+
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <time.h>
+
+static double now_s(void)
+{
+    struct timespec ts;
+    clock_gettime(CLOCK_MONOTONIC, &ts);
+    return (double)ts.tv_sec + ts.tv_nsec * 1e-9;
+}
+
+static int cmp_d(const void *a, const void *b)
+{
+    const double x = *(const double *)a, y = *(const double *)b;
+    return x < y ? -1 : x > y;
+}
+
+static double median(double *v, int n)
+{
+    qsort(v, (size_t)n, sizeof *v, cmp_d);
+    return v[n / 2];
+}
+
+#define CK(x)                                                                                  \
+    do {                                                                                       \
+        cudaError_t e_ = (x);                                                                  \
+        if (e_ != cudaSuccess) {                                                               \
+            fprintf(stderr, "bench_forward_cuda: %s: %s\n", #x, cudaGetErrorString(e_));       \
+            exit(1);                                                                           \
+        }                                                                                      \
+    } while (0)
+
+/* Read plus write bytes per second of a 1 GiB device copy (median of 5). */
+static double copy_rate(void)
+{
+    const size_t bytes = (size_t)1 << 30;
+    void *a, *b;
+    CK(cudaMalloc(&a, bytes));
+    CK(cudaMalloc(&b, bytes));
+    double t[5];
+    for (int i = 0; i < 6; i++) {
+        CK(cudaDeviceSynchronize());
+        const double t0 = now_s();
+        CK(cudaMemcpy(b, a, bytes, cudaMemcpyDeviceToDevice));
+        CK(cudaDeviceSynchronize());
+        if (i > 0) t[i - 1] = now_s() - t0;
+    }
+    cudaFree(a), cudaFree(b);
+    return 2.0 * (double)bytes / median(t, 5);
+}
+
+/* TFLOP/s of an 8192^3 GEMM in dtype with fp32 accumulation (median of 5). */
+static double square_gemm_tflops(mkv_dtype_t dtype)
+{
+    const int n = 8192;
+    const cudaDataType_t t = dtype == MKV_DTYPE_F32 ? CUDA_R_32F : dtype == MKV_DTYPE_F16 ? CUDA_R_16F : CUDA_R_16BF;
+    const size_t es = mkv_dtype_size(dtype);
+    void *a, *b, *c;
+    CK(cudaMalloc(&a, (size_t)n * n * es));
+    CK(cudaMalloc(&b, (size_t)n * n * es));
+    CK(cudaMalloc(&c, (size_t)n * n * es));
+    CK(cudaMemset(a, 0, (size_t)n * n * es));
+    CK(cudaMemset(b, 0, (size_t)n * n * es));
+    cublasHandle_t h;
+    if (cublasCreate(&h) != CUBLAS_STATUS_SUCCESS) return 0.0;
+    const float one = 1.0f, zero = 0.0f;
+    double ts[5];
+    for (int i = 0; i < 6; i++) {
+        CK(cudaDeviceSynchronize());
+        const double t0 = now_s();
+        cublasGemmEx(h, CUBLAS_OP_T, CUBLAS_OP_N, n, n, n, &one, a, t, n, b, t, n, &zero, c, t, n,
+                     CUBLAS_COMPUTE_32F, CUBLAS_GEMM_DEFAULT);
+        CK(cudaDeviceSynchronize());
+        if (i > 0) ts[i - 1] = now_s() - t0;
+    }
+    cublasDestroy(h);
+    cudaFree(a), cudaFree(b), cudaFree(c);
+    return 2.0 * n * (double)n * n / median(ts, 5) * 1e-12;
+}
+
+static void usage(FILE *f)
+{
+    fprintf(f, "usage: bench_forward_cuda [--shape llama-3-8b | --config PATH] [--dtype f16|bf16|f32]\n"
+               "                          [--batch N] [--context N] [--steps N] [--cache fp16|mixkv]\n"
+               "                          [--seed N] [--json FILE]\n"
+               "The CUDA forward pass at a model's shape with stand-in weights: prefill, decode steps,\n"
+               "against the copy rate and a square GEMM measured in the same run.\n");
+}
+
+int main(int argc, char **argv)
+{
+    const char *shape = "llama-3-8b", *config = NULL, *json = NULL, *cache_mode = "fp16";
+    mkv_dtype_t dtype = MKV_DTYPE_F16;
+    int32_t batch = 64, context = 4096, steps = 8;
+    uint64_t seed = 1;
+    for (int i = 1; i < argc; i++) {
+        const int more = i + 1 < argc;
+        if (!strcmp(argv[i], "--shape") && more) shape = argv[++i];
+        else if (!strcmp(argv[i], "--config") && more) config = argv[++i];
+        else if (!strcmp(argv[i], "--dtype") && more) {
+            const char *d = argv[++i];
+            dtype = !strcmp(d, "f32") ? MKV_DTYPE_F32 : !strcmp(d, "bf16") ? MKV_DTYPE_BF16 : MKV_DTYPE_F16;
+            if (strcmp(d, "f32") && strcmp(d, "bf16") && strcmp(d, "f16")) {
+                fprintf(stderr, "bench_forward_cuda: --dtype %s (f16, bf16 or f32)\n", d);
+                return 2;
+            }
+        } else if (!strcmp(argv[i], "--batch") && more) batch = atoi(argv[++i]);
+        else if (!strcmp(argv[i], "--context") && more) context = atoi(argv[++i]);
+        else if (!strcmp(argv[i], "--steps") && more) steps = atoi(argv[++i]);
+        else if (!strcmp(argv[i], "--cache") && more) cache_mode = argv[++i];
+        else if (!strcmp(argv[i], "--seed") && more) seed = strtoull(argv[++i], NULL, 10);
+        else if (!strcmp(argv[i], "--json") && more) json = argv[++i];
+        else {
+            usage(strcmp(argv[i], "--help") ? stderr : stdout);
+            return strcmp(argv[i], "--help") ? 2 : 0;
+        }
+    }
+    if (batch < 1 || context < 2 || steps < 1 || (strcmp(cache_mode, "fp16") && strcmp(cache_mode, "mixkv"))) {
+        fprintf(stderr, "bench_forward_cuda: --batch >= 1, --context >= 2, --steps >= 1, --cache fp16|mixkv\n");
+        return 2;
+    }
+    char err[MKV_ERR_LEN];
+    mkv_model_config_t mc;
+    const mkv_status_t cs = config ? mkv_model_config_load(config, &mc, err) : mkv_model_config_builtin(shape, &mc, err);
+    if (cs != MKV_STATUS_OK) {
+        fprintf(stderr, "bench_forward_cuda: %s\n", err);
+        return 2;
+    }
+    const int32_t max_len = context + steps + 8;
+    if (max_len > mc.max_pos) mc.max_pos = max_len; /* stand-in weights: any length will do */
+    const double copy = copy_rate(), gemm = square_gemm_tflops(dtype);
+    struct cudaDeviceProp prop;
+    CK(cudaGetDeviceProperties(&prop, 0));
+    mkv_cuda_forward_t *f = NULL;
+    const int32_t max_tokens = context > batch ? context : batch;
+    if (mkv_cuda_forward_create_dummy(&mc, seed, max_tokens, dtype, &f, err) != MKV_STATUS_OK) {
+        fprintf(stderr, "bench_forward_cuda: %s\n", err);
+        return 1;
+    }
+    const mkv_forward_t fw = mkv_cuda_forward(f);
+    mkv_cache_config_t base = MKV_CACHE_CONFIG_INIT, cfg;
+    const int fp16 = !strcmp(cache_mode, "fp16");
+    if (fp16) {
+        base.hi_format = base.lo_format = MKV_FORMAT_K16V16;
+        base.alpha_h = base.alpha_l = 0.0f;
+    }
+    base.max_seqs = batch;
+    base.max_seq_len = max_len;
+    base.backend = MKV_BACKEND_CUDA;
+    base.flags = MKV_CACHE_ASYNC_STEPS;
+    mkv_model_config_cache(&mc, &base, &cfg);
+    int32_t tpp;
+    if (mkv_page_bytes_for(cfg.hi_format, cfg.head_dim, 0, 0, 16, &cfg.page_bytes) != MKV_STATUS_OK ||
+        mkv_tokens_per_page(cfg.hi_format, cfg.head_dim, 0, 0, cfg.page_bytes, &tpp) != MKV_STATUS_OK) {
+        fprintf(stderr, "bench_forward_cuda: %s\n", mkv_last_error());
+        return 1;
+    }
+    cfg.pool_pages = (int64_t)batch * cfg.n_layers * cfg.n_kv_heads * (max_len / tpp + 2);
+    mkv_cache_t *cache = NULL;
+    if (mkv_cache_create(&cfg, &cache) != MKV_STATUS_OK) {
+        fprintf(stderr, "bench_forward_cuda: %s\n", mkv_last_error());
+        return 1;
+    }
+    printf("bench_forward_cuda on %s: %s shape (L %d, D %d, heads %d/%d, d %d, I %d, V %d), %s weights "
+           "(stand-ins), %s cache; copy %.0f GB/s, square %s GEMM %.0f TFLOP/s\n",
+           prop.name, config ? config : shape, mc.n_layers, mc.hidden, mc.n_heads, mc.n_kv_heads, mc.head_dim,
+           mc.intermediate, mc.vocab, mkv_dtype_name(dtype), cache_mode, copy * 1e-9, mkv_dtype_name(dtype), gemm);
+    fflush(stdout);
+
+    /* prefill, one prompt at a time */
+    int32_t *prompt = malloc((size_t)context * sizeof(int32_t)), *slots = malloc((size_t)batch * sizeof(int32_t));
+    int32_t *next = malloc((size_t)batch * sizeof(int32_t));
+    float *last = malloc((size_t)mc.vocab * sizeof(float));
+    uint64_t rng = seed;
+    const double p0 = now_s();
+    for (int32_t j = 0; j < batch; j++) {
+        for (int32_t t = 0; t < context; t++) {
+            rng = rng * 6364136223846793005ull + 1442695040888963407ull;
+            prompt[t] = (int32_t)((rng >> 33) % (uint64_t)mc.vocab);
+        }
+        if (mkv_cache_admit(cache, context, &slots[j]) != MKV_STATUS_OK ||
+            fw.prefill(fw.ctx, cache, slots[j], prompt, context, last) != MKV_STATUS_OK) {
+            fprintf(stderr, "bench_forward_cuda: prefill %d: %s\n", j, mkv_last_error());
+            return 1;
+        }
+        next[j] = (int32_t)(j % mc.vocab);
+    }
+    const double prefill_s = now_s() - p0;
+    const double D = mc.hidden, I = mc.intermediate, QD = (double)mc.n_heads * mc.head_dim;
+    const double KD = (double)mc.n_kv_heads * mc.head_dim;
+    const double matmul_params = mc.n_layers * (D * QD * 2 + D * KD * 2 + 3 * D * I);
+    const double prefill_tflops = 2.0 * matmul_params * (double)batch * context / prefill_s * 1e-12;
+
+    /* decode steps: with the logits copied to the host, and without */
+    double *t_host = malloc((size_t)steps * sizeof(double)), *t_dev = malloc((size_t)steps * sizeof(double));
+    float *logits = malloc((size_t)batch * mc.vocab * sizeof(float));
+    for (int32_t s = 0; s < 2 * steps + 1; s++) {
+        CK(cudaDeviceSynchronize());
+        const double t0 = now_s();
+        const int with_copy = s % 2 == 1;
+        if (fw.decode(fw.ctx, cache, batch, slots, next, with_copy ? logits : NULL) != MKV_STATUS_OK) {
+            fprintf(stderr, "bench_forward_cuda: decode step %d: %s\n", s, mkv_last_error());
+            return 1;
+        }
+        CK(cudaDeviceSynchronize());
+        const double dt = now_s() - t0;
+        if (s == 0) continue; /* warm-up */
+        if (with_copy) t_host[(s - 1) / 2] = dt;
+        else t_dev[(s - 1) / 2] = dt;
+    }
+    if (mkv_cache_sync(cache, NULL) != MKV_STATUS_OK) {
+        fprintf(stderr, "bench_forward_cuda: %s\n", mkv_cache_last_error(cache));
+        return 1;
+    }
+    const double step_dev = median(t_dev, steps), step_host = median(t_host, steps);
+    mkv_cache_stats_t st;
+    mkv_cache_stats(cache, &st);
+    /* the KV a step reads: every stored token's key and value, fp16 */
+    const double kv_bytes = fp16 ? (double)batch * (context + steps) * mc.n_layers * KD * 2 * 2 : 0.0;
+    const double weight_bytes = (double)mkv_cuda_forward_weight_bytes(f);
+    const double roof = (weight_bytes + kv_bytes) / copy;
+    printf("%6s %8s %12s %12s %14s %14s %12s %10s\n", "batch", "context", "prefill s", "prefill TF/s",
+           "step ms (dev)", "step ms (host)", "roofline ms", "step/roof");
+    printf("%6d %8d %12.2f %12.1f %14.3f %14.3f %12.3f %10.2f\n", batch, context, prefill_s, prefill_tflops,
+           step_dev * 1e3, step_host * 1e3, fp16 ? roof * 1e3 : 0.0, fp16 ? step_dev / roof : 0.0);
+    printf("prefill matmuls at %.0f%% of the square GEMM; output tokens/s %.0f (logits to the host); "
+           "cache: %lld pages in use of %lld\n",
+           100.0 * prefill_tflops / gemm, batch / step_host, (long long)(st.total_pages - st.free_pages),
+           (long long)st.total_pages);
+    if (json) {
+        FILE *jf = fopen(json, "w");
+        if (!jf) {
+            fprintf(stderr, "bench_forward_cuda: cannot write %s\n", json);
+            return 2;
+        }
+        fprintf(jf,
+                "{\"format\": \"mixkv-bench-forward-cuda\", \"version\": 1, \"device\": \"%s\", \"shape\": \"%s\", "
+                "\"dtype\": \"%s\", \"cache\": \"%s\", \"weights\": \"stand-ins\", \"copy_gbps\": %.1f, "
+                "\"square_gemm_tflops\": %.1f, \"batch\": %d, \"context\": %d, \"steps\": %d, "
+                "\"prefill_s\": %.4f, \"prefill_matmul_tflops\": %.2f, \"prefill_gemm_fraction\": %.4f, "
+                "\"step_ms_device\": %.4f, \"step_ms_with_logits\": %.4f, \"weight_bytes\": %.0f, "
+                "\"kv_bytes\": %.0f, \"roofline_ms\": %.4f, \"step_over_roofline\": %.4f, "
+                "\"output_tokens_per_s\": %.1f}\n",
+                prop.name, config ? config : shape, mkv_dtype_name(dtype), cache_mode, copy * 1e-9, gemm, batch,
+                context, steps, prefill_s, prefill_tflops, prefill_tflops / gemm, step_dev * 1e3,
+                step_host * 1e3, weight_bytes, kv_bytes, fp16 ? roof * 1e3 : 0.0,
+                fp16 ? step_dev / roof : 0.0, batch / step_host);
+        fclose(jf);
+    }
+    free(prompt), free(slots), free(next), free(last), free(t_host), free(t_dev), free(logits);
+    mkv_cache_destroy(cache);
+    mkv_cuda_forward_free(f);
+    return 0;
+}
