@@ -218,6 +218,7 @@ int main(int argc, char **argv)
         CK(cudaDeviceSynchronize());
         const double t0 = now_s();
         const int with_copy = s % 2 == 1;
+        mkv_cuda_forward_set_timing(f, s > 0 && !with_copy); /* the breakdown of the device steps */
         if (fw.decode(fw.ctx, cache, batch, slots, next, with_copy ? logits : NULL) != MKV_STATUS_OK) {
             fprintf(stderr, "bench_forward_cuda: decode step %d: %s\n", s, mkv_last_error());
             return 1;
@@ -233,6 +234,9 @@ int main(int argc, char **argv)
         return 1;
     }
     const double step_dev = median(t_dev, steps), step_host = median(t_host, steps);
+    double ph[MKV_CUDA_PHASES];
+    mkv_cuda_forward_phases(f, ph, 1);
+    for (int i = 0; i < MKV_CUDA_PHASES; i++) ph[i] /= steps; /* per step */
     mkv_cache_stats_t st;
     mkv_cache_stats(cache, &st);
     /* the KV a step reads: every stored token's key and value, fp16 */
@@ -243,6 +247,10 @@ int main(int argc, char **argv)
            "step ms (dev)", "step ms (host)", "roofline ms", "step/roof");
     printf("%6d %8d %12.2f %12.1f %14.3f %14.3f %12.3f %10.2f\n", batch, context, prefill_s, prefill_tflops,
            step_dev * 1e3, step_host * 1e3, fp16 ? roof * 1e3 : 0.0, fp16 ? step_dev / roof : 0.0);
+    printf("a device step (ms, mean): GEMMs %.3f, attention (cache layer calls) %.3f, cache steps %.3f, "
+           "norms/RoPE/SiLU %.3f, head %.3f\n",
+           ph[MKV_CUDA_PHASE_GEMM], ph[MKV_CUDA_PHASE_ATTENTION], ph[MKV_CUDA_PHASE_CACHE], ph[MKV_CUDA_PHASE_OTHER],
+           ph[MKV_CUDA_PHASE_HEAD]);
     printf("prefill matmuls at %.0f%% of the square GEMM; output tokens/s %.0f (logits to the host); "
            "cache: %lld pages in use of %lld\n",
            100.0 * prefill_tflops / gemm, batch / step_host, (long long)(st.total_pages - st.free_pages),
@@ -260,11 +268,14 @@ int main(int argc, char **argv)
                 "\"prefill_s\": %.4f, \"prefill_matmul_tflops\": %.2f, \"prefill_gemm_fraction\": %.4f, "
                 "\"step_ms_device\": %.4f, \"step_ms_with_logits\": %.4f, \"weight_bytes\": %.0f, "
                 "\"kv_bytes\": %.0f, \"roofline_ms\": %.4f, \"step_over_roofline\": %.4f, "
-                "\"output_tokens_per_s\": %.1f}\n",
+                "\"output_tokens_per_s\": %.1f, \"step_phases_ms\": {\"gemm\": %.4f, \"attention\": %.4f, "
+                "\"cache\": %.4f, \"other\": %.4f, \"head\": %.4f}}\n",
                 prop.name, config ? config : shape, mkv_dtype_name(dtype), cache_mode, copy * 1e-9, gemm, batch,
                 context, steps, prefill_s, prefill_tflops, prefill_tflops / gemm, step_dev * 1e3,
                 step_host * 1e3, weight_bytes, kv_bytes, fp16 ? roof * 1e3 : 0.0,
-                fp16 ? step_dev / roof : 0.0, batch / step_host);
+                fp16 ? step_dev / roof : 0.0, batch / step_host, ph[MKV_CUDA_PHASE_GEMM],
+                ph[MKV_CUDA_PHASE_ATTENTION], ph[MKV_CUDA_PHASE_CACHE], ph[MKV_CUDA_PHASE_OTHER],
+                ph[MKV_CUDA_PHASE_HEAD]);
         fclose(jf);
     }
     free(prompt), free(slots), free(next), free(last), free(t_host), free(t_dev), free(logits);

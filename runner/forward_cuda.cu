@@ -2,10 +2,11 @@
  * forward_cuda.cu — the model runner's forward pass on CUDA (runner/forward_cuda.h).
  *
  * One layer, n tokens, element type T (f32, f16 or bf16) for weights and activations:
- *   a = rmsnorm(x) (T) -> q, k, v = a W^T (cuBLAS, fp32 accumulation) -> RoPE on q and k ->
+ *   a = rmsnorm(x) (T) -> [q | k | v] = a [Wq; Wk; Wv]^T (one cuBLAS GEMM, fp32 accumulation)
+ *   -> q, k, v split out, RoPE on q and k (one kernel) ->
  *   the cache's attention (q, k, v -> att, all T) -> x += att Wo^T (the GEMM accumulates into
- *   the fp32 residual, beta 1) -> a = rmsnorm(x) -> gate, up -> gate = silu(gate) * up ->
- *   x += gate Wdown^T.
+ *   the fp32 residual, beta 1) -> a = rmsnorm(x) -> [gate | up] (one GEMM) -> h = silu(gate) *
+ *   up -> x += h Wdown^T.
  * The logits are a GEMM of the final norm's rows with lm_head into fp32, copied to the host
  * (mkv_forward_t hands logits to its driver). Everything runs on the default stream.
  */
@@ -25,7 +26,9 @@
 namespace {
 
 struct dev_layer {
-    void *wq, *wk, *wv, *wo, *w_gate, *w_up, *w_down;
+    void *wqkv;   /* [H hd + 2 Hkv hd][D]: Wq, Wk, Wv stacked, one GEMM */
+    void *w_gu;   /* [2 I][D]: W_gate, W_up stacked */
+    void *wo, *w_down;
     float *attn_norm, *mlp_norm;
 };
 
@@ -43,12 +46,20 @@ struct mkv_cuda_forward {
     /* scratch, [T] rows */
     float *x;              /* [T][D] residual stream */
     void *a;               /* [T][D] a block's normed input */
+    void *qkv;             /* [T][H hd + 2 Hkv hd] the fused projection */
     void *q, *k, *v, *att; /* [T][H hd], [T][Hkv hd] x2, [T][H hd] */
-    void *gate, *up;       /* [T][I] */
+    void *gu;              /* [T][2 I] gate and up */
+    void *h;               /* [T][I] silu(gate) * up */
     float *logits;         /* [logit_rows][V] */
     int32_t logit_rows;    /* grows to the largest decode batch (a prefill needs one row) */
     float *cs;             /* [T][hd / 2][2] cos, sin */
     int32_t *tok;          /* [T] */
+    /* where a call's time goes (mkv_cuda_forward_set_timing): events at phase boundaries */
+    int timing;
+    cudaEvent_t *ev;       /* [MAX_MARKS] */
+    int32_t *ev_cat;
+    int32_t n_marks;
+    double phase_ms[MKV_CUDA_PHASES];
     /* host scratch */
     double *inv_freq;      /* [hd / 2] */
     float *h_cs;           /* [T][hd / 2][2] */
@@ -99,24 +110,6 @@ __global__ void rmsnorm_kernel(const float *x, const float *w, int32_t D, float 
     for (int32_t i = threadIdx.x; i < D; i += blockDim.x) y[(int64_t)t * D + i] = from_f<T>(xt[i] * r * w[i]);
 }
 
-/* Hugging Face's rotate_half: in each head, element i pairs with i + hd/2. cs: [n][hd/2][2]. */
-template <typename T>
-__global__ void rope_kernel(T *x, int32_t n_heads, int32_t hd, int32_t n, const float *cs)
-{
-    const int32_t half = hd / 2;
-    const int64_t total = (int64_t)n * n_heads * half;
-    for (int64_t e = (int64_t)blockIdx.x * blockDim.x + threadIdx.x; e < total; e += (int64_t)gridDim.x * blockDim.x) {
-        const int32_t i = (int32_t)(e % half);
-        const int64_t th = e / half;
-        const int32_t t = (int32_t)(th / n_heads);
-        const float c = cs[((int64_t)t * half + i) * 2], s = cs[((int64_t)t * half + i) * 2 + 1];
-        T *p = x + th * hd;
-        const float x1 = to_f(p[i]), x2 = to_f(p[i + half]);
-        p[i] = from_f<T>(x1 * c - x2 * s);
-        p[i + half] = from_f<T>(x2 * c + x1 * s);
-    }
-}
-
 /* Deterministic stand-in weights: uniform in [-scale, scale) from a hash of (seed, i). */
 template <typename T>
 __global__ void fill_uniform_kernel(T *p, int64_t n, uint64_t seed, float scale)
@@ -137,13 +130,68 @@ __global__ void fill_const_kernel(float *p, int64_t n, float v)
         p[i] = v;
 }
 
+/* The fused projection's rows [n][H hd | Hkv hd | Hkv hd] into contiguous q, k, v, RoPE applied
+ * to q and k on the way (Hugging Face's rotate_half: in each head, element i pairs with i + hd/2;
+ * cs [n][hd/2][2] holds each token's cos and sin); one thread per pair. */
 template <typename T>
-__global__ void silu_mul_kernel(T *g, const T *u, int64_t n)
+__global__ void split_rope_kernel(const T *qkv, int32_t n, int32_t H, int32_t Hkv, int32_t hd, const float *cs,
+                                  T *q, T *k, T *v)
 {
-    for (int64_t i = (int64_t)blockIdx.x * blockDim.x + threadIdx.x; i < n; i += (int64_t)gridDim.x * blockDim.x) {
-        const float v = to_f(g[i]);
-        g[i] = from_f<T>(v / (1.0f + expf(-v)) * to_f(u[i]));
+    const int32_t half = hd / 2, heads = H + 2 * Hkv;
+    const int64_t total = (int64_t)n * heads * half;
+    for (int64_t e = (int64_t)blockIdx.x * blockDim.x + threadIdx.x; e < total; e += (int64_t)gridDim.x * blockDim.x) {
+        const int32_t i = (int32_t)(e % half);
+        const int64_t th = e / half;
+        const int32_t t = (int32_t)(th / heads), h = (int32_t)(th % heads);
+        const T *src = qkv + ((int64_t)t * heads + h) * hd;
+        if (h >= H + Hkv) { /* v: a copy */
+            T *dst = v + ((int64_t)t * Hkv + (h - H - Hkv)) * hd;
+            dst[i] = src[i];
+            dst[i + half] = src[i + half];
+            continue;
+        }
+        T *dst = h < H ? q + ((int64_t)t * H + h) * hd : k + ((int64_t)t * Hkv + (h - H)) * hd;
+        const float c = cs[((int64_t)t * half + i) * 2], s = cs[((int64_t)t * half + i) * 2 + 1];
+        const float x1 = to_f(src[i]), x2 = to_f(src[i + half]);
+        dst[i] = from_f<T>(x1 * c - x2 * s);
+        dst[i + half] = from_f<T>(x2 * c + x1 * s);
     }
+}
+
+/* h [n][I] = silu(gate) * up from gu [n][gate I | up I]. */
+template <typename T>
+__global__ void silu_mul_kernel(const T *gu, int32_t I, int64_t n, T *h)
+{
+    for (int64_t e = (int64_t)blockIdx.x * blockDim.x + threadIdx.x; e < n; e += (int64_t)gridDim.x * blockDim.x) {
+        const int64_t t = e / I, i = e % I;
+        const float g = to_f(gu[t * 2 * I + i]), u = to_f(gu[t * 2 * I + I + i]);
+        h[e] = from_f<T>(g / (1.0f + expf(-g)) * u);
+    }
+}
+
+enum { MAX_MARKS = 1024 };
+
+/* From here on, the time belongs to phase cat (no-op unless timing). */
+static void mark(mkv_cuda_forward_t *f, int32_t cat)
+{
+    if (!f->timing || f->n_marks >= MAX_MARKS) return;
+    cudaEventRecord(f->ev[f->n_marks], NULL);
+    f->ev_cat[f->n_marks++] = cat;
+}
+
+/* The call's marks into phase_ms, once its work is done. */
+static void settle_marks(mkv_cuda_forward_t *f)
+{
+    if (!f->timing || f->n_marks < 2) {
+        f->n_marks = 0;
+        return;
+    }
+    cudaEventSynchronize(f->ev[f->n_marks - 1]);
+    for (int32_t i = 0; i + 1 < f->n_marks; i++) {
+        float ms = 0.0f;
+        if (cudaEventElapsedTime(&ms, f->ev[i], f->ev[i + 1]) == cudaSuccess) f->phase_ms[f->ev_cat[i]] += ms;
+    }
+    f->n_marks = 0;
 }
 
 static unsigned grid_of(int64_t n, int threads)
@@ -205,16 +253,21 @@ void mkv_cuda_forward_free(mkv_cuda_forward_t *f)
     if (f->layers) {
         for (int32_t l = 0; l < f->cfg.n_layers; l++) {
             dev_layer *d = &f->layers[l];
-            void *p[] = {d->wq, d->wk, d->wv, d->wo, d->w_gate, d->w_up, d->w_down, d->attn_norm, d->mlp_norm};
+            void *p[] = {d->wqkv, d->w_gu, d->wo, d->w_down, d->attn_norm, d->mlp_norm};
             for (void *x : p) cudaFree(x);
         }
         free(f->layers);
     }
     if (f->lm_head != f->embed) cudaFree(f->lm_head);
-    void *p[] = {f->embed, f->final_norm, f->x, f->a, f->q, f->k, f->v, f->att, f->gate, f->up,
+    void *p[] = {f->embed, f->final_norm, f->x, f->a, f->qkv, f->q, f->k, f->v, f->att, f->gu, f->h,
                  f->logits, f->cs, f->tok};
     for (void *x : p) cudaFree(x);
     if (f->blas) cublasDestroy(f->blas);
+    if (f->ev) {
+        for (int i = 0; i < MAX_MARKS; i++) cudaEventDestroy(f->ev[i]);
+        free(f->ev);
+    }
+    free(f->ev_cat);
     free(f->inv_freq);
     free(f->h_cs);
     free(f->pos);
@@ -246,6 +299,32 @@ static mkv_status_t upload(mkv_cuda_forward_t *f, const float *src, int64_t n, i
     const cudaError_t e = cudaMemcpy(*out, host, bytes, cudaMemcpyHostToDevice);
     free(conv);
     return e == cudaSuccess ? MKV_STATUS_OK : cuda_failed(err, "weight upload");
+}
+
+/* Several fp32 host tensors, one after another, into one new device array of f->dtype. */
+static mkv_status_t upload_stacked(mkv_cuda_forward_t *f, const float *const *src, const int64_t *n, int parts,
+                                   void **out, char *err)
+{
+    int64_t total = 0;
+    for (int i = 0; i < parts; i++) total += n[i];
+    const size_t es = esize(f->dtype);
+    if (cudaMalloc(out, (size_t)total * es) != cudaSuccess) {
+        *out = NULL;
+        (void)cudaGetLastError();
+        return runner_fail(err, MKV_STATUS_OUT_OF_MEMORY, "CUDA forward: cannot allocate %zu bytes of weights",
+                           (size_t)total * es);
+    }
+    int64_t at = 0;
+    for (int i = 0; i < parts; i++) {
+        void *part = NULL;
+        mkv_status_t st = upload(f, src[i], n[i], 0, &part, err);
+        if (st != MKV_STATUS_OK) return st;
+        const cudaError_t e = cudaMemcpy((char *)*out + at * es, part, (size_t)n[i] * es, cudaMemcpyDeviceToDevice);
+        cudaFree(part);
+        if (e != cudaSuccess) return cuda_failed(err, "weight upload");
+        at += n[i];
+    }
+    return MKV_STATUS_OK;
 }
 
 static mkv_status_t scratch(void **p, size_t bytes, char *err)
@@ -328,12 +407,13 @@ static mkv_status_t create_common(const mkv_model_config_t *c, int32_t max_token
     f->logit_rows = max_tokens < 64 ? max_tokens : 64;
     RUNNER_TRY(scratch((void **)&f->x, (size_t)(T * D) * 4, err));
     RUNNER_TRY(scratch(&f->a, (size_t)(T * D) * es, err));
+    RUNNER_TRY(scratch(&f->qkv, (size_t)(T * (QD + 2 * KD)) * es, err));
     RUNNER_TRY(scratch(&f->q, (size_t)(T * QD) * es, err));
     RUNNER_TRY(scratch(&f->k, (size_t)(T * KD) * es, err));
     RUNNER_TRY(scratch(&f->v, (size_t)(T * KD) * es, err));
     RUNNER_TRY(scratch(&f->att, (size_t)(T * QD) * es, err));
-    RUNNER_TRY(scratch(&f->gate, (size_t)(T * I) * es, err));
-    RUNNER_TRY(scratch(&f->up, (size_t)(T * I) * es, err));
+    RUNNER_TRY(scratch(&f->gu, (size_t)(T * 2 * I) * es, err));
+    RUNNER_TRY(scratch(&f->h, (size_t)(T * I) * es, err));
     RUNNER_TRY(scratch((void **)&f->logits, (size_t)f->logit_rows * V * 4, err));
     RUNNER_TRY(scratch((void **)&f->cs, (size_t)(T * hd) * 4, err));
     RUNNER_TRY(scratch((void **)&f->tok, (size_t)T * 4, err));
@@ -366,12 +446,11 @@ extern "C" mkv_status_t mkv_cuda_forward_create(const mkv_model_t *m, int32_t ma
     for (int32_t l = 0; l < c->n_layers; l++) {
         const mkv_layer_weights_t *w = &m->layers[l];
         dev_layer *d = &f->layers[l];
-        RUNNER_TRY(upload(f, w->wq, QD * D, 0, &d->wq, err));
-        RUNNER_TRY(upload(f, w->wk, KD * D, 0, &d->wk, err));
-        RUNNER_TRY(upload(f, w->wv, KD * D, 0, &d->wv, err));
+        const float *qkv[3] = {w->wq, w->wk, w->wv}, *gu[2] = {w->w_gate, w->w_up};
+        const int64_t qkv_n[3] = {QD * D, KD * D, KD * D}, gu_n[2] = {I * D, I * D};
+        RUNNER_TRY(upload_stacked(f, qkv, qkv_n, 3, &d->wqkv, err));
         RUNNER_TRY(upload(f, w->wo, D * QD, 0, &d->wo, err));
-        RUNNER_TRY(upload(f, w->w_gate, I * D, 0, &d->w_gate, err));
-        RUNNER_TRY(upload(f, w->w_up, I * D, 0, &d->w_up, err));
+        RUNNER_TRY(upload_stacked(f, gu, gu_n, 2, &d->w_gu, err));
         RUNNER_TRY(upload(f, w->w_down, D * I, 0, &d->w_down, err));
         RUNNER_TRY(upload(f, w->attn_norm, D, 1, (void **)&d->attn_norm, err));
         RUNNER_TRY(upload(f, w->mlp_norm, D, 1, (void **)&d->mlp_norm, err));
@@ -401,12 +480,9 @@ extern "C" mkv_status_t mkv_cuda_forward_create_dummy(const mkv_model_config_t *
     for (int32_t l = 0; l < c->n_layers; l++) {
         dev_layer *d = &f->layers[l];
         const uint64_t id = (uint64_t)l * 16;
-        RUNNER_TRY(dummy(f, QD * D, D, seed, id + 0, &d->wq, err));
-        RUNNER_TRY(dummy(f, KD * D, D, seed, id + 1, &d->wk, err));
-        RUNNER_TRY(dummy(f, KD * D, D, seed, id + 2, &d->wv, err));
+        RUNNER_TRY(dummy(f, (QD + 2 * KD) * D, D, seed, id + 0, &d->wqkv, err));
         RUNNER_TRY(dummy(f, D * QD, QD, seed, id + 3, &d->wo, err));
-        RUNNER_TRY(dummy(f, I * D, D, seed, id + 4, &d->w_gate, err));
-        RUNNER_TRY(dummy(f, I * D, D, seed, id + 5, &d->w_up, err));
+        RUNNER_TRY(dummy(f, 2 * I * D, D, seed, id + 4, &d->w_gu, err));
         RUNNER_TRY(dummy(f, D * I, I, seed, id + 6, &d->w_down, err));
         RUNNER_TRY(ones(D, &d->attn_norm, err));
         RUNNER_TRY(ones(D, &d->mlp_norm, err));
@@ -465,6 +541,7 @@ static mkv_status_t begin(mkv_cuda_forward_t *f, const int32_t *tokens, int32_t 
     if (cudaMemcpy(f->cs, f->h_cs, (size_t)n * half * 2 * 4, cudaMemcpyHostToDevice) != cudaSuccess ||
         cudaMemcpy(f->tok, tokens, (size_t)n * 4, cudaMemcpyHostToDevice) != cudaSuccess)
         return cuda_failed(err, "input upload");
+    mark(f, MKV_CUDA_PHASE_OTHER);
     with_type(f->dtype, [&](auto z) {
         using T = decltype(z);
         embed_kernel<T><<<n, 128>>>((const T *)f->embed, f->tok, f->cfg.hidden, f->x);
@@ -482,42 +559,45 @@ static mkv_status_t layers(mkv_cuda_forward_t *f, mkv_cache_t *cache, int32_t n,
     mkv_status_t st;
     for (int32_t l = 0; l < c->n_layers; l++) {
         const dev_layer *w = &f->layers[l];
+        mark(f, MKV_CUDA_PHASE_OTHER);
         with_type(f->dtype, [&](auto z) {
             using T = decltype(z);
             rmsnorm_kernel<T><<<n, 256>>>(f->x, w->attn_norm, D, c->rms_eps, (T *)f->a);
         });
-        if ((st = gemm(f, w->wq, QD, D, f->a, n, f->q, f->dtype, 0.0f, err)) != MKV_STATUS_OK ||
-            (st = gemm(f, w->wk, KD, D, f->a, n, f->k, f->dtype, 0.0f, err)) != MKV_STATUS_OK ||
-            (st = gemm(f, w->wv, KD, D, f->a, n, f->v, f->dtype, 0.0f, err)) != MKV_STATUS_OK)
+        mark(f, MKV_CUDA_PHASE_GEMM);
+        if ((st = gemm(f, w->wqkv, QD + 2 * KD, D, f->a, n, f->qkv, f->dtype, 0.0f, err)) != MKV_STATUS_OK)
             return st;
+        mark(f, MKV_CUDA_PHASE_OTHER);
         with_type(f->dtype, [&](auto z) {
             using T = decltype(z);
-            const int64_t half = c->head_dim / 2;
-            rope_kernel<T><<<grid_of((int64_t)n * c->n_heads * half, 256), 256>>>((T *)f->q, c->n_heads,
-                                                                                 c->head_dim, n, f->cs);
-            rope_kernel<T><<<grid_of((int64_t)n * c->n_kv_heads * half, 256), 256>>>((T *)f->k, c->n_kv_heads,
-                                                                                    c->head_dim, n, f->cs);
+            const int64_t pairs = (int64_t)n * (c->n_heads + 2 * c->n_kv_heads) * (c->head_dim / 2);
+            split_rope_kernel<T><<<grid_of(pairs, 256), 256>>>((const T *)f->qkv, n, c->n_heads, c->n_kv_heads,
+                                                               c->head_dim, f->cs, (T *)f->q, (T *)f->k, (T *)f->v);
         });
         if (cudaGetLastError() != cudaSuccess) return cuda_failed(err, "norm or rope");
+        mark(f, MKV_CUDA_PHASE_ATTENTION);
         st = decode ? mkv_cache_decode_layer_ex(cache, n_slots, slots, l, f->dtype, f->q, f->k, f->v, f->att, NULL)
                     : mkv_cache_prefill_layer_ex(cache, n_slots, slots, l, f->dtype, f->q, f->k, f->v, f->att,
                                                  NULL);
         if (st != MKV_STATUS_OK)
             return runner_fail(err, st, "layer %d: %s", l, mkv_cache_last_error(cache));
+        mark(f, MKV_CUDA_PHASE_GEMM);
         if ((st = gemm(f, w->wo, D, QD, f->att, n, f->x, MKV_DTYPE_F32, 1.0f, err)) != MKV_STATUS_OK) return st;
+        mark(f, MKV_CUDA_PHASE_OTHER);
         with_type(f->dtype, [&](auto z) {
             using T = decltype(z);
             rmsnorm_kernel<T><<<n, 256>>>(f->x, w->mlp_norm, D, c->rms_eps, (T *)f->a);
         });
-        if ((st = gemm(f, w->w_gate, I, D, f->a, n, f->gate, f->dtype, 0.0f, err)) != MKV_STATUS_OK ||
-            (st = gemm(f, w->w_up, I, D, f->a, n, f->up, f->dtype, 0.0f, err)) != MKV_STATUS_OK)
-            return st;
+        mark(f, MKV_CUDA_PHASE_GEMM);
+        if ((st = gemm(f, w->w_gu, 2 * I, D, f->a, n, f->gu, f->dtype, 0.0f, err)) != MKV_STATUS_OK) return st;
+        mark(f, MKV_CUDA_PHASE_OTHER);
         with_type(f->dtype, [&](auto z) {
             using T = decltype(z);
-            silu_mul_kernel<T><<<grid_of((int64_t)n * I, 256), 256>>>((T *)f->gate, (const T *)f->up, (int64_t)n * I);
+            silu_mul_kernel<T><<<grid_of((int64_t)n * I, 256), 256>>>((const T *)f->gu, I, (int64_t)n * I, (T *)f->h);
         });
         if (cudaGetLastError() != cudaSuccess) return cuda_failed(err, "silu");
-        if ((st = gemm(f, w->w_down, D, I, f->gate, n, f->x, MKV_DTYPE_F32, 1.0f, err)) != MKV_STATUS_OK) return st;
+        mark(f, MKV_CUDA_PHASE_GEMM);
+        if ((st = gemm(f, w->w_down, D, I, f->h, n, f->x, MKV_DTYPE_F32, 1.0f, err)) != MKV_STATUS_OK) return st;
     }
     return MKV_STATUS_OK;
 }
@@ -526,6 +606,7 @@ static mkv_status_t layers(mkv_cuda_forward_t *f, mkv_cache_t *cache, int32_t n,
 static mkv_status_t head(mkv_cuda_forward_t *f, int32_t first, int32_t count, float *logits, char *err)
 {
     const mkv_model_config_t *c = &f->cfg;
+    mark(f, MKV_CUDA_PHASE_HEAD);
     with_type(f->dtype, [&](auto z) {
         using T = decltype(z);
         rmsnorm_kernel<T><<<count, 256>>>(f->x + (int64_t)first * c->hidden, f->final_norm, c->hidden, c->rms_eps,
@@ -542,9 +623,11 @@ static mkv_status_t head(mkv_cuda_forward_t *f, int32_t first, int32_t count, fl
     }
     mkv_status_t st = gemm(f, f->lm_head, c->vocab, c->hidden, f->a, count, f->logits, MKV_DTYPE_F32, 0.0f, err);
     if (st != MKV_STATUS_OK) return st;
-    if (!logits) return cudaDeviceSynchronize() == cudaSuccess ? MKV_STATUS_OK : cuda_failed(err, "head");
-    if (cudaMemcpy(logits, f->logits, (size_t)count * c->vocab * 4, cudaMemcpyDeviceToHost) != cudaSuccess)
+    if (logits && cudaMemcpy(logits, f->logits, (size_t)count * c->vocab * 4, cudaMemcpyDeviceToHost) != cudaSuccess)
         return cuda_failed(err, "logits download");
+    mark(f, MKV_CUDA_PHASE_OTHER); /* the end */
+    if (cudaDeviceSynchronize() != cudaSuccess) return cuda_failed(err, "head");
+    settle_marks(f);
     return MKV_STATUS_OK;
 }
 
@@ -579,7 +662,9 @@ static mkv_status_t cuda_prefill(void *ctx, mkv_cache_t *cache, int32_t slot, co
     cudaGetDevice(&prev);
     cudaSetDevice(f->device);
     for (int32_t t = 0; t < n; t++) f->pos[t] = t;
+    f->n_marks = 0;
     if ((st = begin(f, tokens, n, err)) == MKV_STATUS_OK && (st = layers(f, cache, n, 1, &slot, 0, err)) == MKV_STATUS_OK) {
+        mark(f, MKV_CUDA_PHASE_CACHE);
         if ((st = mkv_cache_commit_prompt(cache, 1, &slot, NULL)) != MKV_STATUS_OK)
             st = runner_fail(err, st, "%s", mkv_cache_last_error(cache));
         else if (last_logits)
@@ -608,12 +693,15 @@ static mkv_status_t cuda_decode(void *ctx, mkv_cache_t *cache, int32_t n_slots, 
     int prev = 0;
     cudaGetDevice(&prev);
     cudaSetDevice(f->device);
+    f->n_marks = 0;
+    mark(f, MKV_CUDA_PHASE_CACHE);
     if ((st = mkv_cache_append(cache, n_slots, slots, NULL)) != MKV_STATUS_OK) {
         cudaSetDevice(prev);
         return cache_failed(cache, st);
     }
     if ((st = begin(f, tokens, n_slots, err)) == MKV_STATUS_OK &&
         (st = layers(f, cache, n_slots, n_slots, slots, 1, err)) == MKV_STATUS_OK) {
+        mark(f, MKV_CUDA_PHASE_CACHE);
         if ((st = mkv_cache_compress(cache, n_slots, slots, NULL)) != MKV_STATUS_OK)
             st = runner_fail(err, st, "%s", mkv_cache_last_error(cache));
         else
@@ -635,4 +723,29 @@ extern "C" mkv_forward_t mkv_cuda_forward(mkv_cuda_forward_t *f)
     fw.prefill = cuda_prefill;
     fw.decode = cuda_decode;
     return fw;
+}
+
+extern "C" mkv_status_t mkv_cuda_forward_set_timing(mkv_cuda_forward_t *f, int on)
+{
+    if (!f) return mkv_report_error(MKV_STATUS_INVALID_ARGUMENT, "mkv_cuda_forward_set_timing: null pass");
+    if (on && !f->ev) {
+        f->ev = (cudaEvent_t *)calloc(MAX_MARKS, sizeof *f->ev);
+        f->ev_cat = (int32_t *)calloc(MAX_MARKS, sizeof *f->ev_cat);
+        if (!f->ev || !f->ev_cat) return mkv_report_error(MKV_STATUS_OUT_OF_MEMORY, "cannot allocate timing events");
+        for (int i = 0; i < MAX_MARKS; i++)
+            if (cudaEventCreate(&f->ev[i]) != cudaSuccess)
+                return mkv_report_error(MKV_STATUS_CUDA_ERROR, "cudaEventCreate: %s",
+                                        cudaGetErrorString(cudaGetLastError()));
+    }
+    f->timing = on != 0;
+    f->n_marks = 0;
+    return MKV_STATUS_OK;
+}
+
+extern "C" void mkv_cuda_forward_phases(mkv_cuda_forward_t *f, double ms[MKV_CUDA_PHASES], int reset)
+{
+    for (int i = 0; i < MKV_CUDA_PHASES; i++) {
+        ms[i] = f ? f->phase_ms[i] : 0.0;
+        if (f && reset) f->phase_ms[i] = 0.0;
+    }
 }

@@ -45,6 +45,23 @@ int64_t mkv_cuda_forward_weight_bytes(const mkv_cuda_forward_t *f);
  * without the copy to the host). */
 mkv_forward_t mkv_cuda_forward(mkv_cuda_forward_t *f);
 
+/* Where the calls' time goes on the device, measured with events at phase boundaries once
+ * timing is on (a little overhead: one event per boundary): GEMMs (the projections), the
+ * cache's layer calls (the new tokens' writes and attention), its step calls (append,
+ * compress, commit), the rest of the layers (norms, RoPE, SiLU, embedding), and the head
+ * (final norm, lm_head, the logits' copy). Milliseconds summed over every call since the last
+ * reset. */
+enum {
+    MKV_CUDA_PHASE_GEMM = 0,
+    MKV_CUDA_PHASE_ATTENTION,
+    MKV_CUDA_PHASE_CACHE,
+    MKV_CUDA_PHASE_OTHER,
+    MKV_CUDA_PHASE_HEAD,
+    MKV_CUDA_PHASES
+};
+mkv_status_t mkv_cuda_forward_set_timing(mkv_cuda_forward_t *f, int on);
+void mkv_cuda_forward_phases(mkv_cuda_forward_t *f, double ms[MKV_CUDA_PHASES], int reset);
+
 /* Whether this build has the CUDA pass (0: mkv_cuda_forward_create returns UNSUPPORTED). */
 int mkv_cuda_forward_available(void);
 
