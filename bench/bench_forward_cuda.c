@@ -199,7 +199,7 @@ int main(int argc, char **argv)
             prompt[t] = (int32_t)((rng >> 33) % (uint64_t)mc.vocab);
         }
         if (mkv_cache_admit(cache, context, &slots[j]) != MKV_STATUS_OK ||
-            fw.prefill(fw.ctx, cache, slots[j], prompt, context, last) != MKV_STATUS_OK) {
+            fw.prefill(fw.ctx, cache, slots[j], prompt, context, NULL, last) != MKV_STATUS_OK) {
             fprintf(stderr, "bench_forward_cuda: prefill %d: %s\n", j, mkv_last_error());
             return 1;
         }

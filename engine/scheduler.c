@@ -253,7 +253,7 @@ static mkv_status_t try_admit(mkv_scheduler_t *s, int *admitted, int *failed)
     pop_front(s);
     memcpy(s->input, r->prompt, (size_t)r->prompt_len * sizeof(int32_t));
     memcpy(s->input + r->prompt_len, r->out, (size_t)r->n_out * sizeof(int32_t));
-    if ((st = s->fwd.prefill(s->fwd.ctx, s->cache, slot, s->input, len, s->logits)) != MKV_STATUS_OK)
+    if ((st = s->fwd.prefill(s->fwd.ctx, s->cache, slot, s->input, len, NULL, s->logits)) != MKV_STATUS_OK)
         return st;
     r->state = MKV_REQ_RUNNING;
     r->slot = slot;

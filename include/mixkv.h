@@ -435,9 +435,10 @@ typedef struct mkv_forward {
     int32_t max_positions; /* positions a sequence may reach */
     int32_t max_tokens;    /* most tokens one call takes (a prompt, or a decode batch) */
     /* The admitted, uncommitted slot's prompt (n tokens, as admitted) through every layer,
-     * then committed; the next token's logits into last_logits [vocab]. */
+     * then committed; the logits of every position into logits [n][vocab] and the last
+     * one's into last_logits [vocab], each when not NULL. */
     mkv_status_t (*prefill)(void *ctx, mkv_cache_t *cache, int32_t slot, const int32_t *tokens,
-                            int32_t n, float *last_logits);
+                            int32_t n, float *logits, float *last_logits);
     /* One decode step of n_slots committed slots, tokens [n_slots] their inputs: append,
      * every layer, compress; logits [n_slots][vocab]. */
     mkv_status_t (*decode)(void *ctx, mkv_cache_t *cache, int32_t n_slots, const int32_t *slots,

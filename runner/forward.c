@@ -495,10 +495,10 @@ mkv_status_t mkv_model_decode(const mkv_model_t *m, mkv_cache_t *cache, int32_t 
 /* ---------------------------------------------------------------------------------------- */
 
 static mkv_status_t forward_prefill(void *ctx, mkv_cache_t *cache, int32_t slot, const int32_t *tokens,
-                                    int32_t n, float *last_logits)
+                                    int32_t n, float *logits, float *last_logits)
 {
     mkv_forward_ws_t *ws = ctx;
-    return mkv_model_prefill(ws->model, cache, slot, tokens, n, NULL, last_logits, ws);
+    return mkv_model_prefill(ws->model, cache, slot, tokens, n, logits, last_logits, ws);
 }
 
 static mkv_status_t forward_decode(void *ctx, mkv_cache_t *cache, int32_t n_slots, const int32_t *slots,

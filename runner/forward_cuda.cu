@@ -646,7 +646,7 @@ static mkv_status_t check_tokens(const mkv_cuda_forward_t *f, const char *fn, co
 }
 
 static mkv_status_t cuda_prefill(void *ctx, mkv_cache_t *cache, int32_t slot, const int32_t *tokens, int32_t n,
-                                 float *last_logits)
+                                 float *logits, float *last_logits)
 {
     mkv_cuda_forward_t *f = (mkv_cuda_forward_t *)ctx;
     char err[MKV_ERR_LEN];
@@ -667,8 +667,12 @@ static mkv_status_t cuda_prefill(void *ctx, mkv_cache_t *cache, int32_t slot, co
         mark(f, MKV_CUDA_PHASE_CACHE);
         if ((st = mkv_cache_commit_prompt(cache, 1, &slot, NULL)) != MKV_STATUS_OK)
             st = runner_fail(err, st, "%s", mkv_cache_last_error(cache));
-        else if (last_logits)
+        else if (logits) {
+            if ((st = head(f, 0, n, logits, err)) == MKV_STATUS_OK && last_logits)
+                memcpy(last_logits, logits + (int64_t)(n - 1) * f->cfg.vocab, (size_t)f->cfg.vocab * sizeof(float));
+        } else if (last_logits) {
             st = head(f, n - 1, 1, last_logits, err);
+        }
     }
     cudaSetDevice(prev);
     return st == MKV_STATUS_OK ? st : report(st, err);

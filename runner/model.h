@@ -105,8 +105,8 @@ void mkv_forward_ws_free(mkv_forward_ws_t *ws);
 mkv_status_t mkv_forward_ws_set_threads(mkv_forward_ws_t *ws, int32_t n_threads);
 
 /* The CPU forward pass of ws's model through ws, as mixkv.h's mkv_forward_t (what the
- * scheduler loop drives): prefill is mkv_model_prefill with last_logits only, decode is
- * mkv_model_decode. ws must outlive every use. */
+ * scheduler loop drives): prefill is mkv_model_prefill, decode is mkv_model_decode. ws must
+ * outlive every use. */
 mkv_forward_t mkv_model_forward(mkv_forward_ws_t *ws);
 int32_t mkv_forward_ws_threads(const mkv_forward_ws_t *ws);
 

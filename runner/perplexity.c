@@ -72,7 +72,7 @@ static void score(mkv_ppl_mode_t *md, int k, int32_t *pred0, const float *lg, in
 
 /* One window of tokens t[window] through cache c as mode k. */
 static mkv_status_t run_window(const mkv_model_t *m, mkv_cache_t *c, int k, const int32_t *t,
-                               const mkv_ppl_opts_t *o, int last, mkv_forward_ws_t *ws,
+                               const mkv_ppl_opts_t *o, int last, const mkv_forward_t *fw,
                                float *logits, int32_t *pred0, mkv_ppl_mode_t *md)
 {
     const int32_t V = m->cfg.vocab, P = o->prompt_len;
@@ -82,14 +82,14 @@ static mkv_status_t run_window(const mkv_model_t *m, mkv_cache_t *c, int k, cons
     if ((st = mkv_cache_admit(c, P, &slot)) != MKV_STATUS_OK)
         return mkv_report_error(st, "%s", mkv_cache_last_error(c));
     /* Prompt: logits of every prompt position. */
-    if ((st = mkv_model_prefill(m, c, slot, t, P, logits, NULL, ws)) != MKV_STATUS_OK) return st;
+    if ((st = fw->prefill(fw->ctx, c, slot, t, P, logits, NULL)) != MKV_STATUS_OK) return st;
     double busy = now_s() - t0;
     for (int32_t i = 0; i < P; i++)
         score(md, k, pred0, logits + (int64_t)i * V, V, i, t[i + 1], 1);
     /* Generation: feed the true next token, one at a time. */
     for (int32_t i = P; i < o->window - 1; i++) {
         const double t1 = now_s();
-        if ((st = mkv_model_decode(m, c, 1, &slot, &t[i], logits, ws)) != MKV_STATUS_OK) return st;
+        if ((st = fw->decode(fw->ctx, c, 1, &slot, &t[i], logits)) != MKV_STATUS_OK) return st;
         busy += now_s() - t1;
         score(md, k, pred0, logits, V, i, t[i + 1], 0);
     }
@@ -142,11 +142,22 @@ mkv_status_t mkv_perplexity(const mkv_model_t *m, mkv_cache_t *const *caches, in
                                o->window, (long long)longest);
     }
     const int32_t V = m->cfg.vocab;
-    if ((st = mkv_forward_ws_create(m, o->prompt_len, &ws, err)) != MKV_STATUS_OK)
-        return mkv_report_error(st, "%s", err);
-    if (o->n_threads > 0 && (st = mkv_forward_ws_set_threads(ws, o->n_threads)) != MKV_STATUS_OK) {
-        mkv_forward_ws_free(ws);
-        return mkv_report_error(st, "cannot use %d threads", o->n_threads);
+    mkv_forward_t fw;
+    if (o->fwd) {
+        fw = *o->fwd;
+        if (fw.vocab != V || fw.max_tokens < o->prompt_len || !fw.prefill || !fw.decode)
+            return mkv_report_error(MKV_STATUS_INVALID_ARGUMENT,
+                                    "the forward pass (vocab %d, %d tokens a call) does not fit the model "
+                                    "(vocab %d) and prompt length %d",
+                                    fw.vocab, fw.max_tokens, V, o->prompt_len);
+    } else {
+        if ((st = mkv_forward_ws_create(m, o->prompt_len, &ws, err)) != MKV_STATUS_OK)
+            return mkv_report_error(st, "%s", err);
+        if (o->n_threads > 0 && (st = mkv_forward_ws_set_threads(ws, o->n_threads)) != MKV_STATUS_OK) {
+            mkv_forward_ws_free(ws);
+            return mkv_report_error(st, "cannot use %d threads", o->n_threads);
+        }
+        fw = mkv_model_forward(ws);
     }
     logits = malloc((size_t)o->prompt_len * V * sizeof(float));
     pred0 = malloc((size_t)o->window * sizeof(int32_t));
@@ -167,7 +178,7 @@ mkv_status_t mkv_perplexity(const mkv_model_t *m, mkv_cache_t *const *caches, in
             const int32_t *t = docs[d].tokens + j * o->window;
             for (int k = 0; k < n_modes; k++) {
                 const int last = w + 1 == windows && k == n_modes - 1;
-                if ((st = run_window(m, caches[k], k, t, o, last, ws, logits, pred0,
+                if ((st = run_window(m, caches[k], k, t, o, last, &fw, logits, pred0,
                                      &out->mode[k])) != MKV_STATUS_OK)
                     goto done;
             }

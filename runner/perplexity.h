@@ -78,6 +78,8 @@ typedef struct mkv_ppl_opts {
     mkv_ppl_progress_fn progress;
     void *progress_ctx;
     int32_t n_threads;       /* forward-pass threads; 0: one per online core */
+    const mkv_forward_t *fwd; /* the forward pass to run (the CUDA one, say: its max_tokens must
+                                 cover prompt_len); NULL: the model's CPU pass */
 } mkv_ppl_opts_t;
 
 /* The number of windows mkv_perplexity will run for these documents and options. */

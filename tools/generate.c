@@ -22,6 +22,7 @@ typedef struct gen_opts {
     double temperature, top_p;
     int64_t seed;
     mkv_policy_opts_t policy;
+    mkv_run_opts_t run;
 } gen_opts_t;
 
 void mkv_generate_usage(FILE *f)
@@ -52,7 +53,8 @@ void mkv_generate_usage(FILE *f)
             "  --budget N          mixkv: tokens kept per head-region, 0: none [0] (the FP16\n"
             "                      baseline compresses nothing, so not with --mode fp16)\n"
             MKV_POLICY_OPTS_HELP
-            "  --threads N         forward-pass threads [one per core]\n"
+            MKV_RUN_OPTS_HELP
+            "  --threads N         forward-pass threads (CPU) [one per core]\n"
             "  --dump FILE         write the cache when the request finishes, before its pages\n"
             "                      are released (for 'mixkv inspect')\n"
             "  --json FILE         write the result as JSON ('-': stdout, then no streaming)\n"
@@ -72,6 +74,10 @@ static int parse(int argc, char **argv, gen_opts_t *o)
             return 1;
         }
         if ((m = mkv_policy_opts_parse(CMD, argc, argv, &i, &o->policy)) != 0) {
+            if (m < 0) return -1;
+            continue;
+        }
+        if ((m = mkv_run_opts_parse(CMD, argc, argv, &i, &o->run)) != 0) {
             if (m < 0) return -1;
             continue;
         }
@@ -231,6 +237,7 @@ int mkv_generate_main(int argc, char **argv)
     o.top_p = 1.0;
     o.seed = 1;
     mkv_policy_opts_default(&o.policy);
+    mkv_run_opts_default(&o.run);
     const int p = parse(argc, argv, &o);
     if (p != 0) return p > 0 ? MKV_EXIT_OK : MKV_EXIT_USAGE;
 
@@ -240,7 +247,8 @@ int mkv_generate_main(int argc, char **argv)
     mkv_tokenizer_t *tok = NULL;
     mkv_cache_t *cache = NULL;
     mkv_scheduler_t *sched = NULL;
-    mkv_forward_ws_t *ws = NULL;
+    mkv_tools_forward_t fw;
+    memset(&fw, 0, sizeof fw);
     int32_t *ids = NULL, n_ids = 0;
     mkv_request_t req;
     memset(&req, 0, sizeof req);
@@ -285,18 +293,10 @@ int mkv_generate_main(int argc, char **argv)
         rc = MKV_EXIT_USAGE;
         goto done;
     }
-    if (!(cache = mkv_tools_make_cache(CMD, model, o.fp16, &o.policy, 1, max_len, 1.0))) goto done;
-    if (mkv_forward_ws_create(model, max_len, &ws, err) != MKV_STATUS_OK) {
-        mkv_cli_error(CMD, "%s", err);
-        goto done;
-    }
-    if (o.threads > 0 && mkv_forward_ws_set_threads(ws, o.threads) != MKV_STATUS_OK) {
-        mkv_cli_error(CMD, "cannot use %d threads", o.threads);
-        goto done;
-    }
+    if (mkv_tools_forward_create(CMD, model, &o.run, max_len, o.threads, &fw) < 0) goto done;
+    if (!(cache = mkv_tools_make_cache(CMD, model, o.run.backend, o.fp16, &o.policy, 1, max_len, 1.0))) goto done;
     {
-        const mkv_forward_t fwd = mkv_model_forward(ws); /* copied by the scheduler */
-        if (mkv_scheduler_create(&fwd, cache, eos, 1, &sched) != MKV_STATUS_OK) {
+        if (mkv_scheduler_create(&fw.fwd, cache, eos, 1, &sched) != MKV_STATUS_OK) {
             mkv_cli_error(CMD, "%s", mkv_last_error());
             goto done;
         }
@@ -367,6 +367,8 @@ int mkv_generate_main(int argc, char **argv)
         cJSON_AddStringToObject(root, "schema", "mixkv-generate");
         cJSON_AddNumberToObject(root, "schema_version", 1);
         cJSON_AddStringToObject(root, "mode", o.fp16 ? "fp16" : "mixkv");
+        cJSON_AddStringToObject(root, "backend", mkv_backend_name(o.run.backend));
+        cJSON_AddStringToObject(root, "dtype", o.run.backend == MKV_BACKEND_CUDA ? mkv_dtype_name(o.run.dtype) : "f32");
         cJSON_AddItemToObject(root, "prompt_tokens", mkv_cli_json_ids(ids, n_ids));
         cJSON_AddItemToObject(root, "tokens", mkv_cli_json_ids(req.out, req.n_out));
         if (tok) {
@@ -394,7 +396,7 @@ done:
     free(req.out);
     free(ids);
     mkv_scheduler_free(sched);
-    mkv_forward_ws_free(ws);
+    mkv_tools_forward_free(&fw);
     mkv_cache_destroy(cache);
     mkv_tokenizer_free(tok);
     mkv_model_free(model);

@@ -100,11 +100,78 @@ int mkv_policy_opts_parse(const char *cmd, int argc, char **argv, int *i, mkv_po
     return 0;
 }
 
-mkv_cache_t *mkv_tools_make_cache(const char *cmd, const mkv_model_t *model, int fp16,
-                                  const mkv_policy_opts_t *p, int32_t max_seqs,
+void mkv_run_opts_default(mkv_run_opts_t *r)
+{
+    r->backend = MKV_BACKEND_CPU;
+    r->dtype = MKV_DTYPE_F32;
+}
+
+int mkv_run_opts_parse(const char *cmd, int argc, char **argv, int *i, mkv_run_opts_t *r)
+{
+    const char *v;
+    int m;
+    if ((m = mkv_cli_option(cmd, argc, argv, i, "--backend", 1, 0, &v)) != 0) {
+        if (m < 0) return -1;
+        if (strcmp(v, "cpu") && strcmp(v, "cuda")) {
+            mkv_cli_error(cmd, "--backend: '%s' is not cpu or cuda", v);
+            return -1;
+        }
+        r->backend = strcmp(v, "cpu") ? MKV_BACKEND_CUDA : MKV_BACKEND_CPU;
+        return 1;
+    }
+    if ((m = mkv_cli_option(cmd, argc, argv, i, "--dtype", 1, 0, &v)) != 0) {
+        if (m < 0) return -1;
+        if (!strcmp(v, "f32")) r->dtype = MKV_DTYPE_F32;
+        else if (!strcmp(v, "f16")) r->dtype = MKV_DTYPE_F16;
+        else if (!strcmp(v, "bf16")) r->dtype = MKV_DTYPE_BF16;
+        else {
+            mkv_cli_error(cmd, "--dtype: '%s' is not f32, f16 or bf16", v);
+            return -1;
+        }
+        return 1;
+    }
+    return 0;
+}
+
+int mkv_tools_forward_create(const char *cmd, const mkv_model_t *model, const mkv_run_opts_t *r,
+                             int32_t max_tokens, int32_t threads, mkv_tools_forward_t *out)
+{
+    char err[MKV_ERR_LEN];
+    memset(out, 0, sizeof *out);
+    if (r->backend == MKV_BACKEND_CUDA) {
+        if (mkv_cuda_forward_create(model, max_tokens, r->dtype, &out->cuda, err) != MKV_STATUS_OK) {
+            mkv_cli_error(cmd, "--backend cuda: %s", err);
+            return -1;
+        }
+        out->fwd = mkv_cuda_forward(out->cuda);
+        return 0;
+    }
+    if (mkv_forward_ws_create(model, max_tokens, &out->ws, err) != MKV_STATUS_OK) {
+        mkv_cli_error(cmd, "%s", err);
+        return -1;
+    }
+    if (threads > 0 && mkv_forward_ws_set_threads(out->ws, threads) != MKV_STATUS_OK) {
+        mkv_cli_error(cmd, "cannot use %d threads", threads);
+        mkv_tools_forward_free(out);
+        return -1;
+    }
+    out->fwd = mkv_model_forward(out->ws);
+    return 0;
+}
+
+void mkv_tools_forward_free(mkv_tools_forward_t *f)
+{
+    mkv_forward_ws_free(f->ws);
+    mkv_cuda_forward_free(f->cuda);
+    memset(f, 0, sizeof *f);
+}
+
+mkv_cache_t *mkv_tools_make_cache(const char *cmd, const mkv_model_t *model, mkv_backend_t backend,
+                                  int fp16, const mkv_policy_opts_t *p, int32_t max_seqs,
                                   int32_t max_seq_len, double pool_scale)
 {
     mkv_cache_config_t base = MKV_CACHE_CONFIG_INIT, cfg;
+    base.backend = backend;
     base.hi_format = fp16 ? MKV_FORMAT_K16V16 : p->hi;
     base.lo_format = fp16 ? MKV_FORMAT_K16V16 : p->lo;
     base.alpha_h = fp16 ? 0.0f : p->alpha_h;

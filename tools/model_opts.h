@@ -5,6 +5,7 @@
 #ifndef MKV_TOOLS_MODEL_OPTS_H
 #define MKV_TOOLS_MODEL_OPTS_H
 
+#include "runner/forward_cuda.h"
 #include "runner/model.h"
 #include "runner/tokenizer.h"
 #include "mixkv.h"
@@ -32,13 +33,42 @@ int mkv_policy_opts_parse(const char *cmd, int argc, char **argv, int *i, mkv_po
 /* Parses a group size option's value: 0 (default) or 16, 32, 64, 128, 256. -1 with a message. */
 int mkv_cli_parse_group(const char *cmd, const char *what, const char *text, int32_t *out);
 
-/* A CPU cache for `model` in mode fp16 (K16V16, thresholds 0) or mixkv (the policy options),
+/* Where the forward pass runs: --backend cpu|cuda, --dtype f32|f16|bf16 (the CUDA pass's
+ * weights and activations; the CPU pass is fp32). */
+typedef struct mkv_run_opts {
+    mkv_backend_t backend;
+    mkv_dtype_t dtype;
+} mkv_run_opts_t;
+
+/* cpu, f32. */
+void mkv_run_opts_default(mkv_run_opts_t *r);
+
+/* Tries argv[*i] against --backend and --dtype: 1 consumed, 0 not ours, -1 bad value (printed). */
+int mkv_run_opts_parse(const char *cmd, int argc, char **argv, int *i, mkv_run_opts_t *r);
+
+#define MKV_RUN_OPTS_HELP                                                                      \
+    "  --backend B         where the model and its cache run: cpu or cuda [cpu]\n"             \
+    "  --dtype T           the CUDA pass's weights and activations: f32, f16, bf16 [f32]\n"
+
+/* The model's forward pass on r's backend for up to max_tokens tokens a call: the CPU pass on
+ * `threads` threads (0: one per core), or the CUDA pass in r->dtype. 0, or -1 with the
+ * message printed (a CUDA run in a build or on a machine without a GPU, say). */
+typedef struct mkv_tools_forward {
+    mkv_forward_t fwd;
+    mkv_forward_ws_t *ws;
+    mkv_cuda_forward_t *cuda;
+} mkv_tools_forward_t;
+int mkv_tools_forward_create(const char *cmd, const mkv_model_t *model, const mkv_run_opts_t *r,
+                             int32_t max_tokens, int32_t threads, mkv_tools_forward_t *out);
+void mkv_tools_forward_free(mkv_tools_forward_t *f);
+
+/* A cache on `backend` for `model` in mode fp16 (K16V16, thresholds 0) or mixkv (the policy options),
  * with max_seqs slots of up to max_seq_len tokens, and pool pages for all of them at full
  * length in whichever of the two formats takes more pages (a low format may be the wider one)
  * plus the scheduler's admission margin, times pool_scale (1.0: no pressure). NULL on
  * failure, message printed. */
-mkv_cache_t *mkv_tools_make_cache(const char *cmd, const mkv_model_t *model, int fp16,
-                                  const mkv_policy_opts_t *p, int32_t max_seqs,
+mkv_cache_t *mkv_tools_make_cache(const char *cmd, const mkv_model_t *model, mkv_backend_t backend,
+                                  int fp16, const mkv_policy_opts_t *p, int32_t max_seqs,
                                   int32_t max_seq_len, double pool_scale);
 
 /* Whether text encoded for this model starts with BOS: the tokenizer's own setting where it

@@ -418,7 +418,7 @@ int mkv_needle_main(int argc, char **argv)
     x.chat = o.plain ? MKV_CHAT_NONE : mkv_chat_detect(tok);
     x.end_token = mkv_chat_end_token(tok, x.chat);
     for (int k = 0; k < N_MODES; k++)
-        if (!(x.cache[k] = mkv_tools_make_cache(CMD, model, k == 0, &o.policy, 1, longest + o.max_new, 1.0)))
+        if (!(x.cache[k] = mkv_tools_make_cache(CMD, model, MKV_BACKEND_CPU, k == 0, &o.policy, 1, longest + o.max_new, 1.0)))
             goto done;
     if (mkv_forward_ws_create(model, longest, &x.ws, err) != MKV_STATUS_OK) {
         mkv_cli_error(CMD, "%s", err);

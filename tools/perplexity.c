@@ -24,6 +24,7 @@ typedef struct ppl_opts {
     int32_t window, prompt_len, max_windows, windows_per_doc, threads;
     int quiet;
     mkv_policy_opts_t policy;
+    mkv_run_opts_t run;
     /* --also: more mixkv policies, each in a mode of its own */
     mkv_policy_opts_t also[MKV_PPL_MAX_MODES - 2];
     const char *also_text[MKV_PPL_MAX_MODES - 2];
@@ -57,6 +58,7 @@ void mkv_perplexity_usage(FILE *f)
             "  --max-windows N     at most N windows in all, 0: all [0]\n"
             "  --windows-per-doc N at most N windows of each document, 0: all [0]\n"
             MKV_POLICY_OPTS_HELP
+            MKV_RUN_OPTS_HELP
             "  --also 'OPTIONS'    one more mixkv mode with these policy options (from the\n"
             "                      defaults, e.g. --also '--alpha-l 0.05'); up to %d times\n"
             "  --dump FILE         write mixkv's cache at the end of the last window (for\n"
@@ -106,6 +108,10 @@ static int parse(int argc, char **argv, ppl_opts_t *o)
             return 1;
         }
         if ((m = mkv_policy_opts_parse(CMD, argc, argv, &i, &o->policy)) != 0) {
+            if (m < 0) return -1;
+            continue;
+        }
+        if ((m = mkv_run_opts_parse(CMD, argc, argv, &i, &o->run)) != 0) {
             if (m < 0) return -1;
             continue;
         }
@@ -426,6 +432,7 @@ int mkv_perplexity_main(int argc, char **argv)
 {
     ppl_opts_t o = {0};
     mkv_policy_opts_default(&o.policy);
+    mkv_run_opts_default(&o.run);
     const int p = parse(argc, argv, &o);
     if (p != 0) return p > 0 ? MKV_EXIT_OK : MKV_EXIT_USAGE;
 
@@ -434,6 +441,8 @@ int mkv_perplexity_main(int argc, char **argv)
     mkv_model_t *model = NULL;
     mkv_tokenizer_t *tok = NULL;
     mkv_cache_t *caches[MKV_PPL_MAX_MODES] = {NULL};
+    mkv_tools_forward_t fw;
+    memset(&fw, 0, sizeof fw);
     const int32_t n_modes = 2 + o.n_also;
     docs_t docs = {0};
     if (mkv_model_load(o.model, &model, err) != MKV_STATUS_OK) {
@@ -458,7 +467,7 @@ int mkv_perplexity_main(int argc, char **argv)
         goto done;
     }
     mkv_ppl_opts_t po = {o.window, o.prompt_len, o.max_windows, o.windows_per_doc, o.dump_path,
-                         o.quiet ? NULL : progress, NULL, o.threads};
+                         o.quiet ? NULL : progress, NULL, o.threads, NULL};
     const int64_t windows = mkv_perplexity_windows(docs.doc, docs.n, &po);
     if (windows < 1) {
         int64_t longest = 0;
@@ -468,8 +477,13 @@ int mkv_perplexity_main(int argc, char **argv)
         rc = MKV_EXIT_USAGE;
         goto done;
     }
+    if (o.run.backend == MKV_BACKEND_CUDA) { /* the CPU pass is mkv_perplexity's own */
+        if (mkv_tools_forward_create(CMD, model, &o.run, o.prompt_len, o.threads, &fw) < 0) goto done;
+        po.fwd = &fw.fwd;
+    }
     for (int k = 0; k < n_modes; k++)
-        if (!(caches[k] = mkv_tools_make_cache(CMD, model, k == 0, mode_policy(&o, k), 1, o.window, 1.0)))
+        if (!(caches[k] = mkv_tools_make_cache(CMD, model, o.run.backend, k == 0, mode_policy(&o, k), 1,
+                                               o.window, 1.0)))
             goto done;
     if (!o.quiet) {
         int64_t total = 0;
@@ -490,6 +504,8 @@ int mkv_perplexity_main(int argc, char **argv)
         cJSON_AddStringToObject(root, "schema", "mixkv-perplexity");
         cJSON_AddNumberToObject(root, "schema_version", 2);
         cJSON_AddStringToObject(root, "model", o.model);
+        cJSON_AddStringToObject(root, "backend", mkv_backend_name(o.run.backend));
+        cJSON_AddStringToObject(root, "dtype", o.run.backend == MKV_BACKEND_CUDA ? mkv_dtype_name(o.run.dtype) : "f32");
         cJSON_AddStringToObject(root, "data", o.data);
         cJSON_AddNumberToObject(root, "documents", docs.n);
         cJSON_AddNumberToObject(root, "documents_used", r.docs_used);
@@ -516,6 +532,7 @@ int mkv_perplexity_main(int argc, char **argv)
 done:
     docs_free(&docs);
     for (int k = 0; k < MKV_PPL_MAX_MODES; k++) mkv_cache_destroy(caches[k]);
+    mkv_tools_forward_free(&fw);
     mkv_tokenizer_free(tok);
     mkv_model_free(model);
     return rc;

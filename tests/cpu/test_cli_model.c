@@ -3,6 +3,8 @@
  * chat templates, dumps of real runs, the FP16 baseline compressing nothing, bad usage exiting
  * 2 before any work, and the needle grid's JSON. On the bundled TinyStories model.
  */
+#include "mixkv.h"
+
 #include <cjson/cJSON.h>
 #include <criterion/criterion.h>
 #include <stdarg.h>
@@ -147,4 +149,25 @@ Test(cli_generate, tokenizer_message_and_hint_once)
     cr_assert_eq(run(g_out, sizeof g_out, "'%s' generate --model %s --tokens 1,2,3 --max-tokens 2 --quiet 2>&1",
                      MIXKV_CLI_PATH, dir), 0, "%s", g_out);
     run(g_out, sizeof g_out, "rm -rf %s", dir);
+}
+
+/* --backend and --dtype: bad values are bad usage; a CUDA run where no GPU can run it fails
+ * with the reason (and without one of these, the run on the GPU is GPU-tested:
+ * tests/gpu/test_forward_cuda.c). */
+Test(cli_generate, backend_options)
+{
+    need_fixture();
+    cr_assert_eq(run(g_out, sizeof g_out, "'%s' generate --model '%s' --prompt hi --backend gpu 2>&1",
+                     MIXKV_CLI_PATH, MODEL_DIR), 2, "%s", g_out);
+    cr_assert(strstr(g_out, "is not cpu or cuda"), "%s", g_out);
+    cr_assert_eq(run(g_out, sizeof g_out, "'%s' perplexity --model '%s' --data '%s' --dtype f8 2>&1",
+                     MIXKV_CLI_PATH, MODEL_DIR, DATA_FILE), 2, "%s", g_out);
+    cr_assert(strstr(g_out, "is not f32, f16 or bf16"), "%s", g_out);
+    int cuda = 0;
+    cr_assert_eq(mkv_backend_available(MKV_BACKEND_CUDA, &cuda), MKV_STATUS_OK);
+    if (cuda) return; /* a machine that can run it */
+    cr_assert_eq(run(g_out, sizeof g_out,
+                     "'%s' generate --model '%s' --prompt hi --max-tokens 2 --backend cuda 2>&1",
+                     MIXKV_CLI_PATH, MODEL_DIR), 1, "%s", g_out);
+    cr_assert(strstr(g_out, "--backend cuda:"), "%s", g_out);
 }

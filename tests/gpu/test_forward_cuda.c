@@ -108,8 +108,8 @@ static double compare(const mkv_model_t *m, int fp16, mkv_dtype_t dtype, int32_t
         cr_assert_eq(mkv_cache_admit(gc, lens[j], &sg), MKV_STATUS_OK);
         cr_assert_eq(sc, sg);
         slots[j] = sc;
-        cr_assert_eq(cpu.prefill(cpu.ctx, cc, sc, prompt, lens[j], lc), MKV_STATUS_OK, "%s", mkv_last_error());
-        cr_assert_eq(gpu.prefill(gpu.ctx, gc, sg, prompt, lens[j], lg), MKV_STATUS_OK, "%s", mkv_last_error());
+        cr_assert_eq(cpu.prefill(cpu.ctx, cc, sc, prompt, lens[j], NULL, lc), MKV_STATUS_OK, "%s", mkv_last_error());
+        cr_assert_eq(gpu.prefill(gpu.ctx, gc, sg, prompt, lens[j], NULL, lg), MKV_STATUS_OK, "%s", mkv_last_error());
         worst = fmax(worst, rel_diff(lc, lg, V));
         next[j] = argmax(lc, V);
         *agree += argmax(lg, V) == next[j];
@@ -226,11 +226,11 @@ Test(forward_cuda, scheduler_drives_either_pass)
     int32_t slot, toks[4] = {1, 2, 3, m->cfg.vocab};
     float *lg = malloc((size_t)m->cfg.vocab * sizeof(float));
     cr_assert_eq(mkv_cache_admit(c, 4, &slot), MKV_STATUS_OK);
-    cr_assert_eq(gpu.prefill(gpu.ctx, c, slot, toks, 4, lg), MKV_STATUS_INVALID_ARGUMENT);
+    cr_assert_eq(gpu.prefill(gpu.ctx, c, slot, toks, 4, NULL, lg), MKV_STATUS_INVALID_ARGUMENT);
     cr_assert_neq(mkv_last_error()[0], '\0');
     toks[3] = 4;
-    cr_assert_eq(gpu.prefill(gpu.ctx, c, slot, toks, 3, lg), MKV_STATUS_INVALID_ARGUMENT);
-    cr_assert_eq(gpu.prefill(gpu.ctx, c, slot, toks, 4, lg), MKV_STATUS_OK, "%s", mkv_last_error());
+    cr_assert_eq(gpu.prefill(gpu.ctx, c, slot, toks, 3, NULL, lg), MKV_STATUS_INVALID_ARGUMENT);
+    cr_assert_eq(gpu.prefill(gpu.ctx, c, slot, toks, 4, NULL, lg), MKV_STATUS_OK, "%s", mkv_last_error());
     free(lg);
     mkv_cache_destroy(c);
     mkv_cuda_forward_free(cf);

@@ -1,0 +1,60 @@
+/*
+ * forward_cuda_stub.c — runner/forward_cuda.h in a build without CUDA: every call that would
+ * need the GPU says so (UNSUPPORTED), so the commands refuse --backend cuda cleanly.
+ */
+#include "runner/forward_cuda.h"
+
+#include "runner/error.h"
+
+#include <string.h>
+
+int mkv_cuda_forward_available(void) { return 0; }
+
+static mkv_status_t no_cuda(char *err)
+{
+    return runner_fail(err, MKV_STATUS_UNSUPPORTED, "this build has no CUDA (configured with MIXKV_CUDA=OFF)");
+}
+
+mkv_status_t mkv_cuda_forward_create(const mkv_model_t *m, int32_t max_tokens, mkv_dtype_t dtype,
+                                     mkv_cuda_forward_t **out, char *err)
+{
+    (void)m, (void)max_tokens, (void)dtype;
+    if (out) *out = NULL;
+    return no_cuda(err);
+}
+
+mkv_status_t mkv_cuda_forward_create_dummy(const mkv_model_config_t *c, uint64_t seed, int32_t max_tokens,
+                                           mkv_dtype_t dtype, mkv_cuda_forward_t **out, char *err)
+{
+    (void)c, (void)seed, (void)max_tokens, (void)dtype;
+    if (out) *out = NULL;
+    return no_cuda(err);
+}
+
+void mkv_cuda_forward_free(mkv_cuda_forward_t *f) { (void)f; }
+
+mkv_forward_t mkv_cuda_forward(mkv_cuda_forward_t *f)
+{
+    (void)f;
+    mkv_forward_t none;
+    memset(&none, 0, sizeof none);
+    return none;
+}
+
+int64_t mkv_cuda_forward_weight_bytes(const mkv_cuda_forward_t *f)
+{
+    (void)f;
+    return 0;
+}
+
+mkv_status_t mkv_cuda_forward_set_timing(mkv_cuda_forward_t *f, int on)
+{
+    (void)f, (void)on;
+    return mkv_report_error(MKV_STATUS_UNSUPPORTED, "this build has no CUDA");
+}
+
+void mkv_cuda_forward_phases(mkv_cuda_forward_t *f, double ms[MKV_CUDA_PHASES], int reset)
+{
+    (void)f, (void)reset;
+    for (int i = 0; i < MKV_CUDA_PHASES; i++) ms[i] = 0.0;
+}
