@@ -146,7 +146,7 @@ int main(int argc, char **argv)
         fprintf(stderr, "bench_forward_cuda: %s\n", err);
         return 2;
     }
-    const int32_t max_len = context + steps + 8;
+    const int32_t max_len = context + 3 * steps + 8; /* three kinds of decode step, and a warm-up */
     if (max_len > mc.max_pos) mc.max_pos = max_len; /* stand-in weights: any length will do */
     const double copy = copy_rate(), gemm = square_gemm_tflops(dtype);
     struct cudaDeviceProp prop;
@@ -212,48 +212,53 @@ int main(int argc, char **argv)
     const double prefill_tflops = 2.0 * matmul_params * (double)batch * context / prefill_s * 1e-12;
 
     /* decode steps: with the logits copied to the host, and without */
+    /* decode steps, in turn: logits left on the device, copied to the host, greedy picks only */
     double *t_host = malloc((size_t)steps * sizeof(double)), *t_dev = malloc((size_t)steps * sizeof(double));
+    double *t_greedy = malloc((size_t)steps * sizeof(double));
     float *logits = malloc((size_t)batch * mc.vocab * sizeof(float));
-    for (int32_t s = 0; s < 2 * steps + 1; s++) {
+    for (int32_t s = 0; s < 3 * steps + 1; s++) {
         CK(cudaDeviceSynchronize());
         const double t0 = now_s();
-        const int with_copy = s % 2 == 1;
-        mkv_cuda_forward_set_timing(f, s > 0 && !with_copy); /* the breakdown of the device steps */
-        if (fw.decode(fw.ctx, cache, batch, slots, next, with_copy ? logits : NULL) != MKV_STATUS_OK) {
+        const int kind = s == 0 ? 0 : (s - 1) % 3;
+        mkv_cuda_forward_set_timing(f, s > 0 && kind == 0); /* the breakdown of the device steps */
+        const mkv_status_t ds = kind == 2 ? fw.decode_greedy(fw.ctx, cache, batch, slots, next, next)
+                                          : fw.decode(fw.ctx, cache, batch, slots, next, kind == 1 ? logits : NULL);
+        if (ds != MKV_STATUS_OK) {
             fprintf(stderr, "bench_forward_cuda: decode step %d: %s\n", s, mkv_last_error());
             return 1;
         }
         CK(cudaDeviceSynchronize());
         const double dt = now_s() - t0;
         if (s == 0) continue; /* warm-up */
-        if (with_copy) t_host[(s - 1) / 2] = dt;
-        else t_dev[(s - 1) / 2] = dt;
+        (kind == 0 ? t_dev : kind == 1 ? t_host : t_greedy)[(s - 1) / 3] = dt;
     }
     if (mkv_cache_sync(cache, NULL) != MKV_STATUS_OK) {
         fprintf(stderr, "bench_forward_cuda: %s\n", mkv_cache_last_error(cache));
         return 1;
     }
     const double step_dev = median(t_dev, steps), step_host = median(t_host, steps);
+    const double step_greedy = median(t_greedy, steps);
     double ph[MKV_CUDA_PHASES];
     mkv_cuda_forward_phases(f, ph, 1);
     for (int i = 0; i < MKV_CUDA_PHASES; i++) ph[i] /= steps; /* per step */
     mkv_cache_stats_t st;
     mkv_cache_stats(cache, &st);
     /* the KV a step reads: every stored token's key and value, fp16 */
-    const double kv_bytes = fp16 ? (double)batch * (context + steps) * mc.n_layers * KD * 2 * 2 : 0.0;
+    const double kv_bytes = fp16 ? (double)batch * (context + 1.5 * steps) * mc.n_layers * KD * 2 * 2 : 0.0;
     const double weight_bytes = (double)mkv_cuda_forward_weight_bytes(f);
     const double roof = (weight_bytes + kv_bytes) / copy;
-    printf("%6s %8s %12s %12s %14s %14s %12s %10s\n", "batch", "context", "prefill s", "prefill TF/s",
-           "step ms (dev)", "step ms (host)", "roofline ms", "step/roof");
-    printf("%6d %8d %12.2f %12.1f %14.3f %14.3f %12.3f %10.2f\n", batch, context, prefill_s, prefill_tflops,
-           step_dev * 1e3, step_host * 1e3, fp16 ? roof * 1e3 : 0.0, fp16 ? step_dev / roof : 0.0);
+    printf("%6s %8s %12s %12s %14s %14s %14s %12s %10s\n", "batch", "context", "prefill s", "prefill TF/s",
+           "step ms (dev)", "step ms (host)", "step (greedy)", "roofline ms", "step/roof");
+    printf("%6d %8d %12.2f %12.1f %14.3f %14.3f %14.3f %12.3f %10.2f\n", batch, context, prefill_s,
+           prefill_tflops, step_dev * 1e3, step_host * 1e3, step_greedy * 1e3, fp16 ? roof * 1e3 : 0.0,
+           fp16 ? step_dev / roof : 0.0);
     printf("a device step (ms, mean): GEMMs %.3f, attention (cache layer calls) %.3f, cache steps %.3f, "
            "norms/RoPE/SiLU %.3f, head %.3f\n",
            ph[MKV_CUDA_PHASE_GEMM], ph[MKV_CUDA_PHASE_ATTENTION], ph[MKV_CUDA_PHASE_CACHE], ph[MKV_CUDA_PHASE_OTHER],
            ph[MKV_CUDA_PHASE_HEAD]);
-    printf("prefill matmuls at %.0f%% of the square GEMM; output tokens/s %.0f (logits to the host); "
+    printf("prefill matmuls at %.0f%% of the square GEMM; output tokens/s %.0f (greedy on the device); "
            "cache: %lld pages in use of %lld\n",
-           100.0 * prefill_tflops / gemm, batch / step_host, (long long)(st.total_pages - st.free_pages),
+           100.0 * prefill_tflops / gemm, batch / step_greedy, (long long)(st.total_pages - st.free_pages),
            (long long)st.total_pages);
     if (json) {
         FILE *jf = fopen(json, "w");
@@ -266,19 +271,20 @@ int main(int argc, char **argv)
                 "\"dtype\": \"%s\", \"cache\": \"%s\", \"weights\": \"stand-ins\", \"copy_gbps\": %.1f, "
                 "\"square_gemm_tflops\": %.1f, \"batch\": %d, \"context\": %d, \"steps\": %d, "
                 "\"prefill_s\": %.4f, \"prefill_matmul_tflops\": %.2f, \"prefill_gemm_fraction\": %.4f, "
-                "\"step_ms_device\": %.4f, \"step_ms_with_logits\": %.4f, \"weight_bytes\": %.0f, "
+                "\"step_ms_device\": %.4f, \"step_ms_with_logits\": %.4f, \"step_ms_greedy\": %.4f, "
+                "\"weight_bytes\": %.0f, "
                 "\"kv_bytes\": %.0f, \"roofline_ms\": %.4f, \"step_over_roofline\": %.4f, "
                 "\"output_tokens_per_s\": %.1f, \"step_phases_ms\": {\"gemm\": %.4f, \"attention\": %.4f, "
                 "\"cache\": %.4f, \"other\": %.4f, \"head\": %.4f}}\n",
                 prop.name, config ? config : shape, mkv_dtype_name(dtype), cache_mode, copy * 1e-9, gemm, batch,
                 context, steps, prefill_s, prefill_tflops, prefill_tflops / gemm, step_dev * 1e3,
-                step_host * 1e3, weight_bytes, kv_bytes, fp16 ? roof * 1e3 : 0.0,
-                fp16 ? step_dev / roof : 0.0, batch / step_host, ph[MKV_CUDA_PHASE_GEMM],
+                step_host * 1e3, step_greedy * 1e3, weight_bytes, kv_bytes, fp16 ? roof * 1e3 : 0.0,
+                fp16 ? step_dev / roof : 0.0, batch / step_greedy, ph[MKV_CUDA_PHASE_GEMM],
                 ph[MKV_CUDA_PHASE_ATTENTION], ph[MKV_CUDA_PHASE_CACHE], ph[MKV_CUDA_PHASE_OTHER],
                 ph[MKV_CUDA_PHASE_HEAD]);
         fclose(jf);
     }
-    free(prompt), free(slots), free(next), free(last), free(t_host), free(t_dev), free(logits);
+    free(prompt), free(slots), free(next), free(last), free(t_host), free(t_dev), free(t_greedy), free(logits);
     mkv_cache_destroy(cache);
     mkv_cuda_forward_free(f);
     return 0;

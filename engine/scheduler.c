@@ -25,7 +25,7 @@ struct mkv_scheduler {
     int32_t n_running;
     float *logits;           /* [max_batch][vocab] */
     float *sample_scratch;   /* [2 * vocab] */
-    int32_t *slots, *tokens; /* [max_batch] */
+    int32_t *slots, *tokens, *next; /* [max_batch] */
     uint8_t *done;           /* [max_batch] */
     int32_t *input;          /* [max_seq_len] prompt plus generated tokens, for recompute */
     int64_t admissions, steps;
@@ -45,6 +45,7 @@ void mkv_scheduler_free(mkv_scheduler_t *s)
     free(s->sample_scratch);
     free(s->slots);
     free(s->tokens);
+    free(s->next);
     free(s->done);
     free(s->input);
     free(s);
@@ -91,9 +92,10 @@ mkv_status_t mkv_scheduler_create(const mkv_forward_t *fwd, mkv_cache_t *cache, 
     s->sample_scratch = malloc((size_t)(2 * V) * sizeof(float));
     s->slots = malloc((size_t)max_batch * sizeof(int32_t));
     s->tokens = malloc((size_t)max_batch * sizeof(int32_t));
+    s->next = malloc((size_t)max_batch * sizeof(int32_t));
     s->done = malloc((size_t)max_batch);
     s->input = malloc((size_t)s->max_seq_len * sizeof(int32_t));
-    if (!s->running || !s->logits || !s->sample_scratch || !s->slots || !s->tokens || !s->done ||
+    if (!s->running || !s->logits || !s->sample_scratch || !s->slots || !s->tokens || !s->next || !s->done ||
         !s->input) {
         mkv_scheduler_free(s);
         return mkv_fail_global(MKV_STATUS_OUT_OF_MEMORY, "cannot allocate the scheduler's buffers");
@@ -319,15 +321,20 @@ mkv_status_t mkv_scheduler_step(mkv_scheduler_t *s, mkv_sched_stats_t *stats)
             s->slots[j] = s->running[j]->slot;
             s->tokens[j] = s->running[j]->out[s->running[j]->n_out - 1];
         }
-        if ((st = s->fwd.decode(s->fwd.ctx, s->cache, n, s->slots, s->tokens, s->logits)) != MKV_STATUS_OK)
-            return st;
+        /* Every request greedy and the pass can pick on its side: only the tokens come back. */
+        int greedy = s->fwd.decode_greedy != NULL;
+        for (int32_t j = 0; j < n && greedy; j++) greedy = s->running[j]->sampler.temperature <= 0.0f;
+        if (greedy) st = s->fwd.decode_greedy(s->fwd.ctx, s->cache, n, s->slots, s->tokens, s->next);
+        else st = s->fwd.decode(s->fwd.ctx, s->cache, n, s->slots, s->tokens, s->logits);
+        if (st != MKV_STATUS_OK) return st;
         out->decoded = n;
         /* Sample in running order; finish afterwards so indices stay valid. */
         uint8_t *done = s->done;
         for (int32_t j = 0; j < n; j++) {
             mkv_request_t *r = s->running[j];
-            done[j] = (uint8_t)emit(s, r, mkv_sample(&r->sampler, s->logits + (int64_t)j * V, V,
-                                                     s->sample_scratch));
+            const int32_t t = greedy ? s->next[j]
+                                     : mkv_sample(&r->sampler, s->logits + (int64_t)j * V, V, s->sample_scratch);
+            done[j] = (uint8_t)emit(s, r, t);
         }
         for (int32_t j = n - 1; j >= 0; j--)
             if (done[j] && (st = finish(s, j)) != MKV_STATUS_OK) return st;

@@ -443,6 +443,11 @@ typedef struct mkv_forward {
      * every layer, compress; logits [n_slots][vocab]. */
     mkv_status_t (*decode)(void *ctx, mkv_cache_t *cache, int32_t n_slots, const int32_t *slots,
                            const int32_t *tokens, float *logits);
+    /* Optional (NULL: not offered): decode's step, then each slot's greedy next token (the
+     * lowest id among its largest logits, as mkv_sample with temperature 0) into
+     * next [n_slots], the logits never leaving the implementation (a GPU's copy saved). */
+    mkv_status_t (*decode_greedy)(void *ctx, mkv_cache_t *cache, int32_t n_slots,
+                                  const int32_t *slots, const int32_t *tokens, int32_t *next);
 } mkv_forward_t;
 
 /* ---------------------------------------------------------------------------------------- */

@@ -678,10 +678,34 @@ static mkv_status_t cuda_prefill(void *ctx, mkv_cache_t *cache, int32_t slot, co
     return st == MKV_STATUS_OK ? st : report(st, err);
 }
 
-static mkv_status_t cuda_decode(void *ctx, mkv_cache_t *cache, int32_t n_slots, const int32_t *slots,
-                                const int32_t *tokens, float *logits)
+/* Each row's first index of its largest value (mkv_sample's greedy pick, for finite logits):
+ * one block per row. */
+__global__ void argmax_kernel(const float *logits, int32_t V, int32_t *out)
 {
-    mkv_cuda_forward_t *f = (mkv_cuda_forward_t *)ctx;
+    __shared__ float bv[32];
+    __shared__ int32_t bi[32];
+    const float *row = logits + (int64_t)blockIdx.x * V;
+    float v = -INFINITY;
+    int32_t idx = INT32_MAX;
+    for (int32_t i = threadIdx.x; i < V; i += blockDim.x)
+        if (row[i] > v) v = row[i], idx = i; /* ascending i: the first of equals stays */
+    for (int off = 16; off > 0; off >>= 1) {
+        const float ov = __shfl_xor_sync(0xffffffffu, v, off);
+        const int32_t oi = __shfl_xor_sync(0xffffffffu, idx, off);
+        if (ov > v || (ov == v && oi < idx)) v = ov, idx = oi;
+    }
+    if (threadIdx.x % 32 == 0) bv[threadIdx.x / 32] = v, bi[threadIdx.x / 32] = idx;
+    __syncthreads();
+    if (threadIdx.x == 0) {
+        for (int w = 1; w < (int)blockDim.x / 32; w++)
+            if (bv[w] > v || (bv[w] == v && bi[w] < idx)) v = bv[w], idx = bi[w];
+        out[blockIdx.x] = idx == INT32_MAX ? 0 : idx;
+    }
+}
+
+static mkv_status_t decode_step(mkv_cuda_forward_t *f, mkv_cache_t *cache, int32_t n_slots, const int32_t *slots,
+                                const int32_t *tokens, float *logits, int32_t *next)
+{
     char err[MKV_ERR_LEN];
     mkv_status_t st;
     if ((st = check_tokens(f, "CUDA decode", tokens, n_slots, err)) != MKV_STATUS_OK) return report(st, err);
@@ -708,11 +732,28 @@ static mkv_status_t cuda_decode(void *ctx, mkv_cache_t *cache, int32_t n_slots, 
         mark(f, MKV_CUDA_PHASE_CACHE);
         if ((st = mkv_cache_compress(cache, n_slots, slots, NULL)) != MKV_STATUS_OK)
             st = runner_fail(err, st, "%s", mkv_cache_last_error(cache));
-        else
-            st = head(f, 0, n_slots, logits, err); /* logits NULL: computed, left on the device */
+        else if ((st = head(f, 0, n_slots, logits, err)) == MKV_STATUS_OK && next) {
+            /* logits NULL: computed, left on the device; next: the greedy picks come back */
+            argmax_kernel<<<n_slots, 1024>>>(f->logits, f->cfg.vocab, f->tok);
+            if (cudaMemcpy(next, f->tok, (size_t)n_slots * 4, cudaMemcpyDeviceToHost) != cudaSuccess)
+                st = cuda_failed(err, "greedy tokens");
+        }
     }
     cudaSetDevice(prev);
     return st == MKV_STATUS_OK ? st : report(st, err);
+}
+
+static mkv_status_t cuda_decode(void *ctx, mkv_cache_t *cache, int32_t n_slots, const int32_t *slots,
+                                const int32_t *tokens, float *logits)
+{
+    return decode_step((mkv_cuda_forward_t *)ctx, cache, n_slots, slots, tokens, logits, NULL);
+}
+
+static mkv_status_t cuda_decode_greedy(void *ctx, mkv_cache_t *cache, int32_t n_slots, const int32_t *slots,
+                                       const int32_t *tokens, int32_t *next)
+{
+    if (!next) return mkv_report_error(MKV_STATUS_INVALID_ARGUMENT, "CUDA decode: null next");
+    return decode_step((mkv_cuda_forward_t *)ctx, cache, n_slots, slots, tokens, NULL, next);
 }
 
 extern "C" mkv_forward_t mkv_cuda_forward(mkv_cuda_forward_t *f)
@@ -726,6 +767,7 @@ extern "C" mkv_forward_t mkv_cuda_forward(mkv_cuda_forward_t *f)
     fw.max_tokens = f->max_tokens;
     fw.prefill = cuda_prefill;
     fw.decode = cuda_decode;
+    fw.decode_greedy = cuda_decode_greedy;
     return fw;
 }
 

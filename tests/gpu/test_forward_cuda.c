@@ -87,6 +87,7 @@ static double compare(const mkv_model_t *m, int fp16, mkv_dtype_t dtype, int32_t
     const int32_t max_len = 160, V = m->cfg.vocab;
     mkv_cache_t *cc = make_cache(m, fp16, MKV_BACKEND_CPU, 3, max_len);
     mkv_cache_t *gc = make_cache(m, fp16, MKV_BACKEND_CUDA, 3, max_len);
+    mkv_cache_t *gg = make_cache(m, fp16, MKV_BACKEND_CUDA, 3, max_len); /* the greedy path's twin */
     char err[MKV_ERR_LEN];
     mkv_forward_ws_t *ws = NULL;
     mkv_cuda_forward_t *cf = NULL;
@@ -107,6 +108,10 @@ static double compare(const mkv_model_t *m, int fp16, mkv_dtype_t dtype, int32_t
         cr_assert_eq(mkv_cache_admit(cc, lens[j], &sc), MKV_STATUS_OK);
         cr_assert_eq(mkv_cache_admit(gc, lens[j], &sg), MKV_STATUS_OK);
         cr_assert_eq(sc, sg);
+        int32_t s2;
+        cr_assert_eq(mkv_cache_admit(gg, lens[j], &s2), MKV_STATUS_OK);
+        cr_assert_eq(s2, sg);
+        cr_assert_eq(gpu.prefill(gpu.ctx, gg, s2, prompt, lens[j], NULL, NULL), MKV_STATUS_OK, "%s", mkv_last_error());
         slots[j] = sc;
         cr_assert_eq(cpu.prefill(cpu.ctx, cc, sc, prompt, lens[j], NULL, lc), MKV_STATUS_OK, "%s", mkv_last_error());
         cr_assert_eq(gpu.prefill(gpu.ctx, gc, sg, prompt, lens[j], NULL, lg), MKV_STATUS_OK, "%s", mkv_last_error());
@@ -118,6 +123,10 @@ static double compare(const mkv_model_t *m, int fp16, mkv_dtype_t dtype, int32_t
     for (int32_t s = 0; s < steps; s++) {
         cr_assert_eq(cpu.decode(cpu.ctx, cc, 3, slots, next, lc), MKV_STATUS_OK, "%s", mkv_last_error());
         cr_assert_eq(gpu.decode(gpu.ctx, gc, 3, slots, next, lg), MKV_STATUS_OK, "%s", mkv_last_error());
+        int32_t picked[3];
+        cr_assert_eq(gpu.decode_greedy(gpu.ctx, gg, 3, slots, next, picked), MKV_STATUS_OK, "%s", mkv_last_error());
+        for (int j = 0; j < 3; j++) /* the same step on a twin cache: the host's argmax of its logits */
+            cr_assert_eq(picked[j], argmax(lg + (int64_t)j * V, V), "step %d slot %d: greedy on the device", s, j);
         for (int j = 0; j < 3; j++) {
             worst = fmax(worst, rel_diff(lc + (int64_t)j * V, lg + (int64_t)j * V, V));
             next[j] = argmax(lc + (int64_t)j * V, V);
@@ -128,7 +137,7 @@ static double compare(const mkv_model_t *m, int fp16, mkv_dtype_t dtype, int32_t
     free(lc), free(lg);
     mkv_cuda_forward_free(cf);
     mkv_forward_ws_free(ws);
-    mkv_cache_destroy(cc), mkv_cache_destroy(gc);
+    mkv_cache_destroy(cc), mkv_cache_destroy(gc), mkv_cache_destroy(gg);
     return worst;
 }
 
