@@ -75,6 +75,8 @@ int mkv_generate_main(int argc, char **argv);
 void mkv_generate_usage(FILE *f);
 int mkv_perplexity_main(int argc, char **argv);
 void mkv_perplexity_usage(FILE *f);
+int mkv_serve_bench_main(int argc, char **argv);
+void mkv_serve_bench_usage(FILE *f);
 int mkv_needle_main(int argc, char **argv);
 void mkv_needle_usage(FILE *f);
 

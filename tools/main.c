@@ -28,6 +28,8 @@ static const command_t g_commands[] = {
      mkv_needle_main, mkv_needle_usage},
     {"perplexity", "perplexity of a model on texts, FP16 baseline and mixkv in one run",
      mkv_perplexity_main, mkv_perplexity_usage},
+    {"serve-bench", "serving throughput, FP16 baseline and mixkv with the same KV memory",
+     mkv_serve_bench_main, mkv_serve_bench_usage},
 };
 #define N_COMMANDS (sizeof g_commands / sizeof g_commands[0])
 

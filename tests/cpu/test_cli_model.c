@@ -171,3 +171,47 @@ Test(cli_generate, backend_options)
                      MIXKV_CLI_PATH, MODEL_DIR), 1, "%s", g_out);
     cr_assert(strstr(g_out, "--backend cuda:"), "%s", g_out);
 }
+
+/* serve-bench on TinyStories under page pressure: both engines finish every request with the
+ * same output tokens in all, on the same pages; mixkv's smaller tokens let more requests run
+ * at once; bad usage exits 2. */
+Test(cli_serve_bench, both_engines_same_memory)
+{
+    need_fixture();
+    char json[256];
+    snprintf(json, sizeof json, "/tmp/mixkv_sb_%d.json", (int)getpid());
+    cr_assert_eq(run(g_out, sizeof g_out,
+                     "'%s' serve-bench --model '%s' --requests 16 --prompt-len 60:120 --output-len 40:90 "
+                     "--kv-mib 0.2 --max-batch 12 --threads 2 --quiet --json '%s' 2>&1",
+                     MIXKV_CLI_PATH, MODEL_DIR, json), 0, "%s", g_out);
+    FILE *f = fopen(json, "r");
+    cr_assert_not_null(f);
+    char buf[1 << 14];
+    const size_t n = fread(buf, 1, sizeof buf - 1, f);
+    buf[n] = '\0';
+    fclose(f);
+    unlink(json);
+    cJSON *root = cJSON_Parse(buf);
+    cr_assert_not_null(root, "%s", buf);
+    cr_assert_str_eq(cJSON_GetObjectItem(root, "schema")->valuestring, "mixkv-serve-bench");
+    const cJSON *e = cJSON_GetObjectItem(root, "engines");
+    cr_assert_eq(cJSON_GetArraySize(e), 2);
+    const cJSON *a = cJSON_GetArrayItem(e, 0), *b = cJSON_GetArrayItem(e, 1);
+    cr_assert_str_eq(cJSON_GetObjectItem(a, "engine")->valuestring, "fp16");
+    cr_assert_str_eq(cJSON_GetObjectItem(b, "engine")->valuestring, "mixkv");
+    const char *same[] = {"finished", "output_tokens", "kv_pages", "page_bytes"};
+    for (int i = 0; i < 4; i++)
+        cr_assert_eq(cJSON_GetObjectItem(a, same[i])->valuedouble, cJSON_GetObjectItem(b, same[i])->valuedouble,
+                     "%s differs", same[i]);
+    cr_assert_eq(cJSON_GetObjectItem(a, "finished")->valueint, 16);
+    cr_assert_gt(cJSON_GetObjectItem(a, "preemptions")->valuedouble, 0, "no page pressure on the baseline");
+    cr_assert_gt(cJSON_GetObjectItem(b, "mean_batch")->valuedouble, cJSON_GetObjectItem(a, "mean_batch")->valuedouble,
+                 "mixkv ran no more requests at once than the baseline");
+    cr_assert_leq(cJSON_GetObjectItem(a, "kv_bytes_peak")->valuedouble,
+                  cJSON_GetObjectItem(a, "kv_pages")->valuedouble * cJSON_GetObjectItem(a, "page_bytes")->valuedouble);
+    cJSON_Delete(root);
+    cr_assert_eq(run(g_out, sizeof g_out, "'%s' serve-bench --model '%s' --engines both 2>&1", MIXKV_CLI_PATH,
+                     MODEL_DIR), 2, "%s", g_out);
+    cr_assert_eq(run(g_out, sizeof g_out, "'%s' serve-bench --output-len 5:2 --model x 2>&1", MIXKV_CLI_PATH), 2,
+                 "%s", g_out);
+}

@@ -1,0 +1,447 @@
+/*
+ * serve_bench.c — `mixkv serve-bench`: end-to-end offline throughput of the scheduler loop
+ * (engine/scheduler.h) over a model's forward pass, for the FP16 paged baseline (K16V16,
+ * nothing compressed) and mixkv, each given the same KV memory: the same number of pages of the
+ * same size. N requests arrive at once, with prompt and output lengths drawn (seeded) from
+ * fixed values or uniform ranges; every request is greedy and runs to its output length.
+ * Reports per engine: requests/s, output tokens/s, steps, peak and mean running batch,
+ * preemptions, KV bytes in use (mean, peak) and the mix of stored token-heads; and mixkv's
+ * ratios to the baseline. A table, and JSON (`mixkv-serve-bench`, docs/results-schema.md).
+ *
+ * The model is a real one (--model, either backend) or stand-in weights at a model's shape on
+ * the GPU (--dummy-weights llama-3-8b | CONFIG.json): throughput at real sizes without the
+ * weights; the policy then sees a random model's attention (say so when comparing).
+ */
+#include "engine/scheduler.h"
+#include "tools/cli.h"
+#include "tools/model_opts.h"
+
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <time.h>
+
+#define CMD "serve-bench"
+
+typedef struct range {
+    int32_t lo, hi;
+} range_t;
+
+typedef struct sb_opts {
+    const char *model, *dummy, *json_path;
+    int32_t requests, max_batch, threads;
+    range_t prompt, output;
+    double kv_mib;
+    int64_t seed;
+    int run_fp16, run_mixkv, quiet;
+    mkv_policy_opts_t policy;
+    mkv_run_opts_t run;
+} sb_opts_t;
+
+void mkv_serve_bench_usage(FILE *f)
+{
+    fprintf(f,
+            "usage: mixkv serve-bench (--model PATH | --dummy-weights SHAPE) [OPTIONS]\n"
+            "\n"
+            "Offline serving throughput: N requests at once through the scheduler loop, the FP16\n"
+            "paged baseline and mixkv each with the same KV memory.\n"
+            "\n"
+            "  --model PATH        a Hugging Face folder or GGUF file (either backend)\n"
+            "  --dummy-weights S   stand-in weights at a shape on the GPU: llama-3-8b, or a\n"
+            "                      config.json (implies --backend cuda)\n"
+            "  --requests N        requests, all arriving at once [64]\n"
+            "  --prompt-len A[:B]  prompt tokens, fixed or uniform in [A, B] [1024:2048]\n"
+            "  --output-len A[:B]  output tokens per request (run to the end, greedy) [256:512]\n"
+            "  --kv-mib X          KV memory of each engine, MiB of pages [4096]\n"
+            "  --max-batch N       most requests running at once (the caches' slots) [256]\n"
+            "  --engines E         fp16, mixkv or fp16,mixkv [fp16,mixkv]\n"
+            "  --seed N            lengths and prompt tokens [1]\n"
+            MKV_POLICY_OPTS_HELP
+            MKV_RUN_OPTS_HELP
+            "  --threads N         forward-pass threads (CPU) [one per core]\n"
+            "  --json FILE         results as JSON (schema mixkv-serve-bench; - for stdout)\n"
+            "  --quiet             no progress lines\n"
+            "  -h, --help          this help\n"
+            "\n"
+            "exit status: 0 success, 1 a run failed, 2 bad usage or input.\n");
+}
+
+static int parse_range(const char *what, const char *v, range_t *r)
+{
+    char buf[64];
+    snprintf(buf, sizeof buf, "%s", v);
+    char *colon = strchr(buf, ':');
+    if (colon) *colon = '\0';
+    if (mkv_cli_parse_i32(CMD, what, buf, 1, 1 << 20, &r->lo) < 0) return -1;
+    r->hi = r->lo;
+    if (colon && mkv_cli_parse_i32(CMD, what, colon + 1, r->lo, 1 << 20, &r->hi) < 0) return -1;
+    return 0;
+}
+
+static int parse(int argc, char **argv, sb_opts_t *o)
+{
+    for (int i = 1; i < argc; i++) {
+        const char *v;
+        int m;
+        if (mkv_cli_is_help(argv[i])) {
+            mkv_serve_bench_usage(stdout);
+            return 1;
+        }
+        if ((m = mkv_policy_opts_parse(CMD, argc, argv, &i, &o->policy)) != 0) {
+            if (m < 0) return -1;
+            continue;
+        }
+        if ((m = mkv_run_opts_parse(CMD, argc, argv, &i, &o->run)) != 0) {
+            if (m < 0) return -1;
+            continue;
+        }
+        if ((m = mkv_cli_option(CMD, argc, argv, &i, "--model", 1, 0, &v)) != 0) {
+            if (m < 0) return -1;
+            o->model = v;
+            continue;
+        }
+        if ((m = mkv_cli_option(CMD, argc, argv, &i, "--dummy-weights", 1, 0, &v)) != 0) {
+            if (m < 0) return -1;
+            o->dummy = v;
+            continue;
+        }
+        if ((m = mkv_cli_option(CMD, argc, argv, &i, "--json", 1, 0, &v)) != 0) {
+            if (m < 0) return -1;
+            o->json_path = v;
+            continue;
+        }
+        if ((m = mkv_cli_option(CMD, argc, argv, &i, "--requests", 1, 0, &v)) != 0) {
+            if (m < 0 || mkv_cli_parse_i32(CMD, "--requests", v, 1, 1 << 20, &o->requests) < 0) return -1;
+            continue;
+        }
+        if ((m = mkv_cli_option(CMD, argc, argv, &i, "--max-batch", 1, 0, &v)) != 0) {
+            if (m < 0 || mkv_cli_parse_i32(CMD, "--max-batch", v, 1, 4096, &o->max_batch) < 0) return -1;
+            continue;
+        }
+        if ((m = mkv_cli_option(CMD, argc, argv, &i, "--threads", 1, 0, &v)) != 0) {
+            if (m < 0 || mkv_cli_parse_i32(CMD, "--threads", v, 1, 256, &o->threads) < 0) return -1;
+            continue;
+        }
+        if ((m = mkv_cli_option(CMD, argc, argv, &i, "--prompt-len", 1, 0, &v)) != 0) {
+            if (m < 0 || parse_range("--prompt-len", v, &o->prompt) < 0) return -1;
+            continue;
+        }
+        if ((m = mkv_cli_option(CMD, argc, argv, &i, "--output-len", 1, 0, &v)) != 0) {
+            if (m < 0 || parse_range("--output-len", v, &o->output) < 0) return -1;
+            continue;
+        }
+        if ((m = mkv_cli_option(CMD, argc, argv, &i, "--kv-mib", 1, 0, &v)) != 0) {
+            if (m < 0 || mkv_cli_parse_double(CMD, "--kv-mib", v, 0.001, 1 << 24, &o->kv_mib) < 0) return -1;
+            continue;
+        }
+        if ((m = mkv_cli_option(CMD, argc, argv, &i, "--seed", 1, 0, &v)) != 0) {
+            if (m < 0 || mkv_cli_parse_i64(CMD, "--seed", v, 0, INT64_MAX, &o->seed) < 0) return -1;
+            continue;
+        }
+        if ((m = mkv_cli_option(CMD, argc, argv, &i, "--engines", 1, 0, &v)) != 0) {
+            if (m < 0) return -1;
+            o->run_fp16 = !strcmp(v, "fp16") || !strcmp(v, "fp16,mixkv") || !strcmp(v, "mixkv,fp16");
+            o->run_mixkv = !strcmp(v, "mixkv") || !strcmp(v, "fp16,mixkv") || !strcmp(v, "mixkv,fp16");
+            if (!o->run_fp16 && !o->run_mixkv) {
+                mkv_cli_error(CMD, "--engines: '%s' is not fp16, mixkv or fp16,mixkv", v);
+                return -1;
+            }
+            continue;
+        }
+        if ((m = mkv_cli_option(CMD, argc, argv, &i, "--quiet", 0, 0, &v)) != 0) {
+            if (m < 0) return -1;
+            o->quiet = 1;
+            continue;
+        }
+        mkv_cli_error(CMD, "unknown argument '%s' (see 'mixkv %s --help')", argv[i], CMD);
+        return -1;
+    }
+    if (!o->model == !o->dummy) {
+        mkv_cli_error(CMD, "give exactly one of --model and --dummy-weights");
+        return -1;
+    }
+    if (o->dummy) o->run.backend = MKV_BACKEND_CUDA;
+    return 0;
+}
+
+static double now_s(void)
+{
+    struct timespec ts;
+    clock_gettime(CLOCK_MONOTONIC, &ts);
+    return (double)ts.tv_sec + ts.tv_nsec * 1e-9;
+}
+
+static uint64_t next_rand(uint64_t *s)
+{
+    uint64_t z = (*s += 0x9e3779b97f4a7c15ull);
+    z = (z ^ (z >> 30)) * 0xbf58476d1ce4e5b9ull;
+    z = (z ^ (z >> 27)) * 0x94d049bb133111ebull;
+    return z ^ (z >> 31);
+}
+
+static int32_t draw(uint64_t *s, range_t r)
+{
+    return r.lo + (int32_t)(next_rand(s) % (uint64_t)(r.hi - r.lo + 1));
+}
+
+typedef struct engine_result {
+    const char *name;
+    double seconds;
+    int64_t steps, output_tokens, preemptions, batch_sum, kv_bytes_sum, peak_kv_bytes;
+    int32_t peak_batch, finished, failed;
+    int64_t pages, page_bytes;
+    double frac_hi, frac_lo, frac_pruned; /* of the token-heads seen by the steps, mean */
+} engine_result_t;
+
+/* One engine over every request. */
+static int run_engine(const sb_opts_t *o, const mkv_model_config_t *mc, const mkv_forward_t *fwd, int fp16,
+                      int32_t max_len, const int32_t *plen, const int32_t *olen, const int32_t *tokens,
+                      engine_result_t *r)
+{
+    mkv_cache_config_t base = MKV_CACHE_CONFIG_INIT, cfg;
+    base.hi_format = fp16 ? MKV_FORMAT_K16V16 : o->policy.hi;
+    base.lo_format = fp16 ? MKV_FORMAT_K16V16 : o->policy.lo;
+    base.alpha_h = fp16 ? 0.0f : o->policy.alpha_h;
+    base.alpha_l = fp16 ? 0.0f : o->policy.alpha_l;
+    base.window = o->policy.window;
+    base.obs_window = o->policy.obs_window;
+    base.hi_key_group = o->policy.hi_key_group, base.hi_value_group = o->policy.hi_value_group;
+    base.lo_key_group = o->policy.lo_key_group, base.lo_value_group = o->policy.lo_value_group;
+    base.max_seqs = o->max_batch;
+    base.max_seq_len = max_len;
+    base.backend = o->run.backend;
+    if (o->run.backend == MKV_BACKEND_CUDA) base.flags = MKV_CACHE_ASYNC_STEPS;
+    mkv_model_config_cache(mc, &base, &cfg);
+    /* the same pages for both engines: 16 fp16 tokens a page */
+    if (mkv_page_bytes_for(MKV_FORMAT_K16V16, cfg.head_dim, 0, 0, 16, &cfg.page_bytes) != MKV_STATUS_OK) {
+        mkv_cli_error(CMD, "%s", mkv_last_error());
+        return -1;
+    }
+    cfg.pool_pages = (int64_t)(o->kv_mib * 1048576.0 / (double)cfg.page_bytes);
+    mkv_cache_t *cache = NULL;
+    mkv_scheduler_t *s = NULL;
+    mkv_request_t *reqs = calloc((size_t)o->requests, sizeof *reqs);
+    int rc = -1;
+    if (!reqs) {
+        mkv_cli_error(CMD, "out of memory");
+        return -1;
+    }
+    if (mkv_cache_create(&cfg, &cache) != MKV_STATUS_OK) {
+        mkv_cli_error(CMD, "cannot create the %s cache: %s", fp16 ? "fp16" : "mixkv", mkv_last_error());
+        goto done;
+    }
+    if (mkv_scheduler_create(fwd, cache, -1, o->max_batch, &s) != MKV_STATUS_OK) {
+        mkv_cli_error(CMD, "%s", mkv_last_error());
+        goto done;
+    }
+    int64_t offset = 0;
+    for (int32_t i = 0; i < o->requests; i++) {
+        mkv_request_t *q = &reqs[i];
+        q->id = i;
+        q->prompt = tokens + offset;
+        q->prompt_len = plen[i];
+        q->max_new_tokens = olen[i];
+        offset += plen[i];
+        if (mkv_scheduler_add(s, q) != MKV_STATUS_OK) {
+            mkv_cli_error(CMD, "request %d: %s", i, mkv_last_error());
+            goto done;
+        }
+    }
+    memset(r, 0, sizeof *r);
+    r->name = fp16 ? "fp16" : "mixkv";
+    r->pages = cfg.pool_pages;
+    r->page_bytes = cfg.page_bytes;
+    double hi = 0, lo = 0, pruned = 0, last_progress = 0;
+    const double t0 = now_s();
+    while (!mkv_scheduler_idle(s)) {
+        mkv_sched_stats_t st;
+        const mkv_status_t ss = mkv_scheduler_step(s, &st);
+        if (ss != MKV_STATUS_OK && ss != MKV_STATUS_OUT_OF_PAGES) {
+            mkv_cli_error(CMD, "%s engine, step %lld: %s", r->name, (long long)r->steps, mkv_last_error());
+            goto done;
+        }
+        r->steps++;
+        r->output_tokens += st.decoded + st.admitted; /* each admission emits its first token */
+        r->preemptions += st.preempted;
+        r->batch_sum += st.running;
+        if (st.running > r->peak_batch) r->peak_batch = st.running;
+        const int64_t used = (cfg.pool_pages - st.free_pages) * cfg.page_bytes;
+        r->kv_bytes_sum += used;
+        if (used > r->peak_kv_bytes) r->peak_kv_bytes = used;
+        hi += (double)st.tokens_hi, lo += (double)st.tokens_lo, pruned += (double)st.tokens_pruned;
+        r->finished = st.finished;
+        const double t = now_s();
+        if (!o->quiet && t - last_progress > 2.0) {
+            fprintf(stderr, "%s: %s: step %lld, %d running, %d waiting, %d finished, %.0f s\n", CMD, r->name,
+                    (long long)r->steps, st.running, st.waiting, st.finished, t - t0);
+            last_progress = t;
+        }
+    }
+    r->seconds = now_s() - t0;
+    for (int32_t i = 0; i < o->requests; i++) r->failed += reqs[i].state == MKV_REQ_FAILED;
+    const double seen = hi + lo + pruned;
+    r->frac_hi = seen > 0 ? hi / seen : 0, r->frac_lo = seen > 0 ? lo / seen : 0;
+    r->frac_pruned = seen > 0 ? pruned / seen : 0;
+    rc = 0;
+done:
+    for (int32_t i = 0; i < o->requests; i++) free(reqs[i].out);
+    free(reqs);
+    mkv_scheduler_free(s);
+    mkv_cache_destroy(cache);
+    return rc;
+}
+
+static void print_result(FILE *f, const engine_result_t *r, int32_t requests)
+{
+    fprintf(f, "%-6s %9.2f %10.3f %12.1f %7lld %6d %8.1f %7lld %10.1f %10.1f %6.1f%% %6.1f%% %6.1f%%\n", r->name,
+            r->seconds, requests / r->seconds, r->output_tokens / r->seconds, (long long)r->steps, r->peak_batch,
+            r->steps ? (double)r->batch_sum / r->steps : 0.0, (long long)r->preemptions,
+            r->steps ? (double)r->kv_bytes_sum / r->steps / 1048576.0 : 0.0, r->peak_kv_bytes / 1048576.0,
+            100 * r->frac_hi, 100 * r->frac_lo, 100 * r->frac_pruned);
+}
+
+static cJSON *result_json(const engine_result_t *r, int32_t requests)
+{
+    cJSON *e = cJSON_CreateObject();
+    cJSON_AddStringToObject(e, "engine", r->name);
+    cJSON_AddNumberToObject(e, "seconds", r->seconds);
+    cJSON_AddNumberToObject(e, "requests_per_second", requests / r->seconds);
+    cJSON_AddNumberToObject(e, "output_tokens_per_second", r->output_tokens / r->seconds);
+    mkv_cli_json_add_i64(e, "output_tokens", r->output_tokens);
+    mkv_cli_json_add_i64(e, "steps", r->steps);
+    cJSON_AddNumberToObject(e, "peak_batch", r->peak_batch);
+    cJSON_AddNumberToObject(e, "mean_batch", r->steps ? (double)r->batch_sum / r->steps : 0.0);
+    mkv_cli_json_add_i64(e, "preemptions", r->preemptions);
+    cJSON_AddNumberToObject(e, "finished", r->finished);
+    cJSON_AddNumberToObject(e, "failed", r->failed);
+    mkv_cli_json_add_i64(e, "kv_pages", r->pages);
+    mkv_cli_json_add_i64(e, "page_bytes", r->page_bytes);
+    cJSON_AddNumberToObject(e, "kv_bytes_mean", r->steps ? (double)r->kv_bytes_sum / r->steps : 0.0);
+    mkv_cli_json_add_i64(e, "kv_bytes_peak", r->peak_kv_bytes);
+    cJSON_AddNumberToObject(e, "fraction_high", r->frac_hi);
+    cJSON_AddNumberToObject(e, "fraction_low", r->frac_lo);
+    cJSON_AddNumberToObject(e, "fraction_pruned", r->frac_pruned);
+    return e;
+}
+
+int mkv_serve_bench_main(int argc, char **argv)
+{
+    sb_opts_t o;
+    memset(&o, 0, sizeof o);
+    o.requests = 64, o.max_batch = 256, o.kv_mib = 4096.0, o.seed = 1;
+    o.prompt = (range_t){1024, 2048}, o.output = (range_t){256, 512};
+    o.run_fp16 = o.run_mixkv = 1;
+    mkv_policy_opts_default(&o.policy);
+    mkv_run_opts_default(&o.run);
+    o.run.dtype = MKV_DTYPE_F16;
+    const int pr = parse(argc, argv, &o);
+    if (pr != 0) return pr > 0 ? MKV_EXIT_OK : MKV_EXIT_USAGE;
+    if (o.json_path && mkv_cli_check_writable(CMD, "--json", o.json_path) < 0) return MKV_EXIT_USAGE;
+
+    char err[MKV_ERR_LEN];
+    int rc = MKV_EXIT_FAIL;
+    mkv_model_t *model = NULL;
+    mkv_tools_forward_t fw;
+    memset(&fw, 0, sizeof fw);
+    mkv_model_config_t mc;
+    int32_t *plen = NULL, *olen = NULL, *tokens = NULL;
+    const int32_t max_len = o.prompt.hi + o.output.hi;
+    const int32_t max_tokens = max_len > o.max_batch ? max_len : o.max_batch;
+    if (o.model) {
+        if (mkv_model_load(o.model, &model, err) != MKV_STATUS_OK) {
+            mkv_cli_error(CMD, "%s", err);
+            return MKV_EXIT_USAGE;
+        }
+        mc = model->cfg;
+        if (mkv_tools_forward_create(CMD, model, &o.run, max_tokens, o.threads, &fw) < 0) goto done;
+    } else {
+        const mkv_status_t cs = strchr(o.dummy, '/') || strstr(o.dummy, ".json")
+                                    ? mkv_model_config_load(o.dummy, &mc, err)
+                                    : mkv_model_config_builtin(o.dummy, &mc, err);
+        if (cs != MKV_STATUS_OK) {
+            mkv_cli_error(CMD, "--dummy-weights: %s", err);
+            return MKV_EXIT_USAGE;
+        }
+        if (max_len > mc.max_pos) mc.max_pos = max_len; /* stand-ins: any length will do */
+        if (mkv_cuda_forward_create_dummy(&mc, (uint64_t)o.seed, max_tokens, o.run.dtype, &fw.cuda, err) !=
+            MKV_STATUS_OK) {
+            mkv_cli_error(CMD, "--dummy-weights: %s", err);
+            goto done;
+        }
+        fw.fwd = mkv_cuda_forward(fw.cuda);
+    }
+    if (max_len > mc.max_pos) {
+        mkv_cli_error(CMD, "prompt %d + output %d exceeds the model's %d positions", o.prompt.hi, o.output.hi,
+                      mc.max_pos);
+        rc = MKV_EXIT_USAGE;
+        goto done;
+    }
+    /* the workload, the same for both engines */
+    plen = malloc((size_t)o.requests * sizeof *plen);
+    olen = malloc((size_t)o.requests * sizeof *olen);
+    uint64_t rng = (uint64_t)o.seed;
+    int64_t total_prompt = 0;
+    if (!plen || !olen) goto oom;
+    for (int32_t i = 0; i < o.requests; i++) {
+        plen[i] = draw(&rng, o.prompt);
+        olen[i] = draw(&rng, o.output);
+        total_prompt += plen[i];
+    }
+    if (!(tokens = malloc((size_t)total_prompt * sizeof *tokens))) goto oom;
+    for (int64_t t = 0; t < total_prompt; t++) tokens[t] = 3 + (int32_t)(next_rand(&rng) % (uint64_t)(mc.vocab - 3));
+
+    engine_result_t res[2];
+    int n_res = 0;
+    for (int k = 0; k < 2; k++) {
+        if (k == 0 ? !o.run_fp16 : !o.run_mixkv) continue;
+        if (run_engine(&o, &mc, &fw.fwd, k == 0, max_len, plen, olen, tokens, &res[n_res]) < 0) goto done;
+        n_res++;
+    }
+    FILE *out = o.json_path && !strcmp(o.json_path, "-") ? stderr : stdout;
+    fprintf(out,
+            "serve-bench: %s%s on %s (%s), %d requests at once, prompts %d..%d, outputs %d..%d tokens, "
+            "%.3g MiB of KV each, at most %d running\n",
+            o.model ? o.model : o.dummy, o.model ? "" : " (stand-in weights)", mkv_backend_name(o.run.backend),
+            o.run.backend == MKV_BACKEND_CUDA ? mkv_dtype_name(o.run.dtype) : "f32", o.requests, o.prompt.lo,
+            o.prompt.hi, o.output.lo, o.output.hi, o.kv_mib, o.max_batch);
+    fprintf(out, "%-6s %9s %10s %12s %7s %6s %8s %7s %10s %10s %7s %7s %7s\n", "engine", "seconds", "requests/s",
+            "out tok/s", "steps", "peak", "mean", "preempt", "KV MiB avg", "KV MiB max", "high", "low", "pruned");
+    for (int i = 0; i < n_res; i++) print_result(out, &res[i], o.requests);
+    if (n_res == 2)
+        fprintf(out, "mixkv / fp16: %.2fx requests/s, %.2fx output tokens/s, %.2fx mean batch\n",
+                res[0].seconds / res[1].seconds, (res[1].output_tokens / res[1].seconds) /
+                                                     (res[0].output_tokens / res[0].seconds),
+                ((double)res[1].batch_sum / res[1].steps) / ((double)res[0].batch_sum / res[0].steps));
+    if (o.json_path) {
+        cJSON *root = cJSON_CreateObject();
+        cJSON_AddStringToObject(root, "schema", "mixkv-serve-bench");
+        cJSON_AddNumberToObject(root, "schema_version", 1);
+        cJSON_AddStringToObject(root, "model", o.model ? o.model : o.dummy);
+        cJSON_AddStringToObject(root, "weights", o.model ? "loaded" : "stand-ins");
+        cJSON_AddStringToObject(root, "backend", mkv_backend_name(o.run.backend));
+        cJSON_AddStringToObject(root, "dtype", o.run.backend == MKV_BACKEND_CUDA ? mkv_dtype_name(o.run.dtype) : "f32");
+        cJSON_AddStringToObject(root, "arrivals", "offline");
+        cJSON_AddNumberToObject(root, "requests", o.requests);
+        cJSON_AddNumberToObject(root, "prompt_len_min", o.prompt.lo);
+        cJSON_AddNumberToObject(root, "prompt_len_max", o.prompt.hi);
+        cJSON_AddNumberToObject(root, "output_len_min", o.output.lo);
+        cJSON_AddNumberToObject(root, "output_len_max", o.output.hi);
+        cJSON_AddNumberToObject(root, "kv_mib", o.kv_mib);
+        cJSON_AddNumberToObject(root, "max_batch", o.max_batch);
+        mkv_cli_json_add_i64(root, "seed", o.seed);
+        cJSON *engines = cJSON_AddArrayToObject(root, "engines");
+        for (int i = 0; i < n_res; i++) cJSON_AddItemToArray(engines, result_json(&res[i], o.requests));
+        const int bad = mkv_cli_write_json(CMD, root, o.json_path);
+        cJSON_Delete(root);
+        if (bad < 0) goto done;
+    }
+    rc = MKV_EXIT_OK;
+    goto done;
+oom:
+    mkv_cli_error(CMD, "out of memory");
+done:
+    free(plen), free(olen), free(tokens);
+    mkv_tools_forward_free(&fw);
+    mkv_model_free(model);
+    return rc;
+}
