@@ -1,12 +1,15 @@
 /*
- * serve_bench.c — `mixkv serve-bench`: end-to-end offline throughput of the scheduler loop
- * (engine/scheduler.h) over a model's forward pass, for the FP16 paged baseline (K16V16,
- * nothing compressed) and mixkv, each given the same KV memory: the same number of pages of the
- * same size. N requests arrive at once, with prompt and output lengths drawn (seeded) from
- * fixed values or uniform ranges; every request is greedy and runs to its output length.
- * Reports per engine: requests/s, output tokens/s, steps, peak and mean running batch,
- * preemptions, KV bytes in use (mean, peak) and the mix of stored token-heads; and mixkv's
- * ratios to the baseline. A table, and JSON (`mixkv-serve-bench`, docs/results-schema.md).
+ * serve_bench.c — `mixkv serve-bench`: end-to-end serving throughput and latency of the
+ * scheduler loop (engine/scheduler.h) over a model's forward pass, for the FP16 paged baseline
+ * (K16V16, nothing compressed) and mixkv, each given the same KV memory: the same number of
+ * pages of the same size. N requests with prompt and output lengths drawn (seeded) from fixed
+ * values or uniform ranges arrive all at once (offline) or as a Poisson process at each given
+ * rate (online: the loop admits a request once the wall clock passes its arrival); every
+ * request is greedy and runs to its output length. Reports per engine and rate: requests/s,
+ * output tokens/s, steps, peak and mean running batch, preemptions, KV bytes in use (mean,
+ * peak), the mix of stored token-heads, and p50 / p99 of time to first token, time per output
+ * token and request latency; mixkv's ratios to the baseline. A table, JSON
+ * (`mixkv-serve-bench`, docs/results-schema.md) and, over several rates, an SVG plot.
  *
  * The model is a real one (--model, either backend) or stand-in weights at a model's shape on
  * the GPU (--dummy-weights llama-3-8b | CONFIG.json): throughput at real sizes without the
@@ -16,6 +19,7 @@
 #include "tools/cli.h"
 #include "tools/model_opts.h"
 
+#include <math.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -27,8 +31,12 @@ typedef struct range {
     int32_t lo, hi;
 } range_t;
 
+#define MAX_RATES 16
+
 typedef struct sb_opts {
-    const char *model, *dummy, *json_path;
+    const char *model, *dummy, *json_path, *plot_path;
+    double rates[MAX_RATES]; /* requests/s; 0: offline */
+    int32_t n_rates;
     int32_t requests, max_batch, threads;
     range_t prompt, output;
     double kv_mib;
@@ -55,7 +63,9 @@ void mkv_serve_bench_usage(FILE *f)
             "  --kv-mib X          KV memory of each engine, MiB of pages [4096]\n"
             "  --max-batch N       most requests running at once (the caches' slots) [256]\n"
             "  --engines E         fp16, mixkv or fp16,mixkv [fp16,mixkv]\n"
-            "  --seed N            lengths and prompt tokens [1]\n"
+            "  --seed N            lengths, prompt tokens and arrival times [1]\n"
+            "  --rate R[,R...]     Poisson arrivals at R requests/s (0: all at once) [0]\n"
+            "  --plot FILE.svg     output tokens/s and p50 latency against the rates\n"
             MKV_POLICY_OPTS_HELP
             MKV_RUN_OPTS_HELP
             "  --threads N         forward-pass threads (CPU) [one per core]\n"
@@ -103,6 +113,25 @@ static int parse(int argc, char **argv, sb_opts_t *o)
         if ((m = mkv_cli_option(CMD, argc, argv, &i, "--dummy-weights", 1, 0, &v)) != 0) {
             if (m < 0) return -1;
             o->dummy = v;
+            continue;
+        }
+        if ((m = mkv_cli_option(CMD, argc, argv, &i, "--plot", 1, 0, &v)) != 0) {
+            if (m < 0) return -1;
+            o->plot_path = v;
+            continue;
+        }
+        if ((m = mkv_cli_option(CMD, argc, argv, &i, "--rate", 1, 0, &v)) != 0) {
+            if (m < 0) return -1;
+            char buf[512];
+            snprintf(buf, sizeof buf, "%s", v);
+            o->n_rates = 0;
+            for (char *t = strtok(buf, ","); t; t = strtok(NULL, ",")) {
+                if (o->n_rates == MAX_RATES) {
+                    mkv_cli_error(CMD, "--rate: at most %d rates", MAX_RATES);
+                    return -1;
+                }
+                if (mkv_cli_parse_double(CMD, "--rate", t, 0.0, 1e6, &o->rates[o->n_rates++]) < 0) return -1;
+            }
             continue;
         }
         if ((m = mkv_cli_option(CMD, argc, argv, &i, "--json", 1, 0, &v)) != 0) {
@@ -191,12 +220,52 @@ typedef struct engine_result {
     int32_t peak_batch, finished, failed;
     int64_t pages, page_bytes;
     double frac_hi, frac_lo, frac_pruned; /* of the token-heads seen by the steps, mean */
+    double rate;                          /* requests/s arriving; 0: all at once */
+    double ttft[2], tpot[2], latency[2];  /* p50, p99, seconds */
 } engine_result_t;
+
+/* Per request: when it arrived, its first token, its last (seconds from the run's start). */
+typedef struct req_times {
+    double arrival, first, last;
+    int32_t n;
+} req_times_t;
+
+typedef struct token_ctx {
+    req_times_t *t;
+    double t0;
+} token_ctx_t;
+
+static double now_s(void);
+
+static void on_token(void *ctx, const mkv_request_t *req, int32_t token)
+{
+    (void)token;
+    token_ctx_t *c = ctx;
+    req_times_t *r = &c->t[req->id];
+    const double t = now_s() - c->t0;
+    if (r->n++ == 0) r->first = t;
+    r->last = t;
+}
+
+static int cmp_d(const void *a, const void *b)
+{
+    const double x = *(const double *)a, y = *(const double *)b;
+    return x < y ? -1 : x > y;
+}
+
+/* The p-th percentile (nearest rank) of v[n], sorted in place. */
+static double percentile(double *v, int32_t n, double p)
+{
+    if (n == 0) return 0.0;
+    qsort(v, (size_t)n, sizeof *v, cmp_d);
+    int32_t k = (int32_t)(p / 100.0 * n + 0.999999) - 1;
+    return v[k < 0 ? 0 : k >= n ? n - 1 : k];
+}
 
 /* One engine over every request. */
 static int run_engine(const sb_opts_t *o, const mkv_model_config_t *mc, const mkv_forward_t *fwd, int fp16,
                       int32_t max_len, const int32_t *plen, const int32_t *olen, const int32_t *tokens,
-                      engine_result_t *r)
+                      const double *arrival, double rate, engine_result_t *r)
 {
     mkv_cache_config_t base = MKV_CACHE_CONFIG_INIT, cfg;
     base.hi_format = fp16 ? MKV_FORMAT_K16V16 : o->policy.hi;
@@ -221,8 +290,10 @@ static int run_engine(const sb_opts_t *o, const mkv_model_config_t *mc, const mk
     mkv_cache_t *cache = NULL;
     mkv_scheduler_t *s = NULL;
     mkv_request_t *reqs = calloc((size_t)o->requests, sizeof *reqs);
+    req_times_t *times = calloc((size_t)o->requests, sizeof *times);
+    double *buf = malloc((size_t)o->requests * sizeof *buf);
     int rc = -1;
-    if (!reqs) {
+    if (!reqs || !times || !buf) {
         mkv_cli_error(CMD, "out of memory");
         return -1;
     }
@@ -242,18 +313,36 @@ static int run_engine(const sb_opts_t *o, const mkv_model_config_t *mc, const mk
         q->prompt_len = plen[i];
         q->max_new_tokens = olen[i];
         offset += plen[i];
-        if (mkv_scheduler_add(s, q) != MKV_STATUS_OK) {
-            mkv_cli_error(CMD, "request %d: %s", i, mkv_last_error());
-            goto done;
-        }
+        times[i].arrival = arrival[i];
     }
+    token_ctx_t tc = {times, 0.0};
+    mkv_scheduler_on_token(s, on_token, &tc);
     memset(r, 0, sizeof *r);
+    r->rate = rate;
     r->name = fp16 ? "fp16" : "mixkv";
     r->pages = cfg.pool_pages;
     r->page_bytes = cfg.page_bytes;
     double hi = 0, lo = 0, pruned = 0, last_progress = 0;
     const double t0 = now_s();
-    while (!mkv_scheduler_idle(s)) {
+    tc.t0 = t0;
+    int32_t added = 0;
+    while (added < o->requests || !mkv_scheduler_idle(s)) {
+        /* arrivals up to now; when nothing runs, wait for the next one */
+        double t = now_s() - t0;
+        if (added < o->requests && mkv_scheduler_idle(s) && arrival[added] > t) {
+            const double wait = arrival[added] - t;
+            struct timespec ts = {(time_t)wait, (long)((wait - (double)(time_t)wait) * 1e9)};
+            nanosleep(&ts, NULL);
+            t = now_s() - t0;
+        }
+        while (added < o->requests && arrival[added] <= t) {
+            if (mkv_scheduler_add(s, &reqs[added]) != MKV_STATUS_OK) {
+                mkv_cli_error(CMD, "request %d: %s", added, mkv_last_error());
+                goto done;
+            }
+            added++;
+        }
+        if (mkv_scheduler_idle(s)) continue;
         mkv_sched_stats_t st;
         const mkv_status_t ss = mkv_scheduler_step(s, &st);
         if (ss != MKV_STATUS_OK && ss != MKV_STATUS_OUT_OF_PAGES) {
@@ -270,14 +359,27 @@ static int run_engine(const sb_opts_t *o, const mkv_model_config_t *mc, const mk
         if (used > r->peak_kv_bytes) r->peak_kv_bytes = used;
         hi += (double)st.tokens_hi, lo += (double)st.tokens_lo, pruned += (double)st.tokens_pruned;
         r->finished = st.finished;
-        const double t = now_s();
+        t = now_s() - t0;
         if (!o->quiet && t - last_progress > 2.0) {
-            fprintf(stderr, "%s: %s: step %lld, %d running, %d waiting, %d finished, %.0f s\n", CMD, r->name,
-                    (long long)r->steps, st.running, st.waiting, st.finished, t - t0);
+            fprintf(stderr, "%s: %s at %g/s: step %lld, %d running, %d waiting, %d finished, %.0f s\n", CMD,
+                    r->name, rate, (long long)r->steps, st.running, st.waiting, st.finished, t);
             last_progress = t;
         }
     }
     r->seconds = now_s() - t0;
+    /* latencies: first token after arrival; per output token after the first; the whole request */
+    int32_t k = 0;
+    for (int32_t i = 0; i < o->requests; i++)
+        if (times[i].n > 0) buf[k++] = times[i].first - times[i].arrival;
+    r->ttft[0] = percentile(buf, k, 50), r->ttft[1] = percentile(buf, k, 99);
+    k = 0;
+    for (int32_t i = 0; i < o->requests; i++)
+        if (times[i].n > 1) buf[k++] = (times[i].last - times[i].first) / (times[i].n - 1);
+    r->tpot[0] = percentile(buf, k, 50), r->tpot[1] = percentile(buf, k, 99);
+    k = 0;
+    for (int32_t i = 0; i < o->requests; i++)
+        if (times[i].n > 0) buf[k++] = times[i].last - times[i].arrival;
+    r->latency[0] = percentile(buf, k, 50), r->latency[1] = percentile(buf, k, 99);
     for (int32_t i = 0; i < o->requests; i++) r->failed += reqs[i].state == MKV_REQ_FAILED;
     const double seen = hi + lo + pruned;
     r->frac_hi = seen > 0 ? hi / seen : 0, r->frac_lo = seen > 0 ? lo / seen : 0;
@@ -286,6 +388,8 @@ static int run_engine(const sb_opts_t *o, const mkv_model_config_t *mc, const mk
 done:
     for (int32_t i = 0; i < o->requests; i++) free(reqs[i].out);
     free(reqs);
+    free(times);
+    free(buf);
     mkv_scheduler_free(s);
     mkv_cache_destroy(cache);
     return rc;
@@ -298,6 +402,12 @@ static void print_result(FILE *f, const engine_result_t *r, int32_t requests)
             r->steps ? (double)r->batch_sum / r->steps : 0.0, (long long)r->preemptions,
             r->steps ? (double)r->kv_bytes_sum / r->steps / 1048576.0 : 0.0, r->peak_kv_bytes / 1048576.0,
             100 * r->frac_hi, 100 * r->frac_lo, 100 * r->frac_pruned);
+}
+
+static void print_latency(FILE *f, const engine_result_t *r)
+{
+    fprintf(f, "%-6s  TTFT p50 %8.3f s  p99 %8.3f s   TPOT p50 %8.2f ms  p99 %8.2f ms   latency p50 %8.2f s  p99 %8.2f s\n",
+            r->name, r->ttft[0], r->ttft[1], 1e3 * r->tpot[0], 1e3 * r->tpot[1], r->latency[0], r->latency[1]);
 }
 
 static cJSON *result_json(const engine_result_t *r, int32_t requests)
@@ -321,7 +431,68 @@ static cJSON *result_json(const engine_result_t *r, int32_t requests)
     cJSON_AddNumberToObject(e, "fraction_high", r->frac_hi);
     cJSON_AddNumberToObject(e, "fraction_low", r->frac_lo);
     cJSON_AddNumberToObject(e, "fraction_pruned", r->frac_pruned);
+    const char *names[3] = {"ttft_s", "tpot_s", "latency_s"};
+    const double *vals[3] = {r->ttft, r->tpot, r->latency};
+    for (int i = 0; i < 3; i++) {
+        cJSON *q = cJSON_AddObjectToObject(e, names[i]);
+        cJSON_AddNumberToObject(q, "p50", vals[i][0]);
+        cJSON_AddNumberToObject(q, "p99", vals[i][1]);
+    }
     return e;
+}
+
+/* An SVG of output tokens/s and p50 request latency against the arrival rate, a line per
+ * engine (x: the rates in the order given, evenly spaced; an offline run shows as 0/s). */
+static int write_plot(const char *path, const engine_result_t (*res)[2], int n_rates, int n_eng)
+{
+    FILE *f = fopen(path, "w");
+    if (!f) {
+        mkv_cli_error(CMD, "--plot: cannot open %s", path);
+        return -1;
+    }
+    const int W = 900, H = 360, pw = 360, ph = 250, top = 50, left[2] = {70, 520};
+    const char *colors[2] = {"#1f77b4", "#d62728"};
+    fprintf(f, "<svg xmlns=\"http://www.w3.org/2000/svg\" width=\"%d\" height=\"%d\" font-family=\"sans-serif\" "
+               "font-size=\"12\">\n<rect width=\"100%%\" height=\"100%%\" fill=\"white\"/>\n", W, H);
+    for (int panel = 0; panel < 2; panel++) {
+        double ymax = 0;
+        for (int r = 0; r < n_rates; r++)
+            for (int e = 0; e < n_eng; e++) {
+                const engine_result_t *x = &res[r][e];
+                const double y = panel == 0 ? x->output_tokens / x->seconds : x->latency[0];
+                if (y > ymax) ymax = y;
+            }
+        if (ymax <= 0) ymax = 1;
+        const int x0 = left[panel];
+        fprintf(f, "<text x=\"%d\" y=\"30\" font-size=\"14\">%s</text>\n", x0,
+                panel == 0 ? "output tokens/s" : "p50 request latency (s)");
+        fprintf(f, "<rect x=\"%d\" y=\"%d\" width=\"%d\" height=\"%d\" fill=\"none\" stroke=\"#888\"/>\n", x0, top,
+                pw, ph);
+        for (int t = 0; t <= 4; t++) { /* y ticks */
+            const double v = ymax * t / 4;
+            const int y = top + ph - (int)(ph * t / 4);
+            fprintf(f, "<text x=\"%d\" y=\"%d\" text-anchor=\"end\">%.3g</text>\n", x0 - 4, y + 4, v);
+        }
+        for (int r = 0; r < n_rates; r++) { /* x ticks */
+            const int x = x0 + (n_rates > 1 ? pw * r / (n_rates - 1) : pw / 2);
+            fprintf(f, "<text x=\"%d\" y=\"%d\" text-anchor=\"middle\">%g/s</text>\n", x, top + ph + 16, res[r][0].rate);
+        }
+        for (int e = 0; e < n_eng; e++) {
+            fprintf(f, "<polyline fill=\"none\" stroke=\"%s\" stroke-width=\"2\" points=\"", colors[e]);
+            for (int r = 0; r < n_rates; r++) {
+                const engine_result_t *x = &res[r][e];
+                const double y = panel == 0 ? x->output_tokens / x->seconds : x->latency[0];
+                fprintf(f, "%d,%d ", x0 + (n_rates > 1 ? pw * r / (n_rates - 1) : pw / 2),
+                        top + ph - (int)(ph * y / ymax));
+            }
+            fprintf(f, "\"/>\n");
+        }
+    }
+    for (int e = 0; e < n_eng; e++)
+        fprintf(f, "<text x=\"%d\" y=\"%d\" fill=\"%s\">%s</text>\n", left[0] + 90 * e, H - 12, colors[e],
+                res[0][e].name);
+    fprintf(f, "</svg>\n");
+    return fclose(f) == 0 ? 0 : -1;
 }
 
 int mkv_serve_bench_main(int argc, char **argv)
@@ -331,12 +502,14 @@ int mkv_serve_bench_main(int argc, char **argv)
     o.requests = 64, o.max_batch = 256, o.kv_mib = 4096.0, o.seed = 1;
     o.prompt = (range_t){1024, 2048}, o.output = (range_t){256, 512};
     o.run_fp16 = o.run_mixkv = 1;
+    o.n_rates = 1; /* offline */
     mkv_policy_opts_default(&o.policy);
     mkv_run_opts_default(&o.run);
     o.run.dtype = MKV_DTYPE_F16;
     const int pr = parse(argc, argv, &o);
     if (pr != 0) return pr > 0 ? MKV_EXIT_OK : MKV_EXIT_USAGE;
     if (o.json_path && mkv_cli_check_writable(CMD, "--json", o.json_path) < 0) return MKV_EXIT_USAGE;
+    if (o.plot_path && mkv_cli_check_writable(CMD, "--plot", o.plot_path) < 0) return MKV_EXIT_USAGE;
 
     char err[MKV_ERR_LEN];
     int rc = MKV_EXIT_FAIL;
@@ -345,6 +518,8 @@ int mkv_serve_bench_main(int argc, char **argv)
     memset(&fw, 0, sizeof fw);
     mkv_model_config_t mc;
     int32_t *plen = NULL, *olen = NULL, *tokens = NULL;
+    double *arrival = NULL;
+    engine_result_t(*res)[2] = NULL;
     const int32_t max_len = o.prompt.hi + o.output.hi;
     const int32_t max_tokens = max_len > o.max_batch ? max_len : o.max_batch;
     if (o.model) {
@@ -389,29 +564,50 @@ int mkv_serve_bench_main(int argc, char **argv)
     }
     if (!(tokens = malloc((size_t)total_prompt * sizeof *tokens))) goto oom;
     for (int64_t t = 0; t < total_prompt; t++) tokens[t] = 3 + (int32_t)(next_rand(&rng) % (uint64_t)(mc.vocab - 3));
-
-    engine_result_t res[2];
-    int n_res = 0;
-    for (int k = 0; k < 2; k++) {
-        if (k == 0 ? !o.run_fp16 : !o.run_mixkv) continue;
-        if (run_engine(&o, &mc, &fw.fwd, k == 0, max_len, plen, olen, tokens, &res[n_res]) < 0) goto done;
-        n_res++;
-    }
+    /* Poisson arrivals: exponential gaps of mean 1/rate from one seeded stream, scaled per rate */
+    if (!(arrival = malloc((size_t)o.requests * sizeof *arrival))) goto oom;
+    if (!(res = calloc((size_t)o.n_rates, sizeof *res))) goto oom;
+    const int n_eng = o.run_fp16 + o.run_mixkv;
     FILE *out = o.json_path && !strcmp(o.json_path, "-") ? stderr : stdout;
     fprintf(out,
-            "serve-bench: %s%s on %s (%s), %d requests at once, prompts %d..%d, outputs %d..%d tokens, "
+            "serve-bench: %s%s on %s (%s), %d requests, prompts %d..%d, outputs %d..%d tokens, "
             "%.3g MiB of KV each, at most %d running\n",
             o.model ? o.model : o.dummy, o.model ? "" : " (stand-in weights)", mkv_backend_name(o.run.backend),
             o.run.backend == MKV_BACKEND_CUDA ? mkv_dtype_name(o.run.dtype) : "f32", o.requests, o.prompt.lo,
             o.prompt.hi, o.output.lo, o.output.hi, o.kv_mib, o.max_batch);
-    fprintf(out, "%-6s %9s %10s %12s %7s %6s %8s %7s %10s %10s %7s %7s %7s\n", "engine", "seconds", "requests/s",
-            "out tok/s", "steps", "peak", "mean", "preempt", "KV MiB avg", "KV MiB max", "high", "low", "pruned");
-    for (int i = 0; i < n_res; i++) print_result(out, &res[i], o.requests);
-    if (n_res == 2)
-        fprintf(out, "mixkv / fp16: %.2fx requests/s, %.2fx output tokens/s, %.2fx mean batch\n",
-                res[0].seconds / res[1].seconds, (res[1].output_tokens / res[1].seconds) /
-                                                     (res[0].output_tokens / res[0].seconds),
-                ((double)res[1].batch_sum / res[1].steps) / ((double)res[0].batch_sum / res[0].steps));
+    for (int ri = 0; ri < o.n_rates; ri++) {
+        const double rate = o.rates[ri];
+        uint64_t arng = (uint64_t)o.seed ^ 0xa5a5a5a5ull;
+        double t = 0.0;
+        for (int32_t i = 0; i < o.requests; i++) {
+            if (rate > 0) {
+                const double u = ((double)(next_rand(&arng) >> 11) + 0.5) * 0x1p-53; /* (0, 1) */
+                t += -log(u) / rate;
+            }
+            arrival[i] = t;
+        }
+        int n_res = 0;
+        for (int k = 0; k < 2; k++) {
+            if (k == 0 ? !o.run_fp16 : !o.run_mixkv) continue;
+            if (run_engine(&o, &mc, &fw.fwd, k == 0, max_len, plen, olen, tokens, arrival, rate, &res[ri][n_res]) < 0)
+                goto done;
+            n_res++;
+        }
+        if (rate > 0) fprintf(out, "arrivals: Poisson at %g requests/s\n", rate);
+        else fprintf(out, "arrivals: all at once\n");
+        fprintf(out, "%-6s %9s %10s %12s %7s %6s %8s %7s %10s %10s %7s %7s %7s\n", "engine", "seconds",
+                "requests/s", "out tok/s", "steps", "peak", "mean", "preempt", "KV MiB avg", "KV MiB max", "high",
+                "low", "pruned");
+        for (int i = 0; i < n_res; i++) print_result(out, &res[ri][i], o.requests);
+        for (int i = 0; i < n_res; i++) print_latency(out, &res[ri][i]);
+        if (n_res == 2) {
+            const engine_result_t *a = &res[ri][0], *b = &res[ri][1];
+            fprintf(out, "mixkv / fp16: %.2fx requests/s, %.2fx output tokens/s, %.2fx mean batch\n",
+                    a->seconds / b->seconds, (b->output_tokens / b->seconds) / (a->output_tokens / a->seconds),
+                    ((double)b->batch_sum / b->steps) / ((double)a->batch_sum / a->steps));
+        }
+    }
+    if (o.plot_path && write_plot(o.plot_path, (const engine_result_t(*)[2])res, o.n_rates, n_eng) < 0) goto done;
     if (o.json_path) {
         cJSON *root = cJSON_CreateObject();
         cJSON_AddStringToObject(root, "schema", "mixkv-serve-bench");
@@ -420,7 +616,6 @@ int mkv_serve_bench_main(int argc, char **argv)
         cJSON_AddStringToObject(root, "weights", o.model ? "loaded" : "stand-ins");
         cJSON_AddStringToObject(root, "backend", mkv_backend_name(o.run.backend));
         cJSON_AddStringToObject(root, "dtype", o.run.backend == MKV_BACKEND_CUDA ? mkv_dtype_name(o.run.dtype) : "f32");
-        cJSON_AddStringToObject(root, "arrivals", "offline");
         cJSON_AddNumberToObject(root, "requests", o.requests);
         cJSON_AddNumberToObject(root, "prompt_len_min", o.prompt.lo);
         cJSON_AddNumberToObject(root, "prompt_len_max", o.prompt.hi);
@@ -429,8 +624,15 @@ int mkv_serve_bench_main(int argc, char **argv)
         cJSON_AddNumberToObject(root, "kv_mib", o.kv_mib);
         cJSON_AddNumberToObject(root, "max_batch", o.max_batch);
         mkv_cli_json_add_i64(root, "seed", o.seed);
-        cJSON *engines = cJSON_AddArrayToObject(root, "engines");
-        for (int i = 0; i < n_res; i++) cJSON_AddItemToArray(engines, result_json(&res[i], o.requests));
+        cJSON *runs = cJSON_AddArrayToObject(root, "runs");
+        for (int ri = 0; ri < o.n_rates; ri++) {
+            cJSON *run = cJSON_CreateObject();
+            cJSON_AddStringToObject(run, "arrivals", o.rates[ri] > 0 ? "poisson" : "offline");
+            cJSON_AddNumberToObject(run, "rate", o.rates[ri]);
+            cJSON *engines = cJSON_AddArrayToObject(run, "engines");
+            for (int i = 0; i < n_eng; i++) cJSON_AddItemToArray(engines, result_json(&res[ri][i], o.requests));
+            cJSON_AddItemToArray(runs, run);
+        }
         const int bad = mkv_cli_write_json(CMD, root, o.json_path);
         cJSON_Delete(root);
         if (bad < 0) goto done;
@@ -440,7 +642,7 @@ int mkv_serve_bench_main(int argc, char **argv)
 oom:
     mkv_cli_error(CMD, "out of memory");
 done:
-    free(plen), free(olen), free(tokens);
+    free(plen), free(olen), free(tokens), free(arrival), free(res);
     mkv_tools_forward_free(&fw);
     mkv_model_free(model);
     return rc;

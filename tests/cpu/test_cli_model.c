@@ -182,8 +182,17 @@ Test(cli_serve_bench, both_engines_same_memory)
     snprintf(json, sizeof json, "/tmp/mixkv_sb_%d.json", (int)getpid());
     cr_assert_eq(run(g_out, sizeof g_out,
                      "'%s' serve-bench --model '%s' --requests 16 --prompt-len 60:120 --output-len 40:90 "
-                     "--kv-mib 0.2 --max-batch 12 --threads 2 --quiet --json '%s' 2>&1",
-                     MIXKV_CLI_PATH, MODEL_DIR, json), 0, "%s", g_out);
+                     "--kv-mib 0.2 --max-batch 12 --threads 2 --quiet --rate 0,400 --plot '%s.svg' --json '%s' 2>&1",
+                     MIXKV_CLI_PATH, MODEL_DIR, json, json), 0, "%s", g_out);
+    char svg[300];
+    snprintf(svg, sizeof svg, "%s.svg", json);
+    FILE *sf = fopen(svg, "r");
+    cr_assert_not_null(sf, "no plot written");
+    char head[8] = {0};
+    cr_assert_eq(fread(head, 1, 4, sf), 4u);
+    fclose(sf);
+    unlink(svg);
+    cr_assert_str_eq(head, "<svg");
     FILE *f = fopen(json, "r");
     cr_assert_not_null(f);
     char buf[1 << 14];
@@ -194,7 +203,15 @@ Test(cli_serve_bench, both_engines_same_memory)
     cJSON *root = cJSON_Parse(buf);
     cr_assert_not_null(root, "%s", buf);
     cr_assert_str_eq(cJSON_GetObjectItem(root, "schema")->valuestring, "mixkv-serve-bench");
-    const cJSON *e = cJSON_GetObjectItem(root, "engines");
+    const cJSON *runs = cJSON_GetObjectItem(root, "runs");
+    cr_assert_eq(cJSON_GetArraySize(runs), 2);
+    cr_assert_str_eq(cJSON_GetObjectItem(cJSON_GetArrayItem(runs, 1), "arrivals")->valuestring, "poisson");
+    /* every request waits for its first token, and its latency covers it */
+    const cJSON *pe = cJSON_GetArrayItem(cJSON_GetObjectItem(cJSON_GetArrayItem(runs, 1), "engines"), 0);
+    const double ttft = cJSON_GetObjectItem(cJSON_GetObjectItem(pe, "ttft_s"), "p50")->valuedouble;
+    const double lat = cJSON_GetObjectItem(cJSON_GetObjectItem(pe, "latency_s"), "p50")->valuedouble;
+    cr_assert(ttft > 0 && lat > ttft, "ttft %g, latency %g", ttft, lat);
+    const cJSON *e = cJSON_GetObjectItem(cJSON_GetArrayItem(runs, 0), "engines");
     cr_assert_eq(cJSON_GetArraySize(e), 2);
     const cJSON *a = cJSON_GetArrayItem(e, 0), *b = cJSON_GetArrayItem(e, 1);
     cr_assert_str_eq(cJSON_GetObjectItem(a, "engine")->valuestring, "fp16");
