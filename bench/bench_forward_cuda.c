@@ -192,6 +192,7 @@ int main(int argc, char **argv)
     int32_t *next = malloc((size_t)batch * sizeof(int32_t));
     float *last = malloc((size_t)mc.vocab * sizeof(float));
     uint64_t rng = seed;
+    mkv_cuda_forward_set_timing(f, 1); /* the prefill's GEMM time, apart */
     const double p0 = now_s();
     for (int32_t j = 0; j < batch; j++) {
         for (int32_t t = 0; t < context; t++) {
@@ -206,10 +207,16 @@ int main(int argc, char **argv)
         next[j] = (int32_t)(j % mc.vocab);
     }
     const double prefill_s = now_s() - p0;
+    double pph[MKV_CUDA_PHASES];
+    mkv_cuda_forward_phases(f, pph, 1);
+    mkv_cuda_forward_set_timing(f, 0);
     const double D = mc.hidden, I = mc.intermediate, QD = (double)mc.n_heads * mc.head_dim;
     const double KD = (double)mc.n_kv_heads * mc.head_dim;
     const double matmul_params = mc.n_layers * (D * QD * 2 + D * KD * 2 + 3 * D * I);
     const double prefill_tflops = 2.0 * matmul_params * (double)batch * context / prefill_s * 1e-12;
+    /* the projections' GEMMs alone (the events' GEMM phase; lm_head's one row is in the head) */
+    const double prefill_gemm_tflops = 2.0 * matmul_params * (double)batch * context /
+                                       (pph[MKV_CUDA_PHASE_GEMM] * 1e-3) * 1e-12;
 
     /* decode steps: with the logits copied to the host, and without */
     /* decode steps, in turn: logits left on the device, copied to the host, greedy picks only */
@@ -256,7 +263,12 @@ int main(int argc, char **argv)
            "norms/RoPE/SiLU %.3f, head %.3f\n",
            ph[MKV_CUDA_PHASE_GEMM], ph[MKV_CUDA_PHASE_ATTENTION], ph[MKV_CUDA_PHASE_CACHE], ph[MKV_CUDA_PHASE_OTHER],
            ph[MKV_CUDA_PHASE_HEAD]);
-    printf("prefill matmuls at %.0f%% of the square GEMM; output tokens/s %.0f (greedy on the device); "
+    printf("prefill: GEMMs %.0f TFLOP/s (%.0f%% of the square GEMM; %.2f of %.2f s), attention %.2f s, "
+           "the rest %.2f s\n",
+           prefill_gemm_tflops, 100.0 * prefill_gemm_tflops / gemm, pph[MKV_CUDA_PHASE_GEMM] * 1e-3, prefill_s,
+           pph[MKV_CUDA_PHASE_ATTENTION] * 1e-3,
+           (pph[MKV_CUDA_PHASE_CACHE] + pph[MKV_CUDA_PHASE_OTHER] + pph[MKV_CUDA_PHASE_HEAD]) * 1e-3);
+    printf("prefill matmuls over the whole pass at %.0f%% of the square GEMM; output tokens/s %.0f (greedy on the device); "
            "cache: %lld pages in use of %lld\n",
            100.0 * prefill_tflops / gemm, batch / step_greedy, (long long)(st.total_pages - st.free_pages),
            (long long)st.total_pages);
@@ -271,13 +283,19 @@ int main(int argc, char **argv)
                 "\"dtype\": \"%s\", \"cache\": \"%s\", \"weights\": \"stand-ins\", \"copy_gbps\": %.1f, "
                 "\"square_gemm_tflops\": %.1f, \"batch\": %d, \"context\": %d, \"steps\": %d, "
                 "\"prefill_s\": %.4f, \"prefill_matmul_tflops\": %.2f, \"prefill_gemm_fraction\": %.4f, "
+                "\"prefill_gemm_only_tflops\": %.2f, \"prefill_gemm_only_fraction\": %.4f, "
+                "\"prefill_phases_s\": {\"gemm\": %.4f, \"attention\": %.4f, \"cache\": %.4f, \"other\": %.4f, "
+                "\"head\": %.4f}, "
                 "\"step_ms_device\": %.4f, \"step_ms_with_logits\": %.4f, \"step_ms_greedy\": %.4f, "
                 "\"weight_bytes\": %.0f, "
                 "\"kv_bytes\": %.0f, \"roofline_ms\": %.4f, \"step_over_roofline\": %.4f, "
                 "\"output_tokens_per_s\": %.1f, \"step_phases_ms\": {\"gemm\": %.4f, \"attention\": %.4f, "
                 "\"cache\": %.4f, \"other\": %.4f, \"head\": %.4f}}\n",
                 prop.name, config ? config : shape, mkv_dtype_name(dtype), cache_mode, copy * 1e-9, gemm, batch,
-                context, steps, prefill_s, prefill_tflops, prefill_tflops / gemm, step_dev * 1e3,
+                context, steps, prefill_s, prefill_tflops, prefill_tflops / gemm, prefill_gemm_tflops,
+                prefill_gemm_tflops / gemm, pph[MKV_CUDA_PHASE_GEMM] * 1e-3, pph[MKV_CUDA_PHASE_ATTENTION] * 1e-3,
+                pph[MKV_CUDA_PHASE_CACHE] * 1e-3, pph[MKV_CUDA_PHASE_OTHER] * 1e-3, pph[MKV_CUDA_PHASE_HEAD] * 1e-3,
+                step_dev * 1e3,
                 step_host * 1e3, step_greedy * 1e3, weight_bytes, kv_bytes, fp16 ? roof * 1e3 : 0.0,
                 fp16 ? step_dev / roof : 0.0, batch / step_greedy, ph[MKV_CUDA_PHASE_GEMM],
                 ph[MKV_CUDA_PHASE_ATTENTION], ph[MKV_CUDA_PHASE_CACHE], ph[MKV_CUDA_PHASE_OTHER],
