@@ -41,7 +41,7 @@ typedef struct sb_opts {
     range_t prompt, output;
     double kv_mib;
     int64_t seed;
-    int run_fp16, run_mixkv, quiet;
+    int run_fp16, run_mixkv, quiet, phases;
     mkv_policy_opts_t policy;
     mkv_run_opts_t run;
 } sb_opts_t;
@@ -66,6 +66,8 @@ void mkv_serve_bench_usage(FILE *f)
             "  --seed N            lengths, prompt tokens and arrival times [1]\n"
             "  --rate R[,R...]     Poisson arrivals at R requests/s (0: all at once) [0]\n"
             "  --plot FILE.svg     output tokens/s and p50 latency against the rates\n"
+            "  --phases            where the device time goes (CUDA: events at phase boundaries,\n"
+            "                      a few percent of their own)\n"
             MKV_POLICY_OPTS_HELP
             MKV_RUN_OPTS_HELP
             "  --threads N         forward-pass threads (CPU) [one per core]\n"
@@ -177,6 +179,11 @@ static int parse(int argc, char **argv, sb_opts_t *o)
             }
             continue;
         }
+        if ((m = mkv_cli_option(CMD, argc, argv, &i, "--phases", 0, 0, &v)) != 0) {
+            if (m < 0) return -1;
+            o->phases = 1;
+            continue;
+        }
         if ((m = mkv_cli_option(CMD, argc, argv, &i, "--quiet", 0, 0, &v)) != 0) {
             if (m < 0) return -1;
             o->quiet = 1;
@@ -222,6 +229,8 @@ typedef struct engine_result {
     double frac_hi, frac_lo, frac_pruned; /* of the token-heads seen by the steps, mean */
     double rate;                          /* requests/s arriving; 0: all at once */
     double ttft[2], tpot[2], latency[2];  /* p50, p99, seconds */
+    int has_phases;                       /* --phases on the CUDA pass */
+    double phase_ms[MKV_CUDA_PHASES];     /* summed over the run */
 } engine_result_t;
 
 /* Per request: when it arrived, its first token, its last (seconds from the run's start). */
@@ -263,7 +272,8 @@ static double percentile(double *v, int32_t n, double p)
 }
 
 /* One engine over every request. */
-static int run_engine(const sb_opts_t *o, const mkv_model_config_t *mc, const mkv_forward_t *fwd, int fp16,
+static int run_engine(const sb_opts_t *o, const mkv_model_config_t *mc, const mkv_forward_t *fwd,
+                      mkv_cuda_forward_t *cuda, int fp16,
                       int32_t max_len, const int32_t *plen, const int32_t *olen, const int32_t *tokens,
                       const double *arrival, double rate, engine_result_t *r)
 {
@@ -323,6 +333,11 @@ static int run_engine(const sb_opts_t *o, const mkv_model_config_t *mc, const mk
     r->pages = cfg.pool_pages;
     r->page_bytes = cfg.page_bytes;
     double hi = 0, lo = 0, pruned = 0, last_progress = 0;
+    if (o->phases && cuda) {
+        double drop[MKV_CUDA_PHASES];
+        mkv_cuda_forward_phases(cuda, drop, 1);
+        mkv_cuda_forward_set_timing(cuda, 1);
+    }
     const double t0 = now_s();
     tc.t0 = t0;
     int32_t added = 0;
@@ -367,6 +382,11 @@ static int run_engine(const sb_opts_t *o, const mkv_model_config_t *mc, const mk
         }
     }
     r->seconds = now_s() - t0;
+    if (o->phases && cuda) {
+        mkv_cuda_forward_phases(cuda, r->phase_ms, 1);
+        mkv_cuda_forward_set_timing(cuda, 0);
+        r->has_phases = 1;
+    }
     /* latencies: first token after arrival; per output token after the first; the whole request */
     int32_t k = 0;
     for (int32_t i = 0; i < o->requests; i++)
@@ -404,6 +424,18 @@ static void print_result(FILE *f, const engine_result_t *r, int32_t requests)
             100 * r->frac_hi, 100 * r->frac_lo, 100 * r->frac_pruned);
 }
 
+static void print_phases(FILE *f, const engine_result_t *r)
+{
+    if (!r->has_phases) return;
+    double dev = 0;
+    for (int i = 0; i < MKV_CUDA_PHASES; i++) dev += r->phase_ms[i] * 1e-3;
+    fprintf(f, "%-6s  time: GEMMs %.2f s, attention %.2f s, cache steps %.2f s, norms/RoPE/SiLU %.2f s, head %.2f s, "
+               "host and gaps %.2f s\n",
+            r->name, r->phase_ms[MKV_CUDA_PHASE_GEMM] * 1e-3, r->phase_ms[MKV_CUDA_PHASE_ATTENTION] * 1e-3,
+            r->phase_ms[MKV_CUDA_PHASE_CACHE] * 1e-3, r->phase_ms[MKV_CUDA_PHASE_OTHER] * 1e-3,
+            r->phase_ms[MKV_CUDA_PHASE_HEAD] * 1e-3, r->seconds - dev);
+}
+
 static void print_latency(FILE *f, const engine_result_t *r)
 {
     fprintf(f, "%-6s  TTFT p50 %8.3f s  p99 %8.3f s   TPOT p50 %8.2f ms  p99 %8.2f ms   latency p50 %8.2f s  p99 %8.2f s\n",
@@ -431,6 +463,16 @@ static cJSON *result_json(const engine_result_t *r, int32_t requests)
     cJSON_AddNumberToObject(e, "fraction_high", r->frac_hi);
     cJSON_AddNumberToObject(e, "fraction_low", r->frac_lo);
     cJSON_AddNumberToObject(e, "fraction_pruned", r->frac_pruned);
+    if (r->has_phases) {
+        cJSON *p = cJSON_AddObjectToObject(e, "phases_s");
+        double dev = 0;
+        const char *pn[MKV_CUDA_PHASES] = {"gemm", "attention", "cache", "other", "head"};
+        for (int i = 0; i < MKV_CUDA_PHASES; i++) {
+            cJSON_AddNumberToObject(p, pn[i], r->phase_ms[i] * 1e-3);
+            dev += r->phase_ms[i] * 1e-3;
+        }
+        cJSON_AddNumberToObject(p, "host_and_gaps", r->seconds - dev);
+    }
     const char *names[3] = {"ttft_s", "tpot_s", "latency_s"};
     const double *vals[3] = {r->ttft, r->tpot, r->latency};
     for (int i = 0; i < 3; i++) {
@@ -551,6 +593,7 @@ int mkv_serve_bench_main(int argc, char **argv)
         rc = MKV_EXIT_USAGE;
         goto done;
     }
+    if (o.phases && !fw.cuda) fprintf(stderr, "%s: --phases: only the CUDA pass has a breakdown\n", CMD);
     /* the workload, the same for both engines */
     plen = malloc((size_t)o.requests * sizeof *plen);
     olen = malloc((size_t)o.requests * sizeof *olen);
@@ -589,7 +632,8 @@ int mkv_serve_bench_main(int argc, char **argv)
         int n_res = 0;
         for (int k = 0; k < 2; k++) {
             if (k == 0 ? !o.run_fp16 : !o.run_mixkv) continue;
-            if (run_engine(&o, &mc, &fw.fwd, k == 0, max_len, plen, olen, tokens, arrival, rate, &res[ri][n_res]) < 0)
+            if (run_engine(&o, &mc, &fw.fwd, fw.cuda, k == 0, max_len, plen, olen, tokens, arrival, rate,
+                           &res[ri][n_res]) < 0)
                 goto done;
             n_res++;
         }
@@ -600,6 +644,7 @@ int mkv_serve_bench_main(int argc, char **argv)
                 "low", "pruned");
         for (int i = 0; i < n_res; i++) print_result(out, &res[ri][i], o.requests);
         for (int i = 0; i < n_res; i++) print_latency(out, &res[ri][i]);
+        for (int i = 0; i < n_res; i++) print_phases(out, &res[ri][i]);
         if (n_res == 2) {
             const engine_result_t *a = &res[ri][0], *b = &res[ri][1];
             fprintf(out, "mixkv / fp16: %.2fx requests/s, %.2fx output tokens/s, %.2fx mean batch\n",
