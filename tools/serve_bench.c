@@ -51,8 +51,8 @@ void mkv_serve_bench_usage(FILE *f)
     fprintf(f,
             "usage: mixkv serve-bench (--model PATH | --dummy-weights SHAPE) [OPTIONS]\n"
             "\n"
-            "Offline serving throughput: N requests at once through the scheduler loop, the FP16\n"
-            "paged baseline and mixkv each with the same KV memory.\n"
+            "Serving throughput and latency: N requests through the scheduler loop, all at once or\n"
+            "as Poisson arrivals, the FP16 paged baseline and mixkv each with the same KV memory.\n"
             "\n"
             "  --model PATH        a Hugging Face folder or GGUF file (either backend)\n"
             "  --dummy-weights S   stand-in weights at a shape on the GPU: llama-3-8b, or a\n"
@@ -594,6 +594,16 @@ int mkv_serve_bench_main(int argc, char **argv)
         goto done;
     }
     if (o.phases && !fw.cuda) fprintf(stderr, "%s: --phases: only the CUDA pass has a breakdown\n", CMD);
+    {
+        int64_t page_bytes = 0;
+        if (mkv_page_bytes_for(MKV_FORMAT_K16V16, mc.head_dim, 0, 0, 16, &page_bytes) != MKV_STATUS_OK ||
+            o.kv_mib * 1048576.0 < (double)page_bytes * mc.n_layers * mc.n_kv_heads) {
+            mkv_cli_error(CMD, "--kv-mib %g holds less than one page per head-region (%d x %lld bytes)", o.kv_mib,
+                          mc.n_layers * mc.n_kv_heads, (long long)page_bytes);
+            rc = MKV_EXIT_USAGE;
+            goto done;
+        }
+    }
     /* the workload, the same for both engines */
     plen = malloc((size_t)o.requests * sizeof *plen);
     olen = malloc((size_t)o.requests * sizeof *olen);
