@@ -593,3 +593,29 @@ Test(model_load, fifo_and_folder_in_place_of_files, .timeout = 20)
     free_wts(t, n);
     rm_folder(dir);
 }
+
+/* A shape without weights: the folder's config.json (or the file itself) reads as the loader
+ * reads it; the built-in Llama-3-8B shape; refusals. */
+Test(model_load, config_only_and_builtin_shape)
+{
+    REQUIRE_MODEL();
+    mkv_model_t *m = tu_model_load(MODEL_DIR);
+    mkv_model_config_t a, b, c;
+    char err[MKV_ERR_LEN];
+    cr_assert_eq(mkv_model_config_load(MODEL_DIR, &a, err), MKV_STATUS_OK, "%s", err);
+    cr_assert_eq(mkv_model_config_load(MODEL_DIR "/config.json", &b, err), MKV_STATUS_OK, "%s", err);
+    cr_assert_eq(memcmp(&a, &m->cfg, sizeof a), 0, "the folder's shape differs from the loaded model's");
+    cr_assert_eq(memcmp(&a, &b, sizeof a), 0, "the folder and its config.json differ");
+    cr_assert_eq(mkv_model_config_builtin("llama-3-8b", &c, err), MKV_STATUS_OK, "%s", err);
+    cr_assert(c.hidden == 4096 && c.n_layers == 32 && c.n_heads == 32 && c.n_kv_heads == 8 && c.head_dim == 128 &&
+              c.intermediate == 14336 && c.vocab == 128256 && c.rope_theta == 500000.0f);
+    cr_assert_eq(mkv_model_config_builtin("llama-9", &c, err), MKV_STATUS_INVALID_ARGUMENT);
+    cr_assert(strstr(err, "llama-3-8b"), "%s", err);
+    cr_assert_eq(mkv_model_config_load("/nonexistent/dir", &c, err), MKV_STATUS_IO_ERROR);
+    mkv_cache_config_t base = MKV_CACHE_CONFIG_INIT, out;
+    base.max_seq_len = 100000;
+    mkv_model_config_cache(&a, &base, &out);
+    cr_assert(out.n_layers == 2 && out.n_kv_heads == 4 && out.group_size == 2 && out.head_dim == 16 &&
+              out.max_seq_len == a.max_pos);
+    mkv_model_free(m);
+}

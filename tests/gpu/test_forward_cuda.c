@@ -246,3 +246,47 @@ Test(forward_cuda, scheduler_drives_either_pass)
     mkv_forward_ws_free(ws);
     mkv_model_free(m);
 }
+
+/* Stand-in weights: the same seed gives the same logits bit for bit, another seed others; the
+ * logits stay finite through the layers; the weights' bytes are what the shape says. */
+Test(forward_cuda, dummy_weights_are_deterministic)
+{
+    GPU_REQUIRE();
+    const mkv_model_config_t mc = {.hidden = 128, .n_layers = 3, .n_heads = 8, .n_kv_heads = 2, .head_dim = 16,
+                                   .intermediate = 320, .vocab = 500, .max_pos = 256, .rope_theta = 10000.0f,
+                                   .rms_eps = 1e-5f, .tied = 0, .bos = 1, .eos = 2};
+    mkv_cuda_forward_t *f[3] = {NULL, NULL, NULL};
+    const uint64_t seeds[3] = {5, 5, 6};
+    char err[MKV_ERR_LEN];
+    float *lg[3];
+    int32_t tokens[40];
+    for (int t = 0; t < 40; t++) tokens[t] = (t * 37 + 11) % mc.vocab;
+    for (int i = 0; i < 3; i++) {
+        cr_assert_eq(mkv_cuda_forward_create_dummy(&mc, seeds[i], 64, MKV_DTYPE_F16, &f[i], err), MKV_STATUS_OK, "%s",
+                     err);
+        mkv_cache_config_t base = MKV_CACHE_CONFIG_INIT, cfg;
+        base.max_seqs = 1, base.max_seq_len = 64, base.backend = MKV_BACKEND_CUDA;
+        mkv_model_config_cache(&mc, &base, &cfg);
+        cr_assert_eq(mkv_page_bytes_for(cfg.hi_format, cfg.head_dim, 0, 0, 16, &cfg.page_bytes), MKV_STATUS_OK);
+        cfg.pool_pages = (int64_t)cfg.n_layers * cfg.n_kv_heads * 8;
+        mkv_cache_t *c = NULL;
+        cr_assert_eq(mkv_cache_create(&cfg, &c), MKV_STATUS_OK, "%s", mkv_last_error());
+        int32_t slot;
+        cr_assert_eq(mkv_cache_admit(c, 40, &slot), MKV_STATUS_OK);
+        const mkv_forward_t fw = mkv_cuda_forward(f[i]);
+        lg[i] = malloc((size_t)mc.vocab * sizeof(float));
+        cr_assert_eq(fw.prefill(fw.ctx, c, slot, tokens, 40, NULL, lg[i]), MKV_STATUS_OK, "%s", mkv_last_error());
+        mkv_cache_destroy(c);
+    }
+    for (int v = 0; v < mc.vocab; v++) cr_assert(isfinite(lg[0][v]), "logit %d is %g", v, lg[0][v]);
+    cr_assert_eq(memcmp(lg[0], lg[1], (size_t)mc.vocab * sizeof(float)), 0, "the same seed, other logits");
+    cr_assert_neq(memcmp(lg[0], lg[2], (size_t)mc.vocab * sizeof(float)), 0, "another seed, the same logits");
+    const int64_t D = mc.hidden, I = mc.intermediate, QD = 8 * 16, KD = 2 * 16;
+    const int64_t want = mc.n_layers * ((QD * D + 2 * KD * D + D * QD + 3 * I * D) * 2 + 2 * D * 4) +
+                         2 * (int64_t)mc.vocab * D * 2 + D * 4;
+    cr_assert_eq(mkv_cuda_forward_weight_bytes(f[0]), want);
+    for (int i = 0; i < 3; i++) {
+        free(lg[i]);
+        mkv_cuda_forward_free(f[i]);
+    }
+}
