@@ -34,7 +34,8 @@ typedef struct range {
 #define MAX_RATES 16
 
 typedef struct sb_opts {
-    const char *model, *dummy, *json_path, *plot_path;
+    const char *model, *dummy, *json_path, *plot_path, *lengths_path;
+    int requests_given;
     double rates[MAX_RATES]; /* requests/s; 0: offline */
     int32_t n_rates;
     int32_t requests, max_batch, threads;
@@ -60,6 +61,8 @@ void mkv_serve_bench_usage(FILE *f)
             "  --requests N        requests, all arriving at once [64]\n"
             "  --prompt-len A[:B]  prompt tokens, fixed or uniform in [A, B] [1024:2048]\n"
             "  --output-len A[:B]  output tokens per request (run to the end, greedy) [256:512]\n"
+            "  --lengths FILE      (prompt, output) length pairs, one per line ('#' comments), in\n"
+            "                      order, instead of the two ranges; --requests defaults to the lines\n"
             "  --kv-mib X          KV memory of each engine, MiB of pages [4096]\n"
             "  --max-batch N       most requests running at once (the caches' slots) [256]\n"
             "  --engines E         fp16, mixkv or fp16,mixkv [fp16,mixkv]\n"
@@ -117,6 +120,11 @@ static int parse(int argc, char **argv, sb_opts_t *o)
             o->dummy = v;
             continue;
         }
+        if ((m = mkv_cli_option(CMD, argc, argv, &i, "--lengths", 1, 0, &v)) != 0) {
+            if (m < 0) return -1;
+            o->lengths_path = v;
+            continue;
+        }
         if ((m = mkv_cli_option(CMD, argc, argv, &i, "--plot", 1, 0, &v)) != 0) {
             if (m < 0) return -1;
             o->plot_path = v;
@@ -143,6 +151,7 @@ static int parse(int argc, char **argv, sb_opts_t *o)
         }
         if ((m = mkv_cli_option(CMD, argc, argv, &i, "--requests", 1, 0, &v)) != 0) {
             if (m < 0 || mkv_cli_parse_i32(CMD, "--requests", v, 1, 1 << 20, &o->requests) < 0) return -1;
+            o->requests_given = 1;
             continue;
         }
         if ((m = mkv_cli_option(CMD, argc, argv, &i, "--max-batch", 1, 0, &v)) != 0) {
@@ -537,6 +546,49 @@ static int write_plot(const char *path, const engine_result_t (*res)[2], int n_r
     return fclose(f) == 0 ? 0 : -1;
 }
 
+/* The (prompt, output) pairs of a --lengths file into *pairs (2 per line); their count, or -1
+ * with a message naming the line. */
+static int32_t read_lengths(const char *path, int32_t **pairs)
+{
+    size_t len;
+    char *text = mkv_cli_read_file(CMD, path, &len);
+    if (!text) return -1;
+    int32_t n = 0, cap = 0, line = 0;
+    int32_t *p = NULL;
+    for (char *save = NULL, *l = strtok_r(text, "\n", &save); l; l = strtok_r(NULL, "\n", &save)) {
+        line++;
+        while (*l == ' ' || *l == '\t' || *l == '\r') l++;
+        if (*l == '\0' || *l == '#') continue;
+        long a, b;
+        char extra;
+        if (sscanf(l, "%ld %ld %c", &a, &b, &extra) != 2 || a < 1 || b < 1 || a > (1 << 20) || b > (1 << 20)) {
+            mkv_cli_error(CMD, "--lengths %s: line %d: expected two lengths >= 1 (prompt output)", path, line);
+            free(text), free(p);
+            return -1;
+        }
+        if (n == cap) {
+            cap = cap ? 2 * cap : 64;
+            int32_t *q = realloc(p, (size_t)cap * 2 * sizeof *q);
+            if (!q) {
+                mkv_cli_error(CMD, "out of memory");
+                free(text), free(p);
+                return -1;
+            }
+            p = q;
+        }
+        p[2 * n] = (int32_t)a, p[2 * n + 1] = (int32_t)b;
+        n++;
+    }
+    free(text);
+    if (n == 0) {
+        mkv_cli_error(CMD, "--lengths %s: no length pairs", path);
+        free(p);
+        return -1;
+    }
+    *pairs = p;
+    return n;
+}
+
 int mkv_serve_bench_main(int argc, char **argv)
 {
     sb_opts_t o;
@@ -552,6 +604,18 @@ int mkv_serve_bench_main(int argc, char **argv)
     if (pr != 0) return pr > 0 ? MKV_EXIT_OK : MKV_EXIT_USAGE;
     if (o.json_path && mkv_cli_check_writable(CMD, "--json", o.json_path) < 0) return MKV_EXIT_USAGE;
     if (o.plot_path && mkv_cli_check_writable(CMD, "--plot", o.plot_path) < 0) return MKV_EXIT_USAGE;
+    int32_t *pairs = NULL, n_pairs = 0;
+    if (o.lengths_path) { /* the ranges become the file's extremes */
+        if ((n_pairs = read_lengths(o.lengths_path, &pairs)) < 0) return MKV_EXIT_USAGE;
+        if (!o.requests_given) o.requests = n_pairs;
+        o.prompt = (range_t){INT32_MAX, 0}, o.output = (range_t){INT32_MAX, 0};
+        for (int32_t i = 0; i < n_pairs; i++) {
+            if (pairs[2 * i] < o.prompt.lo) o.prompt.lo = pairs[2 * i];
+            if (pairs[2 * i] > o.prompt.hi) o.prompt.hi = pairs[2 * i];
+            if (pairs[2 * i + 1] < o.output.lo) o.output.lo = pairs[2 * i + 1];
+            if (pairs[2 * i + 1] > o.output.hi) o.output.hi = pairs[2 * i + 1];
+        }
+    }
 
     char err[MKV_ERR_LEN];
     int rc = MKV_EXIT_FAIL;
@@ -567,7 +631,8 @@ int mkv_serve_bench_main(int argc, char **argv)
     if (o.model) {
         if (mkv_model_load(o.model, &model, err) != MKV_STATUS_OK) {
             mkv_cli_error(CMD, "%s", err);
-            return MKV_EXIT_USAGE;
+            rc = MKV_EXIT_USAGE;
+            goto done;
         }
         mc = model->cfg;
         if (mkv_tools_forward_create(CMD, model, &o.run, max_tokens, o.threads, &fw) < 0) goto done;
@@ -577,7 +642,8 @@ int mkv_serve_bench_main(int argc, char **argv)
                                     : mkv_model_config_builtin(o.dummy, &mc, err);
         if (cs != MKV_STATUS_OK) {
             mkv_cli_error(CMD, "--dummy-weights: %s", err);
-            return MKV_EXIT_USAGE;
+            rc = MKV_EXIT_USAGE;
+            goto done;
         }
         if (max_len > mc.max_pos) mc.max_pos = max_len; /* stand-ins: any length will do */
         if (mkv_cuda_forward_create_dummy(&mc, (uint64_t)o.seed, max_tokens, o.run.dtype, &fw.cuda, err) !=
@@ -611,8 +677,13 @@ int mkv_serve_bench_main(int argc, char **argv)
     int64_t total_prompt = 0;
     if (!plen || !olen) goto oom;
     for (int32_t i = 0; i < o.requests; i++) {
-        plen[i] = draw(&rng, o.prompt);
-        olen[i] = draw(&rng, o.output);
+        if (n_pairs) { /* the file's pairs in order, again from the top when requests outnumber them */
+            plen[i] = pairs[2 * (i % n_pairs)];
+            olen[i] = pairs[2 * (i % n_pairs) + 1];
+        } else {
+            plen[i] = draw(&rng, o.prompt);
+            olen[i] = draw(&rng, o.output);
+        }
         total_prompt += plen[i];
     }
     if (!(tokens = malloc((size_t)total_prompt * sizeof *tokens))) goto oom;
@@ -672,6 +743,7 @@ int mkv_serve_bench_main(int argc, char **argv)
         cJSON_AddStringToObject(root, "backend", mkv_backend_name(o.run.backend));
         cJSON_AddStringToObject(root, "dtype", o.run.backend == MKV_BACKEND_CUDA ? mkv_dtype_name(o.run.dtype) : "f32");
         cJSON_AddNumberToObject(root, "requests", o.requests);
+        if (o.lengths_path) cJSON_AddStringToObject(root, "lengths_file", o.lengths_path);
         cJSON_AddNumberToObject(root, "prompt_len_min", o.prompt.lo);
         cJSON_AddNumberToObject(root, "prompt_len_max", o.prompt.hi);
         cJSON_AddNumberToObject(root, "output_len_min", o.output.lo);
@@ -697,7 +769,7 @@ int mkv_serve_bench_main(int argc, char **argv)
 oom:
     mkv_cli_error(CMD, "out of memory");
 done:
-    free(plen), free(olen), free(tokens), free(arrival), free(res);
+    free(plen), free(olen), free(tokens), free(arrival), free(res), free(pairs);
     mkv_tools_forward_free(&fw);
     mkv_model_free(model);
     return rc;

@@ -229,6 +229,29 @@ Test(cli_serve_bench, both_engines_same_memory)
     cJSON_Delete(root);
     cr_assert_eq(run(g_out, sizeof g_out, "'%s' serve-bench --model '%s' --engines both 2>&1", MIXKV_CLI_PATH,
                      MODEL_DIR), 2, "%s", g_out);
+    /* a length-pairs file: its pairs in order (with a comment and a blank line), a bad line refused */
+    char lens[256];
+    snprintf(lens, sizeof lens, "/tmp/mixkv_sb_lens_%d.txt", (int)getpid());
+    FILE *lf = fopen(lens, "w");
+    cr_assert_not_null(lf);
+    fputs("# prompt output\n30 20\n\n50 10\n", lf);
+    fclose(lf);
+    cr_assert_eq(run(g_out, sizeof g_out, "'%s' serve-bench --model '%s' --lengths '%s' --engines fp16 --quiet "
+                     "--json - 2>/dev/null", MIXKV_CLI_PATH, MODEL_DIR, lens), 0, "%s", g_out);
+    cJSON *lj = cJSON_Parse(g_out);
+    cr_assert_not_null(lj, "%s", g_out);
+    cr_assert_eq(cJSON_GetObjectItem(lj, "requests")->valueint, 2);
+    const cJSON *le = cJSON_GetArrayItem(cJSON_GetObjectItem(cJSON_GetArrayItem(cJSON_GetObjectItem(lj, "runs"), 0),
+                                                             "engines"), 0);
+    cr_assert_eq(cJSON_GetObjectItem(le, "output_tokens")->valueint, 30, "20 + 10 tokens");
+    cJSON_Delete(lj);
+    lf = fopen(lens, "w");
+    fputs("30 20\n40\n", lf);
+    fclose(lf);
+    cr_assert_eq(run(g_out, sizeof g_out, "'%s' serve-bench --model '%s' --lengths '%s' 2>&1", MIXKV_CLI_PATH,
+                     MODEL_DIR, lens), 2, "%s", g_out);
+    cr_assert(strstr(g_out, "line 2"), "%s", g_out);
+    unlink(lens);
     cr_assert_eq(run(g_out, sizeof g_out, "'%s' serve-bench --output-len 5:2 --model x 2>&1", MIXKV_CLI_PATH), 2,
                  "%s", g_out);
 }
