@@ -357,7 +357,10 @@ static void classify_region(mkv_cache_t *c, cpu_kv_t *kv, const prompt_ws_t *ws,
     uint8_t *cls = ws->cls + lh * n;
     float *sig = kv->scratch;
     for (int32_t i = 0; i < n; i++) sig[i] = sum[i] / (float)mkv_observers(i, n, n, cfg->obs_window);
-    mkv_policy_classify_prompt(sig, n, cfg->alpha_h, cfg->alpha_l, cfg->window, cls);
+    if (cfg->mix_high > 0.0f || cfg->mix_low > 0.0f) /* hi_tok: scratch until filled below */
+        mkv_policy_classify_prompt_mix(sig, n, cfg->mix_high, cfg->mix_low, cfg->window, cls, kv->hi_tok);
+    else
+        mkv_policy_classify_prompt(sig, n, cfg->alpha_h, cfg->alpha_l, cfg->window, cls);
     int32_t nh = 0, nl = 0;
     for (int32_t i = 0; i < n; i++) {
         if (cls[i] == MKV_CLASS_HIGH) kv->hi_tok[nh++] = (mkv_policy_token_t){sig[i], i};
@@ -563,7 +566,8 @@ static mkv_status_t cpu_compress(mkv_cache_t *cache, mkv_kv_t *base, int32_t n_s
     int budgets = 0;
     for (int32_t j = 0; j < n_slots; j++) budgets |= mkv_kv_budget(cache, base, slots[j]) > 0;
     /* With both thresholds 0 every significance passes: Algorithm 1 keeps everything. */
-    if (cfg->alpha_h == 0.0f && cfg->alpha_l == 0.0f && !budgets) return MKV_STATUS_OK;
+    const int mix = cfg->mix_high > 0.0f || cfg->mix_low > 0.0f;
+    if (!mix && cfg->alpha_h == 0.0f && cfg->alpha_l == 0.0f && !budgets) return MKV_STATUS_OK;
 
     /* 1. Decide every head-region, reading only; the final section sizes. */
     for (int32_t j = 0; j < n_slots; j++) {
@@ -572,8 +576,10 @@ static mkv_status_t cpu_compress(mkv_cache_t *cache, mkv_kv_t *base, int32_t n_s
             const int64_t r = (int64_t)s * LH + lh, i = j * LH + lh;
             gather(cache, kv, r, N, cache->prompt_len[s]);
             const mkv_policy_decision_t dd =
-                mkv_policy_decide(kv->hi_tok, cache->st.n_hi[r], kv->lo_tok, cache->st.n_lo[r], N,
-                                  cfg->alpha_h, cfg->alpha_l, cfg->window);
+                mix ? mkv_policy_decide_mix(kv->hi_tok, cache->st.n_hi[r], kv->lo_tok, cache->st.n_lo[r], N,
+                                            cfg->mix_high, cfg->mix_low, cfg->window)
+                    : mkv_policy_decide(kv->hi_tok, cache->st.n_hi[r], kv->lo_tok, cache->st.n_lo[r], N,
+                                        cfg->alpha_h, cfg->alpha_l, cfg->window);
             if (dd.cand == -2)
                 return mkv_fail(cache->err, MKV_STATUS_INTERNAL,
                                 "slot %d: no high token at the window's edge (position %d)", s,

@@ -11,6 +11,9 @@
  */
 #include "engine/policy.h"
 
+#include <math.h>
+#include <stdlib.h>
+
 #include <stddef.h>
 
 /* (sig, pos) order. NOTE: NaN scores are outside the contract (a score is a sum of softmax
@@ -95,6 +98,92 @@ mkv_policy_decision_t mkv_policy_decide(const mkv_policy_token_t *hi, int32_t n_
             /* The victim is kept: report it when it is a low token, -1 when it is t_c. */
             d.victim = (v >= 0 && tok_less(lo[v].sig, lo[v].pos, sc, hi[c].pos)) ? v : -1;
         }
+    } else {
+        d.action = MKV_ACT_PRUNE_CAND;
+    }
+    return d;
+}
+
+/* round(f * m), half up, within [0, m]. */
+static int32_t mix_count(float f, int32_t m)
+{
+    const double x = floor((double)f * m + 0.5);
+    return x < 0 ? 0 : x > m ? m : (int32_t)x;
+}
+
+void mkv_policy_mix_targets(int32_t m, float mix_high, float mix_low, int32_t *n_high, int32_t *n_low)
+{
+    const int32_t h = mix_count(mix_high, m);
+    int32_t l = mix_count(mix_low, m);
+    if (h + l > m) l = m - h;
+    *n_high = h;
+    *n_low = l;
+}
+
+static int rank_cmp(const void *a, const void *b)
+{
+    const mkv_policy_token_t *x = a, *y = b;
+    if (tok_less(x->sig, x->pos, y->sig, y->pos)) return -1;
+    return tok_less(y->sig, y->pos, x->sig, x->pos) ? 1 : 0;
+}
+
+void mkv_policy_classify_prompt_mix(const float *sig, int32_t n, float mix_high, float mix_low, int32_t window,
+                                    uint8_t *cls, mkv_policy_token_t *r)
+{
+    if (n <= 0) return;
+    const int32_t m = n - window > 0 ? n - window : 0; /* positions 0 .. m - 1 lie outside the window */
+    for (int32_t i = m; i < n; i++) cls[i] = MKV_CLASS_HIGH;
+    if (m == 0) return;
+    for (int32_t i = 0; i < m; i++) r[i].sig = sig[i], r[i].pos = i;
+    qsort(r, (size_t)m, sizeof *r, rank_cmp); /* the weakest first; keys are unique (positions) */
+    int32_t nh, nl;
+    mkv_policy_mix_targets(m, mix_high, mix_low, &nh, &nl);
+    for (int32_t k = 0; k < m; k++)
+        cls[r[k].pos] = k >= m - nh ? MKV_CLASS_HIGH : k >= m - nh - nl ? MKV_CLASS_LOW : MKV_CLASS_PRUNE;
+}
+
+mkv_policy_decision_t mkv_policy_decide_mix(const mkv_policy_token_t *hi, int32_t n_hi,
+                                            const mkv_policy_token_t *lo, int32_t n_lo, int32_t N,
+                                            float mix_high, float mix_low, int32_t window)
+{
+    mkv_policy_decision_t d = {MKV_ACT_NONE, -1, -1};
+    if (N <= window) return d;
+    const int32_t cand_pos = N - 1 - window;
+    int32_t c = -1;
+    for (int32_t i = 0; i < n_hi; i++)
+        if (hi[i].pos == cand_pos) {
+            c = i;
+            break;
+        }
+    if (c < 0) {
+        d.cand = -2; /* inconsistent state: the caller should not act on it */
+        return d;
+    }
+    d.cand = c;
+    int32_t want_hi, want_lo;
+    mkv_policy_mix_targets(N - window, mix_high, mix_low, &want_hi, &want_lo);
+    const int32_t out_hi = n_hi - window; /* high tokens outside the window, t_c included */
+    if (out_hi <= want_hi) {
+        d.action = MKV_ACT_KEEP;
+        return d;
+    }
+    /* One high token too many: the weakest outside the window leaves (t_c included). */
+    const int32_t v = argmin_before(hi, n_hi, N - window);
+    if (n_lo + 1 <= want_lo) { /* room in the low section */
+        d.action = v == c ? MKV_ACT_DEMOTE_CAND : MKV_ACT_DEMOTE_VICTIM;
+        d.victim = v == c ? -1 : v;
+        return d;
+    }
+    if (v != c) { /* the low section is full: the leaving token goes */
+        d.action = MKV_ACT_PRUNE_VICTIM;
+        d.victim = v;
+        return d;
+    }
+    /* t_c leaves and the low section is full: it replaces the weakest low token if stronger */
+    const int32_t w = argmin_before(lo, n_lo, INT32_MAX);
+    if (w >= 0 && tok_less(lo[w].sig, lo[w].pos, hi[c].sig, hi[c].pos)) {
+        d.action = MKV_ACT_DEMOTE_CAND_PRUNE_LOW;
+        d.victim = w;
     } else {
         d.action = MKV_ACT_PRUNE_CAND;
     }

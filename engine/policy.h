@@ -65,6 +65,27 @@ mkv_policy_decision_t mkv_policy_decide(const mkv_policy_token_t *hi, int32_t n_
                                         const mkv_policy_token_t *lo, int32_t n_lo, int32_t N,
                                         float alpha_h, float alpha_l, int32_t window);
 
+/* The fixed mix (mkv_cache_config_t.mix_high / mix_low > 0): fractions of the tokens outside
+ * the window chosen by rank instead of thresholds. Of m such tokens, round(mix_high m) stay high
+ * and round(mix_low m) (at most the rest) low; the targets for m. */
+void mkv_policy_mix_targets(int32_t m, float mix_high, float mix_low, int32_t *n_high, int32_t *n_low);
+
+/* Prompt phase with the fixed mix: the window high; of the other m tokens the strongest
+ * n_high by (sig, pos) high, the next n_low low, the rest pruned. scratch: n entries. */
+void mkv_policy_classify_prompt_mix(const float *sig, int32_t n, float mix_high, float mix_low, int32_t window,
+                                    uint8_t *cls, mkv_policy_token_t *scratch);
+
+/* Generation phase with the fixed mix, in mkv_policy_decide's terms: with m = N - W tokens
+ * outside the window (t_c now among them) and targets (n_high, n_low) for m, when the high
+ * tokens outside the window are no more than n_high: KEEP; else the weakest of them (the
+ * victim, t_c included) leaves: demoted while the low section holds fewer than n_low
+ * (DEMOTE_VICTIM, or DEMOTE_CAND when it is t_c), else pruned (PRUNE_VICTIM), except that t_c
+ * leaving a full low section replaces its weakest token when stronger (DEMOTE_CAND_PRUNE_LOW,
+ * else PRUNE_CAND). So the sections track the mix as the sequence grows. */
+mkv_policy_decision_t mkv_policy_decide_mix(const mkv_policy_token_t *hi, int32_t n_hi,
+                                            const mkv_policy_token_t *lo, int32_t n_lo, int32_t N,
+                                            float mix_high, float mix_low, int32_t window);
+
 /* Budget: when n_hi + n_lo > budget (budget > 0), the tokens to prune so that at most budget
  * remain: the lowest-sig tokens outside the window (pos < N - W) of both sections, ties to the
  * lower position, at most as many as lie outside the window (budget <= 0: none). NaN

@@ -170,7 +170,8 @@ mkv_status_t mkv_backend_available(mkv_backend_t backend, int *out_available);
 /* Cache configuration                                                                      */
 /* ---------------------------------------------------------------------------------------- */
 
-#define MKV_CACHE_CONFIG_VERSION 2 /* 2: per-side group sizes replace quant_groups */
+#define MKV_CACHE_CONFIG_VERSION 3 /* 2: per-side group sizes replace quant_groups;
+                                      3: the fixed mix (mix_high, mix_low) */
 
 /* flags */
 #define MKV_CACHE_METADATA_ONLY 0x1u /* manage pages but allocate no page storage: for
@@ -224,6 +225,14 @@ typedef struct mkv_cache_config {
     int32_t device_id; /* CUDA device ordinal; ignored by the CPU backend */
     int32_t n_threads; /* CPU backend: threads for the planning and copy phases (1 = serial) */
     uint32_t flags;    /* MKV_CACHE_* flags */
+
+    /* The fixed mix (since 0.3; CPU backend): when either is > 0, the policy keeps these
+     * fractions of the tokens outside the window high and low, chosen by significance rank
+     * (the strongest high, the next low, the rest pruned), instead of comparing with
+     * alpha_h / N and alpha_l / N; in [0, 1], their sum at most 1 (engine/policy.h). Runs at
+     * real sizes on random weights use it to store the mixes measured on a real model. */
+    float mix_high;
+    float mix_low;
 } mkv_cache_config_t;
 
 /* Llama-3-8B's KV geometry (32 layers, 8 KV heads, G 4, d 128), 64 slots of up to 4096 tokens,
@@ -233,7 +242,7 @@ typedef struct mkv_cache_config {
     {                                                                                          \
         MKV_CACHE_CONFIG_VERSION, (uint32_t)sizeof(mkv_cache_config_t), 32, 8, 4, 128, 64, 4096, \
             0, 0, 0, 0, 0, 0, 0, MKV_FORMAT_K8V4, MKV_FORMAT_K4V2, 1.0f, 0.02f, 64, 0, 0.0f,   \
-            MKV_BACKEND_CPU, 0, 1, 0u                                                          \
+            MKV_BACKEND_CPU, 0, 1, 0u, 0.0f, 0.0f                                              \
     }
 
 /* ---------------------------------------------------------------------------------------- */

@@ -38,7 +38,8 @@ const mkv_config_field_t mkv_config_fields[] = {
     CF(lo_value_group, MKV_CF_I32), CF(page_bytes, MKV_CF_I64),   CF(pool_pages, MKV_CF_I64),
     CF(hi_format, MKV_CF_FORMAT),  CF(lo_format, MKV_CF_FORMAT),  CF(alpha_h, MKV_CF_F32),
     CF(alpha_l, MKV_CF_F32),       CF(window, MKV_CF_I32),        CF(obs_window, MKV_CF_I32),
-    CF(softmax_scale, MKV_CF_F32), CF(flags, MKV_CF_U32),
+    CF(softmax_scale, MKV_CF_F32), CF(flags, MKV_CF_U32),         CF(mix_high, MKV_CF_F32),
+    CF(mix_low, MKV_CF_F32),
 };
 #undef CF
 const size_t mkv_config_field_count = sizeof mkv_config_fields / sizeof mkv_config_fields[0];

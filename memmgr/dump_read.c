@@ -164,6 +164,8 @@ static mkv_status_t read_config(const cJSON *root, int version, mkv_dump_t *d, c
         void *p = (char *)&c + f->offset;
         int64_t v;
         if (version == 1 && is_group_field(f->name)) continue; /* convert_v1_groups */
+        /* the fixed mix came after the format: a dump without it has none (0) */
+        if (!strncmp(f->name, "mix_", 4) && !cJSON_GetObjectItem(obj, f->name)) continue;
         join(path, "config", f->name);
         switch (f->type) {
         case MKV_CF_I32:

@@ -20,6 +20,8 @@ void mkv_policy_opts_default(mkv_policy_opts_t *p)
     p->hi_value_group = d.hi_value_group;
     p->lo_key_group = d.lo_key_group;
     p->lo_value_group = d.lo_value_group;
+    p->mix_high = d.mix_high;
+    p->mix_low = d.mix_low;
 }
 
 int mkv_cli_parse_group(const char *cmd, const char *what, const char *text, int32_t *out)
@@ -82,6 +84,17 @@ int mkv_policy_opts_parse(const char *cmd, int argc, char **argv, int *i, mkv_po
     }
     if ((m = mkv_cli_option(cmd, argc, argv, i, "--recent-window", 1, 0, &v)) != 0)
         return m < 0 || mkv_cli_parse_i32(cmd, "--recent-window", v, 0, 1 << 20, &p->window) < 0 ? -1 : 1;
+    if ((m = mkv_cli_option(cmd, argc, argv, i, "--mix", 1, 0, &v)) != 0) {
+        if (m < 0) return -1;
+        double h, l;
+        char extra;
+        if (sscanf(v, "%lf,%lf%c", &h, &l, &extra) != 2 || !(h >= 0 && l >= 0 && h + l <= 1.0 + 1e-9)) {
+            mkv_cli_error(cmd, "--mix: '%s' is not H,L with H, L >= 0 and H + L <= 1", v);
+            return -1;
+        }
+        p->mix_high = (float)h, p->mix_low = (float)l;
+        return 1;
+    }
     if ((m = mkv_cli_option(cmd, argc, argv, i, "--obs-window", 1, 0, &v)) != 0)
         return m < 0 || mkv_cli_parse_i32(cmd, "--obs-window", v, 0, 1 << 20, &p->obs_window) < 0 ? -1 : 1;
     if ((m = mkv_cli_option(cmd, argc, argv, i, "--group-size", 1, 0, &v)) != 0) {
@@ -176,6 +189,8 @@ mkv_cache_t *mkv_tools_make_cache(const char *cmd, const mkv_model_t *model, mkv
     base.lo_format = fp16 ? MKV_FORMAT_K16V16 : p->lo;
     base.alpha_h = fp16 ? 0.0f : p->alpha_h;
     base.alpha_l = fp16 ? 0.0f : p->alpha_l;
+    base.mix_high = fp16 ? 0.0f : p->mix_high;
+    base.mix_low = fp16 ? 0.0f : p->mix_low;
     base.window = p->window;
     base.obs_window = p->obs_window;
     base.hi_key_group = p->hi_key_group;

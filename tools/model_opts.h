@@ -15,6 +15,7 @@ typedef struct mkv_policy_opts {
     float alpha_h, alpha_l;
     int32_t window, obs_window;
     int32_t hi_key_group, hi_value_group, lo_key_group, lo_value_group; /* elements; 0: default */
+    float mix_high, mix_low; /* --mix: the fixed mix (0, 0: the thresholds) */
 } mkv_policy_opts_t;
 
 /* DiffKV's defaults: K8V4 / K4V2, alpha_h 1, alpha_l 0.02, W 64, the library's group sizes. */
@@ -81,6 +82,8 @@ int mkv_tools_add_bos(const mkv_tokenizer_t *tok);
     "  --alpha-h X         keep high when significance >= X / N [1.0]\n"                        \
     "  --alpha-l X         keep low when significance >= X / N, else prune [0.02]\n"            \
     "  --recent-window N   W: the most recent tokens, always high [64]\n"                       \
+    "  --mix H,L           keep these fractions high and low by significance rank instead of\n"\
+    "                      the alphas (the fixed mix; CPU backend) [off]\n"                    \
     "  --obs-window N      prompt significance from the last N queries only (0: all) [0]\n"     \
     "  --group-size N      elements per quantization group, all four sides: 16, 32, 64,\n"    \
     "                      128 or 256 (>= d: the whole vector; 0: the library's default)\n"    \

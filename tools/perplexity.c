@@ -308,6 +308,10 @@ static cJSON *policy_json(const mkv_policy_opts_t *p, const mkv_cache_t *cache)
     cJSON_AddNumberToObject(pol, "alpha_l", p->alpha_l);
     cJSON_AddNumberToObject(pol, "window", p->window);
     cJSON_AddNumberToObject(pol, "obs_window", p->obs_window);
+    if (p->mix_high > 0.0f || p->mix_low > 0.0f) {
+        cJSON_AddNumberToObject(pol, "mix_high", p->mix_high);
+        cJSON_AddNumberToObject(pol, "mix_low", p->mix_low);
+    }
     return pol;
 }
 

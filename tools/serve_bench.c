@@ -291,6 +291,8 @@ static int run_engine(const sb_opts_t *o, const mkv_model_config_t *mc, const mk
     base.lo_format = fp16 ? MKV_FORMAT_K16V16 : o->policy.lo;
     base.alpha_h = fp16 ? 0.0f : o->policy.alpha_h;
     base.alpha_l = fp16 ? 0.0f : o->policy.alpha_l;
+    base.mix_high = fp16 ? 0.0f : o->policy.mix_high;
+    base.mix_low = fp16 ? 0.0f : o->policy.mix_low;
     base.window = o->policy.window;
     base.obs_window = o->policy.obs_window;
     base.hi_key_group = o->policy.hi_key_group, base.hi_value_group = o->policy.hi_value_group;

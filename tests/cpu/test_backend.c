@@ -1099,3 +1099,61 @@ Test(backend, engine_threads_same_bits)
     free(q), free(k), free(v), free(oa), free(ob);
     bk_free(&a), bk_free(&b);
 }
+
+/* The fixed mix on the CPU backend: after the prompt and after every step, each head-region
+ * holds exactly round(mix_high m) high tokens outside the window (m = N - W) and at most
+ * round(mix_low m) low ones; the config's checks; the CUDA backend refuses it. */
+Test(backend, fixed_mix_tracks_its_fractions)
+{
+    const geom_t g = {2, 3, 2, 16, 2, 200, 2, 256, K8V4, K4V2, 1.0f, 0.02f, 8, 0, 0};
+    mkv_cache_config_t cfg = make_config(&g);
+    cfg.mix_high = 0.2f, cfg.mix_low = 0.5f;
+    mkv_cache_t *c = tu_create(&cfg);
+    const int32_t H = g.H, G = g.G, d = g.d, W = g.W, LH = g.L * g.H, plen = 57;
+    int32_t slots[2];
+    for (int i = 0; i < 2; i++) TU_COK(c, mkv_cache_admit(c, plen, &slots[i]));
+    tu_rng_t rng = {99};
+    float *q = malloc((size_t)plen * H * G * d * 4), *k = malloc((size_t)plen * H * d * 4);
+    float *v = malloc((size_t)plen * H * d * 4), *o = malloc((size_t)plen * H * G * d * 4);
+    for (int32_t l = 0; l < g.L; l++)
+        for (int i = 0; i < 2; i++) {
+            fill(&rng, q, (int64_t)plen * H * G * d, 3.0f), fill(&rng, k, (int64_t)plen * H * d, 3.0f);
+            fill(&rng, v, (int64_t)plen * H * d, 3.0f);
+            TU_COK(c, mkv_cache_prefill_layer(c, slots[i], l, q, k, v, o, NULL));
+        }
+    TU_COK(c, mkv_cache_commit_prompt(c, 2, slots, NULL));
+    for (int step = 0; step <= 40; step++) {
+        if (step > 0) {
+            TU_COK(c, mkv_cache_append(c, 2, slots, NULL));
+            for (int32_t l = 0; l < g.L; l++) {
+                fill(&rng, q, 2 * H * G * d, 3.0f), fill(&rng, k, 2 * H * d, 3.0f), fill(&rng, v, 2 * H * d, 3.0f);
+                TU_COK(c, mkv_cache_decode_layer(c, 2, slots, l, q, k, v, o, NULL));
+            }
+            TU_COK(c, mkv_cache_compress(c, 2, slots, NULL));
+        }
+        for (int i = 0; i < 2; i++) {
+            mkv_slot_info_t si;
+            TU_COK(c, mkv_cache_slot_info(c, slots[i], &si));
+            int32_t nh, nl;
+            mkv_policy_mix_targets(si.seq_len - W, cfg.mix_high, cfg.mix_low, &nh, &nl);
+            cr_assert_eq(si.tokens_hi, (int64_t)LH * (nh + W), "step %d slot %d: %lld high, want %d a region", step,
+                         i, (long long)si.tokens_hi, nh + W);
+            cr_assert_leq(si.tokens_lo, (int64_t)LH * nl, "step %d slot %d: %lld low", step, i, (long long)si.tokens_lo);
+            cr_assert_geq(si.tokens_lo, (int64_t)LH * (nl - 1), "step %d slot %d: %lld low", step, i,
+                          (long long)si.tokens_lo);
+        }
+        TU_COK(c, mkv_cache_validate(c));
+    }
+    free(q), free(k), free(v), free(o);
+    mkv_cache_destroy(c);
+    /* refusals: out of range, a sum above 1, the CUDA backend */
+    mkv_cache_t *bad = NULL;
+    cfg.mix_high = 0.7f, cfg.mix_low = 0.5f;
+    cr_assert_eq(mkv_cache_create(&cfg, &bad), MKV_STATUS_INVALID_ARGUMENT);
+    cfg.mix_high = -0.1f, cfg.mix_low = 0.0f;
+    cr_assert_eq(mkv_cache_create(&cfg, &bad), MKV_STATUS_INVALID_ARGUMENT);
+    cfg.mix_high = 0.2f, cfg.mix_low = 0.5f, cfg.backend = MKV_BACKEND_CUDA;
+    cr_assert_eq(mkv_cache_create(&cfg, &bad), MKV_STATUS_UNSUPPORTED);
+    cr_assert(strstr(mkv_last_error(), "fixed mix"), "%s", mkv_last_error());
+    cr_assert_null(bad);
+}

@@ -535,3 +535,69 @@ Test(policy, random_alpha_zero_never_compresses)
     }
     cr_assert_gt(keeps, 10000);
 }
+
+/* ---------------------------------------------------------------------------------------- */
+/* The fixed mix                                                                            */
+/* ---------------------------------------------------------------------------------------- */
+
+Test(policy_mix, targets_round_half_up_and_fit)
+{
+    int32_t h, l;
+    mkv_policy_mix_targets(10, 0.2f, 0.5f, &h, &l);
+    cr_assert(h == 2 && l == 5, "%d %d", h, l);
+    mkv_policy_mix_targets(3, 0.5f, 0.5f, &h, &l); /* 1.5 -> 2 high, the one left low */
+    cr_assert(h == 2 && l == 1, "%d %d", h, l);
+    mkv_policy_mix_targets(0, 0.3f, 0.3f, &h, &l);
+    cr_assert(h == 0 && l == 0);
+    mkv_policy_mix_targets(7, 1.0f, 0.0f, &h, &l);
+    cr_assert(h == 7 && l == 0);
+}
+
+/* 20 tokens, W 4: of the 16 outside, round(0.3 x 16) = 5 strongest high, round(0.4 x 16) = 6
+ * next low, 5 pruned; equal significances rank the lower position as weaker. */
+Test(policy_mix, prompt_by_rank)
+{
+    float sig[20];
+    for (int i = 0; i < 20; i++) sig[i] = (float)((i * 7) % 20) / 20.0f;
+    sig[3] = sig[5]; /* a tie: position 3 ranks below 5 */
+    uint8_t cls[20];
+    tok_t scratch[20];
+    mkv_policy_classify_prompt_mix(sig, 20, 0.3f, 0.4f, 4, cls, scratch);
+    int cnt[3] = {0, 0, 0};
+    for (int i = 0; i < 16; i++) cnt[cls[i]]++;
+    cr_assert(cnt[MKV_CLASS_HIGH] == 5 && cnt[MKV_CLASS_LOW] == 6 && cnt[MKV_CLASS_PRUNE] == 5, "%d %d %d",
+              cnt[MKV_CLASS_HIGH], cnt[MKV_CLASS_LOW], cnt[MKV_CLASS_PRUNE]);
+    for (int i = 16; i < 20; i++) cr_assert_eq(cls[i], MKV_CLASS_HIGH, "window position %d", i);
+    for (int i = 0; i < 16; i++) /* every kept token outranks every pruned one, high every low */
+        for (int j = 0; j < 16; j++)
+            if (cls[i] > cls[j])
+                cr_assert(sig[i] > sig[j] || (sig[i] == sig[j] && i > j), "%d (class %d) vs %d (class %d)", i,
+                          cls[i], j, cls[j]);
+}
+
+/* N 10, W 2: m = 8 outside (t_c at 7). mix 0.5 / 0.25: targets 4 high, 2 low. */
+Test(policy_mix, step_actions)
+{
+    /* 4 high outside (positions 1, 3, 5 and t_c 7) = target: keep */
+    const tok_t hi4[] = {{0.9f, 9}, {0.3f, 3}, {0.2f, 7}, {0.4f, 1}, {0.5f, 8}, {0.6f, 5}};
+    expect_dec(mkv_policy_decide_mix(hi4, ARRAY_LEN(hi4), NULL, 0, N10, 0.5f, 0.25f, W2), MKV_ACT_KEEP, 2, -1);
+    /* 5 high outside: the weakest (position 0) leaves, room in low: demoted */
+    const tok_t hi5[] = {{0.9f, 9}, {0.3f, 3}, {0.2f, 7}, {0.4f, 1}, {0.5f, 8}, {0.6f, 5}, {0.1f, 0}};
+    const tok_t lo1[] = {{0.05f, 2}};
+    expect_dec(mkv_policy_decide_mix(hi5, ARRAY_LEN(hi5), lo1, 1, N10, 0.5f, 0.25f, W2), MKV_ACT_DEMOTE_VICTIM, 2,
+               6);
+    /* the same with the low section full (2 = target): the victim is pruned */
+    const tok_t lo2[] = {{0.05f, 2}, {0.06f, 4}};
+    expect_dec(mkv_policy_decide_mix(hi5, ARRAY_LEN(hi5), lo2, 2, N10, 0.5f, 0.25f, W2), MKV_ACT_PRUNE_VICTIM, 2,
+               6);
+    /* t_c the weakest: demoted while there is room */
+    const tok_t hic[] = {{0.9f, 9}, {0.3f, 3}, {0.01f, 7}, {0.4f, 1}, {0.5f, 8}, {0.6f, 5}, {0.1f, 0}};
+    expect_dec(mkv_policy_decide_mix(hic, ARRAY_LEN(hic), lo1, 1, N10, 0.5f, 0.25f, W2), MKV_ACT_DEMOTE_CAND, 2, -1);
+    /* full low section: t_c replaces its weakest when stronger, else is pruned */
+    const tok_t hid[] = {{0.9f, 9}, {0.3f, 3}, {0.055f, 7}, {0.4f, 1}, {0.5f, 8}, {0.6f, 5}, {0.1f, 0}};
+    expect_dec(mkv_policy_decide_mix(hid, ARRAY_LEN(hid), lo2, 2, N10, 0.5f, 0.25f, W2),
+               MKV_ACT_DEMOTE_CAND_PRUNE_LOW, 2, 0);
+    expect_dec(mkv_policy_decide_mix(hic, ARRAY_LEN(hic), lo2, 2, N10, 0.5f, 0.25f, W2), MKV_ACT_PRUNE_CAND, 2, -1);
+    /* no candidate yet while the window fills */
+    expect_dec(mkv_policy_decide_mix(hi4, ARRAY_LEN(hi4), NULL, 0, 2, 0.5f, 0.25f, W2), MKV_ACT_NONE, -1, -1);
+}
