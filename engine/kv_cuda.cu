@@ -213,6 +213,17 @@ __device__ __forceinline__ float token_sig(const uint8_t *page, const mkv_page_l
     return __fdiv_rn(sum, (float)observers(*pos, plen, N, obs));
 }
 
+/* policy.c's mkv_policy_mix_targets, in the same arithmetic. */
+__device__ __forceinline__ void mix_targets(int32_t m, float mix_high, float mix_low, int32_t *nh, int32_t *nl)
+{
+    const double xh = floor((double)mix_high * m + 0.5), xl = floor((double)mix_low * m + 0.5);
+    const int32_t h = xh < 0 ? 0 : xh > m ? m : (int32_t)xh;
+    int32_t l = xl < 0 ? 0 : xl > m ? m : (int32_t)xl;
+    if (h + l > m) l = m - h;
+    *nh = h;
+    *nl = l;
+}
+
 /* The k-th smallest (1-based) of the keys key_at(i) over i in [0, n) where key_at gives ~0 for
  * non-candidates, by one warp: a radix select, 8 bits a pass; hist: the warp's 256 counters.
  * Keys are unique, so the answer is the one key with exactly k keys <= it. */
@@ -352,6 +363,7 @@ struct classify_args {
     float *const *ws_sig;  /* device [S] */
     int32_t LH, window, obs;
     float alpha_h, alpha_l;
+    float mix_high, mix_low; /* the fixed mix when either is > 0 (policy.c) */
     int32_t *place;        /* [jobs]: (sec << 30 | index in section), or -1 when pruned */
     int32_t *tgt_hi, *tgt_lo; /* [n_slots * L * H] in call order */
 };
@@ -375,14 +387,39 @@ classify_kernel(const __grid_constant__ slot_args sa, const __grid_constant__ cl
 
     /* Classes (2 high, 1 low, 0 pruned) into place[], and the counts. */
     int32_t kept = 0, cands = 0;
-    for (int32_t i = lane; i < n; i += 32) {
-        const float sig = __fdiv_rn(sum[i], (float)observers(i, n, n, a.obs));
-        const int32_t c = (i >= win_start || sig >= th_h) ? MKV_CLASS_HIGH
-                          : sig >= th_l                   ? MKV_CLASS_LOW
-                                                          : MKV_CLASS_PRUNE;
-        place[i] = c;
-        kept += c != MKV_CLASS_PRUNE;
-        cands += c != MKV_CLASS_PRUNE && i < win_start;
+    if (a.mix_high > 0.0f || a.mix_low > 0.0f) {
+        /* The fixed mix (policy.c's classify_prompt_mix): of the m tokens outside the window,
+         * keys above the (m - nh)-th smallest are high, above the (m - nh - nl)-th low. */
+        const int32_t m = win_start > 0 ? win_start : 0;
+        int32_t nh_t, nl_t;
+        mix_targets(m, a.mix_high, a.mix_low, &nh_t, &nl_t);
+        auto key_out = [&](int32_t i) -> u64 {
+            return i < win_start ? tok_key(__fdiv_rn(sum[i], (float)observers(i, n, n, a.obs)), i) : ~0ull;
+        };
+        const int32_t kh = m - nh_t, kp = m - nh_t - nl_t;
+        const u64 cut_h = kh > 0 ? warp_select(n, kh, key_out, hist[warp], lane) : 0ull;
+        __syncwarp();
+        const u64 cut_p = kp > 0 ? warp_select(n, kp, key_out, hist[warp], lane) : 0ull;
+        __syncwarp();
+        for (int32_t i = lane; i < n; i += 32) {
+            const u64 key = key_out(i);
+            const int32_t c = (i >= win_start || kh == 0 || key > cut_h) ? MKV_CLASS_HIGH
+                              : (kp == 0 || key > cut_p)                 ? MKV_CLASS_LOW
+                                                                         : MKV_CLASS_PRUNE;
+            place[i] = c;
+            kept += c != MKV_CLASS_PRUNE;
+            cands += c != MKV_CLASS_PRUNE && i < win_start;
+        }
+    } else {
+        for (int32_t i = lane; i < n; i += 32) {
+            const float sig = __fdiv_rn(sum[i], (float)observers(i, n, n, a.obs));
+            const int32_t c = (i >= win_start || sig >= th_h) ? MKV_CLASS_HIGH
+                              : sig >= th_l                   ? MKV_CLASS_LOW
+                                                              : MKV_CLASS_PRUNE;
+            place[i] = c;
+            kept += c != MKV_CLASS_PRUNE;
+            cands += c != MKV_CLASS_PRUNE && i < win_start;
+        }
     }
     kept = warp_sum(kept);
     cands = warp_sum(cands);
@@ -490,6 +527,7 @@ struct compress_args {
     float alpha_h, alpha_l;
     mkv_page_layout_t lay_hi, lay_lo;
     int32_t *act, *cand, *victim, *tgt_hi, *tgt_lo; /* [n_slots * L * H] in call order */
+    float mix_high, mix_low; /* the fixed mix when either is > 0 */
     const int32_t *len, *fail, *check_code;
     mkv_cuda_fail_t *fail_rec, *fail_host;
     int32_t *compressed;
@@ -546,7 +584,17 @@ decide_kernel(const __grid_constant__ slot_args sa, const __grid_constant__ comp
         const uint32_t has_c = __ballot_sync(FULL_MASK, c >= 0);
         const float sc_all = has_c ? __shfl_sync(FULL_MASK, sc, __ffs(has_c) - 1) : 0.0f;
         const float th_h0 = __fdiv_rn(a.alpha_h, (float)N), th_l0 = __fdiv_rn(a.alpha_l, (float)N);
-        if (has_c && !(sc_all >= th_h0) && sc_all >= th_l0) {
+        const bool mix = a.mix_high > 0.0f || a.mix_low > 0.0f;
+        int32_t want_h = 0, want_l = 0;
+        bool need_low;
+        if (mix) { /* policy.c's decide_mix needs the low section only when t_c leaves a full one */
+            mix_targets(N - a.window, a.mix_high, a.mix_low, &want_h, &want_l);
+            const u64 mh = warp_min_u64(best_hi);
+            need_low = has_c && nh - a.window > want_h && nl + 1 > want_l && mh == tok_key(sc_all, cand_pos);
+        } else {
+            need_low = has_c && !(sc_all >= th_h0) && sc_all >= th_l0;
+        }
+        if (need_low) {
 #pragma unroll 4
             for (int32_t k = lane; k < nl; k += 32) {
                 int32_t slot, pos;
@@ -575,7 +623,22 @@ decide_kernel(const __grid_constant__ slot_args sa, const __grid_constant__ comp
             const int32_t v_lo = own_lo ? __shfl_sync(FULL_MASK, bl, __ffs(own_lo) - 1) : -1;
             const float th_h = __fdiv_rn(a.alpha_h, (float)N), th_l = __fdiv_rn(a.alpha_l, (float)N);
             cand = c;
-            if (sc >= th_h) {
+            if (mix) { /* policy.c's decide_mix */
+                if (nh - a.window <= want_h) {
+                    act = MKV_ACT_KEEP;
+                } else if (nl + 1 <= want_l) {
+                    act = v_hi == c ? MKV_ACT_DEMOTE_CAND : MKV_ACT_DEMOTE_VICTIM;
+                    victim = v_hi == c ? -1 : v_hi;
+                } else if (v_hi != c) {
+                    act = MKV_ACT_PRUNE_VICTIM;
+                    victim = v_hi;
+                } else if (v_lo >= 0 && min_lo < tok_key(sc, cand_pos)) {
+                    act = MKV_ACT_DEMOTE_CAND_PRUNE_LOW;
+                    victim = v_lo;
+                } else {
+                    act = MKV_ACT_PRUNE_CAND;
+                }
+            } else if (sc >= th_h) {
                 const float sv = unord_f32((uint32_t)(min_hi >> 32));
                 if (th_l <= sv && sv < th_h) act = MKV_ACT_DEMOTE_VICTIM;
                 else if (sv < th_l) act = MKV_ACT_PRUNE_VICTIM;
@@ -1020,7 +1083,7 @@ static mkv_status_t cuda_commit(mkv_cache_t *c, mkv_kv_t *base, int32_t n_slots,
     CUDA_TRY(cudaMallocAsync((void **)&place, (size_t)(jobs > 0 ? jobs : 1) * 4, stream));
     slot_args sa;
     classify_args ca = {kv->d_ws_sig, (int32_t)LH, cfg->window, cfg->obs_window, cfg->alpha_h,
-                        cfg->alpha_l, place, kv->tgt_hi, kv->tgt_lo};
+                        cfg->alpha_l, cfg->mix_high, cfg->mix_low, place, kv->tgt_hi, kv->tgt_lo};
     int64_t base_job = 0;
     for (int32_t first = 0; first < n_slots; first += KC_SLOTS) {
         const int32_t n = n_slots - first < KC_SLOTS ? n_slots - first : KC_SLOTS;
@@ -1206,11 +1269,13 @@ static mkv_status_t cuda_compress(mkv_cache_t *c, mkv_kv_t *base, int32_t n_slot
     compress_args ca = {kv->mm.table, kv->mm.n_hi, kv->mm.n_lo, kv->mm.pool, kv->stage,
                         kv->page_bytes, kv->L * kv->H, kv->T, cfg->window, cfg->obs_window,
                         cfg->alpha_h, cfg->alpha_l, base->lay_hi, base->lay_lo, kv->act,
-                        kv->cand, kv->victim, kv->tgt_hi, kv->tgt_lo, kv->mm.len, kv->mm.fail,
+                        kv->cand, kv->victim, kv->tgt_hi, kv->tgt_lo, cfg->mix_high, cfg->mix_low,
+                        kv->mm.len, kv->mm.fail,
                         kv->mm.check_code, kv->mm.fail_rec, kv->mm.fail_host, kv->d_compressed, kv->L};
     /* With both thresholds 0 every significance passes: Algorithm 1 keeps everything; the
      * decide kernel still records the step. */
-    const int keep_all = cfg->alpha_h == 0.0f && cfg->alpha_l == 0.0f;
+    const int mix = cfg->mix_high > 0.0f || cfg->mix_low > 0.0f;
+    const int keep_all = !mix && cfg->alpha_h == 0.0f && cfg->alpha_l == 0.0f;
     if (keep_all) ca.window = INT32_MAX;
     mkv_status_t st = launch_regions(c, kv, slots, n_slots, 0, &ca, stream);
     if (st != MKV_STATUS_OK) return st;

@@ -130,10 +130,6 @@ mkv_status_t mkv_config_resolve(const mkv_cache_config_t *in, mkv_cache_config_t
         return mkv_fail(err, MKV_STATUS_INVALID_ARGUMENT,
                         "config.mix_high = %g and mix_low = %g must lie in [0, 1] with a sum of at most 1",
                         (double)c.mix_high, (double)c.mix_low);
-    if ((c.mix_high > 0.0f || c.mix_low > 0.0f) && c.backend == MKV_BACKEND_CUDA)
-        return mkv_fail(err, MKV_STATUS_UNSUPPORTED,
-                        "config: the fixed mix (mix_high, mix_low) runs on the CPU backend only in this "
-                        "version");
     if (c.device_id < 0) return bad(err, "config.device_id = %lld must be >= 0", c.device_id);
     if (c.n_threads == 0) c.n_threads = 1;
     if (c.n_threads < 1 || c.n_threads > MKV_MAX_THREADS)

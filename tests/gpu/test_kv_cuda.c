@@ -38,6 +38,7 @@ typedef struct kgeom {
     float ah, al;
     int32_t W, obs;
     int64_t pool_pages;
+    float mix_high, mix_low; /* the fixed mix (0, 0: the thresholds) */
 } kgeom_t;
 
 typedef struct pair {
@@ -67,6 +68,7 @@ static mkv_cache_config_t kconfig(const kgeom_t *g, mkv_backend_t be)
     cfg.pool_pages = g->pool_pages;
     cfg.hi_format = g->hi, cfg.lo_format = g->lo;
     cfg.alpha_h = g->ah, cfg.alpha_l = g->al, cfg.window = g->W, cfg.obs_window = g->obs;
+    cfg.mix_high = g->mix_high, cfg.mix_low = g->mix_low;
     cfg.backend = be;
     return cfg;
 }
@@ -342,7 +344,15 @@ static int slot_near_tie(pair_t *p, int32_t s)
                 if (pos < N - W) outside[no++] = sig;
             }
         }
-        if (N > W && !isnan(sc)) {
+        if (N > W && !isnan(sc) && (p->g.mix_high > 0.0f || p->g.mix_low > 0.0f)) {
+            /* the fixed mix compares ranks: the weakest high outside the window (t_c among
+             * them) with the next, and t_c with the weakest low */
+            double m1, m2;
+            two_smallest(hi_out, nh, &m1, &m2);
+            if (near_distinct(m1, m2)) return 1;
+            two_smallest(lo, nl, &m1, &m2);
+            if (near_distinct(m1, sc)) return 1;
+        } else if (N > W && !isnan(sc)) {
             if (near(sc, th_h) || near(sc, th_l)) return 1;
             double m1, m2;
             if (sc >= th_h) {
@@ -404,7 +414,8 @@ static int commit_explained(pair_t *p, int32_t s)
             if (cls[0][i] == cls[1][i]) continue;
             const double x = cls[0][i] ? sg[0][i] : sg[1][i];
             int explained = near(x, th[0]) || near(x, th[1]);
-            if (!explained && mkv_kv_budget(p->cpu, p->cpu->kv, s) > 0)
+            const int mix = p->g.mix_high > 0.0f || p->g.mix_low > 0.0f; /* a rank cut, like a budget's */
+            if (!explained && (mix || mkv_kv_budget(p->cpu, p->cpu->kv, s) > 0))
                 for (int32_t j = 0; j < n && !explained; j++)
                     explained = j != i && cls[0][j] && near(x, sg[0][j]);
             ok = explained;
@@ -563,15 +574,27 @@ static void run(const kgeom_t *g, mkv_dtype_t dt, uint64_t seed, int32_t steps)
 
 /* Pages of 5 high tokens (sections cross page boundaries all the time), a pool small enough
  * that admissions wait and steps preempt, thresholds that demote and prune. */
-static const kgeom_t G_SMALL = {2, 2, 3, 64, 6, 160, 5, MKV_FORMAT_K8V4, MKV_FORMAT_K4V2, 1.0f, 0.3f, 8, 0, 700};
-static const kgeom_t G_TINY = {3, 1, 1, 16, 5, 120, 3, MKV_FORMAT_K8V4, MKV_FORMAT_K4V2, 1.0f, 0.2f, 4, 16, 500};
-static const kgeom_t G_LLAMA = {1, 2, 4, 128, 4, 300, 32, MKV_FORMAT_K8V4, MKV_FORMAT_K4V2, 1.0f, 0.02f, 16, 0, 200};
+static const kgeom_t G_SMALL = {2, 2, 3, 64, 6, 160, 5, MKV_FORMAT_K8V4, MKV_FORMAT_K4V2, 1.0f, 0.3f, 8, 0, 700, 0.0f, 0.0f};
+static const kgeom_t G_TINY = {3, 1, 1, 16, 5, 120, 3, MKV_FORMAT_K8V4, MKV_FORMAT_K4V2, 1.0f, 0.2f, 4, 16, 500, 0.0f, 0.0f};
+static const kgeom_t G_LLAMA = {1, 2, 4, 128, 4, 300, 32, MKV_FORMAT_K8V4, MKV_FORMAT_K4V2, 1.0f, 0.02f, 16, 0, 200, 0.0f, 0.0f};
 
 Test(kv_cuda, differential_f16, .timeout = 900)
 {
     GPU_REQUIRE();
     run(&G_SMALL, MKV_DTYPE_F16, 1, 1500);
     run(&G_TINY, MKV_DTYPE_F16, 2, 1500);
+}
+
+/* The fixed mix (decision 47): the sections by rank, prompt and steps, on both backends. */
+Test(kv_cuda, differential_fixed_mix, .timeout = 900)
+{
+    GPU_REQUIRE();
+    kgeom_t g = G_SMALL;
+    g.mix_high = 0.2f, g.mix_low = 0.5f;
+    run(&g, MKV_DTYPE_F16, 5, 1000);
+    kgeom_t t = G_TINY;
+    t.mix_high = 0.35f, t.mix_low = 0.25f;
+    run(&t, MKV_DTYPE_F16, 6, 800);
 }
 
 Test(kv_cuda, differential_llama_heads_bf16_f32, .timeout = 900)
