@@ -661,7 +661,7 @@ Test(kv_cuda, differential_async_steps, .timeout = 900)
 Test(kv_cuda, deferred_refusal_changes_nothing, .timeout = 300)
 {
     GPU_REQUIRE();
-    const kgeom_t g = {1, 2, 2, 64, 6, 200, 4, MKV_FORMAT_K8V4, MKV_FORMAT_K4V2, 0.0f, 0.0f, 8, 0, 60};
+    const kgeom_t g = {1, 2, 2, 64, 6, 200, 4, MKV_FORMAT_K8V4, MKV_FORMAT_K4V2, 0.0f, 0.0f, 8, 0, 60, 0.0f, 0.0f};
     pair_t p;
     pair_init_flags(&p, &g, MKV_DTYPE_F16, 21, MKV_CACHE_ASYNC_STEPS);
     while (1) { /* admit 40-token prompts while they fit */
@@ -743,7 +743,7 @@ Test(kv_cuda, deferred_refusal_changes_nothing, .timeout = 300)
 Test(kv_cuda, graph_capture_replay, .timeout = 300)
 {
     GPU_REQUIRE();
-    const kgeom_t g = {2, 2, 3, 64, 4, 256, 8, MKV_FORMAT_K8V4, MKV_FORMAT_K4V2, 1.0f, 0.3f, 8, 0, 400};
+    const kgeom_t g = {2, 2, 3, 64, 4, 256, 8, MKV_FORMAT_K8V4, MKV_FORMAT_K4V2, 1.0f, 0.3f, 8, 0, 400, 0.0f, 0.0f};
     pair_t p;
     pair_init_flags(&p, &g, MKV_DTYPE_F16, 31, MKV_CACHE_ASYNC_STEPS);
     admit_batch(&p, 3);
