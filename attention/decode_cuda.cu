@@ -663,6 +663,21 @@ static fast_kernel fast_for(const mkv_page_layout_t *l, int32_t head_dim)
     return mkv_fast_lookup(l->key.bits, l->value.bits, head_dim, l->key.groups, l->value.groups);
 }
 
+/* The kernel that covers both sections in one launch: the format's own where both sections
+ * share it, else the two-format kernel where one is instantiated ({NULL, NULL} if none: two
+ * launches, one per section). */
+static fast_kernel fast_one_launch(const mkv_cuda_decode_t *a)
+{
+    const mkv_page_layout_t *hi = &a->lay_hi, *lo = &a->lay_lo;
+    const int32_t head_dim = a->head_dim;
+    const fast_kernel fh = fast_for(hi, head_dim), fl = fast_for(lo, head_dim);
+    if (fh.launch == nullptr || fl.launch == nullptr) return fast_kernel{nullptr, nullptr};
+    if (fh.launch == fl.launch) return fh;
+    if (a->kernel == MKV_DECODE_KERNEL_TENSOR_PER_SECTION) return fast_kernel{nullptr, nullptr};
+    return mkv_fast_lookup_mix(hi->key.bits, hi->value.bits, hi->key.groups, hi->value.groups, lo->key.bits,
+                               lo->value.bits, lo->key.groups, lo->value.groups, head_dim);
+}
+
 extern "C" int mkv_cuda_decode_uses_tensor(const mkv_page_layout_t *lay_hi,
                                            const mkv_page_layout_t *lay_lo, int32_t group_size,
                                            int32_t head_dim)
@@ -682,18 +697,26 @@ static fast_section section_of(const mkv_page_layout_t &l)
     return s;
 }
 
+static bool same_format(const mkv_page_layout_t &x, const mkv_page_layout_t &y)
+{
+    return x.key.bits == y.key.bits && x.value.bits == y.value.bits && x.key.groups == y.key.groups &&
+           x.value.groups == y.value.groups;
+}
+
 /* Whether a tensor-core call may write its scores back inside the decode kernel: one launch
- * for both sections (one format), and asked for (FUSED), or under AUTO where it is faster
- * (mkv_decode_tuning's fuse_*): small calls, where one launch instead of two matters; long
- * regions; K16V16 in large calls. Shorter regions in larger quantized calls measured faster
- * with the separate pass. */
-static bool fast_may_fuse(const mkv_cuda_decode_t *a, const fast_kernel &fh, const fast_kernel &fl)
+ * for both sections (one, the kernel for that, exists), and asked for (FUSED), or under AUTO
+ * where it is faster (mkv_decode_tuning's fuse_*): small calls, where one launch instead of
+ * two matters; for one format also long regions, and K16V16 in large calls. Shorter regions
+ * in larger quantized calls, and two-format calls beyond the small ones, measured faster with
+ * the separate pass. */
+static bool fast_may_fuse(const mkv_cuda_decode_t *a, const fast_kernel &one)
 {
     using T = mkv_decode_tuning;
-    if (a->scores == MKV_DECODE_SCORES_SEPARATE || fh.launch != fl.launch) return false;
+    if (a->scores == MKV_DECODE_SCORES_SEPARATE || one.launch == nullptr) return false;
     if (a->scores == MKV_DECODE_SCORES_FUSED) return true;
     const mkv_page_layout_t &l = a->lay_hi;
     const int64_t token_heads = (int64_t)a->n_seq * a->n_heads * a->max_tokens;
+    if (!same_format(a->lay_hi, a->lay_lo)) return token_heads <= T::fuse_max_small_token_heads;
     return token_heads <= T::fuse_max_small_token_heads || a->max_tokens >= T::fuse_min_region_tokens ||
            (l.key.bits == 16 && l.value.bits == 16 && token_heads >= T::fuse_min_k16v16_token_heads);
 }
@@ -755,14 +778,13 @@ static fast_plan plan_for(const mkv_cuda_decode_t *a, bool fused, int32_t blocks
 }
 
 /* The plan of a tensor-core call, and whether it fuses the score write-back (where it may and
- * its block ids fit an int32); blocks: the high kernel's resident blocks per multiprocessor,
- * asked only where it may fuse (0 otherwise). */
-static fast_plan plan_call(const mkv_cuda_decode_t *a, const fast_kernel &fh,
-                           const fast_kernel &fl, bool *fused, int32_t *blocks)
+ * its block ids fit an int32); blocks: the one-launch kernel's resident blocks per
+ * multiprocessor, asked only where it may fuse (0 otherwise). */
+static fast_plan plan_call(const mkv_cuda_decode_t *a, const fast_kernel &one, bool *fused, int32_t *blocks)
 {
     *blocks = 0;
-    if (fast_may_fuse(a, fh, fl)) {
-        *blocks = fh.blocks_per_sm();
+    if (fast_may_fuse(a, one)) {
+        *blocks = one.blocks_per_sm();
         const fast_plan w = plan_for(a, true, *blocks);
         if (w.total_ids < INT32_MAX / 2) {
             *fused = true;
@@ -782,8 +804,7 @@ static bool query_plan(const mkv_cuda_decode_t *a, fast_plan *w, bool *fused)
         !mkv_cuda_decode_uses_tensor(&a->lay_hi, &a->lay_lo, a->group_size, a->head_dim))
         return false;
     int32_t blocks;
-    *w = plan_call(a, fast_for(&a->lay_hi, a->head_dim), fast_for(&a->lay_lo, a->head_dim), fused,
-                   &blocks);
+    *w = plan_call(a, fast_one_launch(a), fused, &blocks);
     return true;
 }
 
@@ -805,9 +826,10 @@ static mkv_status_t launch_fast(const mkv_cuda_decode_t *a, cudaStream_t stream,
 {
     const fast_kernel fh = fast_for(&a->lay_hi, a->head_dim);
     const fast_kernel fl = fast_for(&a->lay_lo, a->head_dim);
+    const fast_kernel one = fast_one_launch(a);
     bool fused;
     int32_t blocks;
-    const fast_plan w = plan_call(a, fh, fl, &fused, &blocks);
+    const fast_plan w = plan_call(a, one, &fused, &blocks);
     uint8_t *ws = static_cast<uint8_t *>(a->workspace);
     fast_args f;
     f.pool = a->pool, f.page_bytes = a->page_bytes, f.table = a->table;
@@ -829,7 +851,7 @@ static mkv_status_t launch_fast(const mkv_cuda_decode_t *a, cudaStream_t stream,
     f.total_ids = (int32_t)w.total_ids;
     const dim3 grid((unsigned)f.blocks_per_sec, (unsigned)a->n_heads, (unsigned)a->n_seq);
     mkv_status_t st;
-    if (fh.launch == fl.launch) { /* one launch covers both sections */
+    if (one.launch != nullptr) { /* one launch covers both sections */
         f.sec_mask = 3;
         f.grid_x = f.blocks_per_sec + 1; /* a region's high and low blocks together */
         if (fused) {
@@ -854,10 +876,10 @@ static mkv_status_t launch_fast(const mkv_cuda_decode_t *a, cudaStream_t stream,
                 return st;
             const int64_t resident = (int64_t)blocks * device_attr(cudaDevAttrMultiProcessorCount, 1);
             const dim3 gp((unsigned)(resident > 0 && resident < f.total_ids ? resident : f.total_ids));
-            return launched("tensor-core decode kernel (fused scores)", err, fh.launch(f, gp, stream));
+            return launched("tensor-core decode kernel (fused scores)", err, one.launch(f, gp, stream));
         }
         const dim3 g2((unsigned)f.grid_x, grid.y, grid.z);
-        if ((st = launched("tensor-core decode kernel", err, fh.launch(f, g2, stream))) != MKV_STATUS_OK)
+        if ((st = launched("tensor-core decode kernel", err, one.launch(f, g2, stream))) != MKV_STATUS_OK)
             return st;
     } else {
         f.sec_mask = 1, f.grid_x = f.blocks_per_sec;
@@ -917,8 +939,8 @@ extern "C" mkv_status_t mkv_cuda_decode(const mkv_cuda_decode_t *a, void *stream
         return bad(err, "the page layouts (head_dim %d/%d) do not match head_dim %d and "
                         "page_bytes %lld", a->lay_hi.head_dim, a->lay_lo.head_dim, a->head_dim,
                    (long long)a->page_bytes);
-    if (a->kernel < MKV_DECODE_KERNEL_AUTO || a->kernel > MKV_DECODE_KERNEL_TENSOR)
-        return bad(err, "kernel %d (0 auto, 1 generic, 2 tensor)", a->kernel);
+    if (a->kernel < MKV_DECODE_KERNEL_AUTO || a->kernel > MKV_DECODE_KERNEL_TENSOR_PER_SECTION)
+        return bad(err, "kernel %d (0 auto, 1 generic, 2 tensor, 3 tensor per section)", a->kernel);
     if (a->scores < MKV_DECODE_SCORES_AUTO || a->scores > MKV_DECODE_SCORES_FUSED)
         return bad(err, "scores %d (0 auto, 1 separate, 2 fused)", a->scores);
     if (a->logits < MKV_DECODE_LOGITS_AUTO || a->logits > MKV_DECODE_LOGITS_COMPACT)
@@ -926,7 +948,7 @@ extern "C" mkv_status_t mkv_cuda_decode(const mkv_cuda_decode_t *a, void *stream
     const bool tensor = a->kernel != MKV_DECODE_KERNEL_GENERIC &&
                         mkv_cuda_decode_uses_tensor(&a->lay_hi, &a->lay_lo, a->group_size,
                                                     a->head_dim);
-    if (a->kernel == MKV_DECODE_KERNEL_TENSOR && !tensor) {
+    if (a->kernel >= MKV_DECODE_KERNEL_TENSOR && !tensor) {
         if (err)
             mkv_fail(err, MKV_STATUS_UNSUPPORTED, "mkv_cuda_decode: no tensor-core kernel for "
                      "K%dV%d / K%dV%d, head_dim %d, group_size %d, quantization groups (key/value) "

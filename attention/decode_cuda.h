@@ -45,18 +45,23 @@ typedef struct mkv_cuda_decode {
 } mkv_cuda_decode_t;
 
 /* Which kernels a call uses. AUTO takes the tensor-core kernels where they apply (head_dim 64
- * or 128, G <= 8, one quantization group, both formats instantiated: docs/decode-kernel.md)
- * and the generic fp32 kernels elsewhere; TENSOR fails with UNSUPPORTED where they do not.
- * Every AUTO threshold below is in one table, attention/decode_tuning.h, with its origin. */
+ * or 128, G <= 8, one quantization group a side or the default groups, both formats
+ * instantiated: docs/decode-kernel.md) and the generic fp32 kernels elsewhere; TENSOR fails
+ * with UNSUPPORTED where they do not. Both run a call whose sections differ in format in one
+ * launch where that pair has a two-format kernel (MIXKV_DECODE_FAST_MIXES), else in one
+ * launch per section; TENSOR_PER_SECTION is TENSOR with one launch per section always (for
+ * comparison). Every AUTO threshold below is in one table, attention/decode_tuning.h, with
+ * its origin. */
 typedef enum mkv_cuda_decode_kernel {
     MKV_DECODE_KERNEL_AUTO = 0,
     MKV_DECODE_KERNEL_GENERIC = 1,
     MKV_DECODE_KERNEL_TENSOR = 2,
+    MKV_DECODE_KERNEL_TENSOR_PER_SECTION = 3,
 } mkv_cuda_decode_kernel_t;
 
 /* How the tensor-core path writes the scores back. SEPARATE: a second kernel reads every
  * token's logits back from the workspace once the decode kernel is done. FUSED (where one
- * launch covers the call: both sections of one format): inside the decode kernel, a persistent
+ * launch covers the call: both sections of one format, or a two-format kernel): inside the decode kernel, a persistent
  * grid whose blocks also take "score jobs" for head-regions that are complete. AUTO: FUSED
  * where it measured faster (small calls, counted in token-heads n_seq * n_heads * max_tokens;
  * long regions, by max_tokens; K16V16 in large calls), SEPARATE elsewhere

@@ -431,9 +431,6 @@ __host__ __device__ constexpr int step_subtiles()
     return stage_layout<KB, VB, D, KG, VG>::NT >= 4 ? 4 : stage_layout<KB, VB, D, KG, VG>::NT >= 2 ? 2 : 1;
 }
 
-template <int KB, int VB, int D, int KG, int VG>
-constexpr int smem_bytes() { return MKV_FAST_WARPS * stage_layout<KB, VB, D, KG, VG>::WARP_BYTES + (int)sizeof(block_shared); }
-
 /* Run R (BYTES bytes: run R of a vector is its bytes [R * BYTES, (R + 1) * BYTES)) of staged
  * token t, where at(c, t) is the byte offset of token t's unit in chunk row c. 2-byte runs: the
  * word holding the run, shifted down for odd R. */
@@ -482,13 +479,14 @@ struct item_pos {
 
 /* One warp's item: the logits of its tokens (to the workspace), and its unnormalised partial
  * output, running max and sum. */
-template <int KB, int VB, int D, int KG, int VG, bool FUSED>
+template <int KB, int VB, int D, int KG, int VG, bool FUSED, int RG>
 __device__ __forceinline__ void run_item(const fast_args &a, uint8_t *smem, const item_pos &ip)
 {
     using SL = stage_layout<KB, VB, D, KG, VG>;
     constexpr int NT = SL::NT, S = SL::STAGES;
     /* Subtiles per softmax step (step_subtiles), tokens per step of the compact logits. */
-    constexpr int PAIR = step_subtiles<KB, VB, D, KG, VG>(), STEP = 16 * PAIR;
+    constexpr int PAIR = step_subtiles<KB, VB, D, KG, VG>();
+    static_assert(16 * PAIR % RG == 0, "the maxima's grid divides the step");
     /* Compact logits: the weights from the codes' y (p = y 2^(R - m)) where a step holds two or
      * more subtiles; with one (K16V16, K8V8) the second copy of the values' code that this needs
      * made K16V16 spill, and they keep p = 2^(l - m). */
@@ -1008,7 +1006,9 @@ __device__ __forceinline__ void run_item(const fast_args &a, uint8_t *smem, cons
                 uint32_t *const la = reinterpret_cast<uint32_t *>(lg);
                 const int64_t w = la - a.lg_a; /* tc lg_n + x */
                 if (gr == 0) {
-                    float *R = a.lg_r + w / STEP * 2; /* [tc][x / STEP][2] */
+                    /* [tc][x / RG][2]: the step's maximum at its first token's slot of the
+                     * kernel's grid (RG = STEP but in a two-format kernel, decode_kernel) */
+                    float *R = a.lg_r + w / RG * 2;
                     if (2 * tc < G) R[0] = mxr[0];
                     if (2 * tc + 1 < G) R[1] = mxr[1];
                 }
@@ -1151,10 +1151,10 @@ __device__ __forceinline__ void region_ms(const fast_args &a, int64_t rs, int32_
  * staging area, idle between items: data come in chunks by cp.async, a whole chunk in flight
  * at once without holding registers (loads into registers raise the whole kernel's register
  * count: ptxas sizes it for the worst path, and the decode loop would lose occupancy). */
-template <int KB, int VB, int D, int KG, int VG>
+template <int D, int AREA_>
 struct region_finish {
     static constexpr int32_t NTH = MKV_FAST_WARPS * 32;
-    static constexpr int32_t AREA = MKV_FAST_WARPS * stage_layout<KB, VB, D, KG, VG>::WARP_BYTES;
+    static constexpr int32_t AREA = AREA_; /* the block's staging area */
     static constexpr int32_t IDS = 128;                      /* page ids per score chunk */
     static constexpr int32_t HALF = AREA / 2 - IDS * 4;      /* logits per score chunk */
     static constexpr int32_t EMAX = (MKV_FAST_MAX_G * D + NTH - 1) / NTH; /* outputs per thread */
@@ -1311,38 +1311,40 @@ struct region_finish {
 
     /* scores for compact logits (a.compact): per chunk, each pair's run of codes, of low nibbles
      * and of step maxima (pair-major in the workspace, so G2 runs of each); a token's
-     * probability is the maximum over the group of y 2^(R - lse_g). */
+     * probability is the maximum over the group of y 2^(R - lse_g). STEP: the section's
+     * tokens per softmax step; RG: the grid of the maxima (run_item), a divisor of STEP. */
+    template <int32_t STEP, int32_t RG>
     static __device__ __forceinline__ void scores_compact(const fast_args &a, uint8_t *smem,
                                                           const section_tokens &s, int32_t t0,
                                                           int32_t t1, const float *lse)
     {
-        constexpr int32_t STEP = 16 * step_subtiles<KB, VB, D, KG, VG>();
+        static_assert(STEP % RG == 0 && 64 % STEP == 0, "steps of 16, 32 or 64 tokens on a grid dividing them");
         const int32_t tid = threadIdx.x, G = a.G, G2 = (G + 1) / 2;
         if (t1 <= t0) return;
         /* Tokens per chunk: a multiple of 64 (whole steps, 16-byte aligned runs), its pages
-         * within IDS. Per 64 tokens: G2 x (256 bytes of codes, 64 of nibbles, 512 / STEP of
+         * within IDS. Per 64 tokens: G2 x (256 bytes of codes, 64 of nibbles, 512 / RG of
          * maxima). */
-        const int32_t per64 = G2 * (320 + 512 / STEP);
+        const int32_t per64 = G2 * (320 + 512 / RG);
         const int32_t chunk = min(HALF / per64 * 64, (IDS - 2) * s.tpp) & ~63;
         const int32_t n_chunks = (t1 - t0 + chunk - 1) / chunk;
         const int64_t n = a.lg_n;
         /* Buffer b at b * (AREA / 2): page ids, then codes [G2][chunk], nibbles [G2][chunk],
-         * maxima [G2][chunk / STEP][2]. */
+         * maxima [G2][chunk / RG][2] (a step's at its first token's grid slot). */
         const int32_t o_b = IDS * 4 + G2 * chunk * 4, o_r = o_b + G2 * chunk;
         auto issue = [&](int32_t c, uint32_t at) {
             const int32_t k0 = t0 + c * chunk, k1 = min(k0 + chunk, t1), nk = k1 - k0;
             const int64_t x0 = s.lin0 + k0;
-            const int32_t ba = (nk * 4 + 15) & ~15, bb = (nk + 15) & ~15, ns = (nk + STEP - 1) / STEP;
+            const int32_t ba = (nk * 4 + 15) & ~15, bb = (nk + 15) & ~15, ns = (nk + RG - 1) / RG;
             for (int32_t j = 0; j < G2; j++) {
                 const uint8_t *ga = reinterpret_cast<const uint8_t *>(a.lg_a + j * n + x0);
                 const uint8_t *gb = a.lg_b + j * n + x0;
-                const uint8_t *gr_ = reinterpret_cast<const uint8_t *>(a.lg_r + (j * n + x0) / STEP * 2);
+                const uint8_t *gr_ = reinterpret_cast<const uint8_t *>(a.lg_r + (j * n + x0) / RG * 2);
                 for (int32_t off = tid * 16; off < ba; off += NTH * 16)
                     cp_async<16>(at + IDS * 4 + j * chunk * 4 + off, ga + off, true);
                 for (int32_t off = tid * 16; off < bb; off += NTH * 16)
                     cp_async<16>(at + o_b + j * chunk + off, gb + off, true);
                 for (int32_t i = tid; i < ns; i += NTH)
-                    cp_async<8>(at + o_r + (j * (chunk / STEP) + i) * 8, gr_ + i * 8, true);
+                    cp_async<8>(at + o_r + (j * (chunk / RG) + i) * 8, gr_ + i * 8, true);
             }
             issue_ids(at, s, k0, k1);
         };
@@ -1357,7 +1359,7 @@ struct region_finish {
             const int32_t k0 = t0 + c * chunk, k1 = min(k0 + chunk, t1), s0 = k0 % s.tpp;
             /* Each step maximum R becomes its codes' factor 2^(R - lse_g) / MKV_FAST_YSCALE, in
              * place (0 for the missing head of an odd G's last pair). */
-            const int32_t spc = chunk / STEP, nr = 2 * PAIRS * spc;
+            const int32_t spc = chunk / RG, nr = 2 * PAIRS * spc;
             for (int32_t i = tid; i < nr; i += NTH) {
                 const int32_t h = 2 * (i / (2 * spc)) + (i & 1);
                 cr[i] = h < G ? ex2(cr[i] - lse[h]) * (1.0f / MKV_FAST_YSCALE) : 0.0f;
@@ -1372,7 +1374,7 @@ struct region_finish {
                 for (int32_t j = 0; j < PAIRS; j++) {
                     const uint4 w4 = *reinterpret_cast<const uint4 *>(ca + (j * chunk + i) * 4);
                     const uint32_t b = *reinterpret_cast<const uint32_t *>(cb + j * chunk + i);
-                    const float2 f = *reinterpret_cast<const float2 *>(cr + (j * spc + i / STEP) * 2);
+                    const float2 f = *reinterpret_cast<const float2 *>(cr + (j * spc + i / STEP * (STEP / RG)) * 2);
                     const uint32_t w[4] = {w4.x, w4.y, w4.z, w4.w};
 #pragma unroll
                     for (int t = 0; t < 4; t++) {
@@ -1403,7 +1405,7 @@ struct region_finish {
                 const int64_t x0 = j * n + s.lin0 + t0, x1 = j * n + s.lin0 + t1;
                 drop(a.lg_a, x0 * 4, x1 * 4);
                 drop(a.lg_b, x0, x1);
-                drop(a.lg_r, x0 / STEP * 8, (x1 + STEP - 1) / STEP * 8);
+                drop(a.lg_r, x0 / RG * 8, (x1 + RG - 1) / RG * 8);
             }
         }
     }
@@ -1426,19 +1428,53 @@ struct region_finish {
  * while the page stream evicts its logits to DRAM). Nobody waits for another block's work
  * except to end: a block leaves once every id is done and every score job taken.
  */
-/* 3 blocks per SM (168 registers) for four-subtile stages and for several key groups: without
- * the bound the compiler takes more registers and the kernel keeps 2 blocks per SM. */
-template <int KB, int VB, int D, int KG, int VG>
-__global__ void __launch_bounds__(MKV_FAST_WARPS * 32, stage_layout<KB, VB, D, KG, VG>::NT >= 4 || KG > 1 ? 3 : 0) decode_kernel(const fast_args a)
+/* A section format of a kernel: key and value bits, quantization groups a side. */
+template <int KB_, int VB_, int KG_, int VG_>
+struct fast_fmt {
+    static constexpr int KB = KB_, VB = VB_, KG = KG_, VG = VG_;
+};
+
+/* What a kernel for the high section's format HI and the low one's LO (the same type for a
+ * one-format kernel) needs from both: the larger staging area, the finer step of the compact
+ * logits' maxima (RG), and 3 blocks per SM (168 registers) where either format has four-subtile
+ * stages or several key groups (without the bound the compiler takes more registers and the
+ * kernel keeps 2 blocks per SM). */
+template <int D, class HI, class LO>
+struct kernel_shape {
+    using SH = stage_layout<HI::KB, HI::VB, D, HI::KG, HI::VG>;
+    using SLO = stage_layout<LO::KB, LO::VB, D, LO::KG, LO::VG>;
+    static constexpr int STEP_HI = 16 * step_subtiles<HI::KB, HI::VB, D, HI::KG, HI::VG>();
+    static constexpr int STEP_LO = 16 * step_subtiles<LO::KB, LO::VB, D, LO::KG, LO::VG>();
+    static constexpr int RG = STEP_HI < STEP_LO ? STEP_HI : STEP_LO;
+    static constexpr int WARP_BYTES = SH::WARP_BYTES > SLO::WARP_BYTES ? SH::WARP_BYTES : SLO::WARP_BYTES;
+    static constexpr int SMEM = MKV_FAST_WARPS * WARP_BYTES + (int)sizeof(block_shared);
+    static constexpr bool ONE = std::is_same<HI, LO>::value;
+    static constexpr int MIN_BLOCKS = SH::NT >= 4 || HI::KG > 1 || SLO::NT >= 4 || LO::KG > 1 ? 3 : 0;
+};
+
+/* The warp's item in its section's format. */
+template <int D, class HI, class LO, bool FUSED>
+__device__ __forceinline__ void run_section_item(const fast_args &a, uint8_t *smem, const item_pos &ip)
 {
+    constexpr int RG = kernel_shape<D, HI, LO>::RG;
+    if (kernel_shape<D, HI, LO>::ONE || ip.sec == 0)
+        run_item<HI::KB, HI::VB, D, HI::KG, HI::VG, FUSED, RG>(a, smem, ip);
+    else
+        run_item<LO::KB, LO::VB, D, LO::KG, LO::VG, FUSED, RG>(a, smem, ip);
+}
+
+template <int D, class HI, class LO>
+__global__ void __launch_bounds__(MKV_FAST_WARPS * 32, kernel_shape<D, HI, LO>::MIN_BLOCKS) decode_kernel(const fast_args a)
+{
+    using K = kernel_shape<D, HI, LO>;
     extern __shared__ __align__(16) uint8_t smem[];
-    block_shared &bs = *reinterpret_cast<block_shared *>(smem + MKV_FAST_WARPS * stage_layout<KB, VB, D, KG, VG>::WARP_BYTES);
+    block_shared &bs = *reinterpret_cast<block_shared *>(smem + MKV_FAST_WARPS * K::WARP_BYTES);
     const int32_t tid = threadIdx.x;
-    using RF = region_finish<KB, VB, D, KG, VG>;
+    using RF = region_finish<D, MKV_FAST_WARPS * K::WARP_BYTES>;
 
     if (!a.fused) {
         const block_pos b = locate(a, blockIdx.x, blockIdx.y, blockIdx.z);
-        if (b.work) run_item<KB, VB, D, KG, VG, false>(a, smem, b.ip);
+        if (b.work) run_section_item<D, HI, LO, false>(a, smem, b.ip);
         return;
     }
 
@@ -1492,8 +1528,9 @@ __global__ void __launch_bounds__(MKV_FAST_WARPS * 32, stage_layout<KB, VB, D, K
             if (tid < a.G) bs.lse[tid] = __ldcg(a.lse + b.ip.rs * a.G + tid);
             __syncthreads();
             const section_tokens s = section_of_region(a, b.ip.rs, b.ip.region, b.ip.sec, b.hi, b.n, b.items_hi);
-            if (a.compact) RF::scores_compact(a, smem, s, b.bta, b.btb, bs.lse);
-            else RF::scores(a, smem, s, b.bta, b.btb, bs.lse);
+            if (!a.compact) RF::scores(a, smem, s, b.bta, b.btb, bs.lse);
+            else if (K::ONE || b.ip.sec == 0) RF::template scores_compact<K::STEP_HI, K::RG>(a, smem, s, b.bta, b.btb, bs.lse);
+            else RF::template scores_compact<K::STEP_LO, K::RG>(a, smem, s, b.bta, b.btb, bs.lse);
             __syncthreads(); /* bs.lse is rewritten in the next round */
             continue;
         }
@@ -1504,7 +1541,7 @@ __global__ void __launch_bounds__(MKV_FAST_WARPS * 32, stage_layout<KB, VB, D, K
             const block_pos b = locate(a, bx, r % a.H, r / a.H);
             if (tid == 0) bs.reg = {b.ip.rs, b.ip.region, b.hi, b.n, b.items_hi, b.n_items, b.arrivals, r * gx};
             any = b.any;
-            if (b.work) run_item<KB, VB, D, KG, VG, true>(a, smem, b.ip);
+            if (b.work) run_section_item<D, HI, LO, true>(a, smem, b.ip);
         }
         if (any) {
             /* Arrive (release: the barrier orders every thread's results before thread 0's
@@ -1544,17 +1581,19 @@ __global__ void __launch_bounds__(MKV_FAST_WARPS * 32, stage_layout<KB, VB, D, K
 /* One translation unit per (key bits, value bits, head_dim), generated by CMake: the kernel
  * with one quantization group a side, and the one with the library's default groups where
  * they differ and groups_supported takes them. mkv_fast_get_K<KB>V<VB>_d<D>(kg, vg) returns
- * the variant for kg key and vg value groups ({NULL, NULL} if none). */
+ * the variant for kg key and vg value groups ({NULL, NULL} if none). A two-format translation
+ * unit (MKV_DECODE_FAST_MIX_INSTANCE) holds the kernel that runs a high section of one format
+ * and a low section of another in one launch, for one group a side or the default groups. */
 namespace mkv_fast {
 
 /* The shared-memory opt-in above 48 KB and the occupancy it gives, once per device and
  * variant (both are per-device function state; asking every call cost host time per layer).
  * Returns blocks per multiprocessor, 0 when the opt-in failed. */
-template <int KB, int VB, int D, int KG, int VG>
+template <int D, class HI, class LO>
 int variant_setup(void)
 {
     static std::atomic<int> cache[MKV_MAX_DEVICES]; /* 0: not yet; -1: failed; else blocks */
-    constexpr int smem = smem_bytes<KB, VB, D, KG, VG>();
+    constexpr int smem = kernel_shape<D, HI, LO>::SMEM;
     int dev = 0;
     if (cudaGetDevice(&dev) != cudaSuccess || dev < 0 || dev >= MKV_MAX_DEVICES) {
         (void)cudaGetLastError();
@@ -1564,10 +1603,10 @@ int variant_setup(void)
         if (c != 0) return c > 0 ? c : 0;
     }
     int n = 0;
-    if (cudaFuncSetAttribute(decode_kernel<KB, VB, D, KG, VG>, cudaFuncAttributeMaxDynamicSharedMemorySize,
-                             smem) != cudaSuccess ||
-        cudaOccupancyMaxActiveBlocksPerMultiprocessor(&n, decode_kernel<KB, VB, D, KG, VG>, MKV_FAST_WARPS * 32,
-                                                      smem) != cudaSuccess) {
+    if (cudaFuncSetAttribute(decode_kernel<D, HI, LO>, cudaFuncAttributeMaxDynamicSharedMemorySize, smem) !=
+            cudaSuccess ||
+        cudaOccupancyMaxActiveBlocksPerMultiprocessor(&n, decode_kernel<D, HI, LO>, MKV_FAST_WARPS * 32, smem) !=
+            cudaSuccess) {
         (void)cudaGetLastError();
         n = 0;
     }
@@ -1575,30 +1614,53 @@ int variant_setup(void)
     return n;
 }
 
-template <int KB, int VB, int D, int KG, int VG>
+template <int D, class HI, class LO>
 cudaError_t launch_variant(const fast_args &a, dim3 grid, cudaStream_t stream)
 {
-    constexpr int smem = smem_bytes<KB, VB, D, KG, VG>();
-    if (variant_setup<KB, VB, D, KG, VG>() <= 0) return cudaErrorInvalidValue;
-    decode_kernel<KB, VB, D, KG, VG><<<grid, MKV_FAST_WARPS * 32, smem, stream>>>(a);
+    if (variant_setup<D, HI, LO>() <= 0) return cudaErrorInvalidValue;
+    decode_kernel<D, HI, LO><<<grid, MKV_FAST_WARPS * 32, kernel_shape<D, HI, LO>::SMEM, stream>>>(a);
     return cudaGetLastError();
 }
 
-template <int KB, int VB, int D, int KG, int VG>
-int blocks_per_sm_variant(void)
+template <int D, class HI, class LO>
+fast_kernel kernel_of(void)
 {
-    return variant_setup<KB, VB, D, KG, VG>();
+    return fast_kernel{launch_variant<D, HI, LO>, variant_setup<D, HI, LO>};
+}
+
+/* A format's default groups a side at head_dim D (one for 16-bit vectors). */
+template <int KB, int VB, int D>
+using default_fmt = fast_fmt<KB, VB, KB == 16 ? 1 : MKV_DEFAULT_GROUPS(D, KB, 0), VB == 16 ? 1 : MKV_DEFAULT_GROUPS(D, VB, 1)>;
+
+template <int KB, int VB, int D>
+constexpr bool has_default_variant()
+{
+    using F = default_fmt<KB, VB, D>;
+    return (F::KG != 1 || F::VG != 1) && groups_supported<KB, VB, D, F::KG, F::VG>();
 }
 
 template <int KB, int VB, int D>
 fast_kernel get_variant(int32_t kg, int32_t vg)
 {
-    if (kg == 1 && vg == 1) return fast_kernel{launch_variant<KB, VB, D, 1, 1>, blocks_per_sm_variant<KB, VB, D, 1, 1>};
-    constexpr int DKG = KB == 16 ? 1 : MKV_DEFAULT_GROUPS(D, KB, 0);
-    constexpr int DVG = VB == 16 ? 1 : MKV_DEFAULT_GROUPS(D, VB, 1);
-    if constexpr ((DKG != 1 || DVG != 1) && groups_supported<KB, VB, D, DKG, DVG>()) {
-        if (kg == DKG && vg == DVG)
-            return fast_kernel{launch_variant<KB, VB, D, DKG, DVG>, blocks_per_sm_variant<KB, VB, D, DKG, DVG>};
+    using ONE = fast_fmt<KB, VB, 1, 1>;
+    if (kg == 1 && vg == 1) return kernel_of<D, ONE, ONE>();
+    if constexpr (has_default_variant<KB, VB, D>()) {
+        using F = default_fmt<KB, VB, D>;
+        if (kg == F::KG && vg == F::VG) return kernel_of<D, F, F>();
+    }
+    return fast_kernel{nullptr, nullptr};
+}
+
+/* The two-format kernel: one group a side on both sections, or the default groups on both. */
+template <int KBH, int VBH, int KBL, int VBL, int D>
+fast_kernel get_mix_variant(int32_t kgh, int32_t vgh, int32_t kgl, int32_t vgl)
+{
+    if (kgh == 1 && vgh == 1 && kgl == 1 && vgl == 1)
+        return kernel_of<D, fast_fmt<KBH, VBH, 1, 1>, fast_fmt<KBL, VBL, 1, 1>>();
+    if constexpr (has_default_variant<KBH, VBH, D>() && has_default_variant<KBL, VBL, D>()) {
+        using FH = default_fmt<KBH, VBH, D>;
+        using FL = default_fmt<KBL, VBL, D>;
+        if (kgh == FH::KG && vgh == FH::VG && kgl == FL::KG && vgl == FL::VG) return kernel_of<D, FH, FL>();
     }
     return fast_kernel{nullptr, nullptr};
 }
@@ -1609,6 +1671,13 @@ fast_kernel get_variant(int32_t kg, int32_t vg)
     fast_kernel mkv_fast_get_K##KB##V##VB##_d##D(int32_t kg, int32_t vg)                       \
     {                                                                                          \
         return mkv_fast::get_variant<KB, VB, D>(kg, vg);                                       \
+    }
+
+#define MKV_DECODE_FAST_MIX_INSTANCE(KBH, VBH, KBL, VBL, D)                                    \
+    fast_kernel mkv_fast_get_K##KBH##V##VBH##_K##KBL##V##VBL##_d##D(int32_t kgh, int32_t vgh,  \
+                                                                    int32_t kgl, int32_t vgl)  \
+    {                                                                                          \
+        return mkv_fast::get_mix_variant<KBH, VBH, KBL, VBL, D>(kgh, vgh, kgl, vgl);           \
     }
 
 #endif /* MKV_ATTENTION_DECODE_FAST_CUH */

@@ -123,6 +123,13 @@ struct fast_kernel {
 fast_kernel mkv_fast_lookup(int32_t key_bits, int32_t value_bits, int32_t head_dim, int32_t key_groups,
                             int32_t value_groups);
 
+/* The instantiated two-format kernel for a high section of the format (hk bits, hv bits, hkg and
+ * hvg groups) and a low section of (lk, lv, lkg, lvg) at head_dim: one launch for both
+ * sections where the formats differ ({NULL, NULL} if none; CMake's MIXKV_DECODE_FAST_MIXES
+ * lists the instantiated pairs). */
+fast_kernel mkv_fast_lookup_mix(int32_t hk, int32_t hv, int32_t hkg, int32_t hvg, int32_t lk, int32_t lv,
+                                int32_t lkg, int32_t lvg, int32_t head_dim);
+
 /* 2^x and log2(x) as the hardware approximates them (MUFU, relative error ~2^-22), with
  * subnormal inputs and results flushed to zero: exp2f and log2f add a range fix-up of three
  * instructions each for subnormals, which the softmax does not need (a weight below 2^-126 is

@@ -33,7 +33,12 @@ struct mkv_decode_tuning {
      * Tuned on an H200 from full bench_attention grids with either pass forced
      * (docs/results/bench_attention_h200_scores_{separate,fused}.json): fused wins for calls
      * small enough that one launch instead of two matters, for long regions in every format,
-     * and for K16V16 in large calls; it loses for short regions in large quantized calls. */
+     * and for K16V16 in large calls; it loses for short regions in large quantized calls.
+     * Two-format calls (a K8V4 high and a K4V2 low section, one launch) fuse only when small:
+     * on an H200 with the default groups, fused won at batch 1 (26 against 31 us at 1 x 1k,
+     * 77 against 100 at 1 x 32k) and 16 x 1k, and lost at 16 x 4k to 64 x 32k (e.g. 1,210
+     * against 1,015 us at 64 x 32k) and at 256 x 1k, 4k and 32k (4,637 against 4,290); it won
+     * at 256 x 16k alone (2,437 against 3,092). */
     static constexpr int64_t fuse_max_small_token_heads = (int64_t)1 << 18; /* n_seq H max_tokens */
     static constexpr int32_t fuse_min_region_tokens = 16384;                /* max_tokens */
     static constexpr int64_t fuse_min_k16v16_token_heads = (int64_t)1 << 21;

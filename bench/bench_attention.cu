@@ -116,11 +116,12 @@ static shape shape_of(const variant &v, int batch, int len, int H, int G, int d,
 }
 
 /* Option names, indexed by mkv_cuda_decode_kernel_t, _scores_t and _logits_t. */
-static const char *const k_kernel_names[] = {"auto", "generic", "tensor"};
+static const char *const k_kernel_names[] = {"auto", "generic", "tensor", "tensor-per-section"};
 static const char *const k_scores_names[] = {"auto", "separate", "fused"};
 static const char *const k_logits_names[] = {"auto", "fp32", "compact"};
 static_assert(MKV_DECODE_LOGITS_FP32 == 1 && MKV_DECODE_LOGITS_COMPACT == 2, "logits names");
-static_assert(MKV_DECODE_KERNEL_GENERIC == 1 && MKV_DECODE_KERNEL_TENSOR == 2, "kernel names");
+static_assert(MKV_DECODE_KERNEL_GENERIC == 1 && MKV_DECODE_KERNEL_TENSOR == 2 &&
+                  MKV_DECODE_KERNEL_TENSOR_PER_SECTION == 3, "kernel names");
 static_assert(MKV_DECODE_SCORES_SEPARATE == 1 && MKV_DECODE_SCORES_FUSED == 2, "score names");
 
 /* The index of s in names[0 .. n), or -1. */
@@ -145,8 +146,8 @@ int main(int argc, char **argv)
         else if (!strcmp(argv[i], "--reps") && i + 1 < argc) reps = atoi(argv[++i]);
         else if (!strcmp(argv[i], "--max-gib") && i + 1 < argc) max_gib = atof(argv[++i]);
         else if (!strcmp(argv[i], "--kernel") && i + 1 < argc) {
-            if ((kernel = name_index(argv[++i], k_kernel_names, 3)) < 0) {
-                fprintf(stderr, "bench_attention: --kernel auto, generic or tensor\n");
+            if ((kernel = name_index(argv[++i], k_kernel_names, 4)) < 0) {
+                fprintf(stderr, "bench_attention: --kernel auto, generic, tensor or tensor-per-section\n");
                 return 2;
             }
         } else if (!strcmp(argv[i], "--logits") && i + 1 < argc) {
@@ -170,7 +171,7 @@ int main(int argc, char **argv)
         } else {
             fprintf(stderr,
                     "usage: bench_attention [--reps N] [--json FILE] [--max-gib X] [--quick]\n"
-                    "                       [--kernel auto|generic|tensor] [--batch B] [--length N]\n"
+                    "                       [--kernel auto|generic|tensor|tensor-per-section] [--batch B] [--length N]\n"
                     "                       [--format NAME] [--scores auto|separate|fused]\n"
                     "                       [--split N] [--logits auto|fp32|compact] [--group-size N]\n"
                     "Decode attention time over batch x length grids (32 query / 8 KV heads, d 128)\n"

@@ -712,31 +712,39 @@ Test(decode_cuda, tensor_every_format, .timeout = 300)
     stats_expect(&ck_vs_score, "tensor_every_format");
 }
 
-/* One case of the fused write-back tests: every format alike in both sections (fmts[fi]), d 64
- * or 128 (di), regions from 1 to 9000 tokens, item sizes from 64. Fp32 logits (compact 0): G 1 to
- * 8, pages of 5 to 21 tokens, and the separate pass too (ck[2], ck[3]). Compact logits (compact
- * 1): G 2, 3, 4 and 8, pages of 16, 32 and 48 tokens, scores starting at zero, so that each
- * probability is checked alone. ck: out and score stats of the fused pass, then the separate. */
-static void fused_case(int fi, int di, int compact, int default_groups, uint64_t *r, stats_t *ck)
+/* One case of the fused write-back tests: formats fmts[fi] in the high section and fmts[lo]
+ * in the low one (lo = fi: one format), d 64 or 128 (di), regions from 1 to 9000 tokens, item
+ * sizes from 64. Fp32 logits (compact 0): G 1 to 8, pages of 5 to 21 tokens, and the separate
+ * pass too (ck[2], ck[3]). Compact logits (compact 1): G 2, 3, 4 and 8, pages of 16, 32 and
+ * 48 tokens (two formats: the first multiple of 16 whose page holds a multiple of 16 low
+ * tokens too), scores starting at zero, so that each probability is checked alone. ck: out and
+ * score stats of the fused pass, then the separate. Two formats: the separate pass also with
+ * one launch per section (ck[4], ck[5]). */
+static const mkv_format_t k_fused_fmts[] = {MKV_FORMAT_K16V16, MKV_FORMAT_K8V8, MKV_FORMAT_K8V4,
+                                            MKV_FORMAT_K4V4,   MKV_FORMAT_K8V2, MKV_FORMAT_K4V2,
+                                            MKV_FORMAT_K4V8,   MKV_FORMAT_K2V4};
+
+static void fused_case(int fi, int lo, int di, int compact, int default_groups, uint64_t *r, stats_t *ck)
 {
-    static const mkv_format_t fmts[] = {MKV_FORMAT_K16V16, MKV_FORMAT_K8V8, MKV_FORMAT_K8V4,
-                                        MKV_FORMAT_K4V4,   MKV_FORMAT_K8V2, MKV_FORMAT_K4V2,
-                                        MKV_FORMAT_K4V8,   MKV_FORMAT_K2V4};
+    const mkv_format_t *fmts = k_fused_fmts;
     static const int32_t lens[] = {1, 63, 64, 65, 700, 4097, 9000};
     static const int32_t Gs[] = {2, 3, 4, 8};
-    const int32_t H = 2, n_seq = 4;
+    const int32_t H = 2, n_seq = 4, eg = default_groups ? 0 : 256;
     int32_t len[4 * 2 * 2];
     for (int i = 0; i < n_seq * H; i++) {
         const int32_t n = lens[(i + (compact ? 3 : 1) * fi + di) % 7], hi = test_rand_range(r, 0, n);
         len[2 * i] = hi, len[2 * i + 1] = n - hi;
     }
-    const spec_t c = {.hi = fmts[fi], .lo = fmts[fi], .d = di ? 128 : 64,
-                      .G = compact ? Gs[(fi + di) % 4] : 1 << ((fi + di) % 4),
-                      .groups = {default_groups ? 0 : 256, default_groups ? 0 : 256,
-                                 default_groups ? 0 : 256, default_groups ? 0 : 256},
-                      .tpp = compact ? 16 * (1 + (fi + 2 * di) % 3) : 5 + 9 * di + fi,
-                      .n_seq = n_seq, .H = H, .len = len, .seed = test_rand_next(r),
-                      .vamp = fi % 3 == 1 ? 150.0f : 0.0f, .zero_scores = compact};
+    spec_t c = {.hi = fmts[fi], .lo = fmts[lo], .d = di ? 128 : 64,
+                .G = compact ? Gs[(fi + di) % 4] : 1 << ((fi + di) % 4),
+                .groups = {eg, eg, eg, eg},
+                .tpp = compact ? 16 * (1 + (fi + 2 * di) % 3) : 5 + 9 * di + fi,
+                .n_seq = n_seq, .H = H, .len = len, .seed = test_rand_next(r),
+                .vamp = fi % 3 == 1 ? 150.0f : 0.0f, .zero_scores = compact};
+    while (compact && tokens_per_page(&c, 1) % 16 != 0) {
+        c.tpp += 16;
+        cr_assert_lt(c.tpp, 4096, "no page of whole 16-token subtiles for both formats");
+    }
     batch_t b;
     batch_build(&b, &c);
     b.scores = MKV_DECODE_SCORES_FUSED;
@@ -753,11 +761,19 @@ static void fused_case(int fi, int di, int compact, int default_groups, uint64_t
                   splits[k]);
         cr_assert_eq(mkv_cuda_decode_compact_logits(&a), compact, "%s split=%d: compact logits %d",
                      b.ctx, splits[k], !compact);
+        if (lo != fi) { /* one launch per section: never fused */
+            mkv_cuda_decode_t per = a;
+            per.kernel = MKV_DECODE_KERNEL_TENSOR_PER_SECTION;
+            cr_assert(!mkv_cuda_decode_fuses_scores(&per), "%s: per-section call fused", b.ctx);
+        }
     }
     batch_check_splits(&b, MKV_DECODE_KERNEL_TENSOR, splits, 3, &ck[0], &ck[1], NULL, NULL);
     if (!compact) {
         b.scores = MKV_DECODE_SCORES_SEPARATE;
         batch_check_splits(&b, MKV_DECODE_KERNEL_TENSOR, splits, 3, &ck[2], &ck[3], NULL, NULL);
+        if (lo != fi)
+            batch_check_splits(&b, MKV_DECODE_KERNEL_TENSOR_PER_SECTION, splits, 3, &ck[4], &ck[5],
+                               NULL, NULL);
     }
     batch_free(&b);
 }
@@ -772,7 +788,7 @@ Test(decode_cuda, fused_scores_compact, .timeout = 300)
     stats_t ck[2] = {{.what = "out (compact)"}, {.what = "score (compact)"}};
     uint64_t r = 0xc0dec;
     for (int fi = 0; fi < 8; fi++)
-        for (int di = 0; di < 2; di++) fused_case(fi, di, 1, 0, &r, ck);
+        for (int di = 0; di < 2; di++) fused_case(fi, fi, di, 1, 0, &r, ck);
     stats_expect(&ck[0], "fused_scores_compact");
     stats_expect(&ck[1], "fused_scores_compact");
 }
@@ -787,7 +803,7 @@ Test(decode_cuda, fused_scores, .timeout = 300)
                      {.what = "out (separate)"}, {.what = "score (separate)"}};
     uint64_t r = 0xf05ed;
     for (int fi = 0; fi < 8; fi++)
-        for (int di = 0; di < 2; di++) fused_case(fi, di, 0, 0, &r, ck);
+        for (int di = 0; di < 2; di++) fused_case(fi, fi, di, 0, 0, &r, ck);
     for (int i = 0; i < 4; i++) stats_expect(&ck[i], "fused_scores");
 }
 
@@ -802,11 +818,33 @@ Test(decode_cuda, fused_scores_default_groups, .timeout = 300)
     uint64_t r = 0xf06d;
     for (int fi = 0; fi < 7; fi++)
         for (int di = 0; di < 2; di++) {
-            fused_case(fi, di, 0, 1, &r, ck);
-            fused_case(fi, di, 1, 1, &r, ckc);
+            fused_case(fi, fi, di, 0, 1, &r, ck);
+            fused_case(fi, fi, di, 1, 1, &r, ckc);
         }
     for (int i = 0; i < 4; i++) stats_expect(&ck[i], "fused_scores_default_groups");
     for (int i = 0; i < 2; i++) stats_expect(&ckc[i], "fused_scores_default_groups");
+}
+
+/* The two-format kernel (a K8V4 high section and a K4V2 low one in one launch, CMake's default
+ * MIXKV_DECODE_FAST_MIXES): fused with fp32 and compact logits, the separate pass, and one
+ * launch per section, with one group a side and the default groups, against the reference
+ * (fused_case). */
+Test(decode_cuda, two_format_kernel, .timeout = 300)
+{
+    GPU_REQUIRE();
+    stats_t ck[6] = {{.what = "out (fused)"},    {.what = "score (fused)"},
+                     {.what = "out (separate)"}, {.what = "score (separate)"},
+                     {.what = "out (per section)"}, {.what = "score (per section)"}};
+    stats_t ckc[2] = {{.what = "out (compact)"}, {.what = "score (compact)"}};
+    uint64_t r = 0x2f0a;
+    for (int rep = 0; rep < 2; rep++)
+        for (int di = 0; di < 2; di++)
+            for (int dg = 0; dg < 2; dg++) {
+                fused_case(2, 5, di, 0, dg, &r, ck);  /* K8V4 + K4V2 */
+                fused_case(2, 5, di, 1, dg, &r, ckc);
+            }
+    for (int i = 0; i < 6; i++) stats_expect(&ck[i], "two_format_kernel");
+    for (int i = 0; i < 2; i++) stats_expect(&ckc[i], "two_format_kernel");
 }
 
 /* Argument checks only: no pointer is dereferenced, so this runs without a device too. */
@@ -857,7 +895,7 @@ Test(decode_cuda, bad_arguments)
     bad[n++].page_bytes = hi.used_bytes - 16; /* smaller than the layout */
     bad[n++].row_entries = 0;
     bad[n++].pool = fake + 4;                 /* not 16-byte aligned */
-    bad[n++].kernel = 3;
+    bad[n++].kernel = 4;
     bad[n++].kernel = -1;
     bad[n] = good;
     bad[n++].scores = 3;
