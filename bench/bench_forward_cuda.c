@@ -9,10 +9,13 @@
  * type; the decode step's roofline (the weights read once plus the stored KV read once, at
  * the copy rate) and the step's ratio to it; the prefill's matmul TFLOP/s (2 x matmul
  * parameters x tokens over the whole prefill's time: attention and the rest count against
- * it) as a fraction of the square GEMM's. JSON ("mixkv-bench-forward-cuda") and a table.
+ * it) as a fraction of the square GEMM's. And the device sampler alone on `batch` rows of
+ * the vocabulary (runner/sampling_cuda.h: top-p, no top-p, greedy). JSON
+ * ("mixkv-bench-forward-cuda") and a table.
  */
 #include "runner/forward_cuda.h"
 #include "runner/model.h"
+#include "runner/sampling_cuda.h"
 
 #include <cublas_v2.h>
 #include <cuda_runtime.h>
@@ -96,6 +99,62 @@ static double square_gemm_tflops(mkv_dtype_t dtype)
     cublasDestroy(h);
     cudaFree(a), cudaFree(b), cudaFree(c);
     return 2.0 * n * (double)n * n / median(ts, 5) * 1e-12;
+}
+
+/* The device sampler alone on batch rows of vocab logits uniform in [-8, 8), temperature and
+ * top_p for every row: milliseconds, CUDA events around each call, median of 21 after a
+ * warm-up. The sampler overwrites the logits: they are restored from a pristine copy before
+ * each call (untimed), so they sit in L2 as after the lm_head GEMM. */
+static double sample_ms(int32_t batch, int32_t vocab, float temperature, float top_p, uint64_t seed)
+{
+    const size_t n = (size_t)batch * vocab;
+    float *h = malloc(n * sizeof(float));
+    mkv_sample_row_t *rows = malloc((size_t)batch * sizeof *rows);
+    if (!h || !rows) {
+        fprintf(stderr, "bench_forward_cuda: out of host memory\n");
+        exit(1);
+    }
+    for (size_t i = 0; i < n; i++) {
+        seed = seed * 6364136223846793005ull + 1442695040888963407ull;
+        h[i] = (float)(seed >> 40) * 0x1.0p-24f * 16.0f - 8.0f;
+    }
+    float *src, *lg;
+    mkv_sample_row_t *d_rows;
+    int32_t *next;
+    CK(cudaMalloc((void **)&src, n * sizeof(float)));
+    CK(cudaMalloc((void **)&lg, n * sizeof(float)));
+    CK(cudaMalloc((void **)&d_rows, (size_t)batch * sizeof *rows));
+    CK(cudaMalloc((void **)&next, (size_t)batch * sizeof(int32_t)));
+    CK(cudaMemcpy(src, h, n * sizeof(float), cudaMemcpyHostToDevice));
+    cudaEvent_t e0, e1;
+    CK(cudaEventCreate(&e0));
+    CK(cudaEventCreate(&e1));
+    char err[MKV_ERR_LEN];
+    double t[21];
+    for (int i = 0; i < 22; i++) {
+        for (int32_t j = 0; j < batch; j++) {
+            seed = seed * 6364136223846793005ull + 1442695040888963407ull;
+            rows[j].u = (double)(seed >> 11) * 0x1.0p-53;
+            rows[j].temperature = temperature;
+            rows[j].top_p = top_p;
+        }
+        CK(cudaMemcpy(d_rows, rows, (size_t)batch * sizeof *rows, cudaMemcpyHostToDevice));
+        CK(cudaMemcpy(lg, src, n * sizeof(float), cudaMemcpyDeviceToDevice));
+        CK(cudaEventRecord(e0, NULL));
+        if (mkv_cuda_sample(lg, batch, vocab, d_rows, next, NULL, err) != MKV_STATUS_OK) {
+            fprintf(stderr, "bench_forward_cuda: %s\n", err);
+            exit(1);
+        }
+        CK(cudaEventRecord(e1, NULL));
+        CK(cudaEventSynchronize(e1));
+        float ms = 0.0f;
+        CK(cudaEventElapsedTime(&ms, e0, e1));
+        if (i > 0) t[i - 1] = ms;
+    }
+    cudaEventDestroy(e0), cudaEventDestroy(e1);
+    cudaFree(src), cudaFree(lg), cudaFree(d_rows), cudaFree(next);
+    free(h), free(rows);
+    return median(t, 21);
 }
 
 static void usage(FILE *f)
@@ -245,6 +304,9 @@ int main(int argc, char **argv)
     }
     const double step_dev = median(t_dev, steps), step_host = median(t_host, steps);
     const double step_greedy = median(t_greedy, steps);
+    const double samp_top_p = sample_ms(batch, mc.vocab, 0.8f, 0.9f, seed);
+    const double samp_full = sample_ms(batch, mc.vocab, 0.8f, 1.0f, seed);
+    const double samp_greedy = sample_ms(batch, mc.vocab, 0.0f, 1.0f, seed);
     double ph[MKV_CUDA_PHASES];
     mkv_cuda_forward_phases(f, ph, 1);
     for (int i = 0; i < MKV_CUDA_PHASES; i++) ph[i] /= steps; /* per step */
@@ -272,6 +334,9 @@ int main(int argc, char **argv)
            "cache: %lld pages in use of %lld\n",
            100.0 * prefill_tflops / gemm, batch / step_greedy, (long long)(st.total_pages - st.free_pages),
            (long long)st.total_pages);
+    printf("sampling on the device (%d rows of %d logits, uniform in [-8, 8), T 0.8): top-p 0.9 %.3f ms, "
+           "no top-p %.3f ms, greedy %.3f ms\n",
+           batch, mc.vocab, samp_top_p, samp_full, samp_greedy);
     if (json) {
         FILE *jf = fopen(json, "w");
         if (!jf) {
@@ -290,7 +355,8 @@ int main(int argc, char **argv)
                 "\"weight_bytes\": %.0f, "
                 "\"kv_bytes\": %.0f, \"roofline_ms\": %.4f, \"step_over_roofline\": %.4f, "
                 "\"output_tokens_per_s\": %.1f, \"step_phases_ms\": {\"gemm\": %.4f, \"attention\": %.4f, "
-                "\"cache\": %.4f, \"other\": %.4f, \"head\": %.4f}}\n",
+                "\"cache\": %.4f, \"other\": %.4f, \"head\": %.4f}, "
+                "\"sample_ms\": {\"top_p\": %.4f, \"no_top_p\": %.4f, \"greedy\": %.4f}}\n",
                 prop.name, config ? config : shape, mkv_dtype_name(dtype), cache_mode, copy * 1e-9, gemm, batch,
                 context, steps, prefill_s, prefill_tflops, prefill_tflops / gemm, prefill_gemm_tflops,
                 prefill_gemm_tflops / gemm, pph[MKV_CUDA_PHASE_GEMM] * 1e-3, pph[MKV_CUDA_PHASE_ATTENTION] * 1e-3,
@@ -299,7 +365,7 @@ int main(int argc, char **argv)
                 step_host * 1e3, step_greedy * 1e3, weight_bytes, kv_bytes, fp16 ? roof * 1e3 : 0.0,
                 fp16 ? step_dev / roof : 0.0, batch / step_greedy, ph[MKV_CUDA_PHASE_GEMM],
                 ph[MKV_CUDA_PHASE_ATTENTION], ph[MKV_CUDA_PHASE_CACHE], ph[MKV_CUDA_PHASE_OTHER],
-                ph[MKV_CUDA_PHASE_HEAD]);
+                ph[MKV_CUDA_PHASE_HEAD], samp_top_p, samp_full, samp_greedy);
         fclose(jf);
     }
     free(prompt), free(slots), free(next), free(last), free(t_host), free(t_dev), free(t_greedy), free(logits);

@@ -4,6 +4,13 @@
  * Top-p keeps the most probable tokens, in descending probability (ties to the lower id),
  * until their mass reaches top_p, then draws one in proportion to probability. The generator
  * is splitmix64: one 53-bit uniform per sampled token.
+ *
+ * NOTE: each probability is exp in double rounded to float, not expf: glibc's expf is not
+ * correctly rounded (it differs from the rounded double exp in about 1e-4 of the arguments,
+ * and its FMA build from its plain one), while the rounded double exp is, but for about one
+ * argument in 2^29, on any host and on CUDA; so the device sampler (runner/sampling_cuda.cu)
+ * computes the same float probabilities and differs from this reference only in the order of
+ * its double sums.
  */
 #include "engine/sampling.h"
 
@@ -19,6 +26,10 @@ static uint64_t next(uint64_t *s)
 }
 
 void mkv_sampler_seed(mkv_sampler_t *s, uint64_t seed) { s->state = seed; }
+
+int mkv_sampler_draws(const mkv_sampler_t *s, int32_t vocab) { return s->temperature > 0.0f && vocab > 1; }
+
+double mkv_sampler_uniform(mkv_sampler_t *s) { return (double)(next(&s->state) >> 11) * 0x1.0p-53; }
 
 static int32_t argmax(const float *x, int32_t n)
 {
@@ -41,34 +52,42 @@ static int cmp_cand(const void *a, const void *b)
     return (x->id > y->id) - (x->id < y->id);
 }
 
-int32_t mkv_sample(mkv_sampler_t *s, const float *logits, int32_t vocab, float *scratch)
+int32_t mkv_sample_with_u(const float *logits, int32_t vocab, float temperature, float top_p, double u,
+                          float *scratch)
 {
-    if (s->temperature <= 0.0f || vocab == 1) return argmax(logits, vocab);
+    if (temperature <= 0.0f || vocab == 1) return argmax(logits, vocab);
     /* Softmax at the temperature, max-subtracted, in double for the normaliser. */
     const float m = logits[argmax(logits, vocab)];
     cand_t *c = (cand_t *)(void *)scratch; /* 2 floats per candidate */
     double z = 0.0;
     for (int32_t i = 0; i < vocab; i++) {
-        c[i].p = expf((logits[i] - m) / s->temperature);
+        const float x = (logits[i] - m) / temperature;
+        c[i].p = (float)exp((double)x);
         c[i].id = i;
         z += c[i].p;
     }
     int32_t n = vocab;
     double mass = z;
-    if (s->top_p > 0.0f && s->top_p < 1.0f) {
+    if (top_p > 0.0f && top_p < 1.0f) {
         qsort(c, (size_t)vocab, sizeof *c, cmp_cand);
         double acc = 0.0;
         for (n = 0; n < vocab;) {
             acc += c[n++].p;
-            if (acc >= (double)s->top_p * z) break;
+            if (acc >= (double)top_p * z) break;
         }
         mass = acc;
     }
-    const double u = (double)(next(&s->state) >> 11) * 0x1.0p-53 * mass;
+    const double x = u * mass;
     double acc = 0.0;
     for (int32_t i = 0; i < n; i++) {
         acc += c[i].p;
-        if (u < acc) return c[i].id;
+        if (x < acc) return c[i].id;
     }
-    return c[n - 1].id; /* u rounded up to the total */
+    return c[n - 1].id; /* x rounded up to the total */
+}
+
+int32_t mkv_sample(mkv_sampler_t *s, const float *logits, int32_t vocab, float *scratch)
+{
+    if (!mkv_sampler_draws(s, vocab)) return argmax(logits, vocab);
+    return mkv_sample_with_u(logits, vocab, s->temperature, s->top_p, mkv_sampler_uniform(s), scratch);
 }

@@ -26,6 +26,9 @@ struct mkv_scheduler {
     float *logits;           /* [max_batch][vocab] */
     float *sample_scratch;   /* [2 * vocab] */
     int32_t *slots, *tokens, *next; /* [max_batch] */
+    float *temperature, *top_p; /* [max_batch] each request's, for decode_sample */
+    double *u;               /* [max_batch] each request's uniform (0 when it draws none) */
+    uint64_t *rng_before;    /* [max_batch] generator states before the draws, for a failed step */
     uint8_t *done;           /* [max_batch] */
     int32_t *input;          /* [max_seq_len] prompt plus generated tokens, for recompute */
     int64_t admissions, steps;
@@ -46,6 +49,10 @@ void mkv_scheduler_free(mkv_scheduler_t *s)
     free(s->slots);
     free(s->tokens);
     free(s->next);
+    free(s->temperature);
+    free(s->top_p);
+    free(s->u);
+    free(s->rng_before);
     free(s->done);
     free(s->input);
     free(s);
@@ -93,10 +100,14 @@ mkv_status_t mkv_scheduler_create(const mkv_forward_t *fwd, mkv_cache_t *cache, 
     s->slots = malloc((size_t)max_batch * sizeof(int32_t));
     s->tokens = malloc((size_t)max_batch * sizeof(int32_t));
     s->next = malloc((size_t)max_batch * sizeof(int32_t));
+    s->temperature = malloc((size_t)max_batch * sizeof(float));
+    s->top_p = malloc((size_t)max_batch * sizeof(float));
+    s->u = malloc((size_t)max_batch * sizeof(double));
+    s->rng_before = malloc((size_t)max_batch * sizeof(uint64_t));
     s->done = malloc((size_t)max_batch);
     s->input = malloc((size_t)s->max_seq_len * sizeof(int32_t));
-    if (!s->running || !s->logits || !s->sample_scratch || !s->slots || !s->tokens || !s->next || !s->done ||
-        !s->input) {
+    if (!s->running || !s->logits || !s->sample_scratch || !s->slots || !s->tokens || !s->next ||
+        !s->temperature || !s->top_p || !s->u || !s->rng_before || !s->done || !s->input) {
         mkv_scheduler_free(s);
         return mkv_fail_global(MKV_STATUS_OUT_OF_MEMORY, "cannot allocate the scheduler's buffers");
     }
@@ -321,19 +332,43 @@ mkv_status_t mkv_scheduler_step(mkv_scheduler_t *s, mkv_sched_stats_t *stats)
             s->slots[j] = s->running[j]->slot;
             s->tokens[j] = s->running[j]->out[s->running[j]->n_out - 1];
         }
-        /* Every request greedy and the pass can pick on its side: only the tokens come back. */
+        /* The pass picks on its side when it can (every request greedy and decode_greedy, or
+         * decode_sample): only the tokens come back. Otherwise the logits do, and the host
+         * samples. */
         int greedy = s->fwd.decode_greedy != NULL;
         for (int32_t j = 0; j < n && greedy; j++) greedy = s->running[j]->sampler.temperature <= 0.0f;
-        if (greedy) st = s->fwd.decode_greedy(s->fwd.ctx, s->cache, n, s->slots, s->tokens, s->next);
-        else st = s->fwd.decode(s->fwd.ctx, s->cache, n, s->slots, s->tokens, s->logits);
+        const int on_device = greedy || s->fwd.decode_sample != NULL;
+        if (greedy) {
+            st = s->fwd.decode_greedy(s->fwd.ctx, s->cache, n, s->slots, s->tokens, s->next);
+        } else if (on_device) {
+            /* Each request's uniform, drawn exactly when and as mkv_sample would draw it, so
+             * its tokens match host sampling's; a failed step puts the generators back. */
+            for (int32_t j = 0; j < n; j++) {
+                mkv_sampler_t *g = &s->running[j]->sampler;
+                s->temperature[j] = g->temperature;
+                s->top_p[j] = g->top_p;
+                s->rng_before[j] = g->state;
+                s->u[j] = mkv_sampler_draws(g, V) ? mkv_sampler_uniform(g) : 0.0;
+            }
+            st = s->fwd.decode_sample(s->fwd.ctx, s->cache, n, s->slots, s->tokens, s->temperature, s->top_p,
+                                      s->u, s->next);
+            if (st != MKV_STATUS_OK)
+                for (int32_t j = 0; j < n; j++) s->running[j]->sampler.state = s->rng_before[j];
+        } else {
+            st = s->fwd.decode(s->fwd.ctx, s->cache, n, s->slots, s->tokens, s->logits);
+        }
         if (st != MKV_STATUS_OK) return st;
+        for (int32_t j = 0; on_device && j < n; j++)
+            if (s->next[j] < 0 || s->next[j] >= V)
+                return mkv_fail_global(MKV_STATUS_INTERNAL, "the forward pass picked token %d for request %d, "
+                                       "outside the vocabulary of %d", s->next[j], s->running[j]->id, V);
         out->decoded = n;
         /* Sample in running order; finish afterwards so indices stay valid. */
         uint8_t *done = s->done;
         for (int32_t j = 0; j < n; j++) {
             mkv_request_t *r = s->running[j];
-            const int32_t t = greedy ? s->next[j]
-                                     : mkv_sample(&r->sampler, s->logits + (int64_t)j * V, V, s->sample_scratch);
+            const int32_t t = on_device ? s->next[j]
+                                        : mkv_sample(&r->sampler, s->logits + (int64_t)j * V, V, s->sample_scratch);
             done[j] = (uint8_t)emit(s, r, t);
         }
         for (int32_t j = n - 1; j >= 0; j--)

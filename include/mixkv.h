@@ -29,7 +29,8 @@ extern "C" {
 
 #define MKV_VERSION_MAJOR 0
 #define MKV_VERSION_MINOR 3 /* 0.2: element types (mkv_dtype_t) and the batched _ex calls;
-                              0.3: mkv_cache_set_parallel, mkv_report_error */
+                              0.3: mkv_cache_set_parallel, mkv_report_error,
+                              mkv_forward_t.decode_sample */
 #define MKV_VERSION_PATCH 0
 
 /* ---------------------------------------------------------------------------------------- */
@@ -457,6 +458,24 @@ typedef struct mkv_forward {
      * next [n_slots], the logits never leaving the implementation (a GPU's copy saved). */
     mkv_status_t (*decode_greedy)(void *ctx, mkv_cache_t *cache, int32_t n_slots,
                                   const int32_t *slots, const int32_t *tokens, int32_t *next);
+    /* Optional (NULL: not offered; since 0.3): decode's step, then each slot's next token
+     * sampled by the implementation into next [n_slots], the logits never leaving it. Row j
+     * is greedy (as decode_greedy; u[j] unused) when temperature[j] <= 0 or the vocabulary
+     * has one token; otherwise p_i = exp((logit_i - max) / temperature[j]), the difference
+     * and quotient in float, exp in double rounded to float; the kept tokens are, for top_p[j]
+     * in (0, 1), the shortest prefix of the tokens in descending p (ties to the lower id)
+     * whose sum reaches top_p[j] times the sum of every p, else every token in id order; and
+     * next[j] is the first kept token, in that order, whose running sum exceeds u[j] times the
+     * kept sum (the last kept token when u[j] rounds up to it). u[j] in [0, 1) is a uniform
+     * drawn by the caller (the scheduler draws it from the request's own generator, as its
+     * host sampling would, so the random stream does not depend on where the choice is made).
+     * Sums are in double, in an order of the implementation's: the token equals the host's
+     * (engine/sampling.h, mkv_sample_with_u) except when u[j] falls within rounding of a
+     * boundary between two tokens. All arrays are host memory of n_slots entries; the
+     * implementation may overwrite its copy of the logits. */
+    mkv_status_t (*decode_sample)(void *ctx, mkv_cache_t *cache, int32_t n_slots, const int32_t *slots,
+                                  const int32_t *tokens, const float *temperature, const float *top_p,
+                                  const double *u, int32_t *next);
 } mkv_forward_t;
 
 /* ---------------------------------------------------------------------------------------- */

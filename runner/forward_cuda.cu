@@ -8,11 +8,14 @@
  *   the fp32 residual, beta 1) -> a = rmsnorm(x) -> [gate | up] (one GEMM) -> h = silu(gate) *
  *   up -> x += h Wdown^T.
  * The logits are a GEMM of the final norm's rows with lm_head into fp32, copied to the host
- * (mkv_forward_t hands logits to its driver). Everything runs on the default stream.
+ * (mkv_forward_t hands logits to its driver), or turned into tokens on the device: greedy picks
+ * (argmax_kernel, decode_greedy) or sampled ones (runner/sampling_cuda.h, decode_sample).
+ * Everything runs on the default stream.
  */
 #include "runner/forward_cuda.h"
 
 #include "runner/error.h"
+#include "runner/sampling_cuda.h"
 
 #include <cublas_v2.h>
 #include <cuda_bf16.h>
@@ -54,6 +57,7 @@ struct mkv_cuda_forward {
     int32_t logit_rows;    /* grows to the largest decode batch (a prefill needs one row) */
     float *cs;             /* [T][hd / 2][2] cos, sin */
     int32_t *tok;          /* [T] */
+    mkv_sample_row_t *rows; /* [T] decode_sample's per-row parameters */
     /* where a call's time goes (mkv_cuda_forward_set_timing): events at phase boundaries */
     int timing;
     cudaEvent_t *ev;       /* [MAX_MARKS] */
@@ -64,6 +68,7 @@ struct mkv_cuda_forward {
     double *inv_freq;      /* [hd / 2] */
     float *h_cs;           /* [T][hd / 2][2] */
     int32_t *pos;          /* [T] */
+    mkv_sample_row_t *h_rows; /* [T] */
 };
 
 /* ---------------------------------------------------------------------------------------- */
@@ -260,7 +265,7 @@ void mkv_cuda_forward_free(mkv_cuda_forward_t *f)
     }
     if (f->lm_head != f->embed) cudaFree(f->lm_head);
     void *p[] = {f->embed, f->final_norm, f->x, f->a, f->qkv, f->q, f->k, f->v, f->att, f->gu, f->h,
-                 f->logits, f->cs, f->tok};
+                 f->logits, f->cs, f->tok, f->rows};
     for (void *x : p) cudaFree(x);
     if (f->blas) cublasDestroy(f->blas);
     if (f->ev) {
@@ -271,6 +276,7 @@ void mkv_cuda_forward_free(mkv_cuda_forward_t *f)
     free(f->inv_freq);
     free(f->h_cs);
     free(f->pos);
+    free(f->h_rows);
     cudaSetDevice(prev);
     free(f);
 }
@@ -417,10 +423,12 @@ static mkv_status_t create_common(const mkv_model_config_t *c, int32_t max_token
     RUNNER_TRY(scratch((void **)&f->logits, (size_t)f->logit_rows * V * 4, err));
     RUNNER_TRY(scratch((void **)&f->cs, (size_t)(T * hd) * 4, err));
     RUNNER_TRY(scratch((void **)&f->tok, (size_t)T * 4, err));
+    RUNNER_TRY(scratch((void **)&f->rows, (size_t)T * sizeof(mkv_sample_row_t), err));
     f->inv_freq = (double *)malloc((size_t)(hd / 2 + 1) * sizeof(double));
     f->h_cs = (float *)malloc((size_t)(T * hd) * sizeof(float));
     f->pos = (int32_t *)malloc((size_t)T * sizeof(int32_t));
-    if (!f->inv_freq || !f->h_cs || !f->pos) {
+    f->h_rows = (mkv_sample_row_t *)malloc((size_t)T * sizeof(mkv_sample_row_t));
+    if (!f->inv_freq || !f->h_cs || !f->pos || !f->h_rows) {
         status = runner_fail(err, MKV_STATUS_OUT_OF_MEMORY, "cannot allocate the CUDA forward pass's host scratch");
         goto fail;
     }
@@ -703,8 +711,10 @@ __global__ void argmax_kernel(const float *logits, int32_t V, int32_t *out)
     }
 }
 
+/* One decode step; logits: to the host when not NULL; next: the picks come back, greedy
+ * (rows NULL) or sampled under rows [n_slots] (host, as sampling_cuda.h uploads them). */
 static mkv_status_t decode_step(mkv_cuda_forward_t *f, mkv_cache_t *cache, int32_t n_slots, const int32_t *slots,
-                                const int32_t *tokens, float *logits, int32_t *next)
+                                const int32_t *tokens, float *logits, int32_t *next, const mkv_sample_row_t *rows)
 {
     char err[MKV_ERR_LEN];
     mkv_status_t st;
@@ -733,10 +743,18 @@ static mkv_status_t decode_step(mkv_cuda_forward_t *f, mkv_cache_t *cache, int32
         if ((st = mkv_cache_compress(cache, n_slots, slots, NULL)) != MKV_STATUS_OK)
             st = runner_fail(err, st, "%s", mkv_cache_last_error(cache));
         else if ((st = head(f, 0, n_slots, logits, err)) == MKV_STATUS_OK && next) {
-            /* logits NULL: computed, left on the device; next: the greedy picks come back */
-            argmax_kernel<<<n_slots, 1024>>>(f->logits, f->cfg.vocab, f->tok);
-            if (cudaMemcpy(next, f->tok, (size_t)n_slots * 4, cudaMemcpyDeviceToHost) != cudaSuccess)
-                st = cuda_failed(err, "greedy tokens");
+            /* logits NULL: computed, left on the device; next: the picks come back */
+            if (!rows) {
+                argmax_kernel<<<n_slots, 1024>>>(f->logits, f->cfg.vocab, f->tok);
+            } else if (cudaMemcpy(f->rows, rows, (size_t)n_slots * sizeof *rows, cudaMemcpyHostToDevice) !=
+                       cudaSuccess) {
+                st = cuda_failed(err, "sampling parameters");
+            } else {
+                st = mkv_cuda_sample(f->logits, n_slots, f->cfg.vocab, f->rows, f->tok, NULL, err);
+            }
+            if (st == MKV_STATUS_OK &&
+                cudaMemcpy(next, f->tok, (size_t)n_slots * 4, cudaMemcpyDeviceToHost) != cudaSuccess)
+                st = cuda_failed(err, "picked tokens");
         }
     }
     cudaSetDevice(prev);
@@ -746,14 +764,35 @@ static mkv_status_t decode_step(mkv_cuda_forward_t *f, mkv_cache_t *cache, int32
 static mkv_status_t cuda_decode(void *ctx, mkv_cache_t *cache, int32_t n_slots, const int32_t *slots,
                                 const int32_t *tokens, float *logits)
 {
-    return decode_step((mkv_cuda_forward_t *)ctx, cache, n_slots, slots, tokens, logits, NULL);
+    return decode_step((mkv_cuda_forward_t *)ctx, cache, n_slots, slots, tokens, logits, NULL, NULL);
 }
 
 static mkv_status_t cuda_decode_greedy(void *ctx, mkv_cache_t *cache, int32_t n_slots, const int32_t *slots,
                                        const int32_t *tokens, int32_t *next)
 {
     if (!next) return mkv_report_error(MKV_STATUS_INVALID_ARGUMENT, "CUDA decode: null next");
-    return decode_step((mkv_cuda_forward_t *)ctx, cache, n_slots, slots, tokens, NULL, next);
+    return decode_step((mkv_cuda_forward_t *)ctx, cache, n_slots, slots, tokens, NULL, next, NULL);
+}
+
+static mkv_status_t cuda_decode_sample(void *ctx, mkv_cache_t *cache, int32_t n_slots, const int32_t *slots,
+                                       const int32_t *tokens, const float *temperature, const float *top_p,
+                                       const double *u, int32_t *next)
+{
+    mkv_cuda_forward_t *f = (mkv_cuda_forward_t *)ctx;
+    if (!next || !temperature || !top_p || !u)
+        return mkv_report_error(MKV_STATUS_INVALID_ARGUMENT, "CUDA decode: null next, temperature, top_p or u");
+    if (n_slots < 1 || n_slots > f->max_tokens)
+        return mkv_report_error(MKV_STATUS_INVALID_ARGUMENT, "CUDA decode: %d slots, the pass takes 1 to %d",
+                                n_slots, f->max_tokens);
+    for (int32_t j = 0; j < n_slots; j++) {
+        if (temperature[j] > 0.0f && !(u[j] >= 0.0 && u[j] < 1.0))
+            return mkv_report_error(MKV_STATUS_INVALID_ARGUMENT, "CUDA decode: u[%d] = %g is outside [0, 1)", j,
+                                    u[j]);
+        f->h_rows[j].u = u[j];
+        f->h_rows[j].temperature = temperature[j];
+        f->h_rows[j].top_p = top_p[j];
+    }
+    return decode_step(f, cache, n_slots, slots, tokens, NULL, next, f->h_rows);
 }
 
 extern "C" mkv_forward_t mkv_cuda_forward(mkv_cuda_forward_t *f)
@@ -768,6 +807,7 @@ extern "C" mkv_forward_t mkv_cuda_forward(mkv_cuda_forward_t *f)
     fw.prefill = cuda_prefill;
     fw.decode = cuda_decode;
     fw.decode_greedy = cuda_decode_greedy;
+    fw.decode_sample = cuda_decode_sample;
     return fw;
 }
 

@@ -42,7 +42,8 @@ int64_t mkv_cuda_forward_weight_bytes(const mkv_cuda_forward_t *f);
 /* The pass as an mkv_forward_t; the cache must use the CUDA backend on the same device and
  * have the model's geometry (L, KV heads, G, head_dim). f must outlive every use. Its decode
  * also takes logits NULL: the logits are computed and left on the device (a benchmark's step
- * without the copy to the host). */
+ * without the copy to the host). It offers decode_greedy and decode_sample (the tokens chosen
+ * on the device, runner/sampling_cuda.h; only they cross to the host). */
 mkv_forward_t mkv_cuda_forward(mkv_cuda_forward_t *f);
 
 /* Where the calls' time goes on the device, measured with events at phase boundaries once

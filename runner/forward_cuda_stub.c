@@ -1,10 +1,12 @@
 /*
- * forward_cuda_stub.c — runner/forward_cuda.h in a build without CUDA: every call that would
- * need the GPU says so (UNSUPPORTED), so the commands refuse --backend cuda cleanly.
+ * forward_cuda_stub.c — runner/forward_cuda.h and runner/sampling_cuda.h in a build without
+ * CUDA: every call that would need the GPU says so (UNSUPPORTED), so the commands refuse
+ * --backend cuda cleanly.
  */
 #include "runner/forward_cuda.h"
 
 #include "runner/error.h"
+#include "runner/sampling_cuda.h"
 
 #include <string.h>
 
@@ -57,4 +59,11 @@ void mkv_cuda_forward_phases(mkv_cuda_forward_t *f, double ms[MKV_CUDA_PHASES], 
 {
     (void)f, (void)reset;
     for (int i = 0; i < MKV_CUDA_PHASES; i++) ms[i] = 0.0;
+}
+
+mkv_status_t mkv_cuda_sample(float *logits, int32_t n, int32_t vocab, const mkv_sample_row_t *rows, int32_t *next,
+                             void *stream, char *err)
+{
+    (void)logits, (void)n, (void)vocab, (void)rows, (void)next, (void)stream;
+    return no_cuda(err);
 }

@@ -3,7 +3,8 @@
  * CPU pass (runner/model.h) on the bundled TinyStories model: the same prompts through a CPU
  * cache and a CUDA cache of the same configuration, teacher-forced with the CPU's greedy tokens
  * so that both see the same inputs; the logits compared every step and the greedy tokens
- * counted. And the scheduler loop driving either pass unchanged.
+ * counted. And the scheduler loop driving either pass unchanged, and sampling on the device
+ * through it.
  *
  * The model comes from $MIXKV_TINYSTORIES (the GPU machine does not see ../shared) or
  * ../shared/models/tinystories-656k; the tests skip without it.
@@ -178,9 +179,10 @@ Test(forward_cuda, f16_and_bf16_stay_close)
     mkv_model_free(m);
 }
 
-/* The scheduler loop, unchanged, over either pass: four greedy requests, two at a time. */
-static void serve(const mkv_model_t *m, const mkv_forward_t *fwd, mkv_backend_t backend, int32_t *out,
-                  int32_t n_new)
+/* The scheduler loop, unchanged, over either pass: four requests, two at a time; greedy, or
+ * with temperature / top_p temp[i] / top[i] when temp is not NULL. */
+static void serve_with(const mkv_model_t *m, const mkv_forward_t *fwd, mkv_backend_t backend, int32_t *out,
+                       int32_t n_new, const float *temp, const float *top)
 {
     mkv_cache_t *c = make_cache(m, 1, backend, 2, 128);
     mkv_scheduler_t *s = NULL;
@@ -196,7 +198,8 @@ static void serve(const mkv_model_t *m, const mkv_forward_t *fwd, mkv_backend_t 
         r[i].prompt = prompts[i];
         r[i].prompt_len = 6 + 2 * i;
         r[i].max_new_tokens = n_new;
-        mkv_sampler_seed(&r[i].sampler, 1);
+        if (temp) r[i].sampler.temperature = temp[i], r[i].sampler.top_p = top[i];
+        mkv_sampler_seed(&r[i].sampler, 1 + (uint64_t)i);
         cr_assert_eq(mkv_scheduler_add(s, &r[i]), MKV_STATUS_OK, "%s", mkv_last_error());
     }
     for (int step = 0; !mkv_scheduler_idle(s); step++) {
@@ -210,6 +213,12 @@ static void serve(const mkv_model_t *m, const mkv_forward_t *fwd, mkv_backend_t 
     }
     mkv_scheduler_free(s);
     mkv_cache_destroy(c);
+}
+
+static void serve(const mkv_model_t *m, const mkv_forward_t *fwd, mkv_backend_t backend, int32_t *out,
+                  int32_t n_new)
+{
+    serve_with(m, fwd, backend, out, n_new, NULL, NULL);
 }
 
 Test(forward_cuda, scheduler_drives_either_pass)
@@ -244,6 +253,85 @@ Test(forward_cuda, scheduler_drives_either_pass)
     mkv_cache_destroy(c);
     mkv_cuda_forward_free(cf);
     mkv_forward_ws_free(ws);
+    mkv_model_free(m);
+}
+
+/* The CUDA pass with a count of its decode_sample calls: every member forwards to the pass. */
+typedef struct counted {
+    mkv_forward_t inner;
+    int32_t sample_calls;
+} counted_t;
+
+static mkv_status_t counted_prefill(void *ctx, mkv_cache_t *cache, int32_t slot, const int32_t *tokens, int32_t n,
+                                    float *logits, float *last_logits)
+{
+    const counted_t *c = ctx;
+    return c->inner.prefill(c->inner.ctx, cache, slot, tokens, n, logits, last_logits);
+}
+
+static mkv_status_t counted_decode(void *ctx, mkv_cache_t *cache, int32_t n, const int32_t *slots,
+                                   const int32_t *tokens, float *logits)
+{
+    const counted_t *c = ctx;
+    return c->inner.decode(c->inner.ctx, cache, n, slots, tokens, logits);
+}
+
+static mkv_status_t counted_greedy(void *ctx, mkv_cache_t *cache, int32_t n, const int32_t *slots,
+                                   const int32_t *tokens, int32_t *next)
+{
+    const counted_t *c = ctx;
+    return c->inner.decode_greedy(c->inner.ctx, cache, n, slots, tokens, next);
+}
+
+static mkv_status_t counted_sample(void *ctx, mkv_cache_t *cache, int32_t n, const int32_t *slots,
+                                   const int32_t *tokens, const float *temperature, const float *top_p,
+                                   const double *u, int32_t *next)
+{
+    counted_t *c = ctx;
+    c->sample_calls++;
+    return c->inner.decode_sample(c->inner.ctx, cache, n, slots, tokens, temperature, top_p, u, next);
+}
+
+/* Sampling on the device: the scheduler over the CUDA pass with decode_sample produces the
+ * tokens it produces with host sampling of the same pass's logits (decode_sample removed), for
+ * temperature 0.8 / top_p 0.9 requests, and for a mix of a greedy one and other settings. */
+Test(forward_cuda, scheduler_samples_on_the_device)
+{
+    GPU_REQUIRE();
+    mkv_model_t *m = load_or_skip();
+    enum { NEW = 32 };
+    static const float t08[4] = {0.8f, 0.8f, 0.8f, 0.8f}, p09[4] = {0.9f, 0.9f, 0.9f, 0.9f};
+    static const float tmix[4] = {0.0f, 0.8f, 1.3f, 1.0f}, pmix[4] = {0.9f, 0.9f, 0.5f, 1.0f};
+    const float *temps[2] = {t08, tmix}, *tops[2] = {p09, pmix};
+    int32_t dev[4 * NEW], host[4 * NEW];
+    char err[MKV_ERR_LEN];
+    mkv_cuda_forward_t *cf = NULL;
+    cr_assert_eq(mkv_cuda_forward_create(m, 128, MKV_DTYPE_F32, &cf, err), MKV_STATUS_OK, "%s", err);
+    const mkv_forward_t gpu = mkv_cuda_forward(cf);
+    cr_assert_not_null(gpu.decode_sample, "the CUDA pass offers decode_sample");
+    counted_t counted = {gpu, 0};
+    const mkv_forward_t wrapped = {.ctx = &counted, .vocab = gpu.vocab, .max_positions = gpu.max_positions,
+                                   .max_tokens = gpu.max_tokens, .prefill = counted_prefill,
+                                   .decode = counted_decode, .decode_greedy = counted_greedy,
+                                   .decode_sample = counted_sample};
+    mkv_forward_t host_sampling = gpu;
+    host_sampling.decode_sample = NULL;
+    for (int k = 0; k < 2; k++) {
+        counted.sample_calls = 0;
+        serve_with(m, &wrapped, MKV_BACKEND_CUDA, dev, NEW, temps[k], tops[k]);
+        cr_assert_gt(counted.sample_calls, 0, "the scheduler never sampled on the device");
+        serve_with(m, &host_sampling, MKV_BACKEND_CUDA, host, NEW, temps[k], tops[k]);
+        int32_t same = 0, first = -1;
+        for (int i = 0; i < 4 * NEW; i++) {
+            same += dev[i] == host[i];
+            if (dev[i] != host[i] && first < 0) first = i;
+        }
+        cr_log_info("forward_cuda sampling (%s): %d of %d tokens equal, %d decode_sample calls",
+                    k ? "mixed settings" : "T 0.8, top_p 0.9", same, 4 * NEW, counted.sample_calls);
+        cr_assert_eq(same, 4 * NEW, "request %d token %d: device %d, host %d", first / NEW, first % NEW,
+                     dev[first < 0 ? 0 : first], host[first < 0 ? 0 : first]);
+    }
+    mkv_cuda_forward_free(cf);
     mkv_model_free(m);
 }
 
