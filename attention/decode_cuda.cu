@@ -29,6 +29,7 @@
 #include <cuda_fp16.h>
 #include <cuda_runtime.h>
 
+#include <algorithm>
 #include <atomic>
 
 #include <math.h>
@@ -757,6 +758,17 @@ static bool fast_compact(const mkv_cuda_decode_t *a)
     return b > 0.0 && b < mkv_decode_tuning::compact_max_dram_bytes_per_sm_cycle;
 }
 
+/* The item cap of a two-format call (mkv_decode_tuning::two_format_min_items): the largest
+ * power of two that cuts max_tokens into at least that many items, at least
+ * MKV_FAST_MIN_ITEM. */
+static int32_t two_format_max_item(int32_t max_tokens)
+{
+    int32_t item = MKV_FAST_MAX_ITEM;
+    while (item > MKV_FAST_MIN_ITEM && (int64_t)item * mkv_decode_tuning::two_format_min_items > max_tokens)
+        item /= 2;
+    return item;
+}
+
 /* blocks: the kernel's resident blocks per multiprocessor (0 if unknown). */
 static fast_plan plan_for(const mkv_cuda_decode_t *a, bool fused, int32_t blocks)
 {
@@ -771,6 +783,7 @@ static fast_plan plan_for(const mkv_cuda_decode_t *a, bool fused, int32_t blocks
         cap = blocks >= 1 && blocks <= T::l2_cap_max_blocks ? blocks : +T::l2_cap_max_blocks;
     else if (compact)
         max_item = T::compact_max_item;
+    if (!same_format(a->lay_hi, a->lay_lo)) max_item = std::min(max_item, two_format_max_item(a->max_tokens));
     fast_plan w = plan_fast(a->n_seq, a->n_heads, a->group_size, a->head_dim, a->max_tokens,
                             a->split_tokens, fused, cap, max_item);
     w.compact = compact;
@@ -911,6 +924,14 @@ extern "C" size_t mkv_cuda_decode_workspace_size(int32_t n_seq, int32_t n_heads,
     const size_t f2 = plan_fast(n_seq, n_heads, group_size, head_dim, max_tokens, split_tokens, true, 0,
                                 mkv_decode_tuning::compact_max_item).bytes;
     if (f2 > fast) fast = f2;
+    /* Two-format calls: shorter items, more partial results. */
+    const int32_t two = two_format_max_item(max_tokens);
+    for (int32_t cap = 0; cap <= mkv_decode_tuning::l2_cap_max_blocks; cap++)
+        for (int fused = 0; fused < 2; fused++) {
+            const size_t f = plan_fast(n_seq, n_heads, group_size, head_dim, max_tokens, split_tokens, fused,
+                                       fused ? cap : 0, two).bytes;
+            if (f > fast) fast = f;
+        }
     return fast > generic ? fast : generic;
 }
 

@@ -63,6 +63,12 @@ struct mkv_decode_tuning {
      * instantiated kernel keeps, so the cap is never too loose. */
     static constexpr int32_t l2_cap_max_blocks = 4;
     static constexpr int32_t compact_max_item = 2048;
+    /* Two-format calls (the policy's K8V4 / K4V2 regions, a high and a low section each):
+     * items at most a power of two that cuts max_tokens into this many, so that each section
+     * fills whole blocks of MKV_FAST_WARPS items rather than leaving warps of a block idle
+     * (H200, mix 20/50/30: 256 x 16k 3,070 us with the default 4,096-token items, 1,910 with
+     * 1,024; 256 x 32k 4,292 with 4,096, 3,686 with 2,048). */
+    static constexpr int32_t two_format_min_items = 8;
 
     /* ---- Stages of the tensor-core kernel (decode_fast.cuh, stage_layout) ----
      * Subtiles per stage: four up to stage4_max_subtile_bytes per subtile, two up to
