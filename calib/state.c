@@ -22,12 +22,21 @@ struct mkv_calib_state {
     X(nll) X(nll_ref) X(ppl) X(ppl_ref) X(ppl_increase) X(agreement) X(memory_ratio)           \
     X(frac_hi) X(frac_lo) X(frac_pruned) X(seconds)
 
+/* NOTE: cJSON prints a double with 15 digits when that reads back within a relative epsilon,
+ * which is not always the same double; a resumed sweep must see exactly what was measured. */
+static void add_exact(cJSON *o, const char *key, double v)
+{
+    char t[40];
+    snprintf(t, sizeof t, "%.17g", v);
+    cJSON_AddRawToObject(o, key, t);
+}
+
 cJSON *mkv_calib_quality_json(const mkv_calib_quality_t *q)
 {
     cJSON *o = cJSON_CreateObject();
     cJSON_AddNumberToObject(o, "windows", q->windows);
     cJSON_AddNumberToObject(o, "predictions", (double)q->predictions);
-#define W(f) cJSON_AddNumberToObject(o, #f, q->f);
+#define W(f) add_exact(o, #f, q->f);
     QUALITY_DOUBLES(W)
 #undef W
     return o;
