@@ -17,8 +17,7 @@ static double now_s(void)
     return (double)ts.tv_sec + 1e-9 * (double)ts.tv_nsec;
 }
 
-/* -log softmax(logits)[target], in double. */
-static double nll(const float *logits, int32_t V, int32_t target)
+double mkv_ppl_nll(const float *logits, int32_t V, int32_t target)
 {
     float m = logits[0];
     for (int32_t i = 1; i < V; i++) m = logits[i] > m ? logits[i] : m;
@@ -27,7 +26,7 @@ static double nll(const float *logits, int32_t V, int32_t target)
     return log(z) - ((double)logits[target] - m);
 }
 
-static int32_t argmax(const float *x, int32_t n)
+int32_t mkv_ppl_argmax(const float *x, int32_t n)
 {
     int32_t b = 0;
     for (int32_t i = 1; i < n; i++)
@@ -53,8 +52,8 @@ int64_t mkv_perplexity_windows(const mkv_ppl_doc_t *docs, int32_t n_docs, const 
 static void score(mkv_ppl_mode_t *md, int k, int32_t *pred0, const float *lg, int32_t V,
                   int32_t i, int32_t target, int prompt)
 {
-    const double x = nll(lg, V, target);
-    const int32_t a = argmax(lg, V);
+    const double x = mkv_ppl_nll(lg, V, target);
+    const int32_t a = mkv_ppl_argmax(lg, V);
     mkv_ppl_bucket_t *b = &md->bucket[mkv_ppl_bucket_of(i)];
     md->nll += x;
     md->predictions++;

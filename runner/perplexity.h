@@ -82,6 +82,11 @@ typedef struct mkv_ppl_opts {
                                  cover prompt_len); NULL: the model's CPU pass */
 } mkv_ppl_opts_t;
 
+/* -log softmax(logits[V])[target], in double; and the first index of the largest logit (the
+ * greedy prediction). Shared with calibration (calib/calib.h), which scores the same way. */
+double mkv_ppl_nll(const float *logits, int32_t V, int32_t target);
+int32_t mkv_ppl_argmax(const float *x, int32_t n);
+
 /* The number of windows mkv_perplexity will run for these documents and options. */
 int64_t mkv_perplexity_windows(const mkv_ppl_doc_t *docs, int32_t n_docs, const mkv_ppl_opts_t *o);
 

@@ -22,11 +22,8 @@
 #define CMD "bench"
 
 typedef struct bench_opts {
-    int32_t layers, kv_heads, group, head_dim, batch, prompt_min, prompt_max, gen, window;
-    int32_t obs_window;
-    int32_t groups[4]; /* elements per group: hi key, hi value, lo key, lo value; 0: default */
-    float alpha_h, alpha_l;
-    mkv_format_t hi, lo;
+    int32_t layers, kv_heads, group, head_dim, batch, prompt_min, prompt_max, gen;
+    mkv_policy_t policy; /* mixkv's (tools/model_opts.h: the shared options) */
     int64_t pool_mib;
     uint64_t seed;
     const char *json_path;
@@ -35,6 +32,7 @@ typedef struct bench_opts {
 
 typedef struct mode_result {
     const char *name;
+    int baseline;            /* the FP16 baseline: nothing compressed (no fixed mix either) */
     mkv_format_t hi, lo;
     float alpha_h, alpha_l;
     int64_t page_bytes;
@@ -117,18 +115,14 @@ static int run_mode(const bench_opts_t *o, mode_result_t *res)
     cfg.n_kv_heads = o->kv_heads;
     cfg.group_size = o->group;
     cfg.head_dim = o->head_dim;
-    cfg.hi_key_group = o->groups[0];
-    cfg.hi_value_group = o->groups[1];
-    cfg.lo_key_group = o->groups[2];
-    cfg.lo_value_group = o->groups[3];
+    mkv_policy_apply(&o->policy, &cfg); /* then this mode's formats and thresholds */
     cfg.max_seqs = o->batch;
     cfg.max_seq_len = (int32_t)max_len;
     cfg.hi_format = res->hi;
     cfg.lo_format = res->lo;
     cfg.alpha_h = res->alpha_h;
     cfg.alpha_l = res->alpha_l;
-    cfg.window = o->window;
-    cfg.obs_window = o->obs_window;
+    if (res->baseline) cfg.mix_high = cfg.mix_low = 0.0f;
     /* Room for every sequence at full length in whichever format takes more pages (a low
      * format may be wider than the high one), plus the admission slack and a partial page per
      * section. */
@@ -294,18 +288,8 @@ void mkv_bench_usage(FILE *f)
             "  --batch N           sequences decoded together [8]\n"
             "  --prompt MIN:MAX    prompt lengths, one per sequence [192:320]\n"
             "  --gen N             decode steps [64]\n"
-            "  --hi-format F       mixkv's high format [K8V4]\n"
-            "  --lo-format F       mixkv's low format [K4V2]\n"
-            "  --alpha-h X         [1.0]\n"
-            "  --alpha-l X         [0.02]\n"
-            "  --window N          recent tokens kept high [64]\n"
-            "  --obs-window N      prompt significance from the last N queries (0: all) [0]\n"
-            "  --group-size N      elements per quantization group, all four sides: 16, 32,\n"
-            "                      64, 128 or 256 (>= d: whole vector; 0: library default)\n"
-            "  --hi-key-group N    the same for one side: high format's keys [0: default]\n"
-            "  --hi-value-group N  high format's values [0: default]\n"
-            "  --lo-key-group N    low format's keys [0: default]\n"
-            "  --lo-value-group N  low format's values [0: default]\n"
+            MKV_POLICY_OPTS_HELP
+            "  --window N          an older spelling of --recent-window (bench only)\n"
             "  --pool-mib N        the fixed pool for 'sequences that fit' [1024]\n"
             "  --seed N            workload seed [1]\n"
             "  --json FILE         write the results as JSON ('-': stdout)\n"
@@ -315,19 +299,11 @@ void mkv_bench_usage(FILE *f)
             "exit status: 0 success, 1 a run failed, 2 bad usage.\n");
 }
 
-static int parse_format(const char *text, mkv_format_t *out)
-{
-    if (mkv_format_from_name(text, out) == MKV_STATUS_OK) return 0;
-    mkv_cli_error(CMD, "%s", mkv_last_error());
-    return -1;
-}
-
 static int parse_opts(int argc, char **argv, bench_opts_t *o)
 {
     for (int i = 1; i < argc; i++) {
         const char *v = NULL;
         int m;
-        double x;
         if (mkv_cli_is_help(argv[i])) {
             mkv_bench_usage(stdout);
             return 1;
@@ -343,22 +319,10 @@ static int parse_opts(int argc, char **argv, bench_opts_t *o)
         OPT_I32("--head-dim", head_dim, 16, 256)
         OPT_I32("--batch", batch, 1, 4096)
         OPT_I32("--gen", gen, 0, 1 << 20)
-        OPT_I32("--window", window, 0, 1 << 20)
-        OPT_I32("--obs-window", obs_window, 0, 1 << 20)
 #undef OPT_I32
-        static const char *const group_opts[4] = {"--hi-key-group", "--hi-value-group",
-                                                  "--lo-key-group", "--lo-value-group"};
-        int matched = 0;
-        for (int k = 0; k < 4 && !matched; k++) {
-            if ((m = mkv_cli_option(CMD, argc, argv, &i, group_opts[k], 1, 0, &v)) == 0) continue;
-            if (m < 0 || mkv_cli_parse_group(CMD, group_opts[k], v, &o->groups[k]) < 0) return -1;
-            matched = 1;
-        }
-        if (matched) continue;
-        if ((m = mkv_cli_option(CMD, argc, argv, &i, "--group-size", 1, 0, &v)) != 0) {
-            int32_t e;
-            if (m < 0 || mkv_cli_parse_group(CMD, "--group-size", v, &e) < 0) return -1;
-            for (int k = 0; k < 4; k++) o->groups[k] = e;
+        /* The policy: the shared options, with bench's older --window for --recent-window. */
+        if ((m = mkv_policy_opts_parse_ex(CMD, argc, argv, &i, &o->policy, MKV_POLICY_OPTS_ALIASES)) != 0) {
+            if (m < 0) return -1;
             continue;
         }
         if ((m = mkv_cli_option(CMD, argc, argv, &i, "--prompt", 1, 0, &v)) != 0) {
@@ -371,24 +335,6 @@ static int parse_opts(int argc, char **argv, bench_opts_t *o)
             }
             o->prompt_min = a;
             o->prompt_max = b;
-            continue;
-        }
-        if ((m = mkv_cli_option(CMD, argc, argv, &i, "--alpha-h", 1, 0, &v)) != 0) {
-            if (m < 0 || mkv_cli_parse_double(CMD, "--alpha-h", v, 0.0, 1e6, &x) < 0) return -1;
-            o->alpha_h = (float)x;
-            continue;
-        }
-        if ((m = mkv_cli_option(CMD, argc, argv, &i, "--alpha-l", 1, 0, &v)) != 0) {
-            if (m < 0 || mkv_cli_parse_double(CMD, "--alpha-l", v, 0.0, 1e6, &x) < 0) return -1;
-            o->alpha_l = (float)x;
-            continue;
-        }
-        if ((m = mkv_cli_option(CMD, argc, argv, &i, "--hi-format", 1, 0, &v)) != 0) {
-            if (m < 0 || parse_format(v, &o->hi) < 0) return -1;
-            continue;
-        }
-        if ((m = mkv_cli_option(CMD, argc, argv, &i, "--lo-format", 1, 0, &v)) != 0) {
-            if (m < 0 || parse_format(v, &o->lo) < 0) return -1;
             continue;
         }
         if ((m = mkv_cli_option(CMD, argc, argv, &i, "--pool-mib", 1, 0, &v)) != 0) {
@@ -411,11 +357,6 @@ static int parse_opts(int argc, char **argv, bench_opts_t *o)
             continue;
         }
         mkv_cli_error(CMD, "unknown argument '%s' (see 'mixkv bench --help')", argv[i]);
-        return -1;
-    }
-    if (o->alpha_l > o->alpha_h) {
-        mkv_cli_error(CMD, "--alpha-l %g must not exceed --alpha-h %g", (double)o->alpha_l,
-                      (double)o->alpha_h);
         return -1;
     }
     if (o->head_dim != 16 && o->head_dim != 32 && o->head_dim != 64 && o->head_dim != 128 &&
@@ -486,7 +427,7 @@ static void print_table(const bench_opts_t *o, const mode_result_t *r, int n)
     printf("\nmixkv bench: L=%d H=%d G=%d d=%d, batch %d, prompts %d..%d, %d decode steps, "
            "W=%d, seed %llu, backend cpu\n\n",
            o->layers, o->kv_heads, o->group, o->head_dim, o->batch, o->prompt_min, o->prompt_max,
-           o->gen, o->window, (unsigned long long)o->seed);
+           o->gen, o->policy.window, (unsigned long long)o->seed);
     printf("%-28s", "");
     for (int i = 0; i < n; i++) printf("%18s", r[i].name);
     printf("\n%-28s", "formats");
@@ -539,10 +480,9 @@ static void print_table(const bench_opts_t *o, const mode_result_t *r, int n)
 int mkv_bench_main(int argc, char **argv)
 {
     bench_opts_t o = {.layers = 4, .kv_heads = 4, .group = 4, .head_dim = 128, .batch = 8,
-                      .prompt_min = 192, .prompt_max = 320, .gen = 64, .window = 64,
-                      .obs_window = 0, .groups = {0, 0, 0, 0}, .alpha_h = 1.0f, .alpha_l = 0.02f,
-                      .hi = MKV_FORMAT_K8V4, .lo = MKV_FORMAT_K4V2, .pool_mib = 1024, .seed = 1,
-                      .json_path = NULL, .quiet = 0};
+                      .prompt_min = 192, .prompt_max = 320, .gen = 64, .pool_mib = 1024,
+                      .seed = 1, .json_path = NULL, .quiet = 0};
+    mkv_policy_default(&o.policy);
     const int p = parse_opts(argc, argv, &o);
     if (p != 0) return p > 0 ? MKV_EXIT_OK : MKV_EXIT_USAGE;
     /* Check the JSON destination before the work, not after it: an unwritable path must not
@@ -558,8 +498,9 @@ int mkv_bench_main(int argc, char **argv)
     }
 
     mode_result_t r[2] = {
-        {.name = "fp16", .hi = MKV_FORMAT_K16V16, .lo = MKV_FORMAT_K16V16, .alpha_h = 0, .alpha_l = 0},
-        {.name = "mixkv", .hi = o.hi, .lo = o.lo, .alpha_h = o.alpha_h, .alpha_l = o.alpha_l},
+        {.name = "fp16", .baseline = 1, .hi = MKV_FORMAT_K16V16, .lo = MKV_FORMAT_K16V16, .alpha_h = 0, .alpha_l = 0},
+        {.name = "mixkv", .hi = o.policy.hi, .lo = o.policy.lo, .alpha_h = o.policy.alpha_h,
+         .alpha_l = o.policy.alpha_l},
     };
     for (int i = 0; i < 2; i++) {
         if (!o.quiet) fprintf(stderr, "mixkv bench: running %s...\n", r[i].name);
@@ -581,16 +522,16 @@ int mkv_bench_main(int argc, char **argv)
         cJSON_AddNumberToObject(cfg, "group_size", o.group);
         cJSON_AddNumberToObject(cfg, "head_dim", o.head_dim);
         cJSON *gr = cJSON_AddObjectToObject(cfg, "group_elems"); /* as given; 0: default */
-        cJSON_AddNumberToObject(gr, "hi_key", o.groups[0]);
-        cJSON_AddNumberToObject(gr, "hi_value", o.groups[1]);
-        cJSON_AddNumberToObject(gr, "lo_key", o.groups[2]);
-        cJSON_AddNumberToObject(gr, "lo_value", o.groups[3]);
+        cJSON_AddNumberToObject(gr, "hi_key", o.policy.hi_key_group);
+        cJSON_AddNumberToObject(gr, "hi_value", o.policy.hi_value_group);
+        cJSON_AddNumberToObject(gr, "lo_key", o.policy.lo_key_group);
+        cJSON_AddNumberToObject(gr, "lo_value", o.policy.lo_value_group);
         cJSON_AddNumberToObject(cfg, "batch", o.batch);
         cJSON_AddNumberToObject(cfg, "prompt_min", o.prompt_min);
         cJSON_AddNumberToObject(cfg, "prompt_max", o.prompt_max);
         cJSON_AddNumberToObject(cfg, "gen", o.gen);
-        cJSON_AddNumberToObject(cfg, "window", o.window);
-        cJSON_AddNumberToObject(cfg, "obs_window", o.obs_window);
+        cJSON_AddNumberToObject(cfg, "window", o.policy.window);
+        cJSON_AddNumberToObject(cfg, "obs_window", o.policy.obs_window);
         mkv_cli_json_add_i64(cfg, "pool_mib", o.pool_mib);
         mkv_cli_json_add_i64(cfg, "seed", (int64_t)o.seed);
         cJSON *modes = cJSON_AddArrayToObject(root, "modes");

@@ -78,6 +78,8 @@ void mkv_perplexity_usage(FILE *f);
 int mkv_serve_bench_main(int argc, char **argv);
 void mkv_serve_bench_usage(FILE *f);
 int mkv_needle_main(int argc, char **argv);
+int mkv_calibrate_main(int argc, char **argv);
+void mkv_calibrate_usage(FILE *f);
 void mkv_needle_usage(FILE *f);
 
 #endif /* MKV_TOOLS_CLI_H */

@@ -20,6 +20,8 @@ typedef struct command {
 static const command_t g_commands[] = {
     {"bench", "compare mixkv with the FP16 paged baseline on a synthetic workload", mkv_bench_main,
      mkv_bench_usage},
+    {"calibrate", "choose alpha_h / alpha_l for a model on a dataset: sweep, Pareto front, check",
+     mkv_calibrate_main, mkv_calibrate_usage},
     {"generate", "generate text with a Llama-family model through the mixkv cache",
      mkv_generate_main, mkv_generate_usage},
     {"inspect", "check, summarise and diff cache dumps (mkv_cache_dump_json)", mkv_inspect_main,
@@ -32,10 +34,6 @@ static const command_t g_commands[] = {
      mkv_serve_bench_main, mkv_serve_bench_usage},
 };
 #define N_COMMANDS (sizeof g_commands / sizeof g_commands[0])
-
-/* Subcommands not implemented yet; named so that a user gets a clear answer. */
-static const char *const g_planned[] = {"calibrate"};
-#define N_PLANNED (sizeof g_planned / sizeof g_planned[0])
 
 static void usage(FILE *f)
 {
@@ -50,9 +48,7 @@ static void usage(FILE *f)
             mkv_version());
     for (size_t i = 0; i < N_COMMANDS; i++)
         fprintf(f, "  %-12s %s\n", g_commands[i].name, g_commands[i].summary);
-    fputs("\nplanned (not available yet):", f);
-    for (size_t i = 0; i < N_PLANNED; i++) fprintf(f, " %s", g_planned[i]);
-    fputs("\n\nexit status: 0 success, 1 a check failed or a diff found differences, "
+    fputs("\nexit status: 0 success, 1 a check failed or a diff found differences, "
           "2 bad usage or input.\nRun 'mixkv help COMMAND' or 'mixkv COMMAND --help' for a "
           "command's options.\n",
           f);
@@ -68,12 +64,6 @@ static const command_t *find(const char *name)
 /* Explains why `name` is not a command; returns the usage exit status. */
 static int unknown(const char *name)
 {
-    for (size_t i = 0; i < N_PLANNED; i++) {
-        if (strcmp(g_planned[i], name) == 0) {
-            mkv_cli_error(NULL, "'%s' is planned but not available in this version", name);
-            return MKV_EXIT_USAGE;
-        }
-    }
     mkv_cli_error(NULL, "unknown command '%s' (see 'mixkv --help')", name);
     return MKV_EXIT_USAGE;
 }

@@ -3,26 +3,12 @@
  */
 #include "tools/model_opts.h"
 
+#include "calib/grid.h"
 #include "tools/cli.h"
 
+#include <stddef.h>
+#include <stdio.h>
 #include <string.h>
-
-void mkv_policy_opts_default(mkv_policy_opts_t *p)
-{
-    const mkv_cache_config_t d = MKV_CACHE_CONFIG_INIT;
-    p->hi = d.hi_format;
-    p->lo = d.lo_format;
-    p->alpha_h = d.alpha_h;
-    p->alpha_l = d.alpha_l;
-    p->window = d.window;
-    p->obs_window = d.obs_window;
-    p->hi_key_group = d.hi_key_group;
-    p->hi_value_group = d.hi_value_group;
-    p->lo_key_group = d.lo_key_group;
-    p->lo_value_group = d.lo_value_group;
-    p->mix_high = d.mix_high;
-    p->mix_low = d.mix_low;
-}
 
 int mkv_cli_parse_group(const char *cmd, const char *what, const char *text, int32_t *out)
 {
@@ -37,55 +23,150 @@ int mkv_cli_parse_group(const char *cmd, const char *what, const char *text, int
     return 0;
 }
 
-/* 1 when a later argument is another --alpha-h / --alpha-l (either spelling). */
-static int later_alpha(int argc, char **argv, int i)
+/* ---------------------------------------------------------------------------------------- */
+/* The policy's options: one table, one name per setting                                    */
+/* ---------------------------------------------------------------------------------------- */
+
+/* The fields of mkv_policy_t an option sets, as bits (for --policy: explicit options win). */
+enum {
+    F_HI = 1 << 0, F_LO = 1 << 1, F_AH = 1 << 2, F_AL = 1 << 3, F_W = 1 << 4, F_OBS = 1 << 5,
+    F_HKG = 1 << 6, F_HVG = 1 << 7, F_LKG = 1 << 8, F_LVG = 1 << 9, F_MIXH = 1 << 10,
+    F_MIXL = 1 << 11,
+    F_GROUPS = F_HKG | F_HVG | F_LKG | F_LVG,
+};
+
+typedef enum { K_FILE, K_FORMAT, K_ALPHA, K_COUNT, K_GROUP, K_GROUPS, K_MIX } opt_kind_t;
+
+typedef struct policy_opt {
+    const char *name;
+    const char *alias;   /* an older spelling, accepted with MKV_POLICY_OPTS_ALIASES (or NULL) */
+    opt_kind_t kind;
+    size_t offset;       /* the field (one-field kinds) */
+    unsigned fields;     /* F_* bits it sets */
+} policy_opt_t;
+
+#define FIELD(f) offsetof(mkv_policy_t, f)
+static const policy_opt_t g_opts[] = {
+    {"--policy", NULL, K_FILE, 0, 0},
+    {"--hi-format", NULL, K_FORMAT, FIELD(hi), F_HI},
+    {"--lo-format", NULL, K_FORMAT, FIELD(lo), F_LO},
+    {"--alpha-h", NULL, K_ALPHA, FIELD(alpha_h), F_AH},
+    {"--alpha-l", NULL, K_ALPHA, FIELD(alpha_l), F_AL},
+    {"--recent-window", "--window", K_COUNT, FIELD(window), F_W},
+    {"--obs-window", NULL, K_COUNT, FIELD(obs_window), F_OBS},
+    {"--mix", NULL, K_MIX, 0, F_MIXH | F_MIXL},
+    {"--group-size", NULL, K_GROUPS, 0, F_GROUPS},
+    {"--hi-key-group", NULL, K_GROUP, FIELD(hi_key_group), F_HKG},
+    {"--hi-value-group", NULL, K_GROUP, FIELD(hi_value_group), F_HVG},
+    {"--lo-key-group", NULL, K_GROUP, FIELD(lo_key_group), F_LKG},
+    {"--lo-value-group", NULL, K_GROUP, FIELD(lo_value_group), F_LVG},
+};
+#undef FIELD
+#define N_OPTS (sizeof g_opts / sizeof g_opts[0])
+
+/* 1 when arg spells option o ("--alpha-h" or "--alpha-h=..."; the alias only with flags). */
+static int spells(const policy_opt_t *o, const char *arg, unsigned flags)
+{
+    const char *names[2] = {o->name, (flags & MKV_POLICY_OPTS_ALIASES) ? o->alias : NULL};
+    for (int k = 0; k < 2; k++) {
+        if (!names[k]) continue;
+        const size_t n = strlen(names[k]);
+        if (strncmp(arg, names[k], n) == 0 && (arg[n] == '\0' || arg[n] == '=')) return 1;
+    }
+    return 0;
+}
+
+/* The F_* bits that the options of argv other than --policy set (explicit settings). */
+static unsigned explicit_fields(int argc, char **argv, unsigned flags)
+{
+    unsigned set = 0;
+    for (int k = 1; k < argc; k++)
+        for (size_t e = 1; e < N_OPTS; e++)
+            if (spells(&g_opts[e], argv[k], flags)) set |= g_opts[e].fields;
+    return set;
+}
+
+/* 1 when an argument after i sets an alpha (directly or through a policy file). */
+static int later_alpha(int argc, char **argv, int i, unsigned flags)
 {
     for (int k = i + 1; k < argc; k++)
-        if (strncmp(argv[k], "--alpha-h", 9) == 0 || strncmp(argv[k], "--alpha-l", 9) == 0)
+        if (spells(&g_opts[0], argv[k], flags) || spells(&g_opts[3], argv[k], flags) ||
+            spells(&g_opts[4], argv[k], flags))
             return 1;
     return 0;
 }
 
-/* The library's rule (memmgr/config.c): 0 <= alpha_l <= alpha_h. */
-static int alpha_pair_ok(const char *cmd, int argc, char **argv, int i, const mkv_policy_opts_t *p)
+/* The library's rule (memmgr/config.c): 0 <= alpha_l <= alpha_h, checked on the final values. */
+static int alpha_pair_ok(const char *cmd, int argc, char **argv, int i, unsigned flags,
+                         const mkv_policy_t *p)
 {
-    if (later_alpha(argc, argv, i) || p->alpha_l <= p->alpha_h) return 1;
+    if (later_alpha(argc, argv, i, flags) || p->alpha_l <= p->alpha_h) return 1;
     mkv_cli_error(cmd, "--alpha-l %g must not exceed --alpha-h %g (tokens are kept high when "
                        "significance >= alpha_h / N, low when >= alpha_l / N)",
                   (double)p->alpha_l, (double)p->alpha_h);
     return -1;
 }
 
-static int format_opt(const char *cmd, const char *text, mkv_format_t *out)
+/* --policy FILE: the file's settings, except those given explicitly anywhere on the command
+ * line (before or after it), which win. */
+static int load_policy_file(const char *cmd, int argc, char **argv, int i, unsigned flags,
+                            const char *path, mkv_policy_t *p)
 {
-    if (mkv_format_from_name(text, out) == MKV_STATUS_OK) return 1;
-    mkv_cli_error(cmd, "%s", mkv_last_error());
-    return -1;
+    char err[MKV_ERR_LEN];
+    mkv_policy_t f;
+    if (mkv_policy_load(path, &f, err) != MKV_STATUS_OK) {
+        mkv_cli_error(cmd, "--policy: %s", err);
+        return -1;
+    }
+    const unsigned keep = explicit_fields(argc, argv, flags);
+#define TAKE(bit, field)                                                                       \
+    if (!(keep & (bit))) p->field = f.field;
+    TAKE(F_HI, hi) TAKE(F_LO, lo) TAKE(F_AH, alpha_h) TAKE(F_AL, alpha_l) TAKE(F_W, window)
+    TAKE(F_OBS, obs_window) TAKE(F_HKG, hi_key_group) TAKE(F_HVG, hi_value_group)
+    TAKE(F_LKG, lo_key_group) TAKE(F_LVG, lo_value_group) TAKE(F_MIXH, mix_high)
+    TAKE(F_MIXL, mix_low)
+#undef TAKE
+    return alpha_pair_ok(cmd, argc, argv, i, flags, p);
 }
 
-int mkv_policy_opts_parse(const char *cmd, int argc, char **argv, int *i, mkv_policy_opts_t *p)
+/* Sets option o's field(s) in p from the text v; 1, or -1 with a message. */
+static int set_opt(const char *cmd, int argc, char **argv, int i, unsigned flags,
+                   const policy_opt_t *o, const char *v, mkv_policy_t *p)
 {
-    const char *v;
+    char *field = (char *)p + o->offset;
     double x;
-    int m;
-    if ((m = mkv_cli_option(cmd, argc, argv, i, "--hi-format", 1, 0, &v)) != 0)
-        return m < 0 ? -1 : format_opt(cmd, v, &p->hi);
-    if ((m = mkv_cli_option(cmd, argc, argv, i, "--lo-format", 1, 0, &v)) != 0)
-        return m < 0 ? -1 : format_opt(cmd, v, &p->lo);
-    if ((m = mkv_cli_option(cmd, argc, argv, i, "--alpha-h", 1, 0, &v)) != 0) {
-        if (m < 0 || mkv_cli_parse_double(cmd, "--alpha-h", v, 0.0, 1e6, &x) < 0) return -1;
-        p->alpha_h = (float)x;
-        return alpha_pair_ok(cmd, argc, argv, *i, p);
+    int32_t n;
+    switch (o->kind) {
+    case K_FILE:
+        return load_policy_file(cmd, argc, argv, i, flags, v, p) < 0 ? -1 : 1;
+    case K_FORMAT: {
+        mkv_format_t f;
+        if (mkv_format_from_name(v, &f) != MKV_STATUS_OK) {
+            mkv_cli_error(cmd, "%s", mkv_last_error());
+            return -1;
+        }
+        memcpy(field, &f, sizeof f);
+        return 1;
     }
-    if ((m = mkv_cli_option(cmd, argc, argv, i, "--alpha-l", 1, 0, &v)) != 0) {
-        if (m < 0 || mkv_cli_parse_double(cmd, "--alpha-l", v, 0.0, 1e6, &x) < 0) return -1;
-        p->alpha_l = (float)x;
-        return alpha_pair_ok(cmd, argc, argv, *i, p);
+    case K_ALPHA: {
+        if (mkv_cli_parse_double(cmd, o->name, v, 0.0, 1e6, &x) < 0) return -1;
+        const float a = (float)x;
+        memcpy(field, &a, sizeof a);
+        return alpha_pair_ok(cmd, argc, argv, i, flags, p);
     }
-    if ((m = mkv_cli_option(cmd, argc, argv, i, "--recent-window", 1, 0, &v)) != 0)
-        return m < 0 || mkv_cli_parse_i32(cmd, "--recent-window", v, 0, 1 << 20, &p->window) < 0 ? -1 : 1;
-    if ((m = mkv_cli_option(cmd, argc, argv, i, "--mix", 1, 0, &v)) != 0) {
-        if (m < 0) return -1;
+    case K_COUNT:
+        if (mkv_cli_parse_i32(cmd, o->name, v, 0, 1 << 20, &n) < 0) return -1;
+        memcpy(field, &n, sizeof n);
+        return 1;
+    case K_GROUP:
+        if (mkv_cli_parse_group(cmd, o->name, v, &n) < 0) return -1;
+        memcpy(field, &n, sizeof n);
+        return 1;
+    case K_GROUPS:
+        if (mkv_cli_parse_group(cmd, o->name, v, &n) < 0) return -1;
+        p->hi_key_group = p->hi_value_group = p->lo_key_group = p->lo_value_group = n;
+        return 1;
+    case K_MIX: {
         double h, l;
         char extra;
         if (sscanf(v, "%lf,%lf%c", &h, &l, &extra) != 2 || !(h >= 0 && l >= 0 && h + l <= 1.0 + 1e-9)) {
@@ -95,22 +176,39 @@ int mkv_policy_opts_parse(const char *cmd, int argc, char **argv, int *i, mkv_po
         p->mix_high = (float)h, p->mix_low = (float)l;
         return 1;
     }
-    if ((m = mkv_cli_option(cmd, argc, argv, i, "--obs-window", 1, 0, &v)) != 0)
-        return m < 0 || mkv_cli_parse_i32(cmd, "--obs-window", v, 0, 1 << 20, &p->obs_window) < 0 ? -1 : 1;
-    if ((m = mkv_cli_option(cmd, argc, argv, i, "--group-size", 1, 0, &v)) != 0) {
-        int32_t e;
-        if (m < 0 || mkv_cli_parse_group(cmd, "--group-size", v, &e) < 0) return -1;
-        p->hi_key_group = p->hi_value_group = p->lo_key_group = p->lo_value_group = e;
-        return 1;
     }
-    static const char *const names[4] = {"--hi-key-group", "--hi-value-group", "--lo-key-group",
-                                         "--lo-value-group"};
-    int32_t *const fields[4] = {&p->hi_key_group, &p->hi_value_group, &p->lo_key_group,
-                                &p->lo_value_group};
-    for (int k = 0; k < 4; k++)
-        if ((m = mkv_cli_option(cmd, argc, argv, i, names[k], 1, 0, &v)) != 0)
-            return m < 0 || mkv_cli_parse_group(cmd, names[k], v, fields[k]) < 0 ? -1 : 1;
+    return -1;
+}
+
+int mkv_policy_opts_parse_ex(const char *cmd, int argc, char **argv, int *i, mkv_policy_t *p,
+                             unsigned flags)
+{
+    for (size_t e = 0; e < N_OPTS; e++) {
+        const policy_opt_t *o = &g_opts[e];
+        if (!spells(o, argv[*i], flags)) continue;
+        /* Matched by spells(): read the value under whichever spelling was used. */
+        const char *v;
+        const char *name = strncmp(argv[*i], o->name, strlen(o->name)) == 0 ? o->name : o->alias;
+        if (mkv_cli_option(cmd, argc, argv, i, name, 1, 0, &v) < 0) return -1;
+        return set_opt(cmd, argc, argv, *i, flags, o, v, p);
+    }
     return 0;
+}
+
+int mkv_policy_opts_parse(const char *cmd, int argc, char **argv, int *i, mkv_policy_t *p)
+{
+    return mkv_policy_opts_parse_ex(cmd, argc, argv, i, p, 0);
+}
+
+int mkv_policy_opts_is_sweepable(const char *arg)
+{
+    for (int s = 0; s < MKV_CALIB_SETTINGS; s++) {
+        char name[40];
+        snprintf(name, sizeof name, "--%s", mkv_calib_setting_name((mkv_calib_setting_t)s));
+        const size_t n = strlen(name);
+        if (strncmp(arg, name, n) == 0 && (arg[n] == '\0' || arg[n] == '=')) return s;
+    }
+    return -1;
 }
 
 void mkv_run_opts_default(mkv_run_opts_t *r)
@@ -180,47 +278,12 @@ void mkv_tools_forward_free(mkv_tools_forward_t *f)
 }
 
 mkv_cache_t *mkv_tools_make_cache(const char *cmd, const mkv_model_t *model, mkv_backend_t backend,
-                                  int fp16, const mkv_policy_opts_t *p, int32_t max_seqs,
+                                  int fp16, const mkv_policy_t *p, int32_t max_seqs,
                                   int32_t max_seq_len, double pool_scale)
 {
-    mkv_cache_config_t base = MKV_CACHE_CONFIG_INIT, cfg;
-    base.backend = backend;
-    base.hi_format = fp16 ? MKV_FORMAT_K16V16 : p->hi;
-    base.lo_format = fp16 ? MKV_FORMAT_K16V16 : p->lo;
-    base.alpha_h = fp16 ? 0.0f : p->alpha_h;
-    base.alpha_l = fp16 ? 0.0f : p->alpha_l;
-    base.mix_high = fp16 ? 0.0f : p->mix_high;
-    base.mix_low = fp16 ? 0.0f : p->mix_low;
-    base.window = p->window;
-    base.obs_window = p->obs_window;
-    base.hi_key_group = p->hi_key_group;
-    base.hi_value_group = p->hi_value_group;
-    base.lo_key_group = p->lo_key_group;
-    base.lo_value_group = p->lo_value_group;
-    base.max_seqs = max_seqs;
-    base.max_seq_len = max_seq_len;
-    mkv_model_cache_config(model, &base, &cfg);
-    int32_t tpp, tpp_lo;
-    int64_t page_bytes;
-    if (mkv_page_bytes_for(cfg.hi_format, cfg.head_dim, cfg.hi_key_group, cfg.hi_value_group, 32,
-                           &page_bytes) != MKV_STATUS_OK ||
-        mkv_tokens_per_page(cfg.hi_format, cfg.head_dim, cfg.hi_key_group, cfg.hi_value_group,
-                            page_bytes, &tpp) != MKV_STATUS_OK ||
-        mkv_tokens_per_page(cfg.lo_format, cfg.head_dim, cfg.lo_key_group, cfg.lo_value_group,
-                            page_bytes, &tpp_lo) != MKV_STATUS_OK) {
-        mkv_cli_error(cmd, "%s", mkv_last_error());
-        return NULL;
-    }
-    /* A low format wider than the high one (K4V2 / K16V16) takes more pages per token: size
-     * for whichever takes more, or demotions run out of pages midway. */
-    if (tpp_lo < tpp) tpp = tpp_lo;
-    /* Per head-region: every token in the wider format, plus the scheduler's admission margin
-     * (the prompt's extra page and two pages of headroom for the next step) and a low page. */
-    const double full = (double)max_seqs * cfg.n_layers * cfg.n_kv_heads *
-                        ((cfg.max_seq_len + tpp - 1) / tpp + 4);
-    cfg.pool_pages = (int64_t)(full * pool_scale) + 1;
     mkv_cache_t *c = NULL;
-    if (mkv_cache_create(&cfg, &c) != MKV_STATUS_OK) {
+    if (mkv_policy_make_cache(model, backend, fp16, p, max_seqs, max_seq_len, pool_scale, &c) !=
+        MKV_STATUS_OK) {
         mkv_cli_error(cmd, "cannot create the %s cache: %s", fp16 ? "fp16" : "mixkv", mkv_last_error());
         return NULL;
     }

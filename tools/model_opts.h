@@ -1,35 +1,44 @@
 /*
- * model_opts.h — options shared by the commands that run a model (`generate`, `perplexity`):
- * the cache modes and their policy, and making a cache sized for a workload.
+ * model_opts.h — options shared by the commands that run a model or a cache (`bench`,
+ * `calibrate`, `generate`, `needle`, `perplexity`, `serve-bench`): the policy, where the
+ * forward pass runs, and making a cache sized for a workload.
  */
 #ifndef MKV_TOOLS_MODEL_OPTS_H
 #define MKV_TOOLS_MODEL_OPTS_H
 
+#include "calib/policy.h"
 #include "runner/forward_cuda.h"
 #include "runner/model.h"
 #include "runner/tokenizer.h"
 #include "mixkv.h"
 
-typedef struct mkv_policy_opts {
-    mkv_format_t hi, lo;
-    float alpha_h, alpha_l;
-    int32_t window, obs_window;
-    int32_t hi_key_group, hi_value_group, lo_key_group, lo_value_group; /* elements; 0: default */
-    float mix_high, mix_low; /* --mix: the fixed mix (0, 0: the thresholds) */
-} mkv_policy_opts_t;
+/* The policy: calib/policy.h's value (tools once had their own copy of the struct; the old
+ * names stay as aliases). */
+typedef mkv_policy_t mkv_policy_opts_t;
+static inline void mkv_policy_opts_default(mkv_policy_t *p) { mkv_policy_default(p); }
 
-/* DiffKV's defaults: K8V4 / K4V2, alpha_h 1, alpha_l 0.02, W 64, the library's group sizes. */
-void mkv_policy_opts_default(mkv_policy_opts_t *p);
+/* The policy's options, every tool's through one table (tools/model_opts.c), one name per
+ * setting: --policy FILE (a policy file, schema mixkv-policy, as `mixkv calibrate` writes;
+ * options given explicitly anywhere on the command line win over the file's settings),
+ * --hi-format, --lo-format, --alpha-h, --alpha-l, --recent-window (W; not --window, which
+ * `perplexity` uses for its text windows), --obs-window, --mix, --group-size (all four sides),
+ * --hi-key-group, --hi-value-group, --lo-key-group, --lo-value-group. Tries argv[*i]; returns 1
+ * when consumed, 0 when not ours, -1 on a bad value (message printed). Everything the library
+ * would refuse later is refused here: group sizes other than 0, 16, 32, 64, 128, 256, and
+ * alphas outside 0 <= alpha_l <= alpha_h (that pair is checked when the last --alpha-h /
+ * --alpha-l / --policy of the command line is consumed, so callers need no check after their
+ * loop). */
+int mkv_policy_opts_parse(const char *cmd, int argc, char **argv, int *i, mkv_policy_t *p);
 
-/* Tries argv[*i] against --hi-format, --lo-format, --alpha-h, --alpha-l, --recent-window (W;
- * not --window, which `perplexity` uses for its text windows), --obs-window, --group-size
- * (all four sides), --hi-key-group, --hi-value-group, --lo-key-group, --lo-value-group.
- * Returns 1 when consumed, 0 when not ours, -1 on a bad value (message printed). Everything
- * the library would refuse later is refused here: group sizes other than 0, 16, 32, 64, 128,
- * 256, and alphas outside 0 <= alpha_l <= alpha_h (that pair is checked when the last
- * --alpha-h / --alpha-l of the command line is consumed, so callers need no check after
- * their loop). */
-int mkv_policy_opts_parse(const char *cmd, int argc, char **argv, int *i, mkv_policy_opts_t *p);
+/* The same, with flags: MKV_POLICY_OPTS_ALIASES also accepts the older spellings (`bench`'s
+ * --window for --recent-window; docs/cli.md lists them). */
+#define MKV_POLICY_OPTS_ALIASES 1u
+int mkv_policy_opts_parse_ex(const char *cmd, int argc, char **argv, int *i, mkv_policy_t *p,
+                             unsigned flags);
+
+/* The grid setting (calib/grid.h) that the option argv names when `calibrate` gives it a list
+ * (--alpha-h, --alpha-l, --recent-window, --hi-format, --lo-format, --group-size), or -1. */
+int mkv_policy_opts_is_sweepable(const char *arg);
 
 /* Parses a group size option's value: 0 (default) or 16, 32, 64, 128, 256. -1 with a message. */
 int mkv_cli_parse_group(const char *cmd, const char *what, const char *text, int32_t *out);
@@ -69,7 +78,7 @@ void mkv_tools_forward_free(mkv_tools_forward_t *f);
  * plus the scheduler's admission margin, times pool_scale (1.0: no pressure). NULL on
  * failure, message printed. */
 mkv_cache_t *mkv_tools_make_cache(const char *cmd, const mkv_model_t *model, mkv_backend_t backend,
-                                  int fp16, const mkv_policy_opts_t *p, int32_t max_seqs,
+                                  int fp16, const mkv_policy_t *p, int32_t max_seqs,
                                   int32_t max_seq_len, double pool_scale);
 
 /* Whether text encoded for this model starts with BOS: the tokenizer's own setting where it
@@ -77,6 +86,8 @@ mkv_cache_t *mkv_tools_make_cache(const char *cmd, const mkv_model_t *model, mkv
 int mkv_tools_add_bos(const mkv_tokenizer_t *tok);
 
 #define MKV_POLICY_OPTS_HELP                                                                   \
+    "  --policy FILE       a policy file (from 'mixkv calibrate'); the options below,\n"    \
+    "                      given explicitly, win over its settings\n"                      \
     "  --hi-format F       mixkv's high format [K8V4]\n"                                        \
     "  --lo-format F       mixkv's low format [K4V2]\n"                                         \
     "  --alpha-h X         keep high when significance >= X / N [1.0]\n"                        \

@@ -7,6 +7,7 @@
 #include "runner/perplexity.h"
 #include "runner/tokenizer.h"
 #include "tools/cli.h"
+#include "tools/docs.h"
 #include "tools/model_opts.h"
 
 #include <dirent.h>
@@ -182,106 +183,6 @@ static int parse(int argc, char **argv, ppl_opts_t *o)
     return 0;
 }
 
-typedef struct docs {
-    mkv_ppl_doc_t *doc; /* [n] */
-    char **name;        /* [n] file names (for messages) */
-    int32_t n;
-} docs_t;
-
-static void docs_free(docs_t *d)
-{
-    for (int32_t i = 0; i < d->n; i++) {
-        free((void *)d->doc[i].tokens);
-        free(d->name[i]);
-    }
-    free(d->doc);
-    free(d->name);
-    memset(d, 0, sizeof *d);
-}
-
-/* Reads and encodes one document (BOS first where the tokenizer adds one). 0 on success; a message is printed otherwise. */
-static int docs_add(docs_t *d, const mkv_tokenizer_t *tok, const char *path)
-{
-    size_t len = 0;
-    char err[512];
-    char *text = mkv_cli_read_file(CMD, path, &len);
-    if (!text) return -1;
-    int32_t *ids = NULL, n = 0;
-    const mkv_status_t st = mkv_tokenizer_encode(tok, text, len, mkv_tools_add_bos(tok), &ids, &n, err);
-    free(text);
-    if (st != MKV_STATUS_OK) {
-        mkv_cli_error(CMD, "%s: %s", path, err);
-        return -1;
-    }
-    mkv_ppl_doc_t *nd = realloc(d->doc, (size_t)(d->n + 1) * sizeof *nd);
-    if (nd) d->doc = nd;
-    char **nn = realloc(d->name, (size_t)(d->n + 1) * sizeof *nn);
-    if (nn) d->name = nn;
-    char *name = strdup(path);
-    if (!nd || !nn || !name) {
-        free(ids);
-        free(name);
-        mkv_cli_error(CMD, "out of memory reading the documents");
-        return -1;
-    }
-    d->doc[d->n] = (mkv_ppl_doc_t){ids, n};
-    d->name[d->n++] = name;
-    return 0;
-}
-
-static int cmp_str(const void *a, const void *b)
-{
-    return strcmp(*(char *const *)a, *(char *const *)b);
-}
-
-/* --data: a file, "-" (standard input) or a directory of documents. */
-static int docs_load(docs_t *d, const mkv_tokenizer_t *tok, const char *data)
-{
-    struct stat sb;
-    if (strcmp(data, "-") == 0 || stat(data, &sb) != 0 || !S_ISDIR(sb.st_mode))
-        return docs_add(d, tok, data); /* reports a missing file itself */
-    DIR *dir = opendir(data);
-    if (!dir) {
-        mkv_cli_error(CMD, "cannot open the directory '%s': %s", data, strerror(errno));
-        return -1;
-    }
-    char **names = NULL;
-    int32_t n = 0, cap = 0, rc = 0;
-    char path[4096];
-    for (struct dirent *e; (e = readdir(dir)) != NULL;) {
-        if (e->d_name[0] == '.') continue;
-        snprintf(path, sizeof path, "%s/%s", data, e->d_name);
-        if (stat(path, &sb) != 0 || !S_ISREG(sb.st_mode)) continue;
-        if (n == cap) {
-            char **g = realloc(names, (size_t)(cap = cap ? 2 * cap : 64) * sizeof *g);
-            if (!g) {
-                rc = -1;
-                break;
-            }
-            names = g;
-        }
-        if (!(names[n] = strdup(e->d_name))) {
-            rc = -1;
-            break;
-        }
-        n++;
-    }
-    closedir(dir);
-    if (rc < 0) mkv_cli_error(CMD, "out of memory listing '%s'", data);
-    if (rc == 0 && n == 0) {
-        mkv_cli_error(CMD, "the directory '%s' holds no regular files", data);
-        rc = -1;
-    }
-    if (rc == 0) qsort(names, (size_t)n, sizeof *names, cmp_str);
-    for (int32_t i = 0; i < n; i++) {
-        snprintf(path, sizeof path, "%s/%s", data, names[i]);
-        if (rc == 0 && docs_add(d, tok, path) < 0) rc = -1;
-        free(names[i]);
-    }
-    free(names);
-    return rc;
-}
-
 static const char *const mode_names[MKV_PPL_MAX_MODES] = {"fp16",   "mixkv",  "mixkv2", "mixkv3",
                                                            "mixkv4", "mixkv5", "mixkv6", "mixkv7"};
 
@@ -448,7 +349,7 @@ int mkv_perplexity_main(int argc, char **argv)
     mkv_tools_forward_t fw;
     memset(&fw, 0, sizeof fw);
     const int32_t n_modes = 2 + o.n_also;
-    docs_t docs = {0};
+    mkv_docs_t docs = {0};
     if (mkv_model_load(o.model, &model, err) != MKV_STATUS_OK) {
         mkv_cli_error(CMD, "%s", err);
         return MKV_EXIT_USAGE;
@@ -466,7 +367,7 @@ int mkv_perplexity_main(int argc, char **argv)
         rc = MKV_EXIT_USAGE;
         goto done;
     }
-    if (docs_load(&docs, tok, o.data) < 0) {
+    if (mkv_docs_load(CMD, &docs, tok, o.data) < 0) {
         rc = MKV_EXIT_USAGE;
         goto done;
     }
@@ -534,7 +435,7 @@ int mkv_perplexity_main(int argc, char **argv)
     }
     rc = MKV_EXIT_OK;
 done:
-    docs_free(&docs);
+    mkv_docs_free(&docs);
     for (int k = 0; k < MKV_PPL_MAX_MODES; k++) mkv_cache_destroy(caches[k]);
     mkv_tools_forward_free(&fw);
     mkv_tokenizer_free(tok);

@@ -18,6 +18,7 @@
 #include "engine/scheduler.h"
 #include "tools/cli.h"
 #include "tools/model_opts.h"
+#include "tools/svg.h"
 
 #include <math.h>
 #include <stdio.h>
@@ -287,16 +288,11 @@ static int run_engine(const sb_opts_t *o, const mkv_model_config_t *mc, const mk
                       const double *arrival, double rate, engine_result_t *r)
 {
     mkv_cache_config_t base = MKV_CACHE_CONFIG_INIT, cfg;
-    base.hi_format = fp16 ? MKV_FORMAT_K16V16 : o->policy.hi;
-    base.lo_format = fp16 ? MKV_FORMAT_K16V16 : o->policy.lo;
-    base.alpha_h = fp16 ? 0.0f : o->policy.alpha_h;
-    base.alpha_l = fp16 ? 0.0f : o->policy.alpha_l;
-    base.mix_high = fp16 ? 0.0f : o->policy.mix_high;
-    base.mix_low = fp16 ? 0.0f : o->policy.mix_low;
-    base.window = o->policy.window;
-    base.obs_window = o->policy.obs_window;
-    base.hi_key_group = o->policy.hi_key_group, base.hi_value_group = o->policy.hi_value_group;
-    base.lo_key_group = o->policy.lo_key_group, base.lo_value_group = o->policy.lo_value_group;
+    mkv_policy_apply(&o->policy, &base);
+    if (fp16) { /* the baseline: nothing compressed */
+        base.hi_format = base.lo_format = MKV_FORMAT_K16V16;
+        base.alpha_h = base.alpha_l = base.mix_high = base.mix_low = 0.0f;
+    }
     base.max_seqs = o->max_batch;
     base.max_seq_len = max_len;
     base.backend = o->run.backend;
@@ -498,15 +494,11 @@ static cJSON *result_json(const engine_result_t *r, int32_t requests)
  * engine (x: the rates in the order given, evenly spaced; an offline run shows as 0/s). */
 static int write_plot(const char *path, const engine_result_t (*res)[2], int n_rates, int n_eng)
 {
-    FILE *f = fopen(path, "w");
-    if (!f) {
-        mkv_cli_error(CMD, "--plot: cannot open %s", path);
-        return -1;
-    }
-    const int W = 900, H = 360, pw = 360, ph = 250, top = 50, left[2] = {70, 520};
+    mkv_svg_t svg;
+    if (mkv_svg_open(&svg, CMD, path, 900, 360) < 0) return -1;
+    const int left[2] = {70, 520};
     const char *colors[2] = {"#1f77b4", "#d62728"};
-    fprintf(f, "<svg xmlns=\"http://www.w3.org/2000/svg\" width=\"%d\" height=\"%d\" font-family=\"sans-serif\" "
-               "font-size=\"12\">\n<rect width=\"100%%\" height=\"100%%\" fill=\"white\"/>\n", W, H);
+    double xs[MAX_RATES], ys[MAX_RATES];
     for (int panel = 0; panel < 2; panel++) {
         double ymax = 0;
         for (int r = 0; r < n_rates; r++)
@@ -516,36 +508,27 @@ static int write_plot(const char *path, const engine_result_t (*res)[2], int n_r
                 if (y > ymax) ymax = y;
             }
         if (ymax <= 0) ymax = 1;
-        const int x0 = left[panel];
-        fprintf(f, "<text x=\"%d\" y=\"30\" font-size=\"14\">%s</text>\n", x0,
-                panel == 0 ? "output tokens/s" : "p50 request latency (s)");
-        fprintf(f, "<rect x=\"%d\" y=\"%d\" width=\"%d\" height=\"%d\" fill=\"none\" stroke=\"#888\"/>\n", x0, top,
-                pw, ph);
-        for (int t = 0; t <= 4; t++) { /* y ticks */
-            const double v = ymax * t / 4;
-            const int y = top + ph - (int)(ph * t / 4);
-            fprintf(f, "<text x=\"%d\" y=\"%d\" text-anchor=\"end\">%.3g</text>\n", x0 - 4, y + 4, v);
-        }
-        for (int r = 0; r < n_rates; r++) { /* x ticks */
-            const int x = x0 + (n_rates > 1 ? pw * r / (n_rates - 1) : pw / 2);
-            fprintf(f, "<text x=\"%d\" y=\"%d\" text-anchor=\"middle\">%g/s</text>\n", x, top + ph + 16, res[r][0].rate);
+        /* One rate sits in the middle of the panel. */
+        mkv_svg_panel(&svg, left[panel], 50, 360, 250, n_rates > 1 ? 0 : -1, n_rates > 1 ? n_rates - 1 : 1,
+                      0, ymax, panel == 0 ? "output tokens/s" : "p50 request latency (s)");
+        mkv_svg_yticks(&svg, 4);
+        for (int r = 0; r < n_rates; r++) {
+            char label[32];
+            snprintf(label, sizeof label, "%g/s", res[r][0].rate);
+            mkv_svg_xtick(&svg, r, label);
         }
         for (int e = 0; e < n_eng; e++) {
-            fprintf(f, "<polyline fill=\"none\" stroke=\"%s\" stroke-width=\"2\" points=\"", colors[e]);
-            for (int r = 0; r < n_rates; r++) {
+            int n = 0;
+            for (int r = 0; r < n_rates && n < MAX_RATES; r++, n++) {
                 const engine_result_t *x = &res[r][e];
-                const double y = panel == 0 ? x->output_tokens / x->seconds : x->latency[0];
-                fprintf(f, "%d,%d ", x0 + (n_rates > 1 ? pw * r / (n_rates - 1) : pw / 2),
-                        top + ph - (int)(ph * y / ymax));
+                xs[n] = r;
+                ys[n] = panel == 0 ? x->output_tokens / x->seconds : x->latency[0];
             }
-            fprintf(f, "\"/>\n");
+            mkv_svg_polyline(&svg, xs, ys, n, colors[e], 2, 0);
         }
     }
-    for (int e = 0; e < n_eng; e++)
-        fprintf(f, "<text x=\"%d\" y=\"%d\" fill=\"%s\">%s</text>\n", left[0] + 90 * e, H - 12, colors[e],
-                res[0][e].name);
-    fprintf(f, "</svg>\n");
-    return fclose(f) == 0 ? 0 : -1;
+    for (int e = 0; e < n_eng; e++) mkv_svg_text(&svg, left[0] + 90 * e, 348, "start", colors[e], 12, res[0][e].name);
+    return mkv_svg_close(&svg, CMD);
 }
 
 /* The (prompt, output) pairs of a --lengths file into *pairs (2 per line); their count, or -1

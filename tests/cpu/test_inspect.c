@@ -581,7 +581,7 @@ Test(inspect, usage)
     r = run_cli("--help", NULL);
     cr_assert_eq(r.status, 0);
     EXPECT_IN(r.out, "inspect");
-    EXPECT_IN(r.out, "planned");
+    EXPECT_IN(r.out, "calibrate");
     run_free(&r);
 
     r = run_cli("help", "inspect", NULL);
@@ -595,7 +595,7 @@ Test(inspect, usage)
 
     r = run_cli("calibrate", NULL);
     cr_assert_eq(r.status, 2);
-    EXPECT_IN(r.err, "'calibrate' is planned but not available");
+    EXPECT_IN(r.err, "--model PATH and --data FILE|DIR|- are required");
     run_free(&r);
     r = run_cli("frobnicate", NULL);
     cr_assert_eq(r.status, 2);

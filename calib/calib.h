@@ -1,0 +1,165 @@
+/*
+ * calib.h — calibration of a compression policy on a model and a dataset (DiffKV section 7):
+ * measure a grid of policies (alpha_h x alpha_l, optionally recent windows, formats and
+ * quantization groups) against the FP16 cache on the same calibration windows, find the Pareto
+ * front of memory against quality loss, choose the point with the least memory whose loss
+ * stays within a tolerance, and check it on held-back validation windows.
+ *
+ * The API an engine calls; `mixkv calibrate` (tools/calibrate.c) is one user. It sits above
+ * the model runner (runner/model.h: the CPU forward pass) and mixkv.h, and below the tools.
+ *
+ * Windows. The documents are cut into consecutive windows of `window` tokens as by
+ * `mixkv perplexity` (runner/perplexity.h: the first prompt_len tokens through the prompt
+ * phase, the rest one at a time through the generation phase; window - 1 predictions each).
+ * The first calib_windows windows are the calibration set, the next valid_windows the
+ * validation set, never measured during the sweep.
+ *
+ * Quality. For each window the FP16 cache's (K16V16, nothing compressed) negative
+ * log-likelihood and greedy prediction at every position are computed once and reused by
+ * every point. A point's perplexity increase is exp((NLL - NLL_fp16) / predictions) - 1 over
+ * its windows; its greedy agreement the fraction of positions whose argmax is FP16's; its
+ * memory ratio the mean over windows of the cache's bytes in use over a plain FP16 cache's
+ * for the same tokens, taken at each window's end (mkv_cache_stats).
+ *
+ * Parallelism. Work is split into jobs of one window of one policy; `workers` jobs run at
+ * once on the runner's thread pool, each worker with a forward pass of its own (one thread;
+ * with one worker the pass gets every core). Results do not depend on the number of workers.
+ *
+ * Thread safety: a mkv_calib_t is used by one thread at a time; callbacks are called with an
+ * internal lock held, one at a time, from whichever worker finished.
+ */
+#ifndef MKV_CALIB_CALIB_H
+#define MKV_CALIB_CALIB_H
+
+#include "calib/policy.h"
+#include "runner/model.h"
+#include "runner/perplexity.h"
+#include "mixkv.h"
+
+#include <signal.h>
+#include <stdint.h>
+
+/* What a policy did on a set of windows. */
+typedef struct mkv_calib_quality {
+    int32_t windows;
+    int64_t predictions;
+    double nll, nll_ref;      /* summed NLL (nats), the policy's and the FP16 cache's */
+    double ppl, ppl_ref;      /* perplexities */
+    double ppl_increase;      /* ppl / ppl_ref - 1 (negative: better than FP16) */
+    double agreement;         /* greedy agreement with FP16, 0..1 */
+    double memory_ratio;      /* mean bytes in use / plain FP16 bytes at window ends */
+    double frac_hi, frac_lo, frac_pruned; /* token-heads kept high / low / pruned at window ends */
+    double seconds;           /* forward time, summed over the windows' jobs */
+} mkv_calib_quality_t;
+
+typedef struct mkv_calib_point {
+    mkv_policy_t policy;
+    int done;                 /* measured, or read back from a saved run */
+    mkv_calib_quality_t q;    /* on the calibration windows */
+    int on_front;             /* on the Pareto front (mkv_calib_pareto) */
+} mkv_calib_point_t;
+
+/* Progress of a phase ("reference": the FP16 cache on every window; "sweep": the points;
+ * "validation": a candidate on the validation windows): jobs (one window through one cache)
+ * done out of the phase's total, and an estimate of the phase's seconds left. */
+typedef void (*mkv_calib_progress_fn)(void *ctx, const char *phase, int64_t jobs_done,
+                                      int64_t jobs_total, double eta_s);
+/* A point finished (for saving it); returning nonzero stops the sweep like *stop does. */
+typedef int (*mkv_calib_point_fn)(void *ctx, const mkv_calib_point_t *point, int32_t index);
+
+typedef struct mkv_calib_opts {
+    int32_t window;           /* tokens per window, 2 .. the model's positions */
+    int32_t prompt_len;       /* 1 <= prompt_len < window */
+    int32_t calib_windows;    /* >= 1 */
+    int32_t valid_windows;    /* >= 0 (0: no validation) */
+    int32_t windows_per_doc;  /* at most this many windows of each document; 0: all */
+    int32_t workers;          /* jobs at once; 0: one per online core */
+    double max_ppl_increase;  /* the tolerance: relative perplexity increase (0.01: 1%) */
+    double min_agreement;     /* and, when > 0, the least greedy agreement */
+    int32_t max_checks;       /* candidates tried on the validation windows, cheapest first,
+                                 before giving up (>= 1) */
+    volatile sig_atomic_t *stop; /* NULL, or set nonzero (a signal handler) to stop: the jobs in
+                                 flight finish, no new one starts */
+    mkv_calib_progress_fn progress;
+    mkv_calib_point_fn point_done;
+    void *ctx;                /* passed to the callbacks */
+} mkv_calib_opts_t;
+
+#define MKV_CALIB_OPTS_INIT {255, 64, 16, 8, 0, 0, 0.01, 0.0, 3, NULL, NULL, NULL, NULL}
+
+typedef struct mkv_calib mkv_calib_t; /* opaque: the windows and the FP16 reference */
+
+/* Plans the windows of docs (which must outlive the handle) for model m. INVALID_ARGUMENT
+ * when the options are out of range or the documents hold fewer than calib_windows +
+ * valid_windows windows (the message says how many they hold). Messages in mkv_last_error(). */
+mkv_status_t mkv_calib_create(const mkv_model_t *m, const mkv_ppl_doc_t *docs, int32_t n_docs,
+                              const mkv_calib_opts_t *o, mkv_calib_t **out);
+void mkv_calib_free(mkv_calib_t *c);
+
+/* Windows the documents hold for these options (calibration and validation both come from
+ * them). */
+int64_t mkv_calib_windows_available(const mkv_ppl_doc_t *docs, int32_t n_docs, const mkv_calib_opts_t *o);
+
+/* Measures every point not yet done on the calibration windows (the FP16 reference first,
+ * once per handle), calling point_done as each finishes. *stopped = 1 when *stop or a
+ * callback stopped it (the points done so far are marked, the others untouched). */
+mkv_status_t mkv_calib_measure(mkv_calib_t *c, mkv_calib_point_t *points, int32_t n, int *stopped);
+
+/* Marks on_front on the done points that no other done point dominates (memory ratio and
+ * perplexity increase both no worse, one better; equal points are both on the front) and
+ * writes their indices to front[] (n entries of room), by memory ratio ascending, then
+ * increase. Returns the front's size. */
+int32_t mkv_calib_pareto(mkv_calib_point_t *points, int32_t n, int32_t *front);
+
+/* The done points within the tolerance (ppl_increase <= max_ppl_increase and, when
+ * min_agreement > 0, agreement >= it), cheapest first (memory ratio, then increase, then
+ * index) into order[] (n entries of room). Returns their number. */
+int32_t mkv_calib_candidates(const mkv_calib_point_t *points, int32_t n, double max_ppl_increase,
+                             double min_agreement, int32_t *order);
+
+/* Per layer and KV head at a policy: fractions of token-heads kept high, low and pruned,
+ * summed over the windows' ends. Arrays [L][H]. */
+typedef struct mkv_calib_heads {
+    int32_t L, H;
+    double *hi, *lo, *pruned;
+} mkv_calib_heads_t;
+void mkv_calib_heads_free(mkv_calib_heads_t *h);
+
+/* Runs one policy on the validation windows: quality (against the FP16 reference there) and,
+ * when heads is not NULL, the per-head mix. */
+mkv_status_t mkv_calib_validate(mkv_calib_t *c, const mkv_policy_t *p, mkv_calib_quality_t *q,
+                                mkv_calib_heads_t *heads, int *stopped);
+
+/* The FP16 reference on the calibration windows (memory ratio of the FP16 paged cache
+ * itself: its pages carry scores and positions). Valid after mkv_calib_measure. */
+void mkv_calib_reference(const mkv_calib_t *c, mkv_calib_quality_t *q);
+
+/* The whole calibration: measure, front, then the candidates cheapest first on the
+ * validation windows until one stays within the tolerance there too (at most max_checks). */
+typedef struct mkv_calib_check {
+    int32_t point;            /* index of the candidate */
+    mkv_calib_quality_t valid;
+    int passed;
+} mkv_calib_check_t;
+
+#define MKV_CALIB_MAX_CHECKS 16
+
+typedef struct mkv_calib_result {
+    int32_t n_front;
+    int32_t *front;           /* [n_front] indices, by memory ratio (owned) */
+    int32_t n_candidates;     /* points within the tolerance on the calibration windows */
+    int32_t chosen;           /* the point chosen: the first candidate that passed its check,
+                                 else the first candidate (validated 0), -1 when none */
+    int validated;            /* the chosen point stayed within the tolerance on validation */
+    int32_t n_checks;
+    mkv_calib_check_t checks[MKV_CALIB_MAX_CHECKS];
+    mkv_calib_heads_t heads;  /* at the chosen point, on the validation windows (or the
+                                 calibration windows when there are none) */
+    int stopped;              /* interrupted: only the points marked done were measured */
+} mkv_calib_result_t;
+
+mkv_status_t mkv_calib_run(mkv_calib_t *c, mkv_calib_point_t *points, int32_t n,
+                           mkv_calib_result_t *out);
+void mkv_calib_result_free(mkv_calib_result_t *r);
+
+#endif /* MKV_CALIB_CALIB_H */
