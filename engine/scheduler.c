@@ -30,7 +30,12 @@ struct mkv_scheduler {
     double *u;               /* [max_batch] each request's uniform (0 when it draws none) */
     uint64_t *rng_before;    /* [max_batch] generator states before the draws, for a failed step */
     uint8_t *done;           /* [max_batch] */
-    int32_t *input;          /* [max_seq_len] prompt plus generated tokens, for recompute */
+    int32_t *input;          /* [max_tokens] prompt plus generated tokens (recompute); with
+                                prefill_batch, every pending prompt, packed */
+    /* Admitted this step, waiting for one prefill_batch call (admission order). */
+    mkv_request_t **pending; /* [max_batch] */
+    int32_t *pend_slots, *pend_lens; /* [max_batch] */
+    int32_t n_pending, pend_tokens;
     int64_t admissions, steps;
     int32_t finished;
     mkv_token_fn on_token;
@@ -55,6 +60,9 @@ void mkv_scheduler_free(mkv_scheduler_t *s)
     free(s->rng_before);
     free(s->done);
     free(s->input);
+    free(s->pending);
+    free(s->pend_slots);
+    free(s->pend_lens);
     free(s);
 }
 
@@ -105,9 +113,13 @@ mkv_status_t mkv_scheduler_create(const mkv_forward_t *fwd, mkv_cache_t *cache, 
     s->u = malloc((size_t)max_batch * sizeof(double));
     s->rng_before = malloc((size_t)max_batch * sizeof(uint64_t));
     s->done = malloc((size_t)max_batch);
-    s->input = malloc((size_t)s->max_seq_len * sizeof(int32_t));
+    s->input = malloc((size_t)(fwd->prefill_batch ? fwd->max_tokens : s->max_seq_len) * sizeof(int32_t));
+    s->pending = calloc((size_t)max_batch, sizeof *s->pending);
+    s->pend_slots = malloc((size_t)max_batch * sizeof(int32_t));
+    s->pend_lens = malloc((size_t)max_batch * sizeof(int32_t));
     if (!s->running || !s->logits || !s->sample_scratch || !s->slots || !s->tokens || !s->next ||
-        !s->temperature || !s->top_p || !s->u || !s->rng_before || !s->done || !s->input) {
+        !s->temperature || !s->top_p || !s->u || !s->rng_before || !s->done || !s->input || !s->pending ||
+        !s->pend_slots || !s->pend_lens) {
         mkv_scheduler_free(s);
         return mkv_fail_global(MKV_STATUS_OUT_OF_MEMORY, "cannot allocate the scheduler's buffers");
     }
@@ -230,22 +242,52 @@ static mkv_status_t running_demand(mkv_scheduler_t *s, int64_t *demand)
     return st == MKV_STATUS_OK ? st : cache_fail(s, st);
 }
 
+/* The prefill of the requests admitted this step (prefill_batch), each then running with
+ * its first token sampled, in admission order. */
+static mkv_status_t flush_pending(mkv_scheduler_t *s)
+{
+    const int32_t n = s->n_pending, base = s->n_running, V = s->fwd.vocab;
+    if (n == 0) return MKV_STATUS_OK;
+    s->n_pending = 0;
+    s->pend_tokens = 0;
+    const mkv_status_t st =
+        s->fwd.prefill_batch(s->fwd.ctx, s->cache, n, s->pend_slots, s->input, s->pend_lens, s->logits);
+    if (st != MKV_STATUS_OK) return st;
+    for (int32_t j = 0; j < n; j++) {
+        mkv_request_t *r = s->pending[j];
+        r->state = MKV_REQ_RUNNING;
+        r->admitted_at = s->admissions++;
+        s->running[s->n_running++] = r;
+        s->done[j] = (uint8_t)emit(s, r, mkv_sample(&r->sampler, s->logits + (int64_t)j * V, V, s->sample_scratch));
+    }
+    for (int32_t j = n - 1; j >= 0; j--) {
+        mkv_status_t fs;
+        if (s->done[j] && (fs = finish(s, base + j)) != MKV_STATUS_OK) return fs;
+    }
+    return MKV_STATUS_OK;
+}
+
 /* Admits the front request if it fits with the margin; *admitted says whether it did. A
- * request that cannot fit even an otherwise empty cache is dropped as FAILED (*failed). */
+ * request that cannot fit even an otherwise empty cache is dropped as FAILED (*failed). With
+ * prefill_batch the admitted request waits in pending for flush_pending, as long as the
+ * pending prompts fit one call (else it waits for the next step). */
 static mkv_status_t try_admit(mkv_scheduler_t *s, int *admitted, int *failed)
 {
     mkv_request_t *r = s->waiting[0];
     const int32_t len = r->prompt_len + r->n_out;
+    const int batch = s->fwd.prefill_batch != NULL;
     int64_t prompt_pages, running_pages;
     mkv_cache_stats_t cs;
     mkv_status_t st;
     *admitted = 0;
     *failed = 0;
+    if (batch && s->n_pending > 0 && (int64_t)s->pend_tokens + len > s->fwd.max_tokens) return MKV_STATUS_OK;
     if ((st = mkv_cache_prompt_demand(s->cache, len, &prompt_pages)) != MKV_STATUS_OK) return st;
     if ((st = running_demand(s, &running_pages)) != MKV_STATUS_OK) return st;
     if ((st = mkv_cache_stats(s->cache, &cs)) != MKV_STATUS_OK) return st;
-    /* The margin: the next decode step of everything running, and of this request. */
-    const int64_t margin = running_pages + 2 * (int64_t)s->n_layers * s->n_kv_heads;
+    /* The margin: the next decode step of everything running, of the requests pending and of
+     * this one. */
+    const int64_t margin = running_pages + 2 * (int64_t)s->n_layers * s->n_kv_heads * (1 + s->n_pending);
     if (prompt_pages + margin > cs.available_pages) {
         if (s->n_running == 0 && prompt_pages + margin > cs.total_pages - cs.reserved_pages) {
             r->state = MKV_REQ_FAILED;
@@ -264,8 +306,18 @@ static mkv_status_t try_admit(mkv_scheduler_t *s, int *admitted, int *failed)
     if (r->budget > 0 && (st = mkv_cache_set_budget(s->cache, slot, r->budget)) != MKV_STATUS_OK)
         return cache_fail(s, st);
     pop_front(s);
-    memcpy(s->input, r->prompt, (size_t)r->prompt_len * sizeof(int32_t));
-    memcpy(s->input + r->prompt_len, r->out, (size_t)r->n_out * sizeof(int32_t));
+    int32_t *in = s->input + (batch ? s->pend_tokens : 0);
+    memcpy(in, r->prompt, (size_t)r->prompt_len * sizeof(int32_t));
+    memcpy(in + r->prompt_len, r->out, (size_t)r->n_out * sizeof(int32_t));
+    if (batch) {
+        r->slot = slot;
+        s->pending[s->n_pending] = r;
+        s->pend_slots[s->n_pending] = slot;
+        s->pend_lens[s->n_pending++] = len;
+        s->pend_tokens += len;
+        *admitted = 1;
+        return MKV_STATUS_OK;
+    }
     if ((st = s->fwd.prefill(s->fwd.ctx, s->cache, slot, s->input, len, NULL, s->logits)) != MKV_STATUS_OK)
         return st;
     r->state = MKV_REQ_RUNNING;
@@ -302,8 +354,8 @@ mkv_status_t mkv_scheduler_step(mkv_scheduler_t *s, mkv_sched_stats_t *stats)
     memset(out, 0, sizeof *out);
     out->step = s->steps++;
 
-    /* 1. Admissions, first come first served. */
-    while (s->n_waiting > 0 && s->n_running < s->max_batch) {
+    /* 1. Admissions, first come first served (with prefill_batch, one prefill for all). */
+    while (s->n_waiting > 0 && s->n_running + s->n_pending < s->max_batch) {
         int admitted, failed;
         if ((st = try_admit(s, &admitted, &failed)) != MKV_STATUS_OK) return st;
         if (failed) { /* reported, and the step goes on with the next request */
@@ -313,6 +365,7 @@ mkv_status_t mkv_scheduler_step(mkv_scheduler_t *s, mkv_sched_stats_t *stats)
         if (!admitted) break;
         out->admitted++;
     }
+    if ((st = flush_pending(s)) != MKV_STATUS_OK) return st;
 
     /* 2. One decode step of everything running, preempting while it could run out. */
     if (s->n_running > 0) {

@@ -476,6 +476,13 @@ typedef struct mkv_forward {
     mkv_status_t (*decode_sample)(void *ctx, mkv_cache_t *cache, int32_t n_slots, const int32_t *slots,
                                   const int32_t *tokens, const float *temperature, const float *top_p,
                                   const double *u, int32_t *next);
+    /* Optional (NULL: not offered): prefill for n_slots admitted, uncommitted slots in one
+     * pass, their prompts packed (slot j's lens[j] tokens, as admitted, follow slot j - 1's;
+     * their sum at most max_tokens): every layer, then committed, and slot j's last
+     * position's logits into last_logits [n_slots][vocab]. What prefill slot by slot gives,
+     * up to the rounding of GEMMs of another shape. */
+    mkv_status_t (*prefill_batch)(void *ctx, mkv_cache_t *cache, int32_t n_slots, const int32_t *slots,
+                                  const int32_t *tokens, const int32_t *lens, float *last_logits);
 } mkv_forward_t;
 
 /* ---------------------------------------------------------------------------------------- */

@@ -686,6 +686,62 @@ static mkv_status_t cuda_prefill(void *ctx, mkv_cache_t *cache, int32_t slot, co
     return st == MKV_STATUS_OK ? st : report(st, err);
 }
 
+/* Several admitted slots' prompts in one pass (mkv_forward_t.prefill_batch): packed rows, each
+ * slot's positions from 0, one GEMM per weight for all of them; then the slots' last rows
+ * moved to the front of f->x (row j <= slot j's last row, so no source is overwritten before
+ * it is read) for one head GEMM. */
+static mkv_status_t cuda_prefill_batch(void *ctx, mkv_cache_t *cache, int32_t n_slots, const int32_t *slots,
+                                       const int32_t *tokens, const int32_t *lens, float *last_logits)
+{
+    mkv_cuda_forward_t *f = (mkv_cuda_forward_t *)ctx;
+    char err[MKV_ERR_LEN];
+    mkv_status_t st;
+    if (n_slots < 1 || !slots || !lens || !last_logits)
+        return mkv_report_error(MKV_STATUS_INVALID_ARGUMENT,
+                                "CUDA batched prefill: %d slots, slots %p, lens %p, last_logits %p", n_slots,
+                                (const void *)slots, (const void *)lens, (void *)last_logits);
+    int64_t total = 0;
+    for (int32_t j = 0; j < n_slots; j++) {
+        int32_t admitted;
+        if ((st = mkv_cache_prompt_len(cache, slots[j], &admitted)) != MKV_STATUS_OK) return cache_failed(cache, st);
+        if (lens[j] != admitted)
+            return mkv_report_error(MKV_STATUS_INVALID_ARGUMENT,
+                                    "CUDA batched prefill: %d tokens for slot %d, admitted with a prompt of %d",
+                                    lens[j], slots[j], admitted);
+        total += lens[j];
+    }
+    if (total > f->max_tokens)
+        return mkv_report_error(MKV_STATUS_INVALID_ARGUMENT,
+                                "CUDA batched prefill: %lld tokens in all; the pass takes %d a call",
+                                (long long)total, f->max_tokens);
+    if ((st = check_tokens(f, "CUDA batched prefill", tokens, (int32_t)total, err)) != MKV_STATUS_OK)
+        return report(st, err);
+    const int32_t n = (int32_t)total;
+    int prev = 0;
+    cudaGetDevice(&prev);
+    cudaSetDevice(f->device);
+    for (int32_t j = 0, t0 = 0; j < n_slots; t0 += lens[j++])
+        for (int32_t t = 0; t < lens[j]; t++) f->pos[t0 + t] = t;
+    f->n_marks = 0;
+    if ((st = begin(f, tokens, n, err)) == MKV_STATUS_OK && (st = layers(f, cache, n, n_slots, slots, 0, err)) == MKV_STATUS_OK) {
+        mark(f, MKV_CUDA_PHASE_CACHE);
+        if ((st = mkv_cache_commit_prompt(cache, n_slots, slots, NULL)) != MKV_STATUS_OK) {
+            st = runner_fail(err, st, "%s", mkv_cache_last_error(cache));
+        } else {
+            const size_t row = (size_t)f->cfg.hidden * sizeof(float);
+            for (int32_t j = 0, last = -1; j < n_slots && st == MKV_STATUS_OK; j++) {
+                last += lens[j];
+                if (last != j && cudaMemcpyAsync(f->x + (int64_t)j * f->cfg.hidden, f->x + (int64_t)last * f->cfg.hidden,
+                                                 row, cudaMemcpyDeviceToDevice) != cudaSuccess)
+                    st = cuda_failed(err, "last rows");
+            }
+            if (st == MKV_STATUS_OK) st = head(f, 0, n_slots, last_logits, err);
+        }
+    }
+    cudaSetDevice(prev);
+    return st == MKV_STATUS_OK ? st : report(st, err);
+}
+
 /* Each row's first index of its largest value (mkv_sample's greedy pick, for finite logits):
  * one block per row. */
 __global__ void argmax_kernel(const float *logits, int32_t V, int32_t *out)
@@ -808,6 +864,7 @@ extern "C" mkv_forward_t mkv_cuda_forward(mkv_cuda_forward_t *f)
     fw.decode = cuda_decode;
     fw.decode_greedy = cuda_decode_greedy;
     fw.decode_sample = cuda_decode_sample;
+    fw.prefill_batch = cuda_prefill_batch;
     return fw;
 }
 

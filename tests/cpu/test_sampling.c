@@ -160,6 +160,7 @@ typedef struct stand_in {
     float q[FMAX * FD], k[FMAX * FD], v[FMAX * FD], out[FMAX * FD];
     float logits[FSLOTS * FV], scratch[2 * FV];
     int32_t sample_calls, fail_at;
+    int32_t batch_calls, batch_most_slots, batch_most_tokens; /* prefill_batch's calls */
 } stand_in_t;
 
 static void stand_in_logits(int32_t token, int32_t pos, float *lg)
@@ -177,6 +178,29 @@ static mkv_status_t stand_in_prefill(void *ctx, mkv_cache_t *c, int32_t slot, co
     if (st != MKV_STATUS_OK) return mkv_report_error(st, "%s", mkv_cache_last_error(c));
     for (int32_t t = 0; logits && t < n; t++) stand_in_logits(tokens[t], t, logits + (int64_t)t * FV);
     if (last_logits) stand_in_logits(tokens[n - 1], n - 1, last_logits);
+    return MKV_STATUS_OK;
+}
+
+/* prefill_batch as a pass offers it: every slot's layer, then one commit of all of them. */
+static mkv_status_t stand_in_prefill_batch(void *ctx, mkv_cache_t *c, int32_t n_slots, const int32_t *slots,
+                                           const int32_t *tokens, const int32_t *lens, float *last_logits)
+{
+    stand_in_t *f = ctx;
+    int32_t total = 0;
+    mkv_status_t st = MKV_STATUS_OK;
+    for (int32_t j = 0; j < n_slots && st == MKV_STATUS_OK; j++) {
+        int32_t admitted = -1;
+        cr_assert_eq(mkv_cache_prompt_len(c, slots[j], &admitted), MKV_STATUS_OK);
+        cr_assert_eq(admitted, lens[j], "slot %d: %d tokens for a prompt of %d", slots[j], lens[j], admitted);
+        st = mkv_cache_prefill_layer(c, slots[j], 0, f->q, f->k, f->v, f->out, NULL);
+        total += lens[j];
+        stand_in_logits(tokens[total - 1], lens[j] - 1, last_logits + (int64_t)j * FV);
+    }
+    if (st == MKV_STATUS_OK) st = mkv_cache_commit_prompt(c, n_slots, slots, NULL);
+    if (st != MKV_STATUS_OK) return mkv_report_error(st, "%s", mkv_cache_last_error(c));
+    f->batch_calls++;
+    if (n_slots > f->batch_most_slots) f->batch_most_slots = n_slots;
+    if (total > f->batch_most_tokens) f->batch_most_tokens = total;
     return MKV_STATUS_OK;
 }
 
@@ -233,7 +257,8 @@ enum { NREQ = 7, NEW = 20 };
 /* NREQ requests of mixed settings (greedy among them), FSLOTS at a time; the outputs into out,
  * the generators' final states into state. fail_at > 0: that decode_sample call fails, the
  * step must leave every generator as it was, and the run stops there. */
-static void serve(stand_in_t *f, int with_sample, int32_t fail_at, int32_t out[NREQ][NEW], uint64_t state[NREQ])
+static void serve(stand_in_t *f, int with_sample, int with_batch, int32_t fail_at, int32_t out[NREQ][NEW],
+                  uint64_t state[NREQ])
 {
     static const float T[NREQ] = {0.8f, 0.0f, 1.0f, 1.3f, 0.8f, 0.7f, 0.0f};
     static const float P[NREQ] = {0.9f, 1.0f, 1.0f, 0.5f, 0.9f, 0.05f, 0.9f};
@@ -242,7 +267,8 @@ static void serve(stand_in_t *f, int with_sample, int32_t fail_at, int32_t out[N
     f->fail_at = fail_at;
     const mkv_forward_t fw = {.ctx = f, .vocab = FV, .max_positions = FMAX, .max_tokens = FMAX,
                               .prefill = stand_in_prefill, .decode = stand_in_decode,
-                              .decode_sample = with_sample ? stand_in_decode_sample : NULL};
+                              .decode_sample = with_sample ? stand_in_decode_sample : NULL,
+                              .prefill_batch = with_batch ? stand_in_prefill_batch : NULL};
     mkv_cache_t *c = stand_in_cache();
     mkv_scheduler_t *s = NULL;
     cr_assert_eq(mkv_scheduler_create(&fw, c, -1, FSLOTS, &s), MKV_STATUS_OK, "%s", mkv_last_error());
@@ -293,14 +319,34 @@ Test(sampling, scheduler_decode_sample_equals_host_sampling)
     static stand_in_t f;
     int32_t host[NREQ][NEW], dev[NREQ][NEW];
     uint64_t hs[NREQ], ds[NREQ];
-    serve(&f, 0, 0, host, hs);
+    serve(&f, 0, 0, 0, host, hs);
     cr_assert_eq(f.sample_calls, 0);
-    serve(&f, 1, 0, dev, ds);
+    serve(&f, 1, 0, 0, dev, ds);
     cr_assert_gt(f.sample_calls, 0, "the scheduler never used decode_sample");
     for (int i = 0; i < NREQ; i++) {
         for (int t = 0; t < NEW; t++) cr_assert_eq(dev[i][t], host[i][t], "request %d token %d", i, t);
         cr_assert_eq(ds[i], hs[i], "request %d: another number of draws", i);
     }
     /* a failing decode_sample (its third call) leaves the generators as they were */
-    serve(&f, 1, 3, dev, ds);
+    serve(&f, 1, 0, 3, dev, ds);
+}
+
+/* The scheduler with prefill_batch: the requests admitted in a step prefilled in one call
+ * (FSLOTS at first, their prompts within the pass's max_tokens), and every request's tokens
+ * and draws as with prefill slot by slot. */
+Test(sampling, scheduler_batched_prefill_equals_one_by_one)
+{
+    static stand_in_t f;
+    int32_t one[NREQ][NEW], batched[NREQ][NEW];
+    uint64_t s1[NREQ], sb[NREQ];
+    serve(&f, 1, 0, 0, one, s1);
+    cr_assert_eq(f.batch_calls, 0);
+    serve(&f, 1, 1, 0, batched, sb);
+    cr_assert_gt(f.batch_calls, 0, "the scheduler never used prefill_batch");
+    cr_assert_eq(f.batch_most_slots, FSLOTS, "the first step's admissions in one call");
+    cr_assert_leq(f.batch_most_tokens, FMAX, "a call beyond the pass's max_tokens");
+    for (int i = 0; i < NREQ; i++) {
+        for (int t = 0; t < NEW; t++) cr_assert_eq(batched[i][t], one[i][t], "request %d token %d", i, t);
+        cr_assert_eq(sb[i], s1[i], "request %d: another number of draws", i);
+    }
 }

@@ -256,6 +256,87 @@ Test(forward_cuda, scheduler_drives_either_pass)
     mkv_model_free(m);
 }
 
+/* prefill_batch (several prompts packed into one pass) against prefill slot by slot on the
+ * CUDA pass, f32, with the mixkv policy (the commit classifies every prompt token): the last
+ * logits within 1e-4 relative, the same greedy picks, the same cache contents in counts, and
+ * the same next token after a decode step; the scheduler's tokens with and without it; and
+ * its refusals. */
+Test(forward_cuda, batched_prefill_matches_one_by_one)
+{
+    GPU_REQUIRE();
+    mkv_model_t *m = load_or_skip();
+    const int32_t V = m->cfg.vocab, max_len = 128;
+    char err[MKV_ERR_LEN];
+    mkv_cuda_forward_t *cf = NULL;
+    cr_assert_eq(mkv_cuda_forward_create(m, max_len, MKV_DTYPE_F32, &cf, err), MKV_STATUS_OK, "%s", err);
+    const mkv_forward_t gpu = mkv_cuda_forward(cf);
+    cr_assert(gpu.prefill_batch != NULL, "the CUDA pass offers prefill_batch");
+    mkv_cache_t *ca = make_cache(m, 0, MKV_BACKEND_CUDA, 3, max_len);
+    mkv_cache_t *cb = make_cache(m, 0, MKV_BACKEND_CUDA, 3, max_len);
+    const int32_t lens[3] = {5, 23, 61};
+    int32_t toks[5 + 23 + 61], sa[3], sb[3], na[3], nb[3], in[3];
+    uint64_t rng = 11;
+    for (int32_t i = 0; i < 89; i++) toks[i] = test_rand_range(&rng, 3, V - 1);
+    float *la = malloc((size_t)3 * V * sizeof(float)), *lb = malloc((size_t)3 * V * sizeof(float));
+    cr_assert(la && lb);
+    for (int j = 0; j < 3; j++) {
+        cr_assert_eq(mkv_cache_admit(ca, lens[j], &sa[j]), MKV_STATUS_OK);
+        cr_assert_eq(mkv_cache_admit(cb, lens[j], &sb[j]), MKV_STATUS_OK);
+    }
+    for (int32_t i = 0; i < 3 * V; i++) la[i] = lb[i] = NAN;
+    cr_assert_eq(gpu.prefill_batch(gpu.ctx, ca, 3, sa, toks, lens, la), MKV_STATUS_OK, "%s", mkv_last_error());
+    for (int j = 0, t0 = 0; j < 3; t0 += lens[j++])
+        cr_assert_eq(gpu.prefill(gpu.ctx, cb, sb[j], toks + t0, lens[j], NULL, lb + (int64_t)j * V), MKV_STATUS_OK,
+                     "%s", mkv_last_error());
+    for (int j = 0; j < 3; j++) {
+        const double d = rel_diff(lb + (int64_t)j * V, la + (int64_t)j * V, V);
+        cr_log_info("batched prefill: slot %d (%d tokens) last logits within %.2e", j, lens[j], d);
+        cr_assert_leq(d, 1e-4, "slot %d: batched logits differ by %g", j, d);
+        in[j] = argmax(la + (int64_t)j * V, V);
+        cr_assert_eq(in[j], argmax(lb + (int64_t)j * V, V), "slot %d: greedy pick", j);
+    }
+    mkv_cache_stats_t xa, xb;
+    cr_assert_eq(mkv_cache_stats(ca, &xa), MKV_STATUS_OK);
+    cr_assert_eq(mkv_cache_stats(cb, &xb), MKV_STATUS_OK);
+    cr_assert_eq(xa.tokens_seen, xb.tokens_seen);
+    cr_assert_eq(xa.tokens_hi, xb.tokens_hi, "high tokens %lld vs %lld", (long long)xa.tokens_hi,
+                 (long long)xb.tokens_hi);
+    cr_assert_eq(xa.tokens_lo, xb.tokens_lo, "low tokens %lld vs %lld", (long long)xa.tokens_lo,
+                 (long long)xb.tokens_lo);
+    cr_assert_eq(gpu.decode_greedy(gpu.ctx, ca, 3, sa, in, na), MKV_STATUS_OK, "%s", mkv_last_error());
+    cr_assert_eq(gpu.decode_greedy(gpu.ctx, cb, 3, sb, in, nb), MKV_STATUS_OK, "%s", mkv_last_error());
+    for (int j = 0; j < 3; j++) cr_assert_eq(na[j], nb[j], "slot %d: the next token after a step", j);
+    /* refusals: a length other than the admitted one, more tokens than a call takes */
+    int32_t slot, big[2] = {100, 100};
+    const int32_t bad_lens[1] = {4};
+    mkv_cache_t *c = make_cache(m, 1, MKV_BACKEND_CUDA, 2, max_len);
+    cr_assert_eq(mkv_cache_admit(c, 5, &slot), MKV_STATUS_OK);
+    cr_assert_eq(gpu.prefill_batch(gpu.ctx, c, 1, &slot, toks, bad_lens, la), MKV_STATUS_INVALID_ARGUMENT);
+    cr_assert_neq(mkv_last_error()[0], '\0');
+    mkv_cache_destroy(c);
+    c = make_cache(m, 1, MKV_BACKEND_CUDA, 2, max_len);
+    int32_t two[2];
+    cr_assert_eq(mkv_cache_admit(c, 100, &two[0]), MKV_STATUS_OK);
+    cr_assert_eq(mkv_cache_admit(c, 100, &two[1]), MKV_STATUS_OK);
+    int32_t *t200 = calloc(200, sizeof(int32_t));
+    cr_assert_eq(gpu.prefill_batch(gpu.ctx, c, 2, two, t200, big, la), MKV_STATUS_INVALID_ARGUMENT);
+    free(t200);
+    mkv_cache_destroy(c);
+    /* the scheduler (two requests admitted a step) with and without it */
+    enum { NEW = 16 };
+    int32_t a[4 * NEW], b[4 * NEW];
+    mkv_forward_t one = gpu;
+    one.prefill_batch = NULL;
+    serve(m, &gpu, MKV_BACKEND_CUDA, a, NEW);
+    serve(m, &one, MKV_BACKEND_CUDA, b, NEW);
+    for (int i = 0; i < 4 * NEW; i++) cr_assert_eq(a[i], b[i], "scheduler token %d: batched prefill changed it", i);
+    free(la), free(lb);
+    mkv_cache_destroy(ca);
+    mkv_cache_destroy(cb);
+    mkv_cuda_forward_free(cf);
+    mkv_model_free(m);
+}
+
 /* The CUDA pass with a count of its decode_sample calls: every member forwards to the pass. */
 typedef struct counted {
     mkv_forward_t inner;
