@@ -1155,18 +1155,30 @@ static mkv_status_t cuda_decode(mkv_cache_t *c, mkv_kv_t *base, int32_t n_slots,
         const mkv_status_t ts = device_tensors(c, kv, q, k, v, out);
         if (ts != MKV_STATUS_OK) return ts;
     }
-    /* Asynchronous steps (and graphs replaying them) bound every region by max_seq_len, with
-     * the workspace sized once for every slot; synchronous ones by the longest N now. */
+    /* A step being captured into a graph (replayed later, at other lengths) bounds every region
+     * by max_seq_len; any other call by the longest N in the host's view, which an asynchronous
+     * step keeps at or above the device's (a refused append only lowers the device's), so the
+     * plan fits the regions as they are. Asynchronous steps keep the workspace sized for every
+     * slot at max_seq_len as well. */
     int32_t max_tokens = 1, ws_seqs = n_slots;
-    if (c->async) {
+    cudaStreamCaptureStatus capture = cudaStreamCaptureStatusNone;
+    if (c->async && cudaStreamIsCapturing(stream, &capture) != cudaSuccess) {
+        (void)cudaGetLastError();
+        capture = cudaStreamCaptureStatusActive; /* unknown: plan as for a graph */
+    }
+    if (capture != cudaStreamCaptureStatusNone) {
         max_tokens = kv->max_len;
         ws_seqs = kv->S;
     } else {
         for (int32_t j = 0; j < n_slots; j++)
             if (c->st.seq_len[slots[j]] > max_tokens) max_tokens = c->st.seq_len[slots[j]];
     }
-    const size_t need = mkv_cuda_decode_workspace_size(ws_seqs, (int32_t)H, (int32_t)G, (int32_t)d,
-                                                       max_tokens, 0);
+    size_t need = mkv_cuda_decode_workspace_size(ws_seqs, (int32_t)H, (int32_t)G, (int32_t)d, max_tokens, 0);
+    if (c->async) { /* room for a captured step too, so that a capture never allocates */
+        const size_t g = mkv_cuda_decode_workspace_size((int32_t)kv->S, (int32_t)H, (int32_t)G, (int32_t)d,
+                                                        kv->max_len, 0);
+        if (g > need) need = g;
+    }
     if (need > kv->dec_ws_bytes) { /* grows rarely: to the longest context seen */
         CUDA_TRY(cudaStreamSynchronize(stream));
         cudaFree(kv->dec_ws);

@@ -94,7 +94,7 @@ int mkv_tools_add_bos(const mkv_tokenizer_t *tok);
     "  --alpha-l X         keep low when significance >= X / N, else prune [0.02]\n"            \
     "  --recent-window N   W: the most recent tokens, always high [64]\n"                       \
     "  --mix H,L           keep these fractions high and low by significance rank instead of\n"\
-    "                      the alphas (the fixed mix; CPU backend) [off]\n"                    \
+    "                      the alphas (the fixed mix; either backend) [off]\n"                  \
     "  --obs-window N      prompt significance from the last N queries only (0: all) [0]\n"     \
     "  --group-size N      elements per quantization group, all four sides: 16, 32, 64,\n"    \
     "                      128 or 256 (>= d: the whole vector; 0: the library's default)\n"    \
