@@ -13,6 +13,9 @@
  * probability (the maximum over the group) is added to its score slot: either inside the same
  * kernel (fused: the region's last block merges, and its blocks become score jobs for
  * whichever block is free), or by a separate pass, mkv_fast_finalize.
+ *
+ * The kernel template is tc_decode.cuh (its parts are listed there); the device helpers the
+ * finalize kernel shares with it (merge, token probabilities, score slots) are tc_merge.cuh's.
  */
 #ifndef MKV_ATTENTION_DECODE_FAST_H
 #define MKV_ATTENTION_DECODE_FAST_H
@@ -22,8 +25,6 @@
 #include "quant/half.h"
 
 #include <cuda_runtime.h>
-
-#include <math.h>
 
 #include <stdint.h>
 
@@ -119,7 +120,7 @@ struct fast_kernel {
 
 /* The instantiated kernel for a format, head_dim and quantization groups per key and per value
  * vector ({NULL, NULL} if none): one group a side, or the library's defaults where the kernel
- * covers them (decode_fast.cuh, groups_supported). */
+ * covers them (tc_item.cuh, groups_supported). */
 fast_kernel mkv_fast_lookup(int32_t key_bits, int32_t value_bits, int32_t head_dim, int32_t key_groups,
                             int32_t value_groups);
 
@@ -129,173 +130,6 @@ fast_kernel mkv_fast_lookup(int32_t key_bits, int32_t value_bits, int32_t head_d
  * lists the instantiated pairs). */
 fast_kernel mkv_fast_lookup_mix(int32_t hk, int32_t hv, int32_t hkg, int32_t hvg, int32_t lk, int32_t lv,
                                 int32_t lkg, int32_t lvg, int32_t head_dim);
-
-/* 2^x and log2(x) as the hardware approximates them (MUFU, relative error ~2^-22), with
- * subnormal inputs and results flushed to zero: exp2f and log2f add a range fix-up of three
- * instructions each for subnormals, which the softmax does not need (a weight below 2^-126 is
- * zero to every sum it enters). ex2(0) is exactly 1 and ex2(-inf) is 0. */
-__device__ __forceinline__ float ex2(float x)
-{
-    float y;
-    asm("ex2.approx.ftz.f32 %0, %1;" : "=f"(y) : "f"(x));
-    return y;
-}
-
-__device__ __forceinline__ float lg2(float x)
-{
-    float y;
-    asm("lg2.approx.ftz.f32 %0, %1;" : "=f"(y) : "f"(x));
-    return y;
-}
-
-/* The final max M and sum S (log2 units) of head g over the n_items item slots from part:
- * one online pass, a slot per lane, then a warp merge. Reads through L2 (in the fused kernel,
- * other blocks wrote them). */
-__device__ __forceinline__ float2 head_ms(const fast_args &a, int64_t part, int32_t n_items, int32_t g)
-{
-    const int32_t lane = threadIdx.x & 31;
-    float M = -INFINITY, S = 0.0f;
-    for (int32_t s = lane; s < n_items; s += 32) {
-        const float2 ml = __ldcg(reinterpret_cast<const float2 *>(a.part_ml + ((part + s) * a.G + g) * 2));
-        const float mn = fmaxf(M, ml.x);
-        S = S * exp2f(M - mn) + ml.y * exp2f(ml.x - mn);
-        M = mn;
-    }
-    for (int x = 16; x > 0; x >>= 1) {
-        const float Mo = __shfl_xor_sync(0xffffffffu, M, x), So = __shfl_xor_sync(0xffffffffu, S, x);
-        const float mn = fmaxf(M, Mo);
-        S = (S > 0.0f ? S * exp2f(M - mn) : 0.0f) + (So > 0.0f ? So * exp2f(Mo - mn) : 0.0f);
-        M = mn;
-    }
-    return make_float2(M, S);
-}
-
-/* A token's probability from its row of G logits l (log2 units; global or shared memory,
- * written before this kernel or staged by it): the maximum over the group of
- * 2^(l - lse_g) = 2^(l - M_g) / S_g (the rounding of lse moves it by ~1e-7), taken as 2 to the
- * maximum exponent (one ex2 per token: 2^x is monotonic). */
-__device__ __forceinline__ float token_prob(const float *l, int32_t G, const float *lse)
-{
-    float x = -INFINITY;
-    if (G % 4 == 0) { /* 16-byte loads: rows of G % 4 == 0 logits are 16-byte aligned */
-        for (int32_t g = 0; g < G; g += 4) {
-            const float4 v = *reinterpret_cast<const float4 *>(l + g);
-            x = fmaxf(x, fmaxf(fmaxf(v.x - lse[g], v.y - lse[g + 1]), fmaxf(v.z - lse[g + 2], v.w - lse[g + 3])));
-        }
-    } else {
-        for (int32_t g = 0; g < G; g++) x = fmaxf(x, l[g] - lse[g]);
-    }
-    return ex2(x);
-}
-
-/* score += v as a fire-and-forget reduction in L2: no load waits on it. Each slot has one writer
- * per call, so this is the load, add and store it replaces, except that the add flushes
- * subnormals (below 1.2e-38) to zero. */
-__device__ __forceinline__ void red_add(float *score, float v)
-{
-    asm volatile("red.global.add.f32 [%0], %1;" ::"l"(score), "f"(v) : "memory");
-}
-
-/* red_add of four consecutive slots (16-byte aligned) in one reduction. */
-__device__ __forceinline__ void red_add4(float *score, float v0, float v1, float v2, float v3)
-{
-    asm volatile("red.global.add.v4.f32 [%0], {%1, %2, %3, %4};" ::"l"(score), "f"(v0), "f"(v1),
-                 "f"(v2), "f"(v3) : "memory");
-}
-
-/* One section of a head-region for the score write-back: its n tokens' logits (token k's G at
- * lg + k G: the section's item rows follow each other, all full but the last), its page ids
- * (page i at row[i * step]: the high section from the row's start, the low one from its end)
- * and pages of tpp tokens with the score slots at off_score. */
-struct section_tokens {
-    const float *lg;
-    int64_t lin0; /* token x of the compact logits of the section's token 0 */
-    const int32_t *row;
-    const uint8_t *pool;
-    int64_t page_bytes, off_score;
-    int32_t step, n, tpp, G;
-};
-
-/* The score slot at slot of page id page of a section. */
-__device__ __forceinline__ float *score_slot(const section_tokens &s, int32_t page, int32_t slot)
-{
-    // NOTE: int32 page id, widen before the multiply (pools exceed 2 GiB).
-    return reinterpret_cast<float *>(const_cast<uint8_t *>(s.pool) + (int64_t)page * s.page_bytes +
-                                     s.off_score) + slot;
-}
-
-/* Whether the four score slots of tokens k to k + 3 (k a multiple of 4) share a page and are
- * 16-byte aligned (pages of a multiple of 4 tokens, and the pool, its pages and their score
- * segment 16-byte aligned, as mixkv's layouts are): red_add4 takes them. */
-__device__ __forceinline__ bool score_v4(const section_tokens &s)
-{
-    return s.tpp % 4 == 0 &&
-           ((reinterpret_cast<uintptr_t>(s.pool) | (uintptr_t)s.page_bytes | (uintptr_t)s.off_score) & 15) == 0;
-}
-
-/* The head-region's section sec (high tokens [0, hi), low [hi, n); logits of the high items
- * from slot 0, of the low ones from slot items_hi). */
-__device__ __forceinline__ section_tokens section_of_region(const fast_args &a, int64_t rs, int64_t region,
-                                                            int32_t sec, int32_t hi, int32_t n,
-                                                            int32_t items_hi)
-{
-    section_tokens s;
-    const int64_t slot = rs * (a.sec_items + 1) + (sec ? items_hi : 0);
-    s.lg = a.logits + slot * a.item_tokens * a.G;
-    s.lin0 = slot * a.item_tokens;
-    s.row = a.table + region * a.T + (sec ? a.T - 1 : 0);
-    s.step = sec ? -1 : 1;
-    s.n = sec ? n - hi : hi;
-    s.tpp = a.sec[sec].tpp;
-    s.off_score = a.sec[sec].off_score;
-    s.pool = a.pool, s.page_bytes = a.page_bytes, s.G = a.G;
-    return s;
-}
-
-/* The score write-back of tokens k = first + u * stride (u < U, 0 <= k < n) of a section (the
- * finalize kernel): each one's probability added to its score slot. All loads (logits and
- * page ids) first, then the reductions: U independent chains, none waiting on a score slot. */
-template <int U>
-__device__ __forceinline__ void score_tokens(const section_tokens &s, int32_t first, int32_t stride,
-                                             const float *lse)
-{
-    float pmax[U];
-    int32_t page[U];
-#pragma unroll
-    for (int u = 0; u < U; u++) {
-        const int32_t k = first + u * stride;
-        if (k < 0 || k >= s.n) continue;
-        pmax[u] = token_prob(s.lg + (int64_t)k * s.G, s.G, lse);
-        page[u] = __ldg(s.row + k / s.tpp * s.step);
-    }
-#pragma unroll
-    for (int u = 0; u < U; u++) {
-        const int32_t k = first + u * stride;
-        if (k < 0 || k >= s.n) continue;
-        red_add(score_slot(s, page[u], k % s.tpp), pmax[u]);
-    }
-}
-
-/* out of head-region rs = its n_items items' partial outputs (from part), each weighted by
- * 2^(m - M), over S; elements i0, i0 + stride, ... of the G x d. */
-__device__ __forceinline__ void merge_out(const fast_args &a, int64_t part, int32_t n_items,
-                                          int64_t rs, int32_t d, const float *M, const float *S,
-                                          int32_t i0, int32_t stride)
-{
-    const int32_t G = a.G;
-    for (int32_t i = i0; i < G * d; i += stride) {
-        const int32_t g = i / d, e = i - g * d;
-        float o = 0.0f;
-#pragma unroll 4
-        for (int32_t s = 0; s < n_items; s++) {
-            const float w = exp2f(__ldcg(a.part_ml + ((part + s) * G + g) * 2) - M[g]);
-            o = fmaf(__ldcg(a.part_o + ((part + s) * G + g) * d + e), w, o);
-        }
-        const float r = o / S[g];
-        if (a.out16) a.out16[(rs * G + g) * d + e] = a.out_bf16 ? mkv_f32_to_bf16(r) : mkv_f32_to_f16(r);
-        else a.out[(rs * G + g) * d + e] = r;
-    }
-}
 
 /* Merge and score write-back after the item kernels; head_dim d. */
 cudaError_t mkv_fast_finalize(const fast_args &a, int32_t d, int32_t n_seq, cudaStream_t stream);

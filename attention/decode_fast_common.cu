@@ -4,6 +4,7 @@
  * that merges each head-region's items and writes the scores back.
  */
 #include "attention/decode_fast.h"
+#include "attention/tc_merge.cuh"
 
 #include <math.h>
 
@@ -81,20 +82,20 @@ static __global__ void __launch_bounds__(FIN_THREADS) finalize_kernel(const fast
     __shared__ float M_s[MKV_FAST_MAX_G], S_s[MKV_FAST_MAX_G], LSE_s[MKV_FAST_MAX_G];
     const int32_t warp = tid >> 5, lane = tid & 31, slots = items_hi + items_lo;
     if (warp < G) {
-        const float2 ms = head_ms(a, part, slots, warp);
+        const float2 ms = mkv_fast::head_ms(a, part, slots, warp);
         if (lane == 0) M_s[warp] = ms.x, S_s[warp] = ms.y, LSE_s[warp] = ms.x + log2f(ms.y);
     }
     __syncthreads();
 
     if (blockIdx.x == 0) {
-        merge_out(a, part, items_hi + items_lo, rs, d, M_s, S_s, tid, FIN_THREADS);
+        mkv_fast::merge_out(a, part, items_hi + items_lo, rs, d, M_s, S_s, tid, FIN_THREADS);
         return;
     }
 
     /* The tokens of the block in each section (first is past hi in the low one: none there). */
     for (int32_t sec = 0; sec < 2; sec++) {
-        const section_tokens s = section_of_region(a, rs, region, sec, hi, n, items_hi);
-        score_tokens<FIN_TOKENS>(s, first + tid - (sec ? hi : 0), FIN_THREADS, LSE_s);
+        const mkv_fast::section_tokens s = mkv_fast::section_of_region(a, rs, region, sec, hi, n, items_hi);
+        mkv_fast::score_tokens<FIN_TOKENS>(s, first + tid - (sec ? hi : 0), FIN_THREADS, LSE_s);
     }
 }
 

@@ -1,7 +1,7 @@
 /*
  * decode_tuning.h — every threshold that mkv_cuda_decode's AUTO choices (and the tensor-core
  * kernel's compile-time stage shape) were tuned with, in one table, each with where it came
- * from. CUDA/C++ only (decode_cuda.cu, decode_fast_common.cu, decode_fast.cuh).
+ * from. CUDA/C++ only (decode_cuda.cu, decode_fast_common.cu, tc_staging.cuh).
  *
  * These values were set by timing bench_attention (32 query / 8 KV heads, d 128, default pages;
  * figures and commands in docs/results.md) on one H100 80GB HBM3 and one H200. They are right
@@ -70,7 +70,7 @@ struct mkv_decode_tuning {
      * 1,024; 256 x 32k 4,292 with 4,096, 3,686 with 2,048). */
     static constexpr int32_t two_format_min_items = 8;
 
-    /* ---- Stages of the tensor-core kernel (decode_fast.cuh, stage_layout) ----
+    /* ---- Stages of the tensor-core kernel (tc_staging.cuh, stage_layout) ----
      * Subtiles per stage: four up to stage4_max_subtile_bytes per subtile, two up to
      * stage2_max_subtile_bytes, else one (fewer waits and warp barriers per token for small
      * subtiles; tuned on an H200 at 256 x 32k, K8V4 and K4V2). Two stages instead of three
