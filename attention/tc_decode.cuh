@@ -1,5 +1,5 @@
 /*
- * tc_decode.cuh — the tensor-core decode kernel template (interface in decode_fast.h, design
+ * tc_decode.cuh — the tensor-core decode kernel template (interface in decode_tc.h, design
  * and numerics in docs/decode-kernel.md, "The tensor-core kernels"). Included only by the
  * generated per-format translation units, each instantiating one (key bits, value bits,
  * head_dim), or a pair of formats for the two-format kernel.
@@ -17,7 +17,7 @@
 #ifndef MKV_ATTENTION_TC_DECODE_CUH
 #define MKV_ATTENTION_TC_DECODE_CUH
 
-#include "attention/decode_fast.h"
+#include "attention/decode_tc.h"
 #include "attention/tc_finish.cuh"
 #include "attention/tc_item.cuh"
 #include "attention/tc_ptx.cuh"
@@ -31,11 +31,11 @@
 
 #include <type_traits>
 
-namespace mkv_fast {
+namespace mkv_tc {
 
 /* Where block x (along grid x) of region (sequence j, KV head h) puts warp warp: x <
  * blocks_per_sec in the one section of the launch (sec_mask 1 or 2), or for both (sec_mask 3)
- * the high section's blocks first, then the low one's, then none; each block MKV_FAST_WARPS
+ * the high section's blocks first, then the low one's, then none; each block MKV_TC_WARPS
  * consecutive items of its section. any: whether the block has an item at all (a region's
  * blocks with one are x < arrivals); n_items: the region's items, high then low (its item
  * slots). */
@@ -46,10 +46,10 @@ struct block_pos {
     int32_t bta, btb; /* the block's tokens [bta, btb) of its section */
 };
 
-__device__ __forceinline__ block_pos locate(const fast_args &a, int32_t bx, int32_t hh, int32_t j)
+__device__ __forceinline__ block_pos locate(const tc_args &a, int32_t bx, int32_t hh, int32_t j)
 {
     block_pos b;
-    const int32_t warp = threadIdx.x >> 5, W = MKV_FAST_WARPS;
+    const int32_t warp = threadIdx.x >> 5, W = MKV_TC_WARPS;
     item_pos &ip = b.ip;
     ip.rs = (int64_t)j * a.H + hh; /* (sequence, KV head) */
     ip.region = a.regions[ip.rs];
@@ -84,7 +84,7 @@ __device__ __forceinline__ block_pos locate(const fast_args &a, int32_t bx, int3
 
 /*
  * Separate score pass (a.fused 0): grid (grid_x, H, n_seq); a block runs its items and ends;
- * fast_finalize then merges and writes the scores back.
+ * mkv_tc_finalize then merges and writes the scores back.
  *
  * Fused (a.fused 1, one launch covering both sections): a persistent grid. Each block loops
  * over two kinds of work, taken from counters in the workspace:
@@ -101,7 +101,7 @@ __device__ __forceinline__ block_pos locate(const fast_args &a, int32_t bx, int3
  */
 /* A section format of a kernel: key and value bits, quantization groups a side. */
 template <int KB_, int VB_, int KG_, int VG_>
-struct fast_fmt {
+struct tc_fmt {
     static constexpr int KB = KB_, VB = VB_, KG = KG_, VG = VG_;
 };
 
@@ -118,14 +118,14 @@ struct kernel_shape {
     static constexpr int STEP_LO = 16 * step_subtiles<LO::KB, LO::VB, D, LO::KG, LO::VG>();
     static constexpr int RG = STEP_HI < STEP_LO ? STEP_HI : STEP_LO;
     static constexpr int WARP_BYTES = SH::WARP_BYTES > SLO::WARP_BYTES ? SH::WARP_BYTES : SLO::WARP_BYTES;
-    static constexpr int SMEM = MKV_FAST_WARPS * WARP_BYTES + (int)sizeof(block_shared);
+    static constexpr int SMEM = MKV_TC_WARPS * WARP_BYTES + (int)sizeof(block_shared);
     static constexpr bool ONE = std::is_same<HI, LO>::value;
     static constexpr int MIN_BLOCKS = SH::NT >= 4 || HI::KG > 1 || SLO::NT >= 4 || LO::KG > 1 ? 3 : 0;
 };
 
 /* The warp's item in its section's format. */
 template <int D, class HI, class LO, bool FUSED>
-__device__ __forceinline__ void run_section_item(const fast_args &a, uint8_t *smem, const item_pos &ip)
+__device__ __forceinline__ void run_section_item(const tc_args &a, uint8_t *smem, const item_pos &ip)
 {
     constexpr int RG = kernel_shape<D, HI, LO>::RG;
     if (kernel_shape<D, HI, LO>::ONE || ip.sec == 0)
@@ -135,13 +135,13 @@ __device__ __forceinline__ void run_section_item(const fast_args &a, uint8_t *sm
 }
 
 template <int D, class HI, class LO>
-__global__ void __launch_bounds__(MKV_FAST_WARPS * 32, kernel_shape<D, HI, LO>::MIN_BLOCKS) decode_kernel(const fast_args a)
+__global__ void __launch_bounds__(MKV_TC_WARPS * 32, kernel_shape<D, HI, LO>::MIN_BLOCKS) decode_kernel(const tc_args a)
 {
     using K = kernel_shape<D, HI, LO>;
     extern __shared__ __align__(16) uint8_t smem[];
-    block_shared &bs = *reinterpret_cast<block_shared *>(smem + MKV_FAST_WARPS * K::WARP_BYTES);
+    block_shared &bs = *reinterpret_cast<block_shared *>(smem + MKV_TC_WARPS * K::WARP_BYTES);
     const int32_t tid = threadIdx.x;
-    using RF = region_finish<D, MKV_FAST_WARPS * K::WARP_BYTES>;
+    using RF = region_finish<D, MKV_TC_WARPS * K::WARP_BYTES>;
 
     if (!a.fused) {
         const block_pos b = locate(a, blockIdx.x, blockIdx.y, blockIdx.z);
@@ -234,7 +234,7 @@ __global__ void __launch_bounds__(MKV_FAST_WARPS * 32, kernel_shape<D, HI, LO>::
                 __syncthreads();
                 if (tid == 0) bs.arg = atomicAdd(sq_tail, g.arrivals);
                 __syncthreads();
-                for (int32_t i = tid; i < g.arrivals; i += MKV_FAST_WARPS * 32)
+                for (int32_t i = tid; i < g.arrivals; i += MKV_TC_WARPS * 32)
                     st_release(jobs + bs.arg + i, g.first_id + i); /* its blocks: x < arrivals */
                 RF::merge(a, smem, g, bs.M, bs.S);
             }
@@ -247,15 +247,15 @@ __global__ void __launch_bounds__(MKV_FAST_WARPS * 32, kernel_shape<D, HI, LO>::
     }
 }
 
-} // namespace mkv_fast
+} // namespace mkv_tc
 
 /* One translation unit per (key bits, value bits, head_dim), generated by CMake: the kernel
  * with one quantization group a side, and the one with the library's default groups where
- * they differ and groups_supported takes them. mkv_fast_get_K<KB>V<VB>_d<D>(kg, vg) returns
+ * they differ and groups_supported takes them. mkv_tc_get_K<KB>V<VB>_d<D>(kg, vg) returns
  * the variant for kg key and vg value groups ({NULL, NULL} if none). A two-format translation
- * unit (MKV_DECODE_FAST_MIX_INSTANCE) holds the kernel that runs a high section of one format
+ * unit (MKV_DECODE_TC_MIX_INSTANCE) holds the kernel that runs a high section of one format
  * and a low section of another in one launch, for one group a side or the default groups. */
-namespace mkv_fast {
+namespace mkv_tc {
 
 /* The shared-memory opt-in above 48 KB and the occupancy it gives, once per device and
  * variant (both are per-device function state; asking every call cost host time per layer).
@@ -276,7 +276,7 @@ int variant_setup(void)
     int n = 0;
     if (cudaFuncSetAttribute(decode_kernel<D, HI, LO>, cudaFuncAttributeMaxDynamicSharedMemorySize, smem) !=
             cudaSuccess ||
-        cudaOccupancyMaxActiveBlocksPerMultiprocessor(&n, decode_kernel<D, HI, LO>, MKV_FAST_WARPS * 32, smem) !=
+        cudaOccupancyMaxActiveBlocksPerMultiprocessor(&n, decode_kernel<D, HI, LO>, MKV_TC_WARPS * 32, smem) !=
             cudaSuccess) {
         (void)cudaGetLastError();
         n = 0;
@@ -286,22 +286,22 @@ int variant_setup(void)
 }
 
 template <int D, class HI, class LO>
-cudaError_t launch_variant(const fast_args &a, dim3 grid, cudaStream_t stream)
+cudaError_t launch_variant(const tc_args &a, dim3 grid, cudaStream_t stream)
 {
     if (variant_setup<D, HI, LO>() <= 0) return cudaErrorInvalidValue;
-    decode_kernel<D, HI, LO><<<grid, MKV_FAST_WARPS * 32, kernel_shape<D, HI, LO>::SMEM, stream>>>(a);
+    decode_kernel<D, HI, LO><<<grid, MKV_TC_WARPS * 32, kernel_shape<D, HI, LO>::SMEM, stream>>>(a);
     return cudaGetLastError();
 }
 
 template <int D, class HI, class LO>
-fast_kernel kernel_of(void)
+tc_kernel kernel_of(void)
 {
-    return fast_kernel{launch_variant<D, HI, LO>, variant_setup<D, HI, LO>};
+    return tc_kernel{launch_variant<D, HI, LO>, variant_setup<D, HI, LO>};
 }
 
 /* A format's default groups a side at head_dim D (one for 16-bit vectors). */
 template <int KB, int VB, int D>
-using default_fmt = fast_fmt<KB, VB, KB == 16 ? 1 : MKV_DEFAULT_GROUPS(D, KB, 0), VB == 16 ? 1 : MKV_DEFAULT_GROUPS(D, VB, 1)>;
+using default_fmt = tc_fmt<KB, VB, KB == 16 ? 1 : MKV_DEFAULT_GROUPS(D, KB, 0), VB == 16 ? 1 : MKV_DEFAULT_GROUPS(D, VB, 1)>;
 
 template <int KB, int VB, int D>
 constexpr bool has_default_variant()
@@ -311,44 +311,44 @@ constexpr bool has_default_variant()
 }
 
 template <int KB, int VB, int D>
-fast_kernel get_variant(int32_t kg, int32_t vg)
+tc_kernel get_variant(int32_t kg, int32_t vg)
 {
-    using ONE = fast_fmt<KB, VB, 1, 1>;
+    using ONE = tc_fmt<KB, VB, 1, 1>;
     if (kg == 1 && vg == 1) return kernel_of<D, ONE, ONE>();
     if constexpr (has_default_variant<KB, VB, D>()) {
         using F = default_fmt<KB, VB, D>;
         if (kg == F::KG && vg == F::VG) return kernel_of<D, F, F>();
     }
-    return fast_kernel{nullptr, nullptr};
+    return tc_kernel{nullptr, nullptr};
 }
 
 /* The two-format kernel: one group a side on both sections, or the default groups on both. */
 template <int KBH, int VBH, int KBL, int VBL, int D>
-fast_kernel get_mix_variant(int32_t kgh, int32_t vgh, int32_t kgl, int32_t vgl)
+tc_kernel get_mix_variant(int32_t kgh, int32_t vgh, int32_t kgl, int32_t vgl)
 {
     if (kgh == 1 && vgh == 1 && kgl == 1 && vgl == 1)
-        return kernel_of<D, fast_fmt<KBH, VBH, 1, 1>, fast_fmt<KBL, VBL, 1, 1>>();
+        return kernel_of<D, tc_fmt<KBH, VBH, 1, 1>, tc_fmt<KBL, VBL, 1, 1>>();
     if constexpr (has_default_variant<KBH, VBH, D>() && has_default_variant<KBL, VBL, D>()) {
         using FH = default_fmt<KBH, VBH, D>;
         using FL = default_fmt<KBL, VBL, D>;
         if (kgh == FH::KG && vgh == FH::VG && kgl == FL::KG && vgl == FL::VG) return kernel_of<D, FH, FL>();
     }
-    return fast_kernel{nullptr, nullptr};
+    return tc_kernel{nullptr, nullptr};
 }
 
-} // namespace mkv_fast
+} // namespace mkv_tc
 
-#define MKV_DECODE_FAST_INSTANCE(KB, VB, D)                                                    \
-    fast_kernel mkv_fast_get_K##KB##V##VB##_d##D(int32_t kg, int32_t vg)                       \
+#define MKV_DECODE_TC_INSTANCE(KB, VB, D)                                                      \
+    tc_kernel mkv_tc_get_K##KB##V##VB##_d##D(int32_t kg, int32_t vg)                           \
     {                                                                                          \
-        return mkv_fast::get_variant<KB, VB, D>(kg, vg);                                       \
+        return mkv_tc::get_variant<KB, VB, D>(kg, vg);                                         \
     }
 
-#define MKV_DECODE_FAST_MIX_INSTANCE(KBH, VBH, KBL, VBL, D)                                    \
-    fast_kernel mkv_fast_get_K##KBH##V##VBH##_K##KBL##V##VBL##_d##D(int32_t kgh, int32_t vgh,  \
-                                                                    int32_t kgl, int32_t vgl)  \
+#define MKV_DECODE_TC_MIX_INSTANCE(KBH, VBH, KBL, VBL, D)                                      \
+    tc_kernel mkv_tc_get_K##KBH##V##VBH##_K##KBL##V##VBL##_d##D(int32_t kgh, int32_t vgh,      \
+                                                                int32_t kgl, int32_t vgl)      \
     {                                                                                          \
-        return mkv_fast::get_mix_variant<KBH, VBH, KBL, VBL, D>(kgh, vgh, kgl, vgl);           \
+        return mkv_tc::get_mix_variant<KBH, VBH, KBL, VBL, D>(kgh, vgh, kgl, vgl);             \
     }
 
 #endif /* MKV_ATTENTION_TC_DECODE_CUH */

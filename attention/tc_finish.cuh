@@ -7,7 +7,7 @@
 #ifndef MKV_ATTENTION_TC_FINISH_CUH
 #define MKV_ATTENTION_TC_FINISH_CUH
 
-#include "attention/decode_fast.h"
+#include "attention/decode_tc.h"
 #include "attention/tc_merge.cuh"
 #include "attention/tc_ptx.cuh"
 #include "attention/tc_staging.cuh"
@@ -16,15 +16,15 @@
 
 #include <stdint.h>
 
-namespace mkv_fast {
+namespace mkv_tc {
 
 /* The final M, S and lse of every head of the region into bs (warp w takes heads w,
- * w + MKV_FAST_WARPS); block-wide, ends with a barrier. */
-__device__ __forceinline__ void region_ms(const fast_args &a, int64_t rs, int32_t n_items, block_shared &bs)
+ * w + MKV_TC_WARPS); block-wide, ends with a barrier. */
+__device__ __forceinline__ void region_ms(const tc_args &a, int64_t rs, int32_t n_items, block_shared &bs)
 {
     const int32_t warp = threadIdx.x >> 5, lane = threadIdx.x & 31;
     const int64_t part = rs * 2 * a.sec_items;
-    for (int32_t g = warp; g < a.G; g += MKV_FAST_WARPS) {
+    for (int32_t g = warp; g < a.G; g += MKV_TC_WARPS) {
         const float2 ms = head_ms(a, part, n_items, g);
         if (lane == 0) bs.M[g] = ms.x, bs.S[g] = ms.y, bs.lse[g] = ms.x + log2f(ms.y);
     }
@@ -37,11 +37,11 @@ __device__ __forceinline__ void region_ms(const fast_args &a, int64_t rs, int32_
  * count: ptxas sizes it for the worst path, and the decode loop would lose occupancy). */
 template <int D, int AREA_>
 struct region_finish {
-    static constexpr int32_t NTH = MKV_FAST_WARPS * 32;
+    static constexpr int32_t NTH = MKV_TC_WARPS * 32;
     static constexpr int32_t AREA = AREA_; /* the block's staging area */
     static constexpr int32_t IDS = 128;                      /* page ids per score chunk */
     static constexpr int32_t HALF = AREA / 2 - IDS * 4;      /* logits per score chunk */
-    static constexpr int32_t EMAX = (MKV_FAST_MAX_G * D + NTH - 1) / NTH; /* outputs per thread */
+    static constexpr int32_t EMAX = (MKV_TC_MAX_G * D + NTH - 1) / NTH; /* outputs per thread */
     static_assert(HALF >= 4096, "room for a chunk of logits");
 
     /* The score jobs' double-buffered loop over n_chunks chunks: issue(c, at) starts chunk c's
@@ -102,7 +102,7 @@ struct region_finish {
 
     /* out = the items' partial outputs, each weighted by 2^(m - M) / S: chunks of whole items
      * (outputs, then max and sum), weights computed once per item and head. */
-    static __device__ __forceinline__ void merge(const fast_args &a, uint8_t *smem, const region_info &g,
+    static __device__ __forceinline__ void merge(const tc_args &a, uint8_t *smem, const region_info &g,
                                                  const float *M, const float *S)
     {
         const int32_t tid = threadIdx.x, G = a.G, GD = G * D;
@@ -152,7 +152,7 @@ struct region_finish {
      * probability, the maximum over the group of 2^(l - lse_g), added to its score slot, from
      * the logits; then (discard) the logits dropped from L2. Two buffers: the next chunk's
      * logits and page ids are on their way while this one is scored. */
-    static __device__ __forceinline__ void scores(const fast_args &a, uint8_t *smem, const section_tokens &s,
+    static __device__ __forceinline__ void scores(const tc_args &a, uint8_t *smem, const section_tokens &s,
                                                   int32_t t0, int32_t t1, const float *lse)
     {
         const int32_t tid = threadIdx.x, G = a.G;
@@ -198,7 +198,7 @@ struct region_finish {
      * probability is the maximum over the group of y 2^(R - lse_g). STEP: the section's
      * tokens per softmax step; RG: the grid of the maxima (run_item), a divisor of STEP. */
     template <int32_t STEP, int32_t RG>
-    static __device__ __forceinline__ void scores_compact(const fast_args &a, uint8_t *smem,
+    static __device__ __forceinline__ void scores_compact(const tc_args &a, uint8_t *smem,
                                                           const section_tokens &s, int32_t t0,
                                                           int32_t t1, const float *lse)
     {
@@ -241,12 +241,12 @@ struct region_finish {
             const uint8_t *ca = at + IDS * 4, *cb = at + o_b;
             float *cr = reinterpret_cast<float *>(at + o_r);
             const int32_t k0 = t0 + c * chunk, k1 = min(k0 + chunk, t1), s0 = k0 % s.tpp;
-            /* Each step maximum R becomes its codes' factor 2^(R - lse_g) / MKV_FAST_YSCALE, in
+            /* Each step maximum R becomes its codes' factor 2^(R - lse_g) / MKV_TC_YSCALE, in
              * place (0 for the missing head of an odd G's last pair). */
             const int32_t spc = chunk / RG, nr = 2 * PAIRS * spc;
             for (int32_t i = tid; i < nr; i += NTH) {
                 const int32_t h = 2 * (i / (2 * spc)) + (i & 1);
-                cr[i] = h < G ? ex2(cr[i] - lse[h]) * (1.0f / MKV_FAST_YSCALE) : 0.0f;
+                cr[i] = h < G ? ex2(cr[i] - lse[h]) * (1.0f / MKV_TC_YSCALE) : 0.0f;
             }
             __syncthreads();
             /* Four tokens per thread (one step, one page: pages hold a multiple of 16 tokens):
@@ -273,7 +273,7 @@ struct region_finish {
             }
         };
         chunks(smem, n_chunks, issue, [&](int32_t c, uint8_t *at) {
-            switch (G2) { /* G <= MKV_FAST_MAX_G = 8 */
+            switch (G2) { /* G <= MKV_TC_MAX_G = 8 */
             case 1: score_chunk(std::integral_constant<int32_t, 1>(), c, at); break;
             case 2: score_chunk(std::integral_constant<int32_t, 2>(), c, at); break;
             case 3: score_chunk(std::integral_constant<int32_t, 3>(), c, at); break;
@@ -295,6 +295,6 @@ struct region_finish {
     }
 };
 
-} // namespace mkv_fast
+} // namespace mkv_tc
 
 #endif /* MKV_ATTENTION_TC_FINISH_CUH */

@@ -31,7 +31,7 @@
 #ifndef MKV_ATTENTION_TC_ITEM_CUH
 #define MKV_ATTENTION_TC_ITEM_CUH
 
-#include "attention/decode_fast.h"
+#include "attention/decode_tc.h"
 #include "attention/tc_ptx.cuh"
 #include "attention/tc_staging.cuh"
 #include "attention/tc_unpack.cuh"
@@ -40,7 +40,7 @@
 
 #include <math.h>
 
-namespace mkv_fast {
+namespace mkv_tc {
 
 /* Which quantization groups the kernel takes: one a side, or several where
  *   - keys: 8- or 4-bit codes in groups of 32 elements or more, so that each 32-element k-step
@@ -57,12 +57,12 @@ __host__ __device__ constexpr bool groups_supported()
 
 /* 20-bit code of y in [0, 1] (rounded to nearest: y (2^20 - 2) + 2^23 in fp32 has ulp 1),
  * in the low 20 bits; bits 20 to 22 are zero. */
-__device__ __forceinline__ uint32_t y_code(float y) { return __float_as_uint(fmaf(y, MKV_FAST_YSCALE, 8388608.0f)); }
+__device__ __forceinline__ uint32_t y_code(float y) { return __float_as_uint(fmaf(y, MKV_TC_YSCALE, 8388608.0f)); }
 
 /* One warp's item: the logits of its tokens (to the workspace), and its unnormalised partial
  * output, running max and sum. */
 template <int KB, int VB, int D, int KG, int VG, bool FUSED, int RG>
-__device__ __forceinline__ void run_item(const fast_args &a, uint8_t *smem, const item_pos &ip)
+__device__ __forceinline__ void run_item(const tc_args &a, uint8_t *smem, const item_pos &ip)
 {
     using SL = stage_layout<KB, VB, D, KG, VG>;
     constexpr int NT = SL::NT, S = SL::STAGES;
@@ -80,7 +80,7 @@ __device__ __forceinline__ void run_item(const fast_args &a, uint8_t *smem, cons
     const int32_t warp = threadIdx.x >> 5, lane = threadIdx.x & 31, gr = lane >> 2, tc = lane & 3;
     const int64_t rs = ip.rs, region = ip.region;
     const int32_t sec = ip.sec, ta = ip.ta, tb = ip.tb;
-    const fast_section L = a.sec[sec];
+    const tc_section L = a.sec[sec];
     const int32_t *row = a.table + region * a.T;
     const int32_t stride = L.tpp * 16;
     const int G = a.G;
@@ -191,7 +191,7 @@ __device__ __forceinline__ void run_item(const fast_args &a, uint8_t *smem, cons
      * 8 G further on); lanes 2tc >= G store none. */
     const int64_t lin = (rs * (a.sec_items + 1) + ip.slot_id) * a.item_tokens;
     const bool lg_lane = 2 * tc < G, lg_pair = G % 2 == 0;
-    /* Compact logits (fast_args): lg is then the lane's word of lg_a (token gr, pair tc),
+    /* Compact logits (tc_args): lg is then the lane's word of lg_a (token gr, pair tc),
      * advanced once per softmax step, after its stores. */
     const bool compact = FUSED && a.compact;
     float *lg = compact ? reinterpret_cast<float *>(a.lg_a + tc * a.lg_n + lin + gr) : a.logits + (lin + gr) * G + 2 * tc;
@@ -667,6 +667,6 @@ __device__ __forceinline__ void run_item(const fast_args &a, uint8_t *smem, cons
     }
 }
 
-} // namespace mkv_fast
+} // namespace mkv_tc
 
 #endif /* MKV_ATTENTION_TC_ITEM_CUH */

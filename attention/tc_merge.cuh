@@ -1,25 +1,25 @@
 /*
  * tc_merge.cuh — the merge of a head-region's items and the score write-back's per-token
  * steps, shared by the fused kernel (tc_finish.cuh) and the finalize kernel of the separate
- * pass (decode_fast_common.cu): the final max and sum of a head over the items, a token's
+ * pass (decode_tc_common.cu): the final max and sum of a head over the items, a token's
  * probability from its logits, the section a write-back walks, and its score slots.
  */
 #ifndef MKV_ATTENTION_TC_MERGE_CUH
 #define MKV_ATTENTION_TC_MERGE_CUH
 
-#include "attention/decode_fast.h"
+#include "attention/decode_tc.h"
 #include "attention/tc_ptx.cuh"
 
 #include <math.h>
 
 #include <stdint.h>
 
-namespace mkv_fast {
+namespace mkv_tc {
 
 /* The final max M and sum S (log2 units) of head g over the n_items item slots from part:
  * one online pass, a slot per lane, then a warp merge. Reads through L2 (in the fused kernel,
  * other blocks wrote them). */
-__device__ __forceinline__ float2 head_ms(const fast_args &a, int64_t part, int32_t n_items, int32_t g)
+__device__ __forceinline__ float2 head_ms(const tc_args &a, int64_t part, int32_t n_items, int32_t g)
 {
     const int32_t lane = threadIdx.x & 31;
     float M = -INFINITY, S = 0.0f;
@@ -88,7 +88,7 @@ __device__ __forceinline__ bool score_v4(const section_tokens &s)
 
 /* The head-region's section sec (high tokens [0, hi), low [hi, n); logits of the high items
  * from slot 0, of the low ones from slot items_hi). */
-__device__ __forceinline__ section_tokens section_of_region(const fast_args &a, int64_t rs, int64_t region,
+__device__ __forceinline__ section_tokens section_of_region(const tc_args &a, int64_t rs, int64_t region,
                                                             int32_t sec, int32_t hi, int32_t n,
                                                             int32_t items_hi)
 {
@@ -131,7 +131,7 @@ __device__ __forceinline__ void score_tokens(const section_tokens &s, int32_t fi
 
 /* out of head-region rs = its n_items items' partial outputs (from part), each weighted by
  * 2^(m - M), over S; elements i0, i0 + stride, ... of the G x d. */
-__device__ __forceinline__ void merge_out(const fast_args &a, int64_t part, int32_t n_items,
+__device__ __forceinline__ void merge_out(const tc_args &a, int64_t part, int32_t n_items,
                                           int64_t rs, int32_t d, const float *M, const float *S,
                                           int32_t i0, int32_t stride)
 {
@@ -150,6 +150,6 @@ __device__ __forceinline__ void merge_out(const fast_args &a, int64_t part, int3
     }
 }
 
-} // namespace mkv_fast
+} // namespace mkv_tc
 
 #endif /* MKV_ATTENTION_TC_MERGE_CUH */

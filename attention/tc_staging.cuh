@@ -8,11 +8,11 @@
 #ifndef MKV_ATTENTION_TC_STAGING_CUH
 #define MKV_ATTENTION_TC_STAGING_CUH
 
-#include "attention/decode_fast.h"
+#include "attention/decode_tc.h"
 
 #include <stdint.h>
 
-namespace mkv_fast {
+namespace mkv_tc {
 
 /* A warp's staged subtile: the page segments of its (up to) 16 tokens as the page holds them,
  * copied by the whole warp in 16-byte units (every sector read whole, once). Key chunks, then
@@ -68,7 +68,7 @@ struct block_shared {
     int32_t nap;             /* thread 0's: its next pause (ns) while nothing is to be taken */
     int32_t owed, exhausted; /* thread 0's: the score job ticket it holds (-1: none); whether
                                 every decode id has been taken */
-    float M[MKV_FAST_MAX_G], S[MKV_FAST_MAX_G], lse[MKV_FAST_MAX_G];
+    float M[MKV_TC_MAX_G], S[MKV_TC_MAX_G], lse[MKV_TC_MAX_G];
 };
 
 /* Subtiles per softmax step: all of a stage's where it holds two or four (one max, rescale
@@ -126,6 +126,6 @@ struct item_pos {
     int32_t sec, sec_n, ta, tb, slot_id; /* sec_n: the section's token count */
 };
 
-} // namespace mkv_fast
+} // namespace mkv_tc
 
 #endif /* MKV_ATTENTION_TC_STAGING_CUH */

@@ -13,7 +13,7 @@
 
 #include <stdint.h>
 
-namespace mkv_fast {
+namespace mkv_tc {
 
 __device__ __forceinline__ uint32_t pack_h2(float lo, float hi)
 {
@@ -131,6 +131,6 @@ __device__ __forceinline__ void unpack_values_scaled(const uint32_t (&a)[WORDS],
     }
 }
 
-} // namespace mkv_fast
+} // namespace mkv_tc
 
 #endif /* MKV_ATTENTION_TC_UNPACK_CUH */

@@ -1,24 +1,24 @@
 /*
- * decode_fast.h — internal interface of the tensor-core decode kernels (CUDA only; the public
+ * decode_tc.h — internal interface of the tensor-core decode kernels (CUDA only; the public
  * entry point is mkv_cuda_decode in decode_cuda.h, which chooses between these and the generic
  * kernels of decode_cuda.cu). Design and numerics: docs/decode-kernel.md, "The tensor-core
  * kernels".
  *
  * One kernel per (key bits, value bits, head_dim), each in its own generated translation unit
- * (CMake's MIXKV_DECODE_FAST_FORMATS and MIXKV_DECODE_FAST_DIMS list the instantiated ones).
+ * (CMake's MIXKV_DECODE_TC_FORMATS and MIXKV_DECODE_TC_DIMS list the instantiated ones).
  * A warp takes one item: up to item_tokens consecutive tokens of one section (high or low) of
  * one head-region, for all G <= 8 query heads of the group at once, and writes the item's
  * unnormalised partial output, running max and sum to the workspace together with every
  * token's logits. Then the items of each head-region are merged into out and each token's
  * probability (the maximum over the group) is added to its score slot: either inside the same
  * kernel (fused: the region's last block merges, and its blocks become score jobs for
- * whichever block is free), or by a separate pass, mkv_fast_finalize.
+ * whichever block is free), or by a separate pass, mkv_tc_finalize.
  *
  * The kernel template is tc_decode.cuh (its parts are listed there); the device helpers the
  * finalize kernel shares with it (merge, token probabilities, score slots) are tc_merge.cuh's.
  */
-#ifndef MKV_ATTENTION_DECODE_FAST_H
-#define MKV_ATTENTION_DECODE_FAST_H
+#ifndef MKV_ATTENTION_DECODE_TC_H
+#define MKV_ATTENTION_DECODE_TC_H
 
 #include "attention/decode_tuning.h"
 #include "quant/format.h"
@@ -28,19 +28,19 @@
 
 #include <stdint.h>
 
-#define MKV_FAST_WARPS 4       /* warps (items) per block */
-#define MKV_FAST_MAX_G 8       /* query heads per group: the n = 8 side of an m16n8k16 mma */
-#define MKV_FAST_MIN_ITEM 64   /* item sizes are powers of two in [64, 4096] */
-#define MKV_FAST_MAX_ITEM 4096
+#define MKV_TC_WARPS 4         /* warps (items) per block */
+#define MKV_TC_MAX_G 8         /* query heads per group: the n = 8 side of an m16n8k16 mma */
+#define MKV_TC_MIN_ITEM 64     /* item sizes are powers of two in [64, 4096] */
+#define MKV_TC_MAX_ITEM 4096
 
 /* Where a section's segments sit in its pages (metadata group g of slot t at off_*_meta +
  * (g tpp + t) 4). */
-struct fast_section {
+struct tc_section {
     int32_t tpp;                          /* tokens per page */
     int64_t off_key, off_key_meta, off_value, off_value_meta, off_score;
 };
 
-struct fast_args {
+struct tc_args {
     const uint8_t *pool;
     int64_t page_bytes;
     const int32_t *table; /* [regions][T] */
@@ -51,7 +51,7 @@ struct fast_args {
     int32_t max_tokens;  /* token counts are clamped to it, as in the generic kernels */
     int32_t item_tokens; /* tokens per item, a power of two >= 64 */
     int32_t sec_items;   /* ceil(max_tokens / item_tokens): items per section, at most */
-    fast_section sec[2]; /* high, low */
+    tc_section sec[2];   /* high, low */
     const float *q;      /* [n_seq][H * G][d] */
     float *out;          /* [n_seq][H * G][d] */
     uint16_t *out16;     /* or, when non-null, here in fp16 (bf16 with out_bf16) */
@@ -79,7 +79,7 @@ struct fast_args {
      * of 16 tokens, so that every subtile but an item's last is 16 tokens and a softmax step of
      * the kernel covers a fixed STEP tokens), in place of logits: token x's probability
      * relative to its step's maximum logit R, y = 2^(l - R) in [0, 1], as 20-bit fixed point
-     * (code = round(y MKV_FAST_YSCALE)), two heads per pair j < (G + 1) / 2, pair-major:
+     * (code = round(y MKV_TC_YSCALE)), two heads per pair j < (G + 1) / 2, pair-major:
      * lg_a[j][x] the codes' low 16 bits (head 2j in the low half), lg_b[j][x] their high 4
      * bits (head 2j in the low nibble), lg_r[j][x / STEP][2] the steps' R. x = item slot *
      * item_tokens + token in the item, lg_n = slots * item_tokens (every region's). */
@@ -90,52 +90,52 @@ struct fast_args {
     float *lg_r;
 };
 
-/* The compact logits' fixed-point scale: y = code / MKV_FAST_YSCALE (2^20 - 2, so that y up to
+/* The compact logits' fixed-point scale: y = code / MKV_TC_YSCALE (2^20 - 2, so that y up to
  * 1 plus the rounding of 2^x still rounds below 2^20). */
-#define MKV_FAST_YSCALE 1048574.0f
+#define MKV_TC_YSCALE 1048574.0f
 
 /* Where the compact logits of n_tok token slots at group size G sit from lg_a: lg_b and lg_r
  * at byte offsets off_b and off_r (each array 256-byte aligned), bytes in all (the steps' maxima
  * sized for the shortest step, 16 tokens). */
-struct fast_compact_layout {
+struct tc_compact_layout {
     size_t off_b, off_r, bytes;
 };
 
-inline fast_compact_layout mkv_fast_compact_layout(size_t n_tok, int32_t G)
+inline tc_compact_layout mkv_tc_compact_layout(size_t n_tok, int32_t G)
 {
     const size_t g2 = (size_t)(G + 1) / 2, al = 255;
-    fast_compact_layout l;
+    tc_compact_layout l;
     l.off_b = (n_tok * g2 * 4 + al) & ~al;
     l.off_r = l.off_b + ((n_tok * g2 + al) & ~al);
     l.bytes = l.off_r + (n_tok / 16 + 1) * g2 * 8;
     return l;
 }
 
-typedef cudaError_t (*fast_launch_fn)(const fast_args &a, dim3 grid, cudaStream_t stream);
+typedef cudaError_t (*tc_launch_fn)(const tc_args &a, dim3 grid, cudaStream_t stream);
 
-struct fast_kernel {
-    fast_launch_fn launch;
+struct tc_kernel {
+    tc_launch_fn launch;
     int (*blocks_per_sm)(void); /* resident blocks per multiprocessor (0 on error) */
 };
 
 /* The instantiated kernel for a format, head_dim and quantization groups per key and per value
  * vector ({NULL, NULL} if none): one group a side, or the library's defaults where the kernel
  * covers them (tc_item.cuh, groups_supported). */
-fast_kernel mkv_fast_lookup(int32_t key_bits, int32_t value_bits, int32_t head_dim, int32_t key_groups,
-                            int32_t value_groups);
+tc_kernel mkv_tc_lookup(int32_t key_bits, int32_t value_bits, int32_t head_dim, int32_t key_groups,
+                        int32_t value_groups);
 
 /* The instantiated two-format kernel for a high section of the format (hk bits, hv bits, hkg and
  * hvg groups) and a low section of (lk, lv, lkg, lvg) at head_dim: one launch for both
- * sections where the formats differ ({NULL, NULL} if none; CMake's MIXKV_DECODE_FAST_MIXES
+ * sections where the formats differ ({NULL, NULL} if none; CMake's MIXKV_DECODE_TC_MIXES
  * lists the instantiated pairs). */
-fast_kernel mkv_fast_lookup_mix(int32_t hk, int32_t hv, int32_t hkg, int32_t hvg, int32_t lk, int32_t lv,
-                                int32_t lkg, int32_t lvg, int32_t head_dim);
+tc_kernel mkv_tc_lookup_mix(int32_t hk, int32_t hv, int32_t hkg, int32_t hvg, int32_t lk, int32_t lv,
+                            int32_t lkg, int32_t lvg, int32_t head_dim);
 
 /* Merge and score write-back after the item kernels; head_dim d. */
-cudaError_t mkv_fast_finalize(const fast_args &a, int32_t d, int32_t n_seq, cudaStream_t stream);
+cudaError_t mkv_tc_finalize(const tc_args &a, int32_t d, int32_t n_seq, cudaStream_t stream);
 
 /* Tokens per item for a call of this size on a GPU of sm_count multiprocessors (enough items
  * to fill it several times over). */
-int32_t mkv_fast_item_tokens(int32_t n_seq, int32_t H, int32_t max_tokens, int32_t sm_count);
+int32_t mkv_tc_item_tokens(int32_t n_seq, int32_t H, int32_t max_tokens, int32_t sm_count);
 
-#endif /* MKV_ATTENTION_DECODE_FAST_H */
+#endif /* MKV_ATTENTION_DECODE_TC_H */
