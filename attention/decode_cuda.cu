@@ -22,7 +22,7 @@
  */
 #include "attention/decode_cuda.h"
 
-#include "attention/decode_fast.h"
+#include "attention/decode_tc.h"
 #include "quant/half.h"
 #include "common/error.h"
 
@@ -567,10 +567,10 @@ static bool sizes_ok(int32_t n_seq, int32_t H, int32_t G, int32_t d, int32_t max
 }
 
 /* ---------------------------------------------------------------------------------------- */
-/* The tensor-core path (decode_fast.h)                                                     */
+/* The tensor-core path (decode_tc.h)                                                       */
 /* ---------------------------------------------------------------------------------------- */
 
-struct fast_plan {
+struct tc_plan {
     int32_t item_tokens, sec_items;
     bool compact;     /* compact logits (fused calls only; plan_for) */
     int64_t lg_n_tok; /* token slots of the logits: regions x (sec_items + 1) x item_tokens */
@@ -610,25 +610,25 @@ static int32_t device_attr(cudaDeviceAttr attr, int32_t fallback)
  * enough for the logits of the items in flight (cap_blocks resident blocks per multiprocessor)
  * to fill at most about half of L2 (plan_for). fused: room for the fused kernel's counters and
  * log-sum-exps. */
-static fast_plan plan_fast(int32_t n_seq, int32_t H, int32_t G, int32_t d, int32_t max_tokens,
-                           int32_t split_tokens, bool fused, int32_t cap_blocks,
-                           int32_t max_item = MKV_FAST_MAX_ITEM)
+static tc_plan plan_tc(int32_t n_seq, int32_t H, int32_t G, int32_t d, int32_t max_tokens,
+                       int32_t split_tokens, bool fused, int32_t cap_blocks,
+                       int32_t max_item = MKV_TC_MAX_ITEM)
 {
     using T = mkv_decode_tuning;
-    fast_plan w;
+    tc_plan w;
     w.compact = false;
     const int32_t sms = device_attr(cudaDevAttrMultiProcessorCount, T::fallback_sms);
     if (split_tokens > 0) {
-        w.item_tokens = (int32_t)mkv_align_up64(split_tokens, MKV_FAST_MIN_ITEM);
+        w.item_tokens = (int32_t)mkv_align_up64(split_tokens, MKV_TC_MIN_ITEM);
     } else {
-        w.item_tokens = mkv_fast_item_tokens(n_seq, H, max_tokens, sms);
+        w.item_tokens = mkv_tc_item_tokens(n_seq, H, max_tokens, sms);
         if (w.item_tokens > max_item) w.item_tokens = max_item;
         /* cap_blocks > 0: halved while the logits of the items in flight would fill more than
          * l2_logits_num / l2_logits_den of L2, as long as a section keeps at most
          * l2_cap_max_items items. */
         const int64_t l2 = device_attr(cudaDevAttrL2CacheSize, T::fallback_l2_bytes);
-        const int64_t warps = (int64_t)sms * cap_blocks * MKV_FAST_WARPS;
-        while (cap_blocks > 0 && w.item_tokens > MKV_FAST_MIN_ITEM &&
+        const int64_t warps = (int64_t)sms * cap_blocks * MKV_TC_WARPS;
+        while (cap_blocks > 0 && w.item_tokens > MKV_TC_MIN_ITEM &&
                warps * w.item_tokens * G * 4 > l2 * T::l2_logits_num / T::l2_logits_den &&
                ((int64_t)max_tokens + w.item_tokens / 2 - 1) / (w.item_tokens / 2) <= T::l2_cap_max_items)
             w.item_tokens /= 2;
@@ -641,14 +641,14 @@ static fast_plan plan_fast(int32_t n_seq, int32_t H, int32_t G, int32_t d, int32
     const size_t n_tok = rs * ((size_t)w.sec_items + 1) * (size_t)w.item_tokens;
     w.lg_n_tok = (int64_t)n_tok;
     size_t lg_bytes = n_tok * (size_t)G * sizeof(float);
-    const size_t compact_bytes = fused ? mkv_fast_compact_layout(n_tok, G).bytes : 0;
+    const size_t compact_bytes = fused ? mkv_tc_compact_layout(n_tok, G).bytes : 0;
     if (compact_bytes > lg_bytes) lg_bytes = compact_bytes;
     off += mkv_align_up64((int64_t)lg_bytes, WS_ALIGN);
     w.off_part_o = off;
     off += mkv_align_up64((int64_t)(slots * (size_t)d * sizeof(float)), WS_ALIGN);
     w.off_part_ml = off;
     off += mkv_align_up64((int64_t)(slots * 2 * sizeof(float)), WS_ALIGN);
-    w.total_ids = ((w.sec_items + MKV_FAST_WARPS - 1) / MKV_FAST_WARPS + 1) * (int64_t)rs;
+    w.total_ids = ((w.sec_items + MKV_TC_WARPS - 1) / MKV_TC_WARPS + 1) * (int64_t)rs;
     w.off_counters = off; /* the fused kernel's only */
     if (fused) off += mkv_align_up64((int64_t)((rs + 4 + (size_t)w.total_ids) * sizeof(int32_t)), WS_ALIGN);
     w.off_lse = off;
@@ -659,38 +659,38 @@ static fast_plan plan_fast(int32_t n_seq, int32_t H, int32_t G, int32_t d, int32
 
 /* The tensor-core kernel for a layout at head_dim ({NULL, NULL} where none is instantiated:
  * a format or head_dim left out of the build, or quantization groups it does not cover). */
-static fast_kernel fast_for(const mkv_page_layout_t *l, int32_t head_dim)
+static tc_kernel tc_for(const mkv_page_layout_t *l, int32_t head_dim)
 {
-    return mkv_fast_lookup(l->key.bits, l->value.bits, head_dim, l->key.groups, l->value.groups);
+    return mkv_tc_lookup(l->key.bits, l->value.bits, head_dim, l->key.groups, l->value.groups);
 }
 
 /* The kernel that covers both sections in one launch: the format's own where both sections
  * share it, else the two-format kernel where one is instantiated ({NULL, NULL} if none: two
  * launches, one per section). */
-static fast_kernel fast_one_launch(const mkv_cuda_decode_t *a)
+static tc_kernel tc_one_launch(const mkv_cuda_decode_t *a)
 {
     const mkv_page_layout_t *hi = &a->lay_hi, *lo = &a->lay_lo;
     const int32_t head_dim = a->head_dim;
-    const fast_kernel fh = fast_for(hi, head_dim), fl = fast_for(lo, head_dim);
-    if (fh.launch == nullptr || fl.launch == nullptr) return fast_kernel{nullptr, nullptr};
+    const tc_kernel fh = tc_for(hi, head_dim), fl = tc_for(lo, head_dim);
+    if (fh.launch == nullptr || fl.launch == nullptr) return tc_kernel{nullptr, nullptr};
     if (fh.launch == fl.launch) return fh;
-    if (a->kernel == MKV_DECODE_KERNEL_TENSOR_PER_SECTION) return fast_kernel{nullptr, nullptr};
-    return mkv_fast_lookup_mix(hi->key.bits, hi->value.bits, hi->key.groups, hi->value.groups, lo->key.bits,
-                               lo->value.bits, lo->key.groups, lo->value.groups, head_dim);
+    if (a->kernel == MKV_DECODE_KERNEL_TENSOR_PER_SECTION) return tc_kernel{nullptr, nullptr};
+    return mkv_tc_lookup_mix(hi->key.bits, hi->value.bits, hi->key.groups, hi->value.groups, lo->key.bits,
+                             lo->value.bits, lo->key.groups, lo->value.groups, head_dim);
 }
 
 extern "C" int mkv_cuda_decode_uses_tensor(const mkv_page_layout_t *lay_hi,
                                            const mkv_page_layout_t *lay_lo, int32_t group_size,
                                            int32_t head_dim)
 {
-    return group_size >= 1 && group_size <= MKV_FAST_MAX_G && lay_hi->used_bytes < INT32_MAX / 2 &&
-           lay_lo->used_bytes < INT32_MAX / 2 && fast_for(lay_hi, head_dim).launch != nullptr &&
-           fast_for(lay_lo, head_dim).launch != nullptr;
+    return group_size >= 1 && group_size <= MKV_TC_MAX_G && lay_hi->used_bytes < INT32_MAX / 2 &&
+           lay_lo->used_bytes < INT32_MAX / 2 && tc_for(lay_hi, head_dim).launch != nullptr &&
+           tc_for(lay_lo, head_dim).launch != nullptr;
 }
 
-static fast_section section_of(const mkv_page_layout_t &l)
+static tc_section section_of(const mkv_page_layout_t &l)
 {
-    fast_section s;
+    tc_section s;
     s.tpp = l.tokens;
     s.off_key = l.offset[MKV_SEG_KEY], s.off_key_meta = l.offset[MKV_SEG_KEY_META];
     s.off_value = l.offset[MKV_SEG_VALUE], s.off_value_meta = l.offset[MKV_SEG_VALUE_META];
@@ -710,7 +710,7 @@ static bool same_format(const mkv_page_layout_t &x, const mkv_page_layout_t &y)
  * two matters; for one format also long regions, and K16V16 in large calls. Shorter regions
  * in larger quantized calls, and two-format calls beyond the small ones, measured faster with
  * the separate pass. */
-static bool fast_may_fuse(const mkv_cuda_decode_t *a, const fast_kernel &one)
+static bool tc_may_fuse(const mkv_cuda_decode_t *a, const tc_kernel &one)
 {
     using T = mkv_decode_tuning;
     if (a->scores == MKV_DECODE_SCORES_SEPARATE || one.launch == nullptr) return false;
@@ -745,10 +745,10 @@ extern "C" double mkv_cuda_dram_bytes_per_sm_cycle(void)
     return b;
 }
 
-/* Compact logits for a fused call (decode_fast.h, mkv_cuda_decode_logits_t): where every
+/* Compact logits for a fused call (decode_tc.h, mkv_cuda_decode_logits_t): where every
  * softmax step covers a fixed number of tokens (pages of whole 16-token subtiles) and they are
  * smaller (G >= 2); under AUTO, on GPUs where the kernel waits on DRAM rather than on issue. */
-static bool fast_compact(const mkv_cuda_decode_t *a)
+static bool tc_compact(const mkv_cuda_decode_t *a)
 {
     if (a->logits == MKV_DECODE_LOGITS_FP32 || a->group_size < 2 || a->lay_hi.tokens % 16 != 0 ||
         a->lay_lo.tokens % 16 != 0)
@@ -760,32 +760,32 @@ static bool fast_compact(const mkv_cuda_decode_t *a)
 
 /* The item cap of a two-format call (mkv_decode_tuning::two_format_min_items): the largest
  * power of two that cuts max_tokens into at least that many items, at least
- * MKV_FAST_MIN_ITEM. */
+ * MKV_TC_MIN_ITEM. */
 static int32_t two_format_max_item(int32_t max_tokens)
 {
-    int32_t item = MKV_FAST_MAX_ITEM;
-    while (item > MKV_FAST_MIN_ITEM && (int64_t)item * mkv_decode_tuning::two_format_min_items > max_tokens)
+    int32_t item = MKV_TC_MAX_ITEM;
+    while (item > MKV_TC_MIN_ITEM && (int64_t)item * mkv_decode_tuning::two_format_min_items > max_tokens)
         item /= 2;
     return item;
 }
 
 /* blocks: the kernel's resident blocks per multiprocessor (0 if unknown). */
-static fast_plan plan_for(const mkv_cuda_decode_t *a, bool fused, int32_t blocks)
+static tc_plan plan_for(const mkv_cuda_decode_t *a, bool fused, int32_t blocks)
 {
     /* Fused with wide keys: items capped for L2, so that more logits are read back from it;
      * narrower keys are bound by instruction issue and gain more from long items, whose
      * pipeline fill and drain cost fewer issue slots: uncapped with fp32 logits, at most
      * compact_max_item tokens with compact logits (mkv_decode_tuning). */
     using T = mkv_decode_tuning;
-    int32_t cap = 0, max_item = MKV_FAST_MAX_ITEM;
-    const bool compact = fused && fast_compact(a);
+    int32_t cap = 0, max_item = MKV_TC_MAX_ITEM;
+    const bool compact = fused && tc_compact(a);
     if (fused && a->lay_hi.key.bits >= T::l2_cap_min_key_bits)
         cap = blocks >= 1 && blocks <= T::l2_cap_max_blocks ? blocks : +T::l2_cap_max_blocks;
     else if (compact)
         max_item = T::compact_max_item;
     if (!same_format(a->lay_hi, a->lay_lo)) max_item = std::min(max_item, two_format_max_item(a->max_tokens));
-    fast_plan w = plan_fast(a->n_seq, a->n_heads, a->group_size, a->head_dim, a->max_tokens,
-                            a->split_tokens, fused, cap, max_item);
+    tc_plan w = plan_tc(a->n_seq, a->n_heads, a->group_size, a->head_dim, a->max_tokens,
+                        a->split_tokens, fused, cap, max_item);
     w.compact = compact;
     return w;
 }
@@ -793,12 +793,12 @@ static fast_plan plan_for(const mkv_cuda_decode_t *a, bool fused, int32_t blocks
 /* The plan of a tensor-core call, and whether it fuses the score write-back (where it may and
  * its block ids fit an int32); blocks: the one-launch kernel's resident blocks per
  * multiprocessor, asked only where it may fuse (0 otherwise). */
-static fast_plan plan_call(const mkv_cuda_decode_t *a, const fast_kernel &one, bool *fused, int32_t *blocks)
+static tc_plan plan_call(const mkv_cuda_decode_t *a, const tc_kernel &one, bool *fused, int32_t *blocks)
 {
     *blocks = 0;
-    if (fast_may_fuse(a, one)) {
+    if (tc_may_fuse(a, one)) {
         *blocks = one.blocks_per_sm();
-        const fast_plan w = plan_for(a, true, *blocks);
+        const tc_plan w = plan_for(a, true, *blocks);
         if (w.total_ids < INT32_MAX / 2) {
             *fused = true;
             return w;
@@ -810,41 +810,41 @@ static fast_plan plan_call(const mkv_cuda_decode_t *a, const fast_kernel &one, b
 
 /* The plan mkv_cuda_decode would make for a call, and whether it fuses; false where the call
  * would not take the tensor-core kernels. */
-static bool query_plan(const mkv_cuda_decode_t *a, fast_plan *w, bool *fused)
+static bool query_plan(const mkv_cuda_decode_t *a, tc_plan *w, bool *fused)
 {
     if (!a || a->kernel == MKV_DECODE_KERNEL_GENERIC ||
         !sizes_ok(a->n_seq, a->n_heads, a->group_size, a->head_dim, a->max_tokens, a->split_tokens) ||
         !mkv_cuda_decode_uses_tensor(&a->lay_hi, &a->lay_lo, a->group_size, a->head_dim))
         return false;
     int32_t blocks;
-    *w = plan_call(a, fast_one_launch(a), fused, &blocks);
+    *w = plan_call(a, tc_one_launch(a), fused, &blocks);
     return true;
 }
 
 extern "C" int mkv_cuda_decode_fuses_scores(const mkv_cuda_decode_t *a)
 {
-    fast_plan w;
+    tc_plan w;
     bool fused;
     return query_plan(a, &w, &fused) && fused;
 }
 
 extern "C" int mkv_cuda_decode_compact_logits(const mkv_cuda_decode_t *a)
 {
-    fast_plan w;
+    tc_plan w;
     bool fused;
     return query_plan(a, &w, &fused) && fused && w.compact;
 }
 
-static mkv_status_t launch_fast(const mkv_cuda_decode_t *a, cudaStream_t stream, char *err)
+static mkv_status_t launch_tc(const mkv_cuda_decode_t *a, cudaStream_t stream, char *err)
 {
-    const fast_kernel fh = fast_for(&a->lay_hi, a->head_dim);
-    const fast_kernel fl = fast_for(&a->lay_lo, a->head_dim);
-    const fast_kernel one = fast_one_launch(a);
+    const tc_kernel fh = tc_for(&a->lay_hi, a->head_dim);
+    const tc_kernel fl = tc_for(&a->lay_lo, a->head_dim);
+    const tc_kernel one = tc_one_launch(a);
     bool fused;
     int32_t blocks;
-    const fast_plan w = plan_call(a, one, &fused, &blocks);
+    const tc_plan w = plan_call(a, one, &fused, &blocks);
     uint8_t *ws = static_cast<uint8_t *>(a->workspace);
-    fast_args f;
+    tc_args f;
     f.pool = a->pool, f.page_bytes = a->page_bytes, f.table = a->table;
     f.n_hi = a->n_hi, f.n_lo = a->n_lo, f.T = a->row_entries, f.regions = a->regions;
     f.H = a->n_heads, f.G = a->group_size, f.max_tokens = a->max_tokens;
@@ -855,7 +855,7 @@ static mkv_status_t launch_fast(const mkv_cuda_decode_t *a, cudaStream_t stream,
     f.logits = reinterpret_cast<float *>(ws + w.off_logits);
     f.part_o = reinterpret_cast<float *>(ws + w.off_part_o);
     f.part_ml = reinterpret_cast<float *>(ws + w.off_part_ml);
-    f.blocks_per_sec = (w.sec_items + MKV_FAST_WARPS - 1) / MKV_FAST_WARPS;
+    f.blocks_per_sec = (w.sec_items + MKV_TC_WARPS - 1) / MKV_TC_WARPS;
     f.n_rs = a->n_seq * a->n_heads;
     f.counters = fused ? reinterpret_cast<int32_t *>(ws + w.off_counters) : nullptr;
     f.lse = fused ? reinterpret_cast<float *>(ws + w.off_lse) : nullptr;
@@ -871,7 +871,7 @@ static mkv_status_t launch_fast(const mkv_cuda_decode_t *a, cudaStream_t stream,
             f.fused = 1;
             f.discard = (uintptr_t)f.logits % 128 == 0;
             if (w.compact) {
-                const fast_compact_layout cl = mkv_fast_compact_layout((size_t)w.lg_n_tok, f.G);
+                const tc_compact_layout cl = mkv_tc_compact_layout((size_t)w.lg_n_tok, f.G);
                 f.compact = 1;
                 f.lg_n = w.lg_n_tok;
                 f.lg_a = reinterpret_cast<uint32_t *>(f.logits);
@@ -904,7 +904,7 @@ static mkv_status_t launch_fast(const mkv_cuda_decode_t *a, cudaStream_t stream,
             MKV_STATUS_OK)
             return st;
     }
-    return launched("finalize_kernel", err, mkv_fast_finalize(f, a->head_dim, a->n_seq, stream));
+    return launched("finalize_kernel", err, mkv_tc_finalize(f, a->head_dim, a->n_seq, stream));
 }
 
 extern "C" size_t mkv_cuda_decode_workspace_size(int32_t n_seq, int32_t n_heads,
@@ -916,23 +916,23 @@ extern "C" size_t mkv_cuda_decode_workspace_size(int32_t n_seq, int32_t n_heads,
         plan_workspace(n_seq, n_heads, group_size, head_dim, max_tokens, split_tokens).bytes;
     if (head_dim != 64 && head_dim != 128) return generic;
     /* Any tensor-core plan: separate, or fused with any item cap. */
-    size_t fast = plan_fast(n_seq, n_heads, group_size, head_dim, max_tokens, split_tokens, false, 0).bytes;
+    size_t tc = plan_tc(n_seq, n_heads, group_size, head_dim, max_tokens, split_tokens, false, 0).bytes;
     for (int32_t cap = 0; cap <= mkv_decode_tuning::l2_cap_max_blocks; cap++) {
-        const size_t f = plan_fast(n_seq, n_heads, group_size, head_dim, max_tokens, split_tokens, true, cap).bytes;
-        if (f > fast) fast = f;
+        const size_t f = plan_tc(n_seq, n_heads, group_size, head_dim, max_tokens, split_tokens, true, cap).bytes;
+        if (f > tc) tc = f;
     }
-    const size_t f2 = plan_fast(n_seq, n_heads, group_size, head_dim, max_tokens, split_tokens, true, 0,
-                                mkv_decode_tuning::compact_max_item).bytes;
-    if (f2 > fast) fast = f2;
+    const size_t f2 = plan_tc(n_seq, n_heads, group_size, head_dim, max_tokens, split_tokens, true, 0,
+                              mkv_decode_tuning::compact_max_item).bytes;
+    if (f2 > tc) tc = f2;
     /* Two-format calls: shorter items, more partial results. */
     const int32_t two = two_format_max_item(max_tokens);
     for (int32_t cap = 0; cap <= mkv_decode_tuning::l2_cap_max_blocks; cap++)
         for (int fused = 0; fused < 2; fused++) {
-            const size_t f = plan_fast(n_seq, n_heads, group_size, head_dim, max_tokens, split_tokens, fused,
-                                       fused ? cap : 0, two).bytes;
-            if (f > fast) fast = f;
+            const size_t f = plan_tc(n_seq, n_heads, group_size, head_dim, max_tokens, split_tokens, fused,
+                                     fused ? cap : 0, two).bytes;
+            if (f > tc) tc = f;
         }
-    return fast > generic ? fast : generic;
+    return tc > generic ? tc : generic;
 }
 
 extern "C" mkv_status_t mkv_cuda_decode(const mkv_cuda_decode_t *a, void *stream, char *err)
@@ -981,7 +981,7 @@ extern "C" mkv_status_t mkv_cuda_decode(const mkv_cuda_decode_t *a, void *stream
         return MKV_STATUS_UNSUPPORTED;
     }
     if (a->n_seq == 0 || a->max_tokens == 0) return MKV_STATUS_OK;
-    if (tensor) return launch_fast(a, static_cast<cudaStream_t>(stream), err);
+    if (tensor) return launch_tc(a, static_cast<cudaStream_t>(stream), err);
 
     const ws_plan w = plan_workspace(a->n_seq, a->n_heads, a->group_size, a->head_dim,
                                      a->max_tokens, a->split_tokens);

@@ -48,7 +48,7 @@ typedef struct mkv_cuda_decode {
  * or 128, G <= 8, one quantization group a side or the default groups, both formats
  * instantiated: docs/decode-kernel.md) and the generic fp32 kernels elsewhere; TENSOR fails
  * with UNSUPPORTED where they do not. Both run a call whose sections differ in format in one
- * launch where that pair has a two-format kernel (MIXKV_DECODE_FAST_MIXES), else in one
+ * launch where that pair has a two-format kernel (MIXKV_DECODE_TC_MIXES), else in one
  * launch per section; TENSOR_PER_SECTION is TENSOR with one launch per section always (for
  * comparison). Every AUTO threshold below is in one table, attention/decode_tuning.h, with
  * its origin. */

@@ -1,14 +1,14 @@
 /*
  * decode_tuning.h — every threshold that mkv_cuda_decode's AUTO choices (and the tensor-core
  * kernel's compile-time stage shape) were tuned with, in one table, each with where it came
- * from. CUDA/C++ only (decode_cuda.cu, decode_fast_common.cu, decode_fast.cuh).
+ * from. CUDA/C++ only (decode_cuda.cu, decode_tc_common.cu, tc_staging.cuh).
  *
  * These values were set by timing bench_attention (32 query / 8 KV heads, d 128, default pages;
  * figures and commands in docs/results.md) on one H100 80GB HBM3 and one H200. They are right
  * for those GPUs and a starting point elsewhere: a new GPU should be re-measured with
  * `bench_attention --scores separate|fused`, `--logits fp32|compact` and `--split N` before
  * trusting them. The structural limits (item sizes in [64, 4096], G <= 8, warps per block) are
- * not tuning and live in decode_fast.h.
+ * not tuning and live in decode_tc.h.
  *
  * Static constexpr members, so that host code and the kernels' constant expressions read the
  * same values (scalar constexpr members may be used in device code).
@@ -19,7 +19,7 @@
 #include <stdint.h>
 
 struct mkv_decode_tuning {
-    /* ---- Item size of the tensor-core path (mkv_fast_item_tokens, plan_fast) ---- */
+    /* ---- Item size of the tensor-core path (mkv_tc_item_tokens, plan_tc) ---- */
 
     /* Items per multiprocessor the default item size aims at: several waves of the 16 resident
      * warps, so that the last wave is short. */
@@ -29,7 +29,7 @@ struct mkv_decode_tuning {
     /* L2 bytes assumed when the device cannot be asked (the H100's and H200's 50 MB). */
     static constexpr int32_t fallback_l2_bytes = 50 << 20;
 
-    /* ---- Fused score write-back under MKV_DECODE_SCORES_AUTO (fast_may_fuse) ----
+    /* ---- Fused score write-back under MKV_DECODE_SCORES_AUTO (tc_may_fuse) ----
      * Tuned on an H200 from full bench_attention grids with either pass forced
      * (docs/results/bench_attention_h200_scores_{separate,fused}.json): fused wins for calls
      * small enough that one launch instead of two matters, for long regions in every format,
@@ -43,18 +43,18 @@ struct mkv_decode_tuning {
     static constexpr int32_t fuse_min_region_tokens = 16384;                /* max_tokens */
     static constexpr int64_t fuse_min_k16v16_token_heads = (int64_t)1 << 21;
 
-    /* ---- Compact logits under MKV_DECODE_LOGITS_AUTO (fast_compact) ----
+    /* ---- Compact logits under MKV_DECODE_LOGITS_AUTO (tc_compact) ----
      * Compact below this many peak DRAM bytes per SM cycle (mkv_cuda_dram_bytes_per_sm_cycle):
      * between the H100 (12.8, waits on DRAM: compact faster) and the H200 (18.4, waits on
      * instruction issue: fp32 faster), from interleaved A/B runs at 256 x 32k. */
     static constexpr double compact_max_dram_bytes_per_sm_cycle = 16.0;
 
-    /* ---- Item caps of fused calls (plan_for, plan_fast) ----
+    /* ---- Item caps of fused calls (plan_for, plan_tc) ----
      * Keys of at least this many bits: items halved while the logits of the items in flight
      * would fill more than l2_logits_num / l2_logits_den of L2, as long as a section keeps at
      * most l2_cap_max_items items (tuned on an H200 at 256 x 32k, fp32 logits). Narrower keys
      * are bound by instruction issue and gain more from long items (fewer pipeline fills):
-     * uncapped (MKV_FAST_MAX_ITEM) with fp32 logits (H200, 256 x 32k), at most
+     * uncapped (MKV_TC_MAX_ITEM) with fp32 logits (H200, 256 x 32k), at most
      * compact_max_item tokens with compact logits (H100, 256 x 32k). */
     static constexpr int32_t l2_cap_min_key_bits = 8;
     static constexpr int32_t l2_logits_num = 9, l2_logits_den = 16;
@@ -65,12 +65,12 @@ struct mkv_decode_tuning {
     static constexpr int32_t compact_max_item = 2048;
     /* Two-format calls (the policy's K8V4 / K4V2 regions, a high and a low section each):
      * items at most a power of two that cuts max_tokens into this many, so that each section
-     * fills whole blocks of MKV_FAST_WARPS items rather than leaving warps of a block idle
+     * fills whole blocks of MKV_TC_WARPS items rather than leaving warps of a block idle
      * (H200, mix 20/50/30: 256 x 16k 3,070 us with the default 4,096-token items, 1,910 with
      * 1,024; 256 x 32k 4,292 with 4,096, 3,686 with 2,048). */
     static constexpr int32_t two_format_min_items = 8;
 
-    /* ---- Stages of the tensor-core kernel (decode_fast.cuh, stage_layout) ----
+    /* ---- Stages of the tensor-core kernel (tc_staging.cuh, stage_layout) ----
      * Subtiles per stage: four up to stage4_max_subtile_bytes per subtile, two up to
      * stage2_max_subtile_bytes, else one (fewer waits and warp barriers per token for small
      * subtiles; tuned on an H200 at 256 x 32k, K8V4 and K4V2). Two stages instead of three

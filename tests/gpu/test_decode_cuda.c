@@ -826,7 +826,7 @@ Test(decode_cuda, fused_scores_default_groups, .timeout = 300)
 }
 
 /* The two-format kernel (a K8V4 high section and a K4V2 low one in one launch, CMake's default
- * MIXKV_DECODE_FAST_MIXES): fused with fp32 and compact logits, the separate pass, and one
+ * MIXKV_DECODE_TC_MIXES): fused with fp32 and compact logits, the separate pass, and one
  * launch per section, with one group a side and the default groups, against the reference
  * (fused_case). */
 Test(decode_cuda, two_format_kernel, .timeout = 300)

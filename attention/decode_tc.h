@@ -1,0 +1,141 @@
+/*
+ * decode_tc.h — internal interface of the tensor-core decode kernels (CUDA only; the public
+ * entry point is mkv_cuda_decode in decode_cuda.h, which chooses between these and the generic
+ * kernels of decode_cuda.cu). Design and numerics: docs/decode-kernel.md, "The tensor-core
+ * kernels".
+ *
+ * One kernel per (key bits, value bits, head_dim), each in its own generated translation unit
+ * (CMake's MIXKV_DECODE_TC_FORMATS and MIXKV_DECODE_TC_DIMS list the instantiated ones).
+ * A warp takes one item: up to item_tokens consecutive tokens of one section (high or low) of
+ * one head-region, for all G <= 8 query heads of the group at once, and writes the item's
+ * unnormalised partial output, running max and sum to the workspace together with every
+ * token's logits. Then the items of each head-region are merged into out and each token's
+ * probability (the maximum over the group) is added to its score slot: either inside the same
+ * kernel (fused: the region's last block merges, and its blocks become score jobs for
+ * whichever block is free), or by a separate pass, mkv_tc_finalize.
+ *
+ * The kernel template is tc_decode.cuh (its parts are listed there); the device helpers the
+ * finalize kernel shares with it (merge, token probabilities, score slots) are tc_merge.cuh's.
+ */
+#ifndef MKV_ATTENTION_DECODE_TC_H
+#define MKV_ATTENTION_DECODE_TC_H
+
+#include "attention/decode_tuning.h"
+#include "quant/format.h"
+#include "quant/half.h"
+
+#include <cuda_runtime.h>
+
+#include <stdint.h>
+
+#define MKV_TC_WARPS 4         /* warps (items) per block */
+#define MKV_TC_MAX_G 8         /* query heads per group: the n = 8 side of an m16n8k16 mma */
+#define MKV_TC_MIN_ITEM 64     /* item sizes are powers of two in [64, 4096] */
+#define MKV_TC_MAX_ITEM 4096
+
+/* Where a section's segments sit in its pages (metadata group g of slot t at off_*_meta +
+ * (g tpp + t) 4). */
+struct tc_section {
+    int32_t tpp;                          /* tokens per page */
+    int64_t off_key, off_key_meta, off_value, off_value_meta, off_score;
+};
+
+struct tc_args {
+    const uint8_t *pool;
+    int64_t page_bytes;
+    const int32_t *table; /* [regions][T] */
+    const int32_t *n_hi, *n_lo;
+    int32_t T;
+    const int64_t *regions; /* [n_seq][H] */
+    int32_t H, G;
+    int32_t max_tokens;  /* token counts are clamped to it, as in the generic kernels */
+    int32_t item_tokens; /* tokens per item, a power of two >= 64 */
+    int32_t sec_items;   /* ceil(max_tokens / item_tokens): items per section, at most */
+    tc_section sec[2];   /* high, low */
+    const float *q;      /* [n_seq][H * G][d] */
+    float *out;          /* [n_seq][H * G][d] */
+    uint16_t *out16;     /* or, when non-null, here in fp16 (bf16 with out_bf16) */
+    int32_t out_bf16;
+    float softmax_scale;
+    float *logits;  /* [n_seq * H][sec_items + 1][item_tokens][G]: item slot s of a region
+                       holds its item's logits, log2 units (already times log2 e) */
+    float *part_o;  /* [n_seq * H][2 * sec_items][G][d] unnormalised partial outputs */
+    float *part_ml; /* [n_seq * H][2 * sec_items][G][2] partial max (log2 units), sum */
+    /* Per launch: which sections this launch covers (1 high, 2 low, 3 both) and its blocks
+     * along grid x per region: blocks_per_sec for one section; blocks_per_sec + 1 for both,
+     * the high section's blocks first, then the low one's, then none (locate). */
+    int32_t sec_mask, blocks_per_sec, grid_x;
+    /* Fused score write-back (one launch covering both sections only; a persistent grid):
+     * counters [n_rs + 4 + total_ids], the first n_rs + 4 zeroed before the launch (per region
+     * arrivals; next decode id, score jobs taken, published, ids done), then the score jobs
+     * (decode block ids, -1 before the launch); lse [n_rs][G], each region's log2-sum-exp per
+     * head. discard: whether to drop read logits from L2 (the workspace is 128-byte aligned). */
+    int32_t fused, discard;
+    int32_t n_rs; /* n_seq * H */
+    int32_t total_ids;
+    int32_t *counters;
+    float *lse;
+    /* Compact logits (fused calls only, where G >= 2 and both sections' pages hold a multiple
+     * of 16 tokens, so that every subtile but an item's last is 16 tokens and a softmax step of
+     * the kernel covers a fixed STEP tokens), in place of logits: token x's probability
+     * relative to its step's maximum logit R, y = 2^(l - R) in [0, 1], as 20-bit fixed point
+     * (code = round(y MKV_TC_YSCALE)), two heads per pair j < (G + 1) / 2, pair-major:
+     * lg_a[j][x] the codes' low 16 bits (head 2j in the low half), lg_b[j][x] their high 4
+     * bits (head 2j in the low nibble), lg_r[j][x / STEP][2] the steps' R. x = item slot *
+     * item_tokens + token in the item, lg_n = slots * item_tokens (every region's). */
+    int32_t compact;
+    int64_t lg_n;
+    uint32_t *lg_a;
+    uint8_t *lg_b;
+    float *lg_r;
+};
+
+/* The compact logits' fixed-point scale: y = code / MKV_TC_YSCALE (2^20 - 2, so that y up to
+ * 1 plus the rounding of 2^x still rounds below 2^20). */
+#define MKV_TC_YSCALE 1048574.0f
+
+/* Where the compact logits of n_tok token slots at group size G sit from lg_a: lg_b and lg_r
+ * at byte offsets off_b and off_r (each array 256-byte aligned), bytes in all (the steps' maxima
+ * sized for the shortest step, 16 tokens). */
+struct tc_compact_layout {
+    size_t off_b, off_r, bytes;
+};
+
+inline tc_compact_layout mkv_tc_compact_layout(size_t n_tok, int32_t G)
+{
+    const size_t g2 = (size_t)(G + 1) / 2, al = 255;
+    tc_compact_layout l;
+    l.off_b = (n_tok * g2 * 4 + al) & ~al;
+    l.off_r = l.off_b + ((n_tok * g2 + al) & ~al);
+    l.bytes = l.off_r + (n_tok / 16 + 1) * g2 * 8;
+    return l;
+}
+
+typedef cudaError_t (*tc_launch_fn)(const tc_args &a, dim3 grid, cudaStream_t stream);
+
+struct tc_kernel {
+    tc_launch_fn launch;
+    int (*blocks_per_sm)(void); /* resident blocks per multiprocessor (0 on error) */
+};
+
+/* The instantiated kernel for a format, head_dim and quantization groups per key and per value
+ * vector ({NULL, NULL} if none): one group a side, or the library's defaults where the kernel
+ * covers them (tc_item.cuh, groups_supported). */
+tc_kernel mkv_tc_lookup(int32_t key_bits, int32_t value_bits, int32_t head_dim, int32_t key_groups,
+                        int32_t value_groups);
+
+/* The instantiated two-format kernel for a high section of the format (hk bits, hv bits, hkg and
+ * hvg groups) and a low section of (lk, lv, lkg, lvg) at head_dim: one launch for both
+ * sections where the formats differ ({NULL, NULL} if none; CMake's MIXKV_DECODE_TC_MIXES
+ * lists the instantiated pairs). */
+tc_kernel mkv_tc_lookup_mix(int32_t hk, int32_t hv, int32_t hkg, int32_t hvg, int32_t lk, int32_t lv,
+                            int32_t lkg, int32_t lvg, int32_t head_dim);
+
+/* Merge and score write-back after the item kernels; head_dim d. */
+cudaError_t mkv_tc_finalize(const tc_args &a, int32_t d, int32_t n_seq, cudaStream_t stream);
+
+/* Tokens per item for a call of this size on a GPU of sm_count multiprocessors (enough items
+ * to fill it several times over). */
+int32_t mkv_tc_item_tokens(int32_t n_seq, int32_t H, int32_t max_tokens, int32_t sm_count);
+
+#endif /* MKV_ATTENTION_DECODE_TC_H */

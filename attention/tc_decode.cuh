@@ -1,0 +1,354 @@
+/*
+ * tc_decode.cuh — the tensor-core decode kernel template (interface in decode_tc.h, design
+ * and numerics in docs/decode-kernel.md, "The tensor-core kernels"). Included only by the
+ * generated per-format translation units, each instantiating one (key bits, value bits,
+ * head_dim), or a pair of formats for the two-format kernel.
+ *
+ * This file holds the kernel itself: where a block's warps find their items (locate), the
+ * persistent job queue of the fused kernel (decode_kernel), and the per-variant setup and
+ * instantiation macros. Its parts, in the order they build on each other:
+ *   tc_ptx.cuh      the PTX wrappers (mma, ldmatrix, cp.async, cache policies, ordering)
+ *   tc_unpack.cuh   key and value runs into mma operands
+ *   tc_staging.cuh  the shared-memory layout of staged subtiles, the walk over an item
+ *   tc_item.cuh     run_item: one warp's item (logits, online softmax, partial output)
+ *   tc_merge.cuh    merge and score helpers shared with the finalize kernel
+ *   tc_finish.cuh   the fused kernel's merge and score write-back jobs
+ */
+#ifndef MKV_ATTENTION_TC_DECODE_CUH
+#define MKV_ATTENTION_TC_DECODE_CUH
+
+#include "attention/decode_tc.h"
+#include "attention/tc_finish.cuh"
+#include "attention/tc_item.cuh"
+#include "attention/tc_ptx.cuh"
+#include "attention/tc_staging.cuh"
+
+#ifndef MKV_MAX_DEVICES
+#define MKV_MAX_DEVICES 64 /* devices whose properties are cached */
+#endif
+
+#include <atomic>
+
+#include <type_traits>
+
+namespace mkv_tc {
+
+/* Where block x (along grid x) of region (sequence j, KV head h) puts warp warp: x <
+ * blocks_per_sec in the one section of the launch (sec_mask 1 or 2), or for both (sec_mask 3)
+ * the high section's blocks first, then the low one's, then none; each block MKV_TC_WARPS
+ * consecutive items of its section. any: whether the block has an item at all (a region's
+ * blocks with one are x < arrivals); n_items: the region's items, high then low (its item
+ * slots). */
+struct block_pos {
+    item_pos ip;
+    bool work, any;
+    int32_t items_hi, n_items, hi, n, arrivals;
+    int32_t bta, btb; /* the block's tokens [bta, btb) of its section */
+};
+
+__device__ __forceinline__ block_pos locate(const tc_args &a, int32_t bx, int32_t hh, int32_t j)
+{
+    block_pos b;
+    const int32_t warp = threadIdx.x >> 5, W = MKV_TC_WARPS;
+    item_pos &ip = b.ip;
+    ip.rs = (int64_t)j * a.H + hh; /* (sequence, KV head) */
+    ip.region = a.regions[ip.rs];
+    const int64_t nh = max(a.n_hi[ip.region], 0), nl = max(a.n_lo[ip.region], 0);
+    const int32_t n = (int32_t)min(nh + nl, (int64_t)a.max_tokens);
+    const int32_t hi = (int32_t)min(nh, (int64_t)n), I = a.item_tokens;
+    b.hi = hi, b.n = n;
+    b.items_hi = (hi + I - 1) / I;
+    b.n_items = b.items_hi + (n - hi + I - 1) / I;
+    const int32_t bh = (b.items_hi + W - 1) / W; /* the high section's blocks */
+    b.arrivals = bh + (b.n_items - b.items_hi + W - 1) / W;
+    int32_t sec;
+    if (a.sec_mask == 3) {
+        sec = bx >= bh;
+        bx -= sec * bh;
+    } else {
+        sec = a.sec_mask == 2;
+    }
+    ip.sec = sec;
+    ip.sec_n = sec ? n - hi : hi;
+    const int32_t item = bx * W + warp; /* within the section */
+    ip.ta = item * I;
+    ip.tb = min(ip.ta + I, ip.sec_n);
+    ip.slot_id = sec ? b.items_hi + item : item;
+    b.bta = bx * W * I;
+    b.btb = min(b.bta + W * I, ip.sec_n);
+    b.work = ip.ta < ip.sec_n; /* warp-uniform */
+    b.any = (int64_t)bx * W * I < ip.sec_n; /* block-uniform */
+    return b;
+}
+
+
+/*
+ * Separate score pass (a.fused 0): grid (grid_x, H, n_seq); a block runs its items and ends;
+ * mkv_tc_finalize then merges and writes the scores back.
+ *
+ * Fused (a.fused 1, one launch covering both sections): a persistent grid. Each block loops
+ * over two kinds of work, taken from counters in the workspace:
+ *   - score jobs first (so that logits leave L2 soon): a decode block id whose region is
+ *     complete; the block adds its tokens' probabilities to their score slots from the logits
+ *     (stored evict_last) and the region's log-sum-exp, then drops the logits from L2;
+ *   - decode blocks, in id order: the items' logits and partial results, then an arrival at the
+ *     region's counter. The region's last block to arrive stores the region's log-sum-exp,
+ *     publishes the region's blocks as score jobs and merges the items into out.
+ * Spreading a region's write-back over many blocks at once, as soon as it is complete, keeps
+ * more of its logits in L2 than one block writing it all back (which drains a region slowly,
+ * while the page stream evicts its logits to DRAM). Nobody waits for another block's work
+ * except to end: a block leaves once every id is done and every score job taken.
+ */
+/* A section format of a kernel: key and value bits, quantization groups a side. */
+template <int KB_, int VB_, int KG_, int VG_>
+struct tc_fmt {
+    static constexpr int KB = KB_, VB = VB_, KG = KG_, VG = VG_;
+};
+
+/* What a kernel for the high section's format HI and the low one's LO (the same type for a
+ * one-format kernel) needs from both: the larger staging area, the finer step of the compact
+ * logits' maxima (RG), and 3 blocks per SM (168 registers) where either format has four-subtile
+ * stages or several key groups (without the bound the compiler takes more registers and the
+ * kernel keeps 2 blocks per SM). */
+template <int D, class HI, class LO>
+struct kernel_shape {
+    using SH = stage_layout<HI::KB, HI::VB, D, HI::KG, HI::VG>;
+    using SLO = stage_layout<LO::KB, LO::VB, D, LO::KG, LO::VG>;
+    static constexpr int STEP_HI = 16 * step_subtiles<HI::KB, HI::VB, D, HI::KG, HI::VG>();
+    static constexpr int STEP_LO = 16 * step_subtiles<LO::KB, LO::VB, D, LO::KG, LO::VG>();
+    static constexpr int RG = STEP_HI < STEP_LO ? STEP_HI : STEP_LO;
+    static constexpr int WARP_BYTES = SH::WARP_BYTES > SLO::WARP_BYTES ? SH::WARP_BYTES : SLO::WARP_BYTES;
+    static constexpr int SMEM = MKV_TC_WARPS * WARP_BYTES + (int)sizeof(block_shared);
+    static constexpr bool ONE = std::is_same<HI, LO>::value;
+    static constexpr int MIN_BLOCKS = SH::NT >= 4 || HI::KG > 1 || SLO::NT >= 4 || LO::KG > 1 ? 3 : 0;
+};
+
+/* The warp's item in its section's format. */
+template <int D, class HI, class LO, bool FUSED>
+__device__ __forceinline__ void run_section_item(const tc_args &a, uint8_t *smem, const item_pos &ip)
+{
+    constexpr int RG = kernel_shape<D, HI, LO>::RG;
+    if (kernel_shape<D, HI, LO>::ONE || ip.sec == 0)
+        run_item<HI::KB, HI::VB, D, HI::KG, HI::VG, FUSED, RG>(a, smem, ip);
+    else
+        run_item<LO::KB, LO::VB, D, LO::KG, LO::VG, FUSED, RG>(a, smem, ip);
+}
+
+template <int D, class HI, class LO>
+__global__ void __launch_bounds__(MKV_TC_WARPS * 32, kernel_shape<D, HI, LO>::MIN_BLOCKS) decode_kernel(const tc_args a)
+{
+    using K = kernel_shape<D, HI, LO>;
+    extern __shared__ __align__(16) uint8_t smem[];
+    block_shared &bs = *reinterpret_cast<block_shared *>(smem + MKV_TC_WARPS * K::WARP_BYTES);
+    const int32_t tid = threadIdx.x;
+    using RF = region_finish<D, MKV_TC_WARPS * K::WARP_BYTES>;
+
+    if (!a.fused) {
+        const block_pos b = locate(a, blockIdx.x, blockIdx.y, blockIdx.z);
+        if (b.work) run_section_item<D, HI, LO, false>(a, smem, b.ip);
+        return;
+    }
+
+    int32_t *const next_id = a.counters + a.n_rs, *const sq_head = next_id + 1;
+    int32_t *const sq_tail = next_id + 2, *const finished = next_id + 3, *const jobs = next_id + 4;
+    const int32_t gx = a.grid_x, total = a.total_ids;
+    if (tid == 0) bs.owed = -1, bs.exhausted = 0, bs.nap = 256;
+    enum { EXIT, RETRY, DECODE, SCORE };
+    for (;;) {
+        if (tid == 0) {
+            int32_t cmd = RETRY, arg = 0, owed = bs.owed;
+            bool exhausted = bs.exhausted;
+            /* A ticket when jobs seem to be waiting; it may name a job published later. */
+            if (owed < 0 && ld_relaxed(sq_head) < ld_relaxed(sq_tail)) {
+                owed = atomicAdd(sq_head, 1);
+                if (owed >= total) owed = -1; /* past any job there can be */
+            }
+            if (owed >= 0 && (arg = ld_acquire(jobs + owed)) >= 0) {
+                cmd = SCORE, owed = -1;
+            } else if (!exhausted) {
+                arg = atomicAdd(next_id, 1);
+                if (arg < total) cmd = DECODE;
+                else exhausted = true;
+            } else if (ld_acquire(finished) == total) { /* every job is published */
+                const int32_t tail = ld_relaxed(sq_tail);
+                if (owed >= tail) owed = -1; /* a ticket past the last job */
+                if (owed >= 0) {
+                    while ((arg = ld_acquire(jobs + owed)) < 0) __nanosleep(32);
+                    cmd = SCORE, owed = -1;
+                } else if (ld_relaxed(sq_head) >= tail) {
+                    cmd = EXIT;
+                }
+            } else {
+                /* Nothing to take until a region completes: a backoff of 256 ns doubling to
+                 * 2 us (every idle block of the call's tail polls these counters). */
+                __nanosleep(bs.nap);
+                bs.nap = min(2 * bs.nap, 2048);
+            }
+            if (cmd != RETRY) bs.nap = 256;
+            bs.cmd = cmd, bs.arg = arg, bs.owed = owed, bs.exhausted = exhausted;
+        }
+        __syncthreads();
+        const int32_t cmd = bs.cmd, id = bs.arg;
+        __syncthreads(); /* bs.cmd is rewritten in the next round */
+        if (cmd == EXIT) break;
+        if (cmd == RETRY) continue;
+        const int32_t r = id / gx, bx = id - r * gx;
+
+        if (cmd == SCORE) {
+            const block_pos b = locate(a, bx, r % a.H, r / a.H);
+            if (tid < a.G) bs.lse[tid] = __ldcg(a.lse + b.ip.rs * a.G + tid);
+            __syncthreads();
+            const section_tokens s = section_of_region(a, b.ip.rs, b.ip.region, b.ip.sec, b.hi, b.n, b.items_hi);
+            if (!a.compact) RF::scores(a, smem, s, b.bta, b.btb, bs.lse);
+            else if (K::ONE || b.ip.sec == 0) RF::template scores_compact<K::STEP_HI, K::RG>(a, smem, s, b.bta, b.btb, bs.lse);
+            else RF::template scores_compact<K::STEP_LO, K::RG>(a, smem, s, b.bta, b.btb, bs.lse);
+            __syncthreads(); /* bs.lse is rewritten in the next round */
+            continue;
+        }
+
+        /* DECODE */
+        bool any;
+        {
+            const block_pos b = locate(a, bx, r % a.H, r / a.H);
+            if (tid == 0) bs.reg = {b.ip.rs, b.ip.region, b.hi, b.n, b.items_hi, b.n_items, b.arrivals, r * gx};
+            any = b.any;
+            if (b.work) run_section_item<D, HI, LO, true>(a, smem, b.ip);
+        }
+        if (any) {
+            /* Arrive (release: the barrier orders every thread's results before thread 0's
+             * fence, which is cumulative, and its increment; the pattern of a grid sync. One
+             * fence, not a MEMBAR.SC in each of the block's threads). */
+            __syncthreads();
+            const region_info &g = bs.reg;
+            if (tid == 0) {
+                __threadfence();
+                bs.last = atomicAdd(a.counters + g.rs, 1) == g.arrivals - 1;
+                __threadfence(); /* acquire, for the last one */
+            }
+            __syncthreads();
+            if (bs.last) {
+                region_ms(a, g.rs, g.n_items, bs);
+                /* The region's lse, visible before its score jobs are. */
+                if (tid < a.G) a.lse[g.rs * a.G + tid] = bs.lse[tid];
+                __threadfence();
+                __syncthreads();
+                if (tid == 0) bs.arg = atomicAdd(sq_tail, g.arrivals);
+                __syncthreads();
+                for (int32_t i = tid; i < g.arrivals; i += MKV_TC_WARPS * 32)
+                    st_release(jobs + bs.arg + i, g.first_id + i); /* its blocks: x < arrivals */
+                RF::merge(a, smem, g, bs.M, bs.S);
+            }
+        }
+        __syncthreads(); /* bs is reused */
+        if (tid == 0) {
+            __threadfence();
+            atomicAdd(finished, 1);
+        }
+    }
+}
+
+} // namespace mkv_tc
+
+/* One translation unit per (key bits, value bits, head_dim), generated by CMake: the kernel
+ * with one quantization group a side, and the one with the library's default groups where
+ * they differ and groups_supported takes them. mkv_tc_get_K<KB>V<VB>_d<D>(kg, vg) returns
+ * the variant for kg key and vg value groups ({NULL, NULL} if none). A two-format translation
+ * unit (MKV_DECODE_TC_MIX_INSTANCE) holds the kernel that runs a high section of one format
+ * and a low section of another in one launch, for one group a side or the default groups. */
+namespace mkv_tc {
+
+/* The shared-memory opt-in above 48 KB and the occupancy it gives, once per device and
+ * variant (both are per-device function state; asking every call cost host time per layer).
+ * Returns blocks per multiprocessor, 0 when the opt-in failed. */
+template <int D, class HI, class LO>
+int variant_setup(void)
+{
+    static std::atomic<int> cache[MKV_MAX_DEVICES]; /* 0: not yet; -1: failed; else blocks */
+    constexpr int smem = kernel_shape<D, HI, LO>::SMEM;
+    int dev = 0;
+    if (cudaGetDevice(&dev) != cudaSuccess || dev < 0 || dev >= MKV_MAX_DEVICES) {
+        (void)cudaGetLastError();
+        dev = -1;
+    } else {
+        const int c = cache[dev].load(std::memory_order_relaxed);
+        if (c != 0) return c > 0 ? c : 0;
+    }
+    int n = 0;
+    if (cudaFuncSetAttribute(decode_kernel<D, HI, LO>, cudaFuncAttributeMaxDynamicSharedMemorySize, smem) !=
+            cudaSuccess ||
+        cudaOccupancyMaxActiveBlocksPerMultiprocessor(&n, decode_kernel<D, HI, LO>, MKV_TC_WARPS * 32, smem) !=
+            cudaSuccess) {
+        (void)cudaGetLastError();
+        n = 0;
+    }
+    if (dev >= 0) cache[dev].store(n > 0 ? n : -1, std::memory_order_relaxed);
+    return n;
+}
+
+template <int D, class HI, class LO>
+cudaError_t launch_variant(const tc_args &a, dim3 grid, cudaStream_t stream)
+{
+    if (variant_setup<D, HI, LO>() <= 0) return cudaErrorInvalidValue;
+    decode_kernel<D, HI, LO><<<grid, MKV_TC_WARPS * 32, kernel_shape<D, HI, LO>::SMEM, stream>>>(a);
+    return cudaGetLastError();
+}
+
+template <int D, class HI, class LO>
+tc_kernel kernel_of(void)
+{
+    return tc_kernel{launch_variant<D, HI, LO>, variant_setup<D, HI, LO>};
+}
+
+/* A format's default groups a side at head_dim D (one for 16-bit vectors). */
+template <int KB, int VB, int D>
+using default_fmt = tc_fmt<KB, VB, KB == 16 ? 1 : MKV_DEFAULT_GROUPS(D, KB, 0), VB == 16 ? 1 : MKV_DEFAULT_GROUPS(D, VB, 1)>;
+
+template <int KB, int VB, int D>
+constexpr bool has_default_variant()
+{
+    using F = default_fmt<KB, VB, D>;
+    return (F::KG != 1 || F::VG != 1) && groups_supported<KB, VB, D, F::KG, F::VG>();
+}
+
+template <int KB, int VB, int D>
+tc_kernel get_variant(int32_t kg, int32_t vg)
+{
+    using ONE = tc_fmt<KB, VB, 1, 1>;
+    if (kg == 1 && vg == 1) return kernel_of<D, ONE, ONE>();
+    if constexpr (has_default_variant<KB, VB, D>()) {
+        using F = default_fmt<KB, VB, D>;
+        if (kg == F::KG && vg == F::VG) return kernel_of<D, F, F>();
+    }
+    return tc_kernel{nullptr, nullptr};
+}
+
+/* The two-format kernel: one group a side on both sections, or the default groups on both. */
+template <int KBH, int VBH, int KBL, int VBL, int D>
+tc_kernel get_mix_variant(int32_t kgh, int32_t vgh, int32_t kgl, int32_t vgl)
+{
+    if (kgh == 1 && vgh == 1 && kgl == 1 && vgl == 1)
+        return kernel_of<D, tc_fmt<KBH, VBH, 1, 1>, tc_fmt<KBL, VBL, 1, 1>>();
+    if constexpr (has_default_variant<KBH, VBH, D>() && has_default_variant<KBL, VBL, D>()) {
+        using FH = default_fmt<KBH, VBH, D>;
+        using FL = default_fmt<KBL, VBL, D>;
+        if (kgh == FH::KG && vgh == FH::VG && kgl == FL::KG && vgl == FL::VG) return kernel_of<D, FH, FL>();
+    }
+    return tc_kernel{nullptr, nullptr};
+}
+
+} // namespace mkv_tc
+
+#define MKV_DECODE_TC_INSTANCE(KB, VB, D)                                                      \
+    tc_kernel mkv_tc_get_K##KB##V##VB##_d##D(int32_t kg, int32_t vg)                           \
+    {                                                                                          \
+        return mkv_tc::get_variant<KB, VB, D>(kg, vg);                                         \
+    }
+
+#define MKV_DECODE_TC_MIX_INSTANCE(KBH, VBH, KBL, VBL, D)                                      \
+    tc_kernel mkv_tc_get_K##KBH##V##VBH##_K##KBL##V##VBL##_d##D(int32_t kgh, int32_t vgh,      \
+                                                                int32_t kgl, int32_t vgl)      \
+    {                                                                                          \
+        return mkv_tc::get_mix_variant<KBH, VBH, KBL, VBL, D>(kgh, vgh, kgl, vgl);             \
+    }
+
+#endif /* MKV_ATTENTION_TC_DECODE_CUH */

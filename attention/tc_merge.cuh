@@ -1,0 +1,155 @@
+/*
+ * tc_merge.cuh — the merge of a head-region's items and the score write-back's per-token
+ * steps, shared by the fused kernel (tc_finish.cuh) and the finalize kernel of the separate
+ * pass (decode_tc_common.cu): the final max and sum of a head over the items, a token's
+ * probability from its logits, the section a write-back walks, and its score slots.
+ */
+#ifndef MKV_ATTENTION_TC_MERGE_CUH
+#define MKV_ATTENTION_TC_MERGE_CUH
+
+#include "attention/decode_tc.h"
+#include "attention/tc_ptx.cuh"
+
+#include <math.h>
+
+#include <stdint.h>
+
+namespace mkv_tc {
+
+/* The final max M and sum S (log2 units) of head g over the n_items item slots from part:
+ * one online pass, a slot per lane, then a warp merge. Reads through L2 (in the fused kernel,
+ * other blocks wrote them). */
+__device__ __forceinline__ float2 head_ms(const tc_args &a, int64_t part, int32_t n_items, int32_t g)
+{
+    const int32_t lane = threadIdx.x & 31;
+    float M = -INFINITY, S = 0.0f;
+    for (int32_t s = lane; s < n_items; s += 32) {
+        const float2 ml = __ldcg(reinterpret_cast<const float2 *>(a.part_ml + ((part + s) * a.G + g) * 2));
+        const float mn = fmaxf(M, ml.x);
+        S = S * exp2f(M - mn) + ml.y * exp2f(ml.x - mn);
+        M = mn;
+    }
+    for (int x = 16; x > 0; x >>= 1) {
+        const float Mo = __shfl_xor_sync(0xffffffffu, M, x), So = __shfl_xor_sync(0xffffffffu, S, x);
+        const float mn = fmaxf(M, Mo);
+        S = (S > 0.0f ? S * exp2f(M - mn) : 0.0f) + (So > 0.0f ? So * exp2f(Mo - mn) : 0.0f);
+        M = mn;
+    }
+    return make_float2(M, S);
+}
+
+/* A token's probability from its row of G logits l (log2 units; global or shared memory,
+ * written before this kernel or staged by it): the maximum over the group of
+ * 2^(l - lse_g) = 2^(l - M_g) / S_g (the rounding of lse moves it by ~1e-7), taken as 2 to the
+ * maximum exponent (one ex2 per token: 2^x is monotonic). */
+__device__ __forceinline__ float token_prob(const float *l, int32_t G, const float *lse)
+{
+    float x = -INFINITY;
+    if (G % 4 == 0) { /* 16-byte loads: rows of G % 4 == 0 logits are 16-byte aligned */
+        for (int32_t g = 0; g < G; g += 4) {
+            const float4 v = *reinterpret_cast<const float4 *>(l + g);
+            x = fmaxf(x, fmaxf(fmaxf(v.x - lse[g], v.y - lse[g + 1]), fmaxf(v.z - lse[g + 2], v.w - lse[g + 3])));
+        }
+    } else {
+        for (int32_t g = 0; g < G; g++) x = fmaxf(x, l[g] - lse[g]);
+    }
+    return ex2(x);
+}
+
+/* One section of a head-region for the score write-back: its n tokens' logits (token k's G at
+ * lg + k G: the section's item rows follow each other, all full but the last), its page ids
+ * (page i at row[i * step]: the high section from the row's start, the low one from its end)
+ * and pages of tpp tokens with the score slots at off_score. */
+struct section_tokens {
+    const float *lg;
+    int64_t lin0; /* token x of the compact logits of the section's token 0 */
+    const int32_t *row;
+    const uint8_t *pool;
+    int64_t page_bytes, off_score;
+    int32_t step, n, tpp, G;
+};
+
+/* The score slot at slot of page id page of a section. */
+__device__ __forceinline__ float *score_slot(const section_tokens &s, int32_t page, int32_t slot)
+{
+    // NOTE: int32 page id, widen before the multiply (pools exceed 2 GiB).
+    return reinterpret_cast<float *>(const_cast<uint8_t *>(s.pool) + (int64_t)page * s.page_bytes +
+                                     s.off_score) + slot;
+}
+
+/* Whether the four score slots of tokens k to k + 3 (k a multiple of 4) share a page and are
+ * 16-byte aligned (pages of a multiple of 4 tokens, and the pool, its pages and their score
+ * segment 16-byte aligned, as mixkv's layouts are): red_add4 takes them. */
+__device__ __forceinline__ bool score_v4(const section_tokens &s)
+{
+    return s.tpp % 4 == 0 &&
+           ((reinterpret_cast<uintptr_t>(s.pool) | (uintptr_t)s.page_bytes | (uintptr_t)s.off_score) & 15) == 0;
+}
+
+/* The head-region's section sec (high tokens [0, hi), low [hi, n); logits of the high items
+ * from slot 0, of the low ones from slot items_hi). */
+__device__ __forceinline__ section_tokens section_of_region(const tc_args &a, int64_t rs, int64_t region,
+                                                            int32_t sec, int32_t hi, int32_t n,
+                                                            int32_t items_hi)
+{
+    section_tokens s;
+    const int64_t slot = rs * (a.sec_items + 1) + (sec ? items_hi : 0);
+    s.lg = a.logits + slot * a.item_tokens * a.G;
+    s.lin0 = slot * a.item_tokens;
+    s.row = a.table + region * a.T + (sec ? a.T - 1 : 0);
+    s.step = sec ? -1 : 1;
+    s.n = sec ? n - hi : hi;
+    s.tpp = a.sec[sec].tpp;
+    s.off_score = a.sec[sec].off_score;
+    s.pool = a.pool, s.page_bytes = a.page_bytes, s.G = a.G;
+    return s;
+}
+
+/* The score write-back of tokens k = first + u * stride (u < U, 0 <= k < n) of a section (the
+ * finalize kernel): each one's probability added to its score slot. All loads (logits and
+ * page ids) first, then the reductions: U independent chains, none waiting on a score slot. */
+template <int U>
+__device__ __forceinline__ void score_tokens(const section_tokens &s, int32_t first, int32_t stride,
+                                             const float *lse)
+{
+    float pmax[U];
+    int32_t page[U];
+#pragma unroll
+    for (int u = 0; u < U; u++) {
+        const int32_t k = first + u * stride;
+        if (k < 0 || k >= s.n) continue;
+        pmax[u] = token_prob(s.lg + (int64_t)k * s.G, s.G, lse);
+        page[u] = __ldg(s.row + k / s.tpp * s.step);
+    }
+#pragma unroll
+    for (int u = 0; u < U; u++) {
+        const int32_t k = first + u * stride;
+        if (k < 0 || k >= s.n) continue;
+        red_add(score_slot(s, page[u], k % s.tpp), pmax[u]);
+    }
+}
+
+/* out of head-region rs = its n_items items' partial outputs (from part), each weighted by
+ * 2^(m - M), over S; elements i0, i0 + stride, ... of the G x d. */
+__device__ __forceinline__ void merge_out(const tc_args &a, int64_t part, int32_t n_items,
+                                          int64_t rs, int32_t d, const float *M, const float *S,
+                                          int32_t i0, int32_t stride)
+{
+    const int32_t G = a.G;
+    for (int32_t i = i0; i < G * d; i += stride) {
+        const int32_t g = i / d, e = i - g * d;
+        float o = 0.0f;
+#pragma unroll 4
+        for (int32_t s = 0; s < n_items; s++) {
+            const float w = exp2f(__ldcg(a.part_ml + ((part + s) * G + g) * 2) - M[g]);
+            o = fmaf(__ldcg(a.part_o + ((part + s) * G + g) * d + e), w, o);
+        }
+        const float r = o / S[g];
+        if (a.out16) a.out16[(rs * G + g) * d + e] = a.out_bf16 ? mkv_f32_to_bf16(r) : mkv_f32_to_f16(r);
+        else a.out[(rs * G + g) * d + e] = r;
+    }
+}
+
+} // namespace mkv_tc
+
+#endif /* MKV_ATTENTION_TC_MERGE_CUH */

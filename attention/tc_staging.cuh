@@ -1,0 +1,131 @@
+/*
+ * tc_staging.cuh — the tensor-core decode kernel's shared memory and the warp's walk over its
+ * item: where a staged subtile's key and value chunks and metadata sit (stage_layout, with the
+ * stage count and size), the block's scalars after the staging areas (block_shared), how runs
+ * are read back (load_run), and the token, page and slot a warp has reached (walker,
+ * item_pos). The copies themselves are run_item's (tc_item.cuh).
+ */
+#ifndef MKV_ATTENTION_TC_STAGING_CUH
+#define MKV_ATTENTION_TC_STAGING_CUH
+
+#include "attention/decode_tc.h"
+
+#include <stdint.h>
+
+namespace mkv_tc {
+
+/* A warp's staged subtile: the page segments of its (up to) 16 tokens as the page holds them,
+ * copied by the whole warp in 16-byte units (every sector read whole, once). Key chunks, then
+ * value chunks, each chunk a row of 16 tokens x 16 bytes, then the key metadata (KG groups) and
+ * the value metadata (VG groups), each group 16 words, [group][token] as in the page. Inside a chunk row, token t sits at unit t ^ swizzle(chunk), so that the
+ * fragment reads (thread (gr, tc): key run tc of tokens gr, gr + 8; value run gr of tokens 2tc,
+ * 2tc + 1, 2tc + 8, 2tc + 9) hit distinct banks within each phase of a warp's load. */
+template <int KB, int VB, int D, int KG, int VG>
+struct stage_layout {
+    static constexpr int KBYTES = D / 4 * KB / 8, VBYTES_RAW = D / 8 * VB / 8; /* runs */
+    static constexpr int VBYTES = VBYTES_RAW < 4 ? 4 : VBYTES_RAW; /* 2-byte runs: a word */
+    static constexpr int KW = KBYTES / 4, VW = VBYTES / 4;
+    static constexpr bool KQ = KB < 16, VQ = VB < 16;
+    static constexpr int KC = D * KB / 128, VC = D * VB / 128; /* 16-byte chunks per token */
+    static constexpr int ROUNDS = (KC + VC + 1) / 2;            /* copy rounds (2 chunks each) */
+    /* Quantized keys and values of up to 8 chunks: a lane copies whole tokens (run_item). */
+    static constexpr bool WHOLE = KQ && VQ && KC + VC <= 8;
+    static constexpr int META = (KC + VC) * 256;  /* key metadata, group g at META + 64 g */
+    static constexpr int VMETA = META + 64 * KG;  /* value metadata, group g at VMETA + 64 g */
+    static constexpr int BYTES_PER_SUBTILE = META + (KQ || VQ ? 64 * (KG + VG) : 0); /* per warp */
+    /* Subtiles per stage: fewer, larger stages for small subtiles (one wait and one barrier per
+     * stage); three stages, two where a stage is large, so that 12 warps fit an SM. The
+     * thresholds are tuning (decode_tuning.h). */
+    static constexpr int NT = BYTES_PER_SUBTILE <= mkv_decode_tuning::stage4_max_subtile_bytes ? 4
+                              : BYTES_PER_SUBTILE <= mkv_decode_tuning::stage2_max_subtile_bytes ? 2 : 1;
+    static constexpr int STAGES = NT * BYTES_PER_SUBTILE > mkv_decode_tuning::stage3_max_bytes ? 2 : 3;
+    static constexpr int WARP_BYTES = STAGES * NT * BYTES_PER_SUBTILE;
+    /* Byte offset of token t of key chunk c, of value chunk c. */
+    __device__ static __forceinline__ int key_at(int c, int t)
+    {
+        const int x = KBYTES >= 16 ? (2 * (c / (KBYTES / 16))) & 7 : KBYTES == 8 ? 4 * c : 0;
+        return (c * 16 + (t ^ x)) * 16;
+    }
+    __device__ static __forceinline__ int value_at(int c, int t)
+    {
+        const int y = (c / (VBYTES_RAW >= 16 ? VBYTES_RAW / 16 : 1)) & 1;
+        return ((KC + c) * 16 + (t ^ y)) * 16;
+    }
+};
+
+/* The block's scalars, after the staging areas (which start the dynamic shared memory, so that
+ * their swizzle keeps its bank pattern). */
+struct region_info {
+    int64_t rs, region;
+    int32_t hi, n, items_hi, n_items, arrivals;
+    int32_t first_id; /* the decode id of its block x = 0 */
+};
+
+struct block_shared {
+    region_info reg; /* the fused kernel's current region (kept here, not in registers, across
+                        the items) */
+    int32_t cmd, arg, last;
+    int32_t nap;             /* thread 0's: its next pause (ns) while nothing is to be taken */
+    int32_t owed, exhausted; /* thread 0's: the score job ticket it holds (-1: none); whether
+                                every decode id has been taken */
+    float M[MKV_TC_MAX_G], S[MKV_TC_MAX_G], lse[MKV_TC_MAX_G];
+};
+
+/* Subtiles per softmax step: all of a stage's where it holds two or four (one max, rescale
+ * test and value-scale reduction per 32 or 64 tokens instead of 16). Four need the 3-block
+ * bound of decode_kernel's __launch_bounds__ to stay at 168 registers. */
+template <int KB, int VB, int D, int KG, int VG>
+__host__ __device__ constexpr int step_subtiles()
+{
+    return stage_layout<KB, VB, D, KG, VG>::NT >= 4 ? 4 : stage_layout<KB, VB, D, KG, VG>::NT >= 2 ? 2 : 1;
+}
+
+/* Run R (BYTES bytes: run R of a vector is its bytes [R * BYTES, (R + 1) * BYTES)) of staged
+ * token t, where at(c, t) is the byte offset of token t's unit in chunk row c. 2-byte runs: the
+ * word holding the run, shifted down for odd R. */
+template <int BYTES, int W, typename At>
+__device__ __forceinline__ void load_run(const uint8_t *sub, At at, int R, int t, uint32_t (&w)[W])
+{
+    if constexpr (BYTES >= 16) {
+#pragma unroll
+        for (int i = 0; i < BYTES / 16; i++) {
+            const uint4 v = *reinterpret_cast<const uint4 *>(sub + at(R * (BYTES / 16) + i, t));
+            w[4 * i] = v.x, w[4 * i + 1] = v.y, w[4 * i + 2] = v.z, w[4 * i + 3] = v.w;
+        }
+    } else if constexpr (BYTES == 8) {
+        const uint2 v = *reinterpret_cast<const uint2 *>(sub + at(R / 2, t) + R % 2 * 8);
+        w[0] = v.x, w[1] = v.y;
+    } else if constexpr (BYTES == 4) {
+        w[0] = *reinterpret_cast<const uint32_t *>(sub + at(R / 4, t) + R % 4 * 4);
+    } else {
+        static_assert(BYTES == 2, "runs of 2 to 16n bytes");
+        w[0] = *reinterpret_cast<const uint32_t *>(sub + at(R / 8, t) + R % 8 / 2 * 4) >> (16 * (R & 1));
+    }
+}
+
+/* The warp's walk over its item, one subtile at a time: a subtile is up to 16 consecutive
+ * tokens of one page (it ends at the page's end or the item's), so that a thread's token is
+ * just slot + offset. Warp-uniform. */
+struct walker {
+    int32_t t, pidx, slot; /* section token, page index in the row, slot in the page */
+    __device__ __forceinline__ int32_t count(int32_t tb, int32_t tpp) const
+    {
+        return max(0, min(16, min(tpp - slot, tb - t)));
+    }
+    __device__ __forceinline__ void advance(int32_t n, int32_t tpp)
+    {
+        t += n, slot += n;
+        if (slot == tpp) slot = 0, pidx++;
+    }
+};
+
+/* Where a warp's item sits: the section's tokens [ta, tb) of head-region rs, item slot slot_id
+ * (the row of its partial result and of its logits in the workspace). */
+struct item_pos {
+    int64_t rs, region;
+    int32_t sec, sec_n, ta, tb, slot_id; /* sec_n: the section's token count */
+};
+
+} // namespace mkv_tc
+
+#endif /* MKV_ATTENTION_TC_STAGING_CUH */
