@@ -24,6 +24,15 @@ struct mkv_decode_tuning {
     /* Items per multiprocessor the default item size aims at: several waves of the 16 resident
      * warps, so that the last wave is short. */
     static constexpr int32_t items_per_sm = 64;
+    /* Items start at the largest power of two up to long_region_min_item that still cuts a
+     * region of max_tokens into min_region_items or more, even where that leaves fewer items
+     * than items_per_sm asks: on long regions, shorter items cost their pipeline fill and
+     * partial result more than their parallelism gives (H200, K16V16 with 64-token items
+     * against 256: 1 x 32k 107 against 63 us, 1 x 16k 61 against 45, 1 x 8k 39 against 35;
+     * 16 x 4k 113 against 105 with 128; but 1 x 4k 28 against 32 with 256, hence the floor of
+     * 32 items a region). */
+    static constexpr int32_t min_region_items = 32;
+    static constexpr int32_t long_region_min_item = 256;
     /* Multiprocessors assumed when the device cannot be asked (an H100 SXM's count). */
     static constexpr int32_t fallback_sms = 132;
     /* L2 bytes assumed when the device cannot be asked (the H100's and H200's 50 MB). */
