@@ -5,7 +5,8 @@
  *     mkv_dump_view (memmgr/check.c);
  *   - mkv_cache_load_json (memmgr/dump.c: check, create a cache, restore, check again);
  *   - `mixkv inspect` (tools/inspect.c: text, --json, --slot) and `mixkv inspect --diff`
- *     against itself and against a fixed sample dump (tools/inspect_diff.c).
+ *     against itself and against a fixed sample dump (tools/inspect_diff.c), and as rank 1
+ *     of a tensor-parallel set after the sample (tools/inspect_tp.c).
  * Seeds: fuzz/corpus/dump/. With MKV_FUZZ_SAMPLE_DUMP=FILE the target writes its sample dump
  * to FILE and exits (fuzz/make_seeds.py uses it).
  */
@@ -172,6 +173,8 @@ int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size)
     const char *diff_self[] = {"inspect", "--diff", path, path};
     const char *diff_sample[] = {"inspect", "--diff", "--json", sample_path, path};
     const char *diff_back[] = {"inspect", "--diff", path, sample_path};
+    const char *tp[] = {"inspect", "--json", sample_path, path};
+    const char *tp_slot[] = {"inspect", "--slot", "0", sample_path, path, path};
     inspect(4, plain);
     inspect(3, json);
     inspect(4, slot);
@@ -181,5 +184,7 @@ int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size)
     }
     inspect(5, diff_sample);
     inspect(4, diff_back);
+    inspect(4, tp);
+    inspect(6, tp_slot);
     return 0;
 }

@@ -726,3 +726,300 @@ Test(inspect, diff_release_admit_and_config)
     rm_tmp(b2);
     mkv_cache_destroy(c);
 }
+
+/* ---------------------------------------------------------------------------------------- */
+/* Tensor-parallel sets                                                                     */
+/* ---------------------------------------------------------------------------------------- */
+
+/* One rank of a tensor-parallel cache: KV heads [first_head, first_head + H) of a model with
+ * L layers, S 5, its own pool. Slots 0, 1, 2 are active with N 16, 20, 3 as in make_cache;
+ * each row's counts depend on its global head only, so the ranks together hold what one cache
+ * of all the heads would. */
+static mkv_cache_t *make_rank_cache(int32_t L, int32_t H, int32_t first_head)
+{
+    mkv_cache_config_t cfg = tu_config(L, H, 5, 64, 4, 24 * L * H);
+    mkv_cache_t *c = tu_create(&cfg);
+    int32_t slot;
+    for (int i = 0; i < 3; i++) TU_COK(c, mkv_cache_admit(c, 8, &slot));
+    int32_t slots[2] = {0, 1}, seq_len[2] = {16, 20};
+    int32_t *n_hi = malloc((size_t)(2 * L * H) * sizeof *n_hi);
+    int32_t *n_lo = malloc((size_t)(2 * L * H) * sizeof *n_lo);
+    cr_assert(n_hi && n_lo);
+    for (int32_t s = 0; s < 2; s++) {
+        for (int32_t l = 0; l < L; l++) {
+            for (int32_t h = 0; h < H; h++) {
+                const int32_t g = first_head + h, i = (s * L + l) * H + h;
+                n_hi[i] = s == 0 ? 8 : 4 + g % 3;
+                n_lo[i] = s == 0 ? g % 3 * 3 : 7 + l % 2;
+            }
+        }
+    }
+    mkv_resize_t rz = {2, slots, seq_len, n_hi, n_lo};
+    TU_COK(c, mkv_cache_resize(c, &rz, NULL));
+    int32_t two = 2;
+    for (int i = 0; i < 3; i++) TU_COK(c, mkv_cache_append(c, 1, &two, NULL)); /* decode */
+    tu_expect_valid(c, "make_rank_cache");
+    free(n_hi);
+    free(n_lo);
+    return c;
+}
+
+/* The text after `marker` in out (the rank's section of the report). */
+static const char *section(const char *out, const char *marker)
+{
+    const char *p = strstr(out, marker);
+    cr_assert_not_null(p, "no '%s' in:\n%s", marker, out);
+    return p;
+}
+
+static int64_t i64_at(cJSON *o, const char *key) { return (int64_t)at(o, key)->valuedouble; }
+
+Test(inspect, tp_set_totals)
+{
+    mkv_cache_t *c0 = make_rank_cache(2, 3, 0), *c1 = make_rank_cache(2, 2, 3);
+    mkv_cache_t *whole = make_rank_cache(2, 5, 0);
+    mkv_cache_stats_t s0 = tu_stats(c0), s1 = tu_stats(c1), sw = tu_stats(whole);
+    char *a = write_cache(c0), *b = write_cache(c1);
+
+    run_t r = run_cli("inspect", a, b, NULL);
+    cr_assert_eq(r.status, 0, "exit %d:\n%s%s", r.status, r.out, r.err);
+    cr_assert_str_eq(r.err, "");
+    const char *rank1 = section(r.out, "== rank 1 of 2: KV heads 3 to 4 globally (local 0 to 1) ==");
+    EXPECT_IN(section(r.out, "== rank 0 of 2: KV heads 0 to 2 globally (local 0 to 2) =="), "L=2 H=3 G=4");
+    EXPECT_IN(rank1, "L=2 H=2 G=4");
+    const char *total = section(rank1, "== tensor-parallel set: 2 ranks, 5 KV heads");
+    char want[256];
+    snprintf(want, sizeof want, "tokens: %lld hi, %lld lo, %lld pruned, %lld seen",
+             (long long)(s0.tokens_hi + s1.tokens_hi), (long long)(s0.tokens_lo + s1.tokens_lo),
+             (long long)(s0.tokens_pruned + s1.tokens_pruned),
+             (long long)(s0.tokens_seen + s1.tokens_seen));
+    EXPECT_IN(total, want);
+    snprintf(want, sizeof want, "bytes: %lld in use, %lld as FP16",
+             (long long)(s0.bytes_in_use + s1.bytes_in_use),
+             (long long)(s0.bytes_fp16 + s1.bytes_fp16));
+    EXPECT_IN(total, want);
+    EXPECT_IN(total, "slots: 3 active");
+    EXPECT_IN(total, "ranks: every invariant holds in every rank");
+    EXPECT_IN(total, "set: consistent");
+    run_free(&r);
+
+    r = run_cli("inspect", "--json", a, b, NULL);
+    cr_assert_eq(r.status, 0, "%s%s", r.out, r.err);
+    cJSON *out = cJSON_Parse(r.out);
+    cr_assert_not_null(out, "--json prints JSON only:\n%s", r.out);
+    cJSON *ranks = at(out, "ranks"), *tot = at(out, "total");
+    cr_assert_eq(cJSON_GetArraySize(ranks), 2);
+    static const char *const keys[] = {"tokens_hi", "tokens_lo", "tokens_seen", "tokens_pruned",
+                                       "pages_hi",  "pages_lo",  "bytes",       "bytes_fp16"};
+    for (size_t k = 0; k < sizeof keys / sizeof keys[0]; k++) {
+        int64_t sum = 0;
+        for (int i = 0; i < 2; i++) {
+            cJSON *rank = cJSON_GetArrayItem(ranks, i);
+            cr_assert_eq(i64_at(rank, "rank"), i);
+            cr_assert(cJSON_IsTrue(at(at(rank, "check"), "ok")));
+            sum += i64_at(at(rank, "summary"), keys[k]);
+        }
+        cr_assert_eq(i64_at(tot, keys[k]), sum, "total %s", keys[k]);
+    }
+    cr_assert_eq(i64_at(tot, "tokens_hi"), s0.tokens_hi + s1.tokens_hi);
+    cr_assert_eq(i64_at(tot, "tokens_seen"), s0.tokens_seen + s1.tokens_seen);
+    /* The ranks together hold the tokens of one cache of all five heads. */
+    cr_assert_eq(i64_at(tot, "tokens_hi"), sw.tokens_hi);
+    cr_assert_eq(i64_at(tot, "tokens_lo"), sw.tokens_lo);
+    cr_assert_eq(i64_at(tot, "tokens_seen"), sw.tokens_seen);
+    cr_assert_eq(i64_at(tot, "pages_hi"), sw.pages_hi);
+    cr_assert_eq(i64_at(tot, "n_kv_heads"), 5);
+    cr_assert_eq(i64_at(tot, "total_pages"), 24 * 2 * 3 + 24 * 2 * 2);
+    cr_assert_eq(i64_at(cJSON_GetArrayItem(ranks, 1), "first_head"), 3);
+    cJSON *slots = at(tot, "slots");
+    cr_assert_eq(cJSON_GetArraySize(slots), 3);
+    cJSON *slot1 = cJSON_GetArrayItem(slots, 1);
+    cr_assert_eq(i64_at(slot1, "slot"), 1);
+    cr_assert_eq(i64_at(slot1, "seq_len"), 20);
+    cr_assert_eq(i64_at(slot1, "tokens_seen"), 20 * 2 * 5);
+    cr_assert(cJSON_IsTrue(at(out, "consistent")));
+    cr_assert_eq(cJSON_GetArraySize(at(out, "violations")), 0);
+    cJSON_Delete(out);
+    run_free(&r);
+    rm_tmp(a);
+    rm_tmp(b);
+    mkv_cache_destroy(c0);
+    mkv_cache_destroy(c1);
+    mkv_cache_destroy(whole);
+}
+
+Test(inspect, tp_option_finds_rank_files)
+{
+    char dir[] = "/tmp/mkv_inspect_tp_XXXXXX";
+    cr_assert_not_null(mkdtemp(dir));
+    char base[64], f0[80], f1[80], none[80];
+    snprintf(base, sizeof base, "%s/run.json", dir);
+    snprintf(f0, sizeof f0, "%s/run.rank0.json", dir);
+    snprintf(f1, sizeof f1, "%s/run.rank1.json", dir);
+    snprintf(none, sizeof none, "%s/none.json", dir);
+    mkv_cache_t *c0 = make_rank_cache(2, 2, 0), *c1 = make_rank_cache(2, 2, 2);
+    TU_COK(c0, mkv_cache_dump_json(c0, f0));
+    TU_COK(c1, mkv_cache_dump_json(c1, f1));
+
+    run_t r = run_cli("inspect", "--json", "--tp", base, NULL);
+    cr_assert_eq(r.status, 0, "%s%s", r.out, r.err);
+    cJSON *out = cJSON_Parse(r.out);
+    cr_assert_not_null(out, "%s", r.out);
+    cr_assert_eq(cJSON_GetArraySize(at(out, "ranks")), 2);
+    cr_assert_str_eq(at(cJSON_GetArrayItem(at(out, "ranks"), 1), "file")->valuestring, f1);
+    cJSON_Delete(out);
+    run_free(&r);
+
+    r = run_cli("inspect", "--tp", none, NULL);
+    cr_assert_eq(r.status, 2, "%s%s", r.out, r.err);
+    EXPECT_IN(r.err, "none.rank0.json does not exist");
+    run_free(&r);
+    r = run_cli("inspect", "--tp", base, f0, NULL);
+    cr_assert_eq(r.status, 2);
+    run_free(&r);
+    r = run_cli("inspect", f0, "/nonexistent-mkv/run.rank1.json", NULL);
+    cr_assert_eq(r.status, 2);
+    EXPECT_IN(r.err, "/nonexistent-mkv/run.rank1.json: cannot open");
+    run_free(&r);
+
+    unlink(f0);
+    unlink(f1);
+    rmdir(dir);
+    mkv_cache_destroy(c0);
+    mkv_cache_destroy(c1);
+}
+
+Test(inspect, tp_slot_numbers_heads_globally)
+{
+    mkv_cache_t *c0 = make_rank_cache(2, 3, 0), *c1 = make_rank_cache(2, 2, 3);
+    char *a = write_cache(c0), *b = write_cache(c1);
+    run_t r = run_cli("inspect", "--slot", "1", a, b, NULL);
+    cr_assert_eq(r.status, 0, "%s%s", r.out, r.err);
+    /* Rank 1's row (slot 1, layer 0, local head 0) is global head 3. */
+    const mkv_mm_state_t *st = &c1->st;
+    const int64_t reg = mkv_mm_region(&st->g, 1, 0, 0);
+    const int32_t *row = mkv_mm_row(st, reg);
+    char want[160];
+    cr_assert_eq(st->n_hi[reg], 4); /* one hi page */
+    cr_assert_eq(st->n_lo[reg], 7); /* one lo page */
+    snprintf(want, sizeof want, "%6d %5d %8d %8d  [%d] | [%d]\n", 0, 3, 4, 7, row[0],
+             row[st->g.row_entries - 1]);
+    const char *rank1 = section(r.out, "== rank 1 of 2");
+    EXPECT_IN(rank1, "rows of slot 1 (KV heads numbered globally: local head h is 3 + h)");
+    EXPECT_IN(rank1, want);
+    cr_assert_null(strstr(rank1, "     0     0 "), "rank 1 lists no head 0:\n%s", rank1);
+    run_free(&r);
+
+    r = run_cli("inspect", "--json", "--slot=1", a, b, NULL);
+    cr_assert_eq(r.status, 0);
+    cJSON *out = cJSON_Parse(r.out);
+    cr_assert_not_null(out, "%s", r.out);
+    cJSON *row0 = cJSON_GetArrayItem(at(cJSON_GetArrayItem(at(out, "ranks"), 1), "rows"), 0);
+    cr_assert_eq(i64_at(row0, "head"), 0);
+    cr_assert_eq(i64_at(row0, "global_head"), 3);
+    cr_assert_eq(cJSON_GetArraySize(at(at(out, "total"), "slots")), 1);
+    cJSON_Delete(out);
+    run_free(&r);
+
+    r = run_cli("inspect", "--slot", "4", a, b, NULL);
+    cr_assert_eq(r.status, 2);
+    EXPECT_IN(r.err, "slot 4 is not active in any rank");
+    run_free(&r);
+    rm_tmp(a);
+    rm_tmp(b);
+    mkv_cache_destroy(c0);
+    mkv_cache_destroy(c1);
+}
+
+Test(inspect, tp_slots_differ)
+{
+    mkv_cache_t *c0 = make_rank_cache(2, 3, 0), *c1 = make_rank_cache(2, 2, 3);
+    TU_COK(c1, mkv_cache_release(c1, 2, NULL));
+    int32_t one = 1;
+    TU_COK(c1, mkv_cache_append(c1, 1, &one, NULL));
+    char *a = write_cache(c0), *b = write_cache(c1);
+    run_t r = run_cli("inspect", a, b, NULL);
+    cr_assert_eq(r.status, 1, "%s%s", r.out, r.err);
+    EXPECT_IN(r.out, "set: 2 mismatches between ranks");
+    EXPECT_IN(r.out, "[seq_len_mismatch] slot 1 has N = 20 in rank 0 but N = 21 in rank 1");
+    EXPECT_IN(r.out, "[slot_mismatch] slot 2 is active in rank 0 but not in rank 1");
+    EXPECT_IN(r.out, "ranks: every invariant holds in every rank");
+    EXPECT_IN(r.err, "mixkv inspect: the ranks disagree: 2 mismatches, first: slot 1 has N");
+    run_free(&r);
+
+    r = run_cli("inspect", "--json", a, b, NULL);
+    cr_assert_eq(r.status, 1);
+    cJSON *out = cJSON_Parse(r.out);
+    cr_assert_not_null(out, "%s", r.out);
+    cr_assert(cJSON_IsFalse(at(out, "consistent")));
+    cr_assert(cJSON_IsTrue(at(out, "ranks_ok")));
+    cJSON *v = cJSON_GetArrayItem(at(out, "violations"), 1);
+    cr_assert_str_eq(at(v, "kind")->valuestring, "slot_mismatch");
+    cr_assert_eq(i64_at(v, "slot"), 2);
+    cr_assert_eq(cJSON_GetArrayItem(at(v, "ranks"), 1)->valueint, 1);
+    cJSON_Delete(out);
+    run_free(&r);
+    rm_tmp(a);
+    rm_tmp(b);
+    mkv_cache_destroy(c0);
+    mkv_cache_destroy(c1);
+}
+
+Test(inspect, tp_config_differs)
+{
+    mkv_cache_t *c0 = make_rank_cache(2, 3, 0), *c1 = make_rank_cache(3, 2, 3);
+    char *a = write_cache(c0), *b = write_cache(c1);
+    run_t r = run_cli("inspect", a, b, NULL);
+    cr_assert_eq(r.status, 1, "%s%s", r.out, r.err);
+    EXPECT_IN(r.out, "set: 1 mismatch between ranks\n");
+    EXPECT_IN(r.out, "[config_mismatch] config.n_layers differs: 2 in rank 0, 3 in rank 1");
+    cr_assert_null(strstr(r.out, "config.n_kv_heads"), "n_kv_heads may differ");
+    cr_assert_null(strstr(r.out, "config.pool_pages"), "pool_pages may differ");
+    run_free(&r);
+    rm_tmp(a);
+    rm_tmp(b);
+    mkv_cache_destroy(c0);
+    mkv_cache_destroy(c1);
+}
+
+Test(inspect, tp_corrupt_rank)
+{
+    mkv_cache_t *c0 = make_rank_cache(2, 3, 0), *c1 = make_rank_cache(2, 2, 3);
+    char *a = write_cache(c0);
+    cJSON *root = cache_json(c1);
+    /* rows[0] is (0, 0, 0), rows[3] is (0, 1, 1): the same page in two rows of rank 1. */
+    const int dup = id_at(row_at(root, 0), "hi", 1);
+    cJSON_ReplaceItemInArray(at(row_at(root, 3), "hi"), 0, cJSON_CreateNumber(dup));
+    char *b = write_json(root);
+    run_t r = run_cli("inspect", a, b, NULL);
+    cr_assert_eq(r.status, 1, "%s%s", r.out, r.err);
+    const char *rank1 = section(r.out, "== rank 1 of 2");
+    char want[200];
+    snprintf(want, sizeof want,
+             "[page_duplicated] page %d is in two places: row (slot 0, layer 0, head 0) hi[1] and "
+             "row (slot 0, layer 1, head 1) hi[0]",
+             dup);
+    EXPECT_IN(rank1, want);
+    cr_assert(strstr(r.out, "check: ok") < rank1, "rank 0 is clean");
+    EXPECT_IN(r.out, "ranks: violations in rank 1 (2), listed above");
+    EXPECT_IN(r.out, "set: consistent");
+    snprintf(want, sizeof want, "mixkv inspect: rank 1 (%s): 2 invariant violations", b);
+    EXPECT_IN(r.err, want);
+    run_free(&r);
+
+    r = run_cli("inspect", "--json", a, b, NULL);
+    cr_assert_eq(r.status, 1);
+    cJSON *out = cJSON_Parse(r.out);
+    cr_assert_not_null(out, "%s", r.out);
+    cr_assert(cJSON_IsTrue(at(at(cJSON_GetArrayItem(at(out, "ranks"), 0), "check"), "ok")));
+    cr_assert(cJSON_IsFalse(at(at(cJSON_GetArrayItem(at(out, "ranks"), 1), "check"), "ok")));
+    cr_assert(cJSON_IsFalse(at(out, "consistent")));
+    cr_assert(cJSON_IsTrue(at(out, "ranks_agree")));
+    cJSON_Delete(out);
+    run_free(&r);
+    cJSON_Delete(root);
+    rm_tmp(a);
+    rm_tmp(b);
+    mkv_cache_destroy(c0);
+    mkv_cache_destroy(c1);
+}
