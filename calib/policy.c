@@ -52,6 +52,14 @@ mkv_status_t mkv_policy_make_cache(const mkv_model_t *m, mkv_backend_t backend, 
                                    const mkv_policy_t *p, int32_t max_seqs, int32_t max_seq_len,
                                    double pool_scale, mkv_cache_t **out)
 {
+    return mkv_policy_make_cache_rank(m, backend, fp16, p, max_seqs, max_seq_len, pool_scale, 0, 1, out);
+}
+
+mkv_status_t mkv_policy_make_cache_rank(const mkv_model_t *m, mkv_backend_t backend, int fp16,
+                                        const mkv_policy_t *p, int32_t max_seqs, int32_t max_seq_len,
+                                        double pool_scale, int32_t rank, int32_t n_ranks,
+                                        mkv_cache_t **out)
+{
     mkv_cache_config_t base = MKV_CACHE_CONFIG_INIT, cfg;
     mkv_policy_apply(p, &base);
     if (fp16) {
@@ -63,6 +71,13 @@ mkv_status_t mkv_policy_make_cache(const mkv_model_t *m, mkv_backend_t backend, 
     base.max_seqs = max_seqs;
     base.max_seq_len = max_seq_len;
     mkv_model_cache_config(m, &base, &cfg);
+    if (n_ranks < 1 || rank < 0 || rank >= n_ranks || cfg.n_kv_heads % n_ranks)
+        return mkv_report_error(MKV_STATUS_INVALID_ARGUMENT, "rank %d of %d ranks (dividing %d KV heads)", rank,
+                                n_ranks, cfg.n_kv_heads);
+    if (n_ranks > 1) {
+        cfg.n_kv_heads /= n_ranks;
+        cfg.device_id = rank;
+    }
     int32_t tpp, tpp_lo;
     int64_t page_bytes;
     mkv_status_t st;

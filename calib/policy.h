@@ -51,6 +51,14 @@ mkv_status_t mkv_policy_make_cache(const mkv_model_t *m, mkv_backend_t backend, 
                                    const mkv_policy_t *p, int32_t max_seqs, int32_t max_seq_len,
                                    double pool_scale, mkv_cache_t **out);
 
+/* mkv_policy_make_cache for rank `rank` of n_ranks of a tensor-parallel run
+ * (runner/forward_tp.h): the cache of the rank's n_kv_heads / n_ranks KV heads on CUDA device
+ * `rank`, its pool sized the same way for them. n_ranks 1 is mkv_policy_make_cache. */
+mkv_status_t mkv_policy_make_cache_rank(const mkv_model_t *m, mkv_backend_t backend, int fp16,
+                                        const mkv_policy_t *p, int32_t max_seqs, int32_t max_seq_len,
+                                        double pool_scale, int32_t rank, int32_t n_ranks,
+                                        mkv_cache_t **out);
+
 /* Where a policy file came from (every field optional: NULL, or NAN for numbers). */
 typedef struct mkv_policy_source {
     const char *model;          /* the model it was calibrated for */

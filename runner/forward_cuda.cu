@@ -38,7 +38,8 @@ struct dev_layer {
 } // namespace
 
 struct mkv_cuda_forward {
-    mkv_model_config_t cfg;
+    mkv_model_config_t cfg; /* this rank's share: n_heads, n_kv_heads, intermediate divided */
+    mkv_cuda_shard_t shard; /* {0, 1, NULL}: the whole model */
     mkv_dtype_t dtype;
     int32_t max_tokens;
     int device;
@@ -115,17 +116,22 @@ __global__ void rmsnorm_kernel(const float *x, const float *w, int32_t D, float 
     for (int32_t i = threadIdx.x; i < D; i += blockDim.x) y[(int64_t)t * D + i] = from_f<T>(xt[i] * r * w[i]);
 }
 
-/* Deterministic stand-in weights: uniform in [-scale, scale) from a hash of (seed, i). */
+/* Deterministic stand-in weights: uniform in [-scale, scale) from a hash of (seed, i), i the
+ * element's index in the whole [.][full_cols] matrix; p [rows][cols] is the block of it that
+ * starts at (row0, col0) (a rank's rows or columns; the whole matrix: 0, 0, cols = full_cols). */
 template <typename T>
-__global__ void fill_uniform_kernel(T *p, int64_t n, uint64_t seed, float scale)
+__global__ void fill_uniform_kernel(T *p, int64_t rows, int64_t cols, int64_t full_cols, int64_t row0, int64_t col0,
+                                    uint64_t seed, float scale)
 {
-    for (int64_t i = (int64_t)blockIdx.x * blockDim.x + threadIdx.x; i < n; i += (int64_t)gridDim.x * blockDim.x) {
+    const int64_t n = rows * cols;
+    for (int64_t e = (int64_t)blockIdx.x * blockDim.x + threadIdx.x; e < n; e += (int64_t)gridDim.x * blockDim.x) {
+        const int64_t i = (row0 + e / cols) * full_cols + col0 + e % cols;
         uint64_t z = seed + 0x9e3779b97f4a7c15ull * (uint64_t)(i + 1);
         z = (z ^ (z >> 30)) * 0xbf58476d1ce4e5b9ull;
         z = (z ^ (z >> 27)) * 0x94d049bb133111ebull;
         z ^= z >> 31;
         const float u = (float)(z >> 40) * (1.0f / 16777216.0f); /* [0, 1) */
-        p[i] = from_f<T>(scale * (2.0f * u - 1.0f));
+        p[e] = from_f<T>(scale * (2.0f * u - 1.0f));
     }
 }
 
@@ -343,23 +349,36 @@ static mkv_status_t scratch(void **p, size_t bytes, char *err)
 
 extern "C" int mkv_cuda_forward_available(void) { return 1; }
 
-/* Weights of tensor `id` (its seed) as dummies: uniform in [-1/sqrt(in), 1/sqrt(in)). */
-static mkv_status_t dummy(mkv_cuda_forward_t *f, int64_t n, int64_t in, uint64_t seed, uint64_t id, void **out,
-                          char *err)
+/* Room for n weights of f->dtype on the device. */
+static mkv_status_t alloc_weights(mkv_cuda_forward_t *f, int64_t n, void **out, char *err)
 {
     const size_t bytes = (size_t)n * esize(f->dtype);
-    if (cudaMalloc(out, bytes) != cudaSuccess) {
-        *out = NULL;
-        (void)cudaGetLastError();
-        return runner_fail(err, MKV_STATUS_OUT_OF_MEMORY, "CUDA forward: cannot allocate %zu bytes of weights",
-                           bytes);
-    }
+    if (cudaMalloc(out, bytes) == cudaSuccess) return MKV_STATUS_OK;
+    *out = NULL;
+    (void)cudaGetLastError();
+    return runner_fail(err, MKV_STATUS_OUT_OF_MEMORY, "CUDA forward: cannot allocate %zu bytes of weights", bytes);
+}
+
+/* The block [rows][cols] at (row0, col0) of stand-in tensor `id` (its seed), a matrix with
+ * full_cols columns and fan-in `in` (uniform in +-1/sqrt(in)), into p. */
+static mkv_status_t dummy_block(mkv_cuda_forward_t *f, void *p, int64_t rows, int64_t cols, int64_t full_cols,
+                                int64_t row0, int64_t col0, int64_t in, uint64_t seed, uint64_t id, char *err)
+{
     const float scale = (float)(1.0 / sqrt((double)in));
     with_type(f->dtype, [&](auto z) {
         using T = decltype(z);
-        fill_uniform_kernel<T><<<grid_of(n, 256), 256>>>((T *)*out, n, seed * 1000003ull + id, scale);
+        fill_uniform_kernel<T><<<grid_of(rows * cols, 256), 256>>>((T *)p, rows, cols, full_cols, row0, col0,
+                                                                  seed * 1000003ull + id, scale);
     });
     return cudaGetLastError() == cudaSuccess ? MKV_STATUS_OK : cuda_failed(err, "dummy weights");
+}
+
+/* A whole stand-in matrix [rows][in]. */
+static mkv_status_t dummy(mkv_cuda_forward_t *f, int64_t rows, int64_t in, uint64_t seed, uint64_t id, void **out,
+                          char *err)
+{
+    mkv_status_t st = alloc_weights(f, rows * in, out, err);
+    return st == MKV_STATUS_OK ? dummy_block(f, *out, rows, in, in, 0, 0, in, seed, id, err) : st;
 }
 
 static mkv_status_t ones(int64_t n, float **out, char *err)
@@ -373,9 +392,33 @@ static mkv_status_t ones(int64_t n, float **out, char *err)
     return cudaGetLastError() == cudaSuccess ? MKV_STATUS_OK : cuda_failed(err, "norm weights");
 }
 
-/* Everything but the weights: the handle, cuBLAS, scratch for max_tokens tokens. */
-static mkv_status_t create_common(const mkv_model_config_t *c, int32_t max_tokens, mkv_dtype_t dtype,
-                                  mkv_cuda_forward_t **out, char *err)
+/* The share of the model that rank sh->rank of sh->n_ranks runs (sh NULL: all of it). */
+static mkv_status_t shard_config(const mkv_model_config_t *c, const mkv_cuda_shard_t *sh, mkv_model_config_t *loc,
+                                 mkv_cuda_shard_t *out_sh, char *err)
+{
+    *loc = *c;
+    mkv_cuda_shard_t one = {0, 1, NULL, NULL};
+    *out_sh = sh ? *sh : one;
+    const int32_t n = out_sh->n_ranks;
+    if (n < 1 || out_sh->rank < 0 || out_sh->rank >= n || (n > 1 && !out_sh->all_reduce))
+        return runner_fail(err, MKV_STATUS_INVALID_ARGUMENT,
+                           "CUDA forward: rank %d of %d ranks (an all-reduce is needed for more than one)",
+                           out_sh->rank, n);
+    if (c->n_heads < 1 || c->n_kv_heads < 1 || c->intermediate < 1 || c->n_heads % n || c->n_kv_heads % n ||
+        c->intermediate % n)
+        return runner_fail(err, MKV_STATUS_INVALID_ARGUMENT,
+                           "CUDA forward: %d ranks do not divide the model's %d heads, %d KV heads and FFN width %d",
+                           n, c->n_heads, c->n_kv_heads, c->intermediate);
+    loc->n_heads = c->n_heads / n;
+    loc->n_kv_heads = c->n_kv_heads / n;
+    loc->intermediate = c->intermediate / n;
+    return MKV_STATUS_OK;
+}
+
+/* Everything but the weights: the handle, cuBLAS, scratch for max_tokens tokens; c is the
+ * rank's share (shard_config). */
+static mkv_status_t create_common(const mkv_model_config_t *c, const mkv_cuda_shard_t *sh, int32_t max_tokens,
+                                  mkv_dtype_t dtype, mkv_cuda_forward_t **out, char *err)
 {
     *out = NULL;
     if (max_tokens < 1 || mkv_dtype_size(dtype) == 0)
@@ -392,6 +435,7 @@ static mkv_status_t create_common(const mkv_model_config_t *c, int32_t max_token
     mkv_cuda_forward_t *f = (mkv_cuda_forward_t *)calloc(1, sizeof *f);
     if (!f) return runner_fail(err, MKV_STATUS_OUT_OF_MEMORY, "cannot allocate the CUDA forward pass");
     f->cfg = *c;
+    f->shard = *sh;
     f->dtype = dtype;
     f->max_tokens = max_tokens;
     cudaGetDevice(&f->device);
@@ -440,26 +484,57 @@ fail:
     return status;
 }
 
-extern "C" mkv_status_t mkv_cuda_forward_create(const mkv_model_t *m, int32_t max_tokens, mkv_dtype_t dtype,
-                                                mkv_cuda_forward_t **out, char *err)
+/* Columns [col0, col0 + cols) of a host matrix [rows][full_cols], gathered into a new array
+ * (a rank's share of a row-parallel weight); NULL when out of memory. */
+static float *gather_cols(const float *src, int64_t rows, int64_t full_cols, int64_t col0, int64_t cols)
+{
+    float *g = (float *)malloc((size_t)(rows * cols) * sizeof(float));
+    if (g)
+        for (int64_t r = 0; r < rows; r++) memcpy(g + r * cols, src + r * full_cols + col0, (size_t)cols * sizeof(float));
+    return g;
+}
+
+/* A row-parallel weight's share: columns [col0, col0 + cols) of [rows][full_cols]. */
+static mkv_status_t upload_cols(mkv_cuda_forward_t *f, const float *src, int64_t rows, int64_t full_cols,
+                                int64_t col0, int64_t cols, void **out, char *err)
+{
+    if (cols == full_cols) return upload(f, src, rows * cols, 0, out, err);
+    float *g = gather_cols(src, rows, full_cols, col0, cols);
+    if (!g) return runner_fail(err, MKV_STATUS_OUT_OF_MEMORY, "CUDA forward: cannot gather a weight's columns");
+    const mkv_status_t st = upload(f, g, rows * cols, 0, out, err);
+    free(g);
+    return st;
+}
+
+extern "C" mkv_status_t mkv_cuda_forward_create_ex(const mkv_model_t *m, const mkv_cuda_shard_t *shard,
+                                                   int32_t max_tokens, mkv_dtype_t dtype, mkv_cuda_forward_t **out,
+                                                   char *err)
 {
     if (!out || !m)
         return runner_fail(err, MKV_STATUS_INVALID_ARGUMENT, "mkv_cuda_forward_create: null argument");
-    mkv_cuda_forward_t *f;
-    mkv_status_t status = create_common(&m->cfg, max_tokens, dtype, &f, err);
+    mkv_model_config_t loc;
+    mkv_cuda_shard_t sh;
+    mkv_status_t status = shard_config(&m->cfg, shard, &loc, &sh, err);
     if (status != MKV_STATUS_OK) return status;
+    mkv_cuda_forward_t *f;
+    if ((status = create_common(&loc, &sh, max_tokens, dtype, &f, err)) != MKV_STATUS_OK) return status;
     const mkv_model_config_t *c = &m->cfg;
-    const int64_t D = c->hidden, V = c->vocab, I = c->intermediate, hd = c->head_dim;
-    const int64_t QD = (int64_t)c->n_heads * hd, KD = (int64_t)c->n_kv_heads * hd;
+    const int64_t D = c->hidden, V = c->vocab, hd = c->head_dim, r = sh.rank;
+    /* the whole model's widths, and this rank's */
+    const int64_t QD = (int64_t)c->n_heads * hd, I = c->intermediate;
+    const int64_t qd = (int64_t)loc.n_heads * hd, kd = (int64_t)loc.n_kv_heads * hd, ir = loc.intermediate;
     for (int32_t l = 0; l < c->n_layers; l++) {
         const mkv_layer_weights_t *w = &m->layers[l];
         dev_layer *d = &f->layers[l];
-        const float *qkv[3] = {w->wq, w->wk, w->wv}, *gu[2] = {w->w_gate, w->w_up};
-        const int64_t qkv_n[3] = {QD * D, KD * D, KD * D}, gu_n[2] = {I * D, I * D};
+        /* column-parallel: the rank's rows of Wq, Wk, Wv, W_gate, W_up */
+        const float *qkv[3] = {w->wq + r * qd * D, w->wk + r * kd * D, w->wv + r * kd * D};
+        const float *gu[2] = {w->w_gate + r * ir * D, w->w_up + r * ir * D};
+        const int64_t qkv_n[3] = {qd * D, kd * D, kd * D}, gu_n[2] = {ir * D, ir * D};
         RUNNER_TRY(upload_stacked(f, qkv, qkv_n, 3, &d->wqkv, err));
-        RUNNER_TRY(upload(f, w->wo, D * QD, 0, &d->wo, err));
         RUNNER_TRY(upload_stacked(f, gu, gu_n, 2, &d->w_gu, err));
-        RUNNER_TRY(upload(f, w->w_down, D * I, 0, &d->w_down, err));
+        /* row-parallel: the rank's columns of Wo and W_down */
+        RUNNER_TRY(upload_cols(f, w->wo, D, QD, r * qd, qd, &d->wo, err));
+        RUNNER_TRY(upload_cols(f, w->w_down, D, I, r * ir, ir, &d->w_down, err));
         RUNNER_TRY(upload(f, w->attn_norm, D, 1, (void **)&d->attn_norm, err));
         RUNNER_TRY(upload(f, w->mlp_norm, D, 1, (void **)&d->mlp_norm, err));
     }
@@ -474,31 +549,54 @@ fail:
     return status;
 }
 
-extern "C" mkv_status_t mkv_cuda_forward_create_dummy(const mkv_model_config_t *c, uint64_t seed,
-                                                      int32_t max_tokens, mkv_dtype_t dtype,
-                                                      mkv_cuda_forward_t **out, char *err)
+extern "C" mkv_status_t mkv_cuda_forward_create(const mkv_model_t *m, int32_t max_tokens, mkv_dtype_t dtype,
+                                                mkv_cuda_forward_t **out, char *err)
+{
+    return mkv_cuda_forward_create_ex(m, NULL, max_tokens, dtype, out, err);
+}
+
+extern "C" mkv_status_t mkv_cuda_forward_create_dummy_ex(const mkv_model_config_t *c, uint64_t seed,
+                                                         const mkv_cuda_shard_t *shard, int32_t max_tokens,
+                                                         mkv_dtype_t dtype, mkv_cuda_forward_t **out, char *err)
 {
     if (!out || !c)
         return runner_fail(err, MKV_STATUS_INVALID_ARGUMENT, "mkv_cuda_forward_create_dummy: null argument");
-    mkv_cuda_forward_t *f;
-    mkv_status_t status = create_common(c, max_tokens, dtype, &f, err);
+    mkv_model_config_t loc;
+    mkv_cuda_shard_t sh;
+    mkv_status_t status = shard_config(c, shard, &loc, &sh, err);
     if (status != MKV_STATUS_OK) return status;
-    const int64_t D = c->hidden, V = c->vocab, I = c->intermediate, hd = c->head_dim;
-    const int64_t QD = (int64_t)c->n_heads * hd, KD = (int64_t)c->n_kv_heads * hd;
+    mkv_cuda_forward_t *f;
+    if ((status = create_common(&loc, &sh, max_tokens, dtype, &f, err)) != MKV_STATUS_OK) return status;
+    const int64_t D = c->hidden, V = c->vocab, hd = c->head_dim, r = sh.rank, es = (int64_t)esize(dtype);
+    const int64_t QD = (int64_t)c->n_heads * hd, KD = (int64_t)c->n_kv_heads * hd, I = c->intermediate;
+    const int64_t qd = (int64_t)loc.n_heads * hd, kd = (int64_t)loc.n_kv_heads * hd, ir = loc.intermediate;
     for (int32_t l = 0; l < c->n_layers; l++) {
         dev_layer *d = &f->layers[l];
         const uint64_t id = (uint64_t)l * 16;
-        RUNNER_TRY(dummy(f, (QD + 2 * KD) * D, D, seed, id + 0, &d->wqkv, err));
-        RUNNER_TRY(dummy(f, D * QD, QD, seed, id + 3, &d->wo, err));
-        RUNNER_TRY(dummy(f, 2 * I * D, D, seed, id + 4, &d->w_gu, err));
-        RUNNER_TRY(dummy(f, D * I, I, seed, id + 6, &d->w_down, err));
+        /* [Wq; Wk; Wv] is one matrix [QD + 2 KD][D]: the rank's rows of each part */
+        RUNNER_TRY(alloc_weights(f, (qd + 2 * kd) * D, &d->wqkv, err));
+        char *qkv = (char *)d->wqkv;
+        RUNNER_TRY(dummy_block(f, qkv, qd, D, D, r * qd, 0, D, seed, id + 0, err));
+        RUNNER_TRY(dummy_block(f, qkv + qd * D * es, kd, D, D, QD + r * kd, 0, D, seed, id + 0, err));
+        RUNNER_TRY(dummy_block(f, qkv + (qd + kd) * D * es, kd, D, D, QD + KD + r * kd, 0, D, seed, id + 0, err));
+        /* Wo [D][QD]: the rank's columns */
+        RUNNER_TRY(alloc_weights(f, D * qd, &d->wo, err));
+        RUNNER_TRY(dummy_block(f, d->wo, D, qd, QD, 0, r * qd, QD, seed, id + 3, err));
+        /* [W_gate; W_up] [2 I][D]: the rank's rows of each */
+        RUNNER_TRY(alloc_weights(f, 2 * ir * D, &d->w_gu, err));
+        RUNNER_TRY(dummy_block(f, d->w_gu, ir, D, D, r * ir, 0, D, seed, id + 4, err));
+        RUNNER_TRY(dummy_block(f, (char *)d->w_gu + ir * D * es, ir, D, D, I + r * ir, 0, D, seed, id + 4, err));
+        /* W_down [D][I]: the rank's columns */
+        RUNNER_TRY(alloc_weights(f, D * ir, &d->w_down, err));
+        RUNNER_TRY(dummy_block(f, d->w_down, D, ir, I, 0, r * ir, I, seed, id + 6, err));
         RUNNER_TRY(ones(D, &d->attn_norm, err));
         RUNNER_TRY(ones(D, &d->mlp_norm, err));
     }
     /* embeddings of unit scale (as the norms will see them), lm_head like a projection */
-    RUNNER_TRY(dummy(f, V * D, 1, seed, (uint64_t)c->n_layers * 16 + 1, &f->embed, err));
+    RUNNER_TRY(alloc_weights(f, V * D, &f->embed, err));
+    RUNNER_TRY(dummy_block(f, f->embed, V, D, D, 0, 0, 1, seed, (uint64_t)c->n_layers * 16 + 1, err));
     if (c->tied) f->lm_head = f->embed;
-    else RUNNER_TRY(dummy(f, V * D, D, seed, (uint64_t)c->n_layers * 16 + 2, &f->lm_head, err));
+    else RUNNER_TRY(dummy(f, V, D, seed, (uint64_t)c->n_layers * 16 + 2, &f->lm_head, err));
     RUNNER_TRY(ones(D, &f->final_norm, err));
     if (cudaDeviceSynchronize() != cudaSuccess) {
         status = cuda_failed(err, "dummy weights");
@@ -509,6 +607,18 @@ extern "C" mkv_status_t mkv_cuda_forward_create_dummy(const mkv_model_config_t *
 fail:
     mkv_cuda_forward_free(f);
     return status;
+}
+
+extern "C" mkv_status_t mkv_cuda_forward_create_dummy(const mkv_model_config_t *c, uint64_t seed,
+                                                      int32_t max_tokens, mkv_dtype_t dtype,
+                                                      mkv_cuda_forward_t **out, char *err)
+{
+    return mkv_cuda_forward_create_dummy_ex(c, seed, NULL, max_tokens, dtype, out, err);
+}
+
+extern "C" const mkv_model_config_t *mkv_cuda_forward_config(const mkv_cuda_forward_t *f)
+{
+    return f ? &f->cfg : NULL;
 }
 
 /* Bytes of the weights on the device (what one decode step reads at least once). */
@@ -557,6 +667,21 @@ static mkv_status_t begin(mkv_cuda_forward_t *f, const int32_t *tokens, int32_t 
     return cudaGetLastError() == cudaSuccess ? MKV_STATUS_OK : cuda_failed(err, "embed");
 }
 
+/* x [n][D] += the rank's product W^T of A [n][in]: the GEMM adds into the residual stream on
+ * rank 0 (beta 1; alone, this is all) and writes the rank's part on the others (beta 0); then
+ * the all-reduce sums the ranks' streams, so every rank holds x plus every rank's part. */
+static mkv_status_t residual_gemm(mkv_cuda_forward_t *f, const void *W, int32_t in, const void *A, int32_t n,
+                                  char *err)
+{
+    const int32_t D = f->cfg.hidden;
+    const mkv_cuda_shard_t *sh = &f->shard;
+    mark(f, MKV_CUDA_PHASE_GEMM);
+    mkv_status_t st = gemm(f, W, D, in, A, n, f->x, MKV_DTYPE_F32, sh->rank == 0 ? 1.0f : 0.0f, err);
+    if (st != MKV_STATUS_OK || sh->n_ranks == 1) return st;
+    mark(f, MKV_CUDA_PHASE_ALL_REDUCE);
+    return sh->all_reduce(sh->ctx, f->x, (int64_t)n * D, err);
+}
+
 /* Every layer over the n tokens in f->x; decode: through decode_layer_ex, else prefill_layer_ex. */
 static mkv_status_t layers(mkv_cuda_forward_t *f, mkv_cache_t *cache, int32_t n, int32_t n_slots,
                            const int32_t *slots, int decode, char *err)
@@ -589,8 +714,7 @@ static mkv_status_t layers(mkv_cuda_forward_t *f, mkv_cache_t *cache, int32_t n,
                                                  NULL);
         if (st != MKV_STATUS_OK)
             return runner_fail(err, st, "layer %d: %s", l, mkv_cache_last_error(cache));
-        mark(f, MKV_CUDA_PHASE_GEMM);
-        if ((st = gemm(f, w->wo, D, QD, f->att, n, f->x, MKV_DTYPE_F32, 1.0f, err)) != MKV_STATUS_OK) return st;
+        if ((st = residual_gemm(f, w->wo, QD, f->att, n, err)) != MKV_STATUS_OK) return st;
         mark(f, MKV_CUDA_PHASE_OTHER);
         with_type(f->dtype, [&](auto z) {
             using T = decltype(z);
@@ -604,16 +728,26 @@ static mkv_status_t layers(mkv_cuda_forward_t *f, mkv_cache_t *cache, int32_t n,
             silu_mul_kernel<T><<<grid_of((int64_t)n * I, 256), 256>>>((const T *)f->gu, I, (int64_t)n * I, (T *)f->h);
         });
         if (cudaGetLastError() != cudaSuccess) return cuda_failed(err, "silu");
-        mark(f, MKV_CUDA_PHASE_GEMM);
-        if ((st = gemm(f, w->w_down, D, I, f->h, n, f->x, MKV_DTYPE_F32, 1.0f, err)) != MKV_STATUS_OK) return st;
+        if ((st = residual_gemm(f, w->w_down, I, f->h, n, err)) != MKV_STATUS_OK) return st;
     }
     return MKV_STATUS_OK;
 }
 
-/* The logits of rows [first, first + count) of f->x into host logits [count][V]. */
+/* The end of a call on a rank without the head: its work done, its marks settled. */
+static mkv_status_t finish_call(mkv_cuda_forward_t *f, char *err)
+{
+    mark(f, MKV_CUDA_PHASE_OTHER); /* the end */
+    if (cudaDeviceSynchronize() != cudaSuccess) return cuda_failed(err, "the layers");
+    settle_marks(f);
+    return MKV_STATUS_OK;
+}
+
+/* The logits of rows [first, first + count) of f->x into host logits [count][V] (logits NULL:
+ * left on the device); on a rank other than 0, only the end of the call. */
 static mkv_status_t head(mkv_cuda_forward_t *f, int32_t first, int32_t count, float *logits, char *err)
 {
     const mkv_model_config_t *c = &f->cfg;
+    if (f->shard.rank != 0) return finish_call(f, err);
     mark(f, MKV_CUDA_PHASE_HEAD);
     with_type(f->dtype, [&](auto z) {
         using T = decltype(z);
@@ -633,10 +767,7 @@ static mkv_status_t head(mkv_cuda_forward_t *f, int32_t first, int32_t count, fl
     if (st != MKV_STATUS_OK) return st;
     if (logits && cudaMemcpy(logits, f->logits, (size_t)count * c->vocab * 4, cudaMemcpyDeviceToHost) != cudaSuccess)
         return cuda_failed(err, "logits download");
-    mark(f, MKV_CUDA_PHASE_OTHER); /* the end */
-    if (cudaDeviceSynchronize() != cudaSuccess) return cuda_failed(err, "head");
-    settle_marks(f);
-    return MKV_STATUS_OK;
+    return finish_call(f, err);
 }
 
 static mkv_status_t check_tokens(const mkv_cuda_forward_t *f, const char *fn, const int32_t *tokens, int32_t n,
@@ -676,7 +807,7 @@ static mkv_status_t cuda_prefill(void *ctx, mkv_cache_t *cache, int32_t slot, co
         if ((st = mkv_cache_commit_prompt(cache, 1, &slot, NULL)) != MKV_STATUS_OK)
             st = runner_fail(err, st, "%s", mkv_cache_last_error(cache));
         else if (logits) {
-            if ((st = head(f, 0, n, logits, err)) == MKV_STATUS_OK && last_logits)
+            if ((st = head(f, 0, n, logits, err)) == MKV_STATUS_OK && last_logits && f->shard.rank == 0)
                 memcpy(last_logits, logits + (int64_t)(n - 1) * f->cfg.vocab, (size_t)f->cfg.vocab * sizeof(float));
         } else if (last_logits) {
             st = head(f, n - 1, 1, last_logits, err);
@@ -798,7 +929,7 @@ static mkv_status_t decode_step(mkv_cuda_forward_t *f, mkv_cache_t *cache, int32
         mark(f, MKV_CUDA_PHASE_CACHE);
         if ((st = mkv_cache_compress(cache, n_slots, slots, NULL)) != MKV_STATUS_OK)
             st = runner_fail(err, st, "%s", mkv_cache_last_error(cache));
-        else if ((st = head(f, 0, n_slots, logits, err)) == MKV_STATUS_OK && next) {
+        else if ((st = head(f, 0, n_slots, logits, err)) == MKV_STATUS_OK && next && f->shard.rank == 0) {
             /* logits NULL: computed, left on the device; next: the picks come back */
             if (!rows) {
                 argmax_kernel<<<n_slots, 1024>>>(f->logits, f->cfg.vocab, f->tok);

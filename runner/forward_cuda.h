@@ -36,6 +36,36 @@ void mkv_cuda_forward_free(mkv_cuda_forward_t *f);
 mkv_status_t mkv_cuda_forward_create_dummy(const mkv_model_config_t *c, uint64_t seed, int32_t max_tokens,
                                            mkv_dtype_t dtype, mkv_cuda_forward_t **out, char *err);
 
+/* One rank of a tensor-parallel pass (runner/forward_tp.h). Rank r of n holds, Megatron-style,
+ * query heads [r H/n, (r+1) H/n), KV heads [r Hkv/n, (r+1) Hkv/n) and FFN columns
+ * [r I/n, (r+1) I/n): the rows of Wq, Wk, Wv, W_gate and W_up and the columns of Wo and W_down
+ * that belong to them (column- then row-parallel), and a replica of the embeddings, the norms,
+ * lm_head and the fp32 residual stream. After each layer's output and down projections,
+ * all_reduce sums every rank's stream in place: rank 0 adds its product to the stream (beta 1),
+ * the others write theirs alone (beta 0), so the sum is the stream plus every rank's part. A
+ * rank's cache holds its Hkv/n KV heads. Only rank 0 computes the head: the other ranks' calls
+ * write no logits and no tokens. n = 1 is the single-GPU pass, operation for operation. */
+typedef struct mkv_cuda_shard {
+    int32_t rank, n_ranks;
+    /* Sums x [n] (fp32, on this rank's device) over the ranks in place, on the default stream;
+     * called by every rank in the same order. NULL when n_ranks is 1. */
+    mkv_status_t (*all_reduce)(void *ctx, float *x, int64_t n, char *err);
+    void *ctx;
+} mkv_cuda_shard_t;
+
+/* mkv_cuda_forward_create and _create_dummy for one rank (shard NULL: the whole model). The
+ * stand-in weights of a rank are the same numbers as the whole model's rows and columns it
+ * holds, so n ranks run the same model as one. INVALID_ARGUMENT when n_ranks does not divide
+ * the heads, the KV heads and the FFN width. */
+mkv_status_t mkv_cuda_forward_create_ex(const mkv_model_t *m, const mkv_cuda_shard_t *shard, int32_t max_tokens,
+                                        mkv_dtype_t dtype, mkv_cuda_forward_t **out, char *err);
+mkv_status_t mkv_cuda_forward_create_dummy_ex(const mkv_model_config_t *c, uint64_t seed,
+                                              const mkv_cuda_shard_t *shard, int32_t max_tokens,
+                                              mkv_dtype_t dtype, mkv_cuda_forward_t **out, char *err);
+
+/* The model shape this pass (rank) runs: the heads, KV heads and FFN width of its share. */
+const mkv_model_config_t *mkv_cuda_forward_config(const mkv_cuda_forward_t *f);
+
 /* Bytes of its weights on the device (what a decode step reads at least once). */
 int64_t mkv_cuda_forward_weight_bytes(const mkv_cuda_forward_t *f);
 
@@ -50,7 +80,8 @@ mkv_forward_t mkv_cuda_forward(mkv_cuda_forward_t *f);
  * timing is on (a little overhead: one event per boundary): GEMMs (the projections), the
  * cache's layer calls (the new tokens' writes and attention), its step calls (append,
  * compress, commit), the rest of the layers (norms, RoPE, SiLU, embedding), and the head
- * (final norm, lm_head, the logits' copy). Milliseconds summed over every call since the last
+ * (final norm, lm_head, the logits' copy), and with several ranks the all-reduces (time a
+ * rank waits there for the others included). Milliseconds summed over every call since the last
  * reset. */
 enum {
     MKV_CUDA_PHASE_GEMM = 0,
@@ -58,6 +89,7 @@ enum {
     MKV_CUDA_PHASE_CACHE,
     MKV_CUDA_PHASE_OTHER,
     MKV_CUDA_PHASE_HEAD,
+    MKV_CUDA_PHASE_ALL_REDUCE, /* tensor parallelism: the sums over the ranks */
     MKV_CUDA_PHASES
 };
 mkv_status_t mkv_cuda_forward_set_timing(mkv_cuda_forward_t *f, int on);

@@ -67,3 +67,24 @@ mkv_status_t mkv_cuda_sample(float *logits, int32_t n, int32_t vocab, const mkv_
     (void)logits, (void)n, (void)vocab, (void)rows, (void)next, (void)stream;
     return no_cuda(err);
 }
+
+mkv_status_t mkv_cuda_forward_create_ex(const mkv_model_t *m, const mkv_cuda_shard_t *shard, int32_t max_tokens,
+                                        mkv_dtype_t dtype, mkv_cuda_forward_t **out, char *err)
+{
+    (void)shard;
+    return mkv_cuda_forward_create(m, max_tokens, dtype, out, err);
+}
+
+mkv_status_t mkv_cuda_forward_create_dummy_ex(const mkv_model_config_t *c, uint64_t seed,
+                                              const mkv_cuda_shard_t *shard, int32_t max_tokens,
+                                              mkv_dtype_t dtype, mkv_cuda_forward_t **out, char *err)
+{
+    (void)shard;
+    return mkv_cuda_forward_create_dummy(c, seed, max_tokens, dtype, out, err);
+}
+
+const mkv_model_config_t *mkv_cuda_forward_config(const mkv_cuda_forward_t *f)
+{
+    (void)f;
+    return NULL;
+}

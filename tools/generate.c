@@ -5,6 +5,7 @@
 #include "common/error.h"
 #include "runner/chat.h"
 #include "engine/scheduler.h"
+#include "runner/forward_tp.h"
 #include "runner/tokenizer.h"
 #include "tools/cli.h"
 #include "tools/model_opts.h"
@@ -19,6 +20,7 @@ typedef struct gen_opts {
     const char *model, *prompt, *chat, *tokens, *json_path, *dump_path;
     int fp16, no_bos, ignore_eos, quiet;
     int32_t max_tokens, budget, threads;
+    int32_t tp; /* GPUs (tensor parallelism) */
     double temperature, top_p;
     int64_t seed;
     mkv_policy_opts_t policy;
@@ -55,8 +57,11 @@ void mkv_generate_usage(FILE *f)
             MKV_POLICY_OPTS_HELP
             MKV_RUN_OPTS_HELP
             "  --threads N         forward-pass threads (CPU) [one per core]\n"
+            "  --tp N              tensor parallelism over GPUs 0..N-1 (CUDA; NCCL), one cache\n"
+            "                      per GPU for its share of the KV heads [1]\n"
             "  --dump FILE         write the cache when the request finishes, before its pages\n"
-            "                      are released (for 'mixkv inspect')\n"
+            "                      are released (for 'mixkv inspect'); with --tp, one file per\n"
+            "                      GPU: FILE's name with .rank0, .rank1, ... before .json\n"
             "  --json FILE         write the result as JSON ('-': stdout, then no streaming)\n"
             "  --quiet             print only the summary\n"
             "  -h, --help          this help\n"
@@ -119,6 +124,10 @@ static int parse(int argc, char **argv, gen_opts_t *o)
             if (m < 0 || mkv_cli_parse_double(CMD, "--top-p", v, 1e-6, 1.0, &o->top_p) < 0) return -1;
             continue;
         }
+        if ((m = mkv_cli_option(CMD, argc, argv, &i, "--tp", 1, 0, &v)) != 0) {
+            if (m < 0 || mkv_cli_parse_i32(CMD, "--tp", v, 1, MKV_TP_MAX_RANKS, &o->tp) < 0) return -1;
+            continue;
+        }
         if ((m = mkv_cli_option(CMD, argc, argv, &i, "--threads", 1, 0, &v)) != 0) {
             if (m < 0 || mkv_cli_parse_i32(CMD, "--threads", v, 1, 256, &o->threads) < 0) return -1;
             continue;
@@ -148,6 +157,10 @@ static int parse(int argc, char **argv, gen_opts_t *o)
     if (mkv_cli_check_writable(CMD, "--json", o->json_path) < 0 ||
         mkv_cli_check_writable(CMD, "--dump", o->dump_path) < 0)
         return -1;
+    if (o->tp > 1 && o->run.backend != MKV_BACKEND_CUDA) {
+        mkv_cli_error(CMD, "--tp %d: tensor parallelism runs on the CUDA backend (--backend cuda)", o->tp);
+        return -1;
+    }
     return 0;
 }
 
@@ -214,13 +227,29 @@ static void on_token(void *ctx, const mkv_request_t *r, int32_t t)
     fflush(stdout);
 }
 
-/* --dump: the cache when the request finishes, before its slot is released. */
+typedef struct dump_ctx {
+    const char *path;
+    mkv_scheduler_t *sched;
+} dump_ctx_t;
+
+/* --dump: the cache when the request finishes, before its slot is released; with several
+ * GPUs, each one's cache to PATH's name with .rankN before its .json (or at its end). */
 static mkv_status_t dump_at_finish(void *ctx, const mkv_request_t *r, mkv_cache_t *cache)
 {
-    (void)r;
-    const mkv_status_t st = mkv_cache_dump_json(cache, (const char *)ctx);
-    if (st != MKV_STATUS_OK) mkv_fail_global(st, "--dump: %s", mkv_cache_last_error(cache));
-    return st;
+    (void)r, (void)cache;
+    const dump_ctx_t *d = ctx;
+    const int32_t n = mkv_scheduler_n_caches(d->sched);
+    for (int32_t g = 0; g < n; g++) {
+        mkv_cache_t *c = mkv_scheduler_cache(d->sched, g);
+        char path[4096];
+        const size_t len = strlen(d->path);
+        const int json = len >= 5 && !strcmp(d->path + len - 5, ".json");
+        if (n == 1) snprintf(path, sizeof path, "%s", d->path);
+        else snprintf(path, sizeof path, "%.*s.rank%d%s", (int)(json ? len - 5 : len), d->path, g, json ? ".json" : "");
+        const mkv_status_t st = mkv_cache_dump_json(c, path);
+        if (st != MKV_STATUS_OK) return mkv_fail_global(st, "--dump %s: %s", path, mkv_cache_last_error(c));
+    }
+    return MKV_STATUS_OK;
 }
 
 static double now_s(void)
@@ -234,6 +263,7 @@ int mkv_generate_main(int argc, char **argv)
 {
     gen_opts_t o = {0};
     o.max_tokens = 128;
+    o.tp = 1;
     o.top_p = 1.0;
     o.seed = 1;
     mkv_policy_opts_default(&o.policy);
@@ -245,10 +275,12 @@ int mkv_generate_main(int argc, char **argv)
     char err[512];
     mkv_model_t *model = NULL;
     mkv_tokenizer_t *tok = NULL;
-    mkv_cache_t *cache = NULL;
+    mkv_cache_t *caches[MKV_TP_MAX_RANKS] = {NULL};
+    mkv_cache_t *cache = NULL; /* caches[0] */
     mkv_scheduler_t *sched = NULL;
     mkv_tools_forward_t fw;
     memset(&fw, 0, sizeof fw);
+    mkv_tp_t *tp = NULL;
     int32_t *ids = NULL, n_ids = 0;
     mkv_request_t req;
     memset(&req, 0, sizeof req);
@@ -293,15 +325,31 @@ int mkv_generate_main(int argc, char **argv)
         rc = MKV_EXIT_USAGE;
         goto done;
     }
-    if (mkv_tools_forward_create(CMD, model, &o.run, max_len, o.threads, &fw) < 0) goto done;
-    if (!(cache = mkv_tools_make_cache(CMD, model, o.run.backend, o.fp16, &o.policy, 1, max_len, 1.0))) goto done;
-    {
-        if (mkv_scheduler_create(&fw.fwd, cache, eos, 1, &sched) != MKV_STATUS_OK) {
-            mkv_cli_error(CMD, "%s", mkv_last_error());
+    if (o.tp > 1) {
+        if (mkv_tp_create(model, NULL, 0, o.tp, max_len, o.run.dtype, &tp, err) != MKV_STATUS_OK) {
+            mkv_cli_error(CMD, "--tp %d: %s", o.tp, err);
             goto done;
         }
+    } else if (mkv_tools_forward_create(CMD, model, &o.run, max_len, o.threads, &fw) < 0) {
+        goto done;
     }
-    if (o.dump_path) mkv_scheduler_on_finish(sched, dump_at_finish, (void *)o.dump_path);
+    for (int32_t g = 0; g < o.tp; g++)
+        if (mkv_policy_make_cache_rank(model, o.run.backend, o.fp16, &o.policy, 1, max_len, 1.0, g, o.tp,
+                                       &caches[g]) != MKV_STATUS_OK) {
+            mkv_cli_error(CMD, "cannot create the %s cache: %s", o.fp16 ? "fp16" : "mixkv", mkv_last_error());
+            goto done;
+        }
+    cache = caches[0];
+    if (tp && mkv_tp_forward(tp, caches, &fw.fwd) != MKV_STATUS_OK) {
+        mkv_cli_error(CMD, "%s", mkv_last_error());
+        goto done;
+    }
+    if (mkv_scheduler_create_multi(&fw.fwd, caches, o.tp, eos, 1, &sched) != MKV_STATUS_OK) {
+        mkv_cli_error(CMD, "%s", mkv_last_error());
+        goto done;
+    }
+    dump_ctx_t dctx = {o.dump_path, sched};
+    if (o.dump_path) mkv_scheduler_on_finish(sched, dump_at_finish, &dctx);
     const int stream_on = !o.quiet && !(o.json_path && !strcmp(o.json_path, "-"));
     stream_t stream = {tok, -1, stream_on, 0, 0.0};
     mkv_scheduler_on_token(sched, on_token, &stream);
@@ -348,7 +396,7 @@ int mkv_generate_main(int argc, char **argv)
     mkv_cache_info_t info;
     mkv_cache_info(cache, &info);
     const mkv_cache_config_t *cc = &info.config;
-    const double seen = (double)req.kv.seq_len * cc->n_layers * cc->n_kv_heads;
+    const double seen = (double)req.kv.seq_len * cc->n_layers * cc->n_kv_heads * o.tp; /* every GPU's */
     const double bytes = (double)(req.kv.pages_hi + req.kv.pages_lo) * (double)cc->page_bytes;
     const double fp16 = seen * 2.0 * cc->head_dim * 2.0;
     const double t_first = stream.t_first; /* prompt in, first token out */
@@ -397,7 +445,8 @@ done:
     free(ids);
     mkv_scheduler_free(sched);
     mkv_tools_forward_free(&fw);
-    mkv_cache_destroy(cache);
+    mkv_tp_free(tp);
+    for (int32_t g = 0; g < o.tp; g++) mkv_cache_destroy(caches[g]);
     mkv_tokenizer_free(tok);
     mkv_model_free(model);
     return rc;

@@ -17,6 +17,7 @@
  */
 #include "engine/scheduler.h"
 #include "tools/cli.h"
+#include "runner/forward_tp.h"
 #include "tools/model_opts.h"
 #include "tools/svg.h"
 
@@ -40,6 +41,7 @@ typedef struct sb_opts {
     double rates[MAX_RATES]; /* requests/s; 0: offline */
     int32_t n_rates;
     int32_t requests, max_batch, threads;
+    int32_t tp; /* GPUs the model and each engine's KV memory are split over */
     range_t prompt, output;
     double kv_mib;
     int64_t seed;
@@ -72,6 +74,8 @@ void mkv_serve_bench_usage(FILE *f)
             "  --plot FILE.svg     output tokens/s and p50 latency against the rates\n"
             "  --phases            where the device time goes (CUDA: events at phase boundaries,\n"
             "                      a few percent of their own)\n"
+            "  --tp N              tensor parallelism over GPUs 0..N-1 (CUDA; NCCL): the heads and\n"
+            "                      FFN columns split N ways, one cache per GPU with --kv-mib / N [1]\n"
             MKV_POLICY_OPTS_HELP
             MKV_RUN_OPTS_HELP
             "  --threads N         forward-pass threads (CPU) [one per core]\n"
@@ -159,6 +163,10 @@ static int parse(int argc, char **argv, sb_opts_t *o)
             if (m < 0 || mkv_cli_parse_i32(CMD, "--max-batch", v, 1, 4096, &o->max_batch) < 0) return -1;
             continue;
         }
+        if ((m = mkv_cli_option(CMD, argc, argv, &i, "--tp", 1, 0, &v)) != 0) {
+            if (m < 0 || mkv_cli_parse_i32(CMD, "--tp", v, 1, MKV_TP_MAX_RANKS, &o->tp) < 0) return -1;
+            continue;
+        }
         if ((m = mkv_cli_option(CMD, argc, argv, &i, "--threads", 1, 0, &v)) != 0) {
             if (m < 0 || mkv_cli_parse_i32(CMD, "--threads", v, 1, 256, &o->threads) < 0) return -1;
             continue;
@@ -207,6 +215,10 @@ static int parse(int argc, char **argv, sb_opts_t *o)
         return -1;
     }
     if (o->dummy) o->run.backend = MKV_BACKEND_CUDA;
+    if (o->tp > 1 && o->run.backend != MKV_BACKEND_CUDA) {
+        mkv_cli_error(CMD, "--tp %d: tensor parallelism runs on the CUDA backend (--backend cuda)", o->tp);
+        return -1;
+    }
     return 0;
 }
 
@@ -240,7 +252,11 @@ typedef struct engine_result {
     double rate;                          /* requests/s arriving; 0: all at once */
     double ttft[2], tpot[2], latency[2];  /* p50, p99, seconds */
     int has_phases;                       /* --phases on the CUDA pass */
-    double phase_ms[MKV_CUDA_PHASES];     /* summed over the run */
+    double phase_ms[MKV_CUDA_PHASES];     /* summed over the run (rank 0's with --tp) */
+    /* --tp: each GPU's figures */
+    int32_t tp;
+    double rank_phase_ms[MKV_TP_MAX_RANKS][MKV_CUDA_PHASES];
+    int64_t rank_pages[MKV_TP_MAX_RANKS], rank_kv_bytes_sum[MKV_TP_MAX_RANKS], rank_peak_kv_bytes[MKV_TP_MAX_RANKS];
 } engine_result_t;
 
 /* Per request: when it arrived, its first token, its last (seconds from the run's start). */
@@ -283,7 +299,7 @@ static double percentile(double *v, int32_t n, double p)
 
 /* One engine over every request. */
 static int run_engine(const sb_opts_t *o, const mkv_model_config_t *mc, const mkv_forward_t *fwd,
-                      mkv_cuda_forward_t *cuda, int fp16,
+                      mkv_cuda_forward_t *cuda, mkv_tp_t *tp, int fp16,
                       int32_t max_len, const int32_t *plen, const int32_t *olen, const int32_t *tokens,
                       const double *arrival, double rate, engine_result_t *r)
 {
@@ -303,8 +319,12 @@ static int run_engine(const sb_opts_t *o, const mkv_model_config_t *mc, const mk
         mkv_cli_error(CMD, "%s", mkv_last_error());
         return -1;
     }
-    cfg.pool_pages = (int64_t)(o->kv_mib * 1048576.0 / (double)cfg.page_bytes);
-    mkv_cache_t *cache = NULL;
+    const int32_t n_ranks = tp ? mkv_tp_ranks(tp) : 1;
+    /* --tp: each GPU's cache holds its share of the KV heads in its share of the memory */
+    cfg.n_kv_heads /= n_ranks;
+    cfg.pool_pages = (int64_t)(o->kv_mib / n_ranks * 1048576.0 / (double)cfg.page_bytes);
+    mkv_cache_t *caches[MKV_TP_MAX_RANKS] = {NULL};
+    mkv_forward_t tp_fwd;
     mkv_scheduler_t *s = NULL;
     mkv_request_t *reqs = calloc((size_t)o->requests, sizeof *reqs);
     req_times_t *times = calloc((size_t)o->requests, sizeof *times);
@@ -314,11 +334,19 @@ static int run_engine(const sb_opts_t *o, const mkv_model_config_t *mc, const mk
         mkv_cli_error(CMD, "out of memory");
         return -1;
     }
-    if (mkv_cache_create(&cfg, &cache) != MKV_STATUS_OK) {
-        mkv_cli_error(CMD, "cannot create the %s cache: %s", fp16 ? "fp16" : "mixkv", mkv_last_error());
+    for (int32_t g = 0; g < n_ranks; g++) {
+        cfg.device_id = tp ? g : 0;
+        if (mkv_cache_create(&cfg, &caches[g]) != MKV_STATUS_OK) {
+            mkv_cli_error(CMD, "cannot create the %s cache%s: %s", fp16 ? "fp16" : "mixkv", tp ? " of a GPU" : "",
+                          mkv_last_error());
+            goto done;
+        }
+    }
+    if (tp && mkv_tp_forward(tp, caches, &tp_fwd) != MKV_STATUS_OK) {
+        mkv_cli_error(CMD, "%s", mkv_last_error());
         goto done;
     }
-    if (mkv_scheduler_create(fwd, cache, -1, o->max_batch, &s) != MKV_STATUS_OK) {
+    if (mkv_scheduler_create_multi(tp ? &tp_fwd : fwd, caches, n_ranks, -1, o->max_batch, &s) != MKV_STATUS_OK) {
         mkv_cli_error(CMD, "%s", mkv_last_error());
         goto done;
     }
@@ -337,13 +365,17 @@ static int run_engine(const sb_opts_t *o, const mkv_model_config_t *mc, const mk
     memset(r, 0, sizeof *r);
     r->rate = rate;
     r->name = fp16 ? "fp16" : "mixkv";
-    r->pages = cfg.pool_pages;
+    r->pages = cfg.pool_pages * n_ranks;
     r->page_bytes = cfg.page_bytes;
+    r->tp = tp ? n_ranks : 0;
     double hi = 0, lo = 0, pruned = 0, last_progress = 0;
     if (o->phases && cuda) {
         double drop[MKV_CUDA_PHASES];
-        mkv_cuda_forward_phases(cuda, drop, 1);
-        mkv_cuda_forward_set_timing(cuda, 1);
+        for (int32_t g = 0; g < n_ranks; g++) {
+            mkv_cuda_forward_t *pass = tp ? mkv_tp_rank(tp, g) : cuda;
+            mkv_cuda_forward_phases(pass, drop, 1);
+            mkv_cuda_forward_set_timing(pass, 1);
+        }
     }
     const double t0 = now_s();
     tc.t0 = t0;
@@ -376,7 +408,18 @@ static int run_engine(const sb_opts_t *o, const mkv_model_config_t *mc, const mk
         r->preemptions += st.preempted;
         r->batch_sum += st.running;
         if (st.running > r->peak_batch) r->peak_batch = st.running;
-        const int64_t used = (cfg.pool_pages - st.free_pages) * cfg.page_bytes;
+        const int64_t used = (r->pages - st.free_pages) * cfg.page_bytes;
+        for (int32_t g = 0; tp && g < n_ranks; g++) { /* each GPU's pages in use */
+            mkv_cache_stats_t cs;
+            if (mkv_cache_stats(caches[g], &cs) != MKV_STATUS_OK) {
+                mkv_cli_error(CMD, "GPU %d: %s", g, mkv_cache_last_error(caches[g]));
+                goto done;
+            }
+            const int64_t u = (cs.total_pages - cs.free_pages) * cfg.page_bytes;
+            r->rank_pages[g] = cs.total_pages;
+            r->rank_kv_bytes_sum[g] += u;
+            if (u > r->rank_peak_kv_bytes[g]) r->rank_peak_kv_bytes[g] = u;
+        }
         r->kv_bytes_sum += used;
         if (used > r->peak_kv_bytes) r->peak_kv_bytes = used;
         hi += (double)st.tokens_hi, lo += (double)st.tokens_lo, pruned += (double)st.tokens_pruned;
@@ -390,8 +433,12 @@ static int run_engine(const sb_opts_t *o, const mkv_model_config_t *mc, const mk
     }
     r->seconds = now_s() - t0;
     if (o->phases && cuda) {
-        mkv_cuda_forward_phases(cuda, r->phase_ms, 1);
-        mkv_cuda_forward_set_timing(cuda, 0);
+        for (int32_t g = 0; g < n_ranks; g++) {
+            mkv_cuda_forward_t *pass = tp ? mkv_tp_rank(tp, g) : cuda;
+            mkv_cuda_forward_phases(pass, r->rank_phase_ms[g], 1);
+            mkv_cuda_forward_set_timing(pass, 0);
+        }
+        memcpy(r->phase_ms, r->rank_phase_ms[0], sizeof r->phase_ms);
         r->has_phases = 1;
     }
     /* latencies: first token after arrival; per output token after the first; the whole request */
@@ -418,7 +465,7 @@ done:
     free(times);
     free(buf);
     mkv_scheduler_free(s);
-    mkv_cache_destroy(cache);
+    for (int32_t g = 0; g < n_ranks; g++) mkv_cache_destroy(caches[g]);
     return rc;
 }
 
@@ -437,11 +484,32 @@ static void print_phases(FILE *f, const engine_result_t *r)
     double dev = 0;
     for (int i = 0; i < MKV_CUDA_PHASES; i++) dev += r->phase_ms[i] * 1e-3;
     fprintf(f, "%-6s  time: GEMMs %.2f s, attention %.2f s, cache steps %.2f s, norms/RoPE/SiLU %.2f s, head %.2f s, "
-               "host and gaps %.2f s\n",
+               "%shost and gaps %.2f s\n",
             r->name, r->phase_ms[MKV_CUDA_PHASE_GEMM] * 1e-3, r->phase_ms[MKV_CUDA_PHASE_ATTENTION] * 1e-3,
             r->phase_ms[MKV_CUDA_PHASE_CACHE] * 1e-3, r->phase_ms[MKV_CUDA_PHASE_OTHER] * 1e-3,
-            r->phase_ms[MKV_CUDA_PHASE_HEAD] * 1e-3, r->seconds - dev);
+            r->phase_ms[MKV_CUDA_PHASE_HEAD] * 1e-3, r->tp ? "all-reduce (rank 0) " : "", r->seconds - dev);
+    if (r->tp) fprintf(f, "%-6s  all-reduce %.2f s (%.1f%% of the run)\n", r->name,
+                       r->phase_ms[MKV_CUDA_PHASE_ALL_REDUCE] * 1e-3,
+                       100.0 * r->phase_ms[MKV_CUDA_PHASE_ALL_REDUCE] * 1e-3 / r->seconds);
 }
+
+/* --tp: each GPU's KV memory and where its device time goes. */
+static void print_ranks(FILE *f, const engine_result_t *r)
+{
+    for (int32_t g = 0; g < r->tp; g++) {
+        const double *ph = r->rank_phase_ms[g];
+        fprintf(f, "%-6s  GPU %d: %lld pages, KV MiB avg %.1f max %.1f", r->name, g, (long long)r->rank_pages[g],
+                r->steps ? (double)r->rank_kv_bytes_sum[g] / r->steps / 1048576.0 : 0.0,
+                r->rank_peak_kv_bytes[g] / 1048576.0);
+        if (r->has_phases)
+            fprintf(f, "; GEMMs %.2f s, attention %.2f s, cache %.2f s, all-reduce %.2f s",
+                    ph[MKV_CUDA_PHASE_GEMM] * 1e-3, ph[MKV_CUDA_PHASE_ATTENTION] * 1e-3,
+                    ph[MKV_CUDA_PHASE_CACHE] * 1e-3, ph[MKV_CUDA_PHASE_ALL_REDUCE] * 1e-3);
+        fputc('\n', f);
+    }
+}
+
+static const char *const phase_names[MKV_CUDA_PHASES] = {"gemm", "attention", "cache", "other", "head", "all_reduce"};
 
 static void print_latency(FILE *f, const engine_result_t *r)
 {
@@ -473,12 +541,28 @@ static cJSON *result_json(const engine_result_t *r, int32_t requests)
     if (r->has_phases) {
         cJSON *p = cJSON_AddObjectToObject(e, "phases_s");
         double dev = 0;
-        const char *pn[MKV_CUDA_PHASES] = {"gemm", "attention", "cache", "other", "head"};
         for (int i = 0; i < MKV_CUDA_PHASES; i++) {
-            cJSON_AddNumberToObject(p, pn[i], r->phase_ms[i] * 1e-3);
+            cJSON_AddNumberToObject(p, phase_names[i], r->phase_ms[i] * 1e-3);
             dev += r->phase_ms[i] * 1e-3;
         }
         cJSON_AddNumberToObject(p, "host_and_gaps", r->seconds - dev);
+    }
+    if (r->tp) {
+        cJSON_AddNumberToObject(e, "tp", r->tp);
+        cJSON *gpus = cJSON_AddArrayToObject(e, "gpus");
+        for (int32_t g = 0; g < r->tp; g++) {
+            cJSON *x = cJSON_CreateObject();
+            cJSON_AddNumberToObject(x, "gpu", g);
+            mkv_cli_json_add_i64(x, "kv_pages", r->rank_pages[g]);
+            cJSON_AddNumberToObject(x, "kv_bytes_mean", r->steps ? (double)r->rank_kv_bytes_sum[g] / r->steps : 0.0);
+            mkv_cli_json_add_i64(x, "kv_bytes_peak", r->rank_peak_kv_bytes[g]);
+            if (r->has_phases) {
+                cJSON *p = cJSON_AddObjectToObject(x, "phases_s");
+                for (int i = 0; i < MKV_CUDA_PHASES; i++)
+                    cJSON_AddNumberToObject(p, phase_names[i], r->rank_phase_ms[g][i] * 1e-3);
+            }
+            cJSON_AddItemToArray(gpus, x);
+        }
     }
     const char *names[3] = {"ttft_s", "tpot_s", "latency_s"};
     const double *vals[3] = {r->ttft, r->tpot, r->latency};
@@ -578,7 +662,7 @@ int mkv_serve_bench_main(int argc, char **argv)
 {
     sb_opts_t o;
     memset(&o, 0, sizeof o);
-    o.requests = 64, o.max_batch = 256, o.kv_mib = 4096.0, o.seed = 1;
+    o.requests = 64, o.max_batch = 256, o.kv_mib = 4096.0, o.seed = 1, o.tp = 1;
     o.prompt = (range_t){1024, 2048}, o.output = (range_t){256, 512};
     o.run_fp16 = o.run_mixkv = 1;
     o.n_rates = 1; /* offline */
@@ -607,6 +691,7 @@ int mkv_serve_bench_main(int argc, char **argv)
     mkv_model_t *model = NULL;
     mkv_tools_forward_t fw;
     memset(&fw, 0, sizeof fw);
+    mkv_tp_t *tp = NULL;
     mkv_model_config_t mc;
     int32_t *plen = NULL, *olen = NULL, *tokens = NULL;
     double *arrival = NULL;
@@ -620,7 +705,15 @@ int mkv_serve_bench_main(int argc, char **argv)
             goto done;
         }
         mc = model->cfg;
-        if (mkv_tools_forward_create(CMD, model, &o.run, max_tokens, o.threads, &fw) < 0) goto done;
+        if (o.tp > 1) {
+            if (mkv_tp_create(model, NULL, 0, o.tp, max_tokens, o.run.dtype, &tp, err) != MKV_STATUS_OK) {
+                mkv_cli_error(CMD, "--tp %d: %s", o.tp, err);
+                goto done;
+            }
+            fw.cuda = mkv_tp_rank(tp, 0);
+        } else if (mkv_tools_forward_create(CMD, model, &o.run, max_tokens, o.threads, &fw) < 0) {
+            goto done;
+        }
     } else {
         const mkv_status_t cs = strchr(o.dummy, '/') || strstr(o.dummy, ".json")
                                     ? mkv_model_config_load(o.dummy, &mc, err)
@@ -631,12 +724,20 @@ int mkv_serve_bench_main(int argc, char **argv)
             goto done;
         }
         if (max_len > mc.max_pos) mc.max_pos = max_len; /* stand-ins: any length will do */
-        if (mkv_cuda_forward_create_dummy(&mc, (uint64_t)o.seed, max_tokens, o.run.dtype, &fw.cuda, err) !=
-            MKV_STATUS_OK) {
-            mkv_cli_error(CMD, "--dummy-weights: %s", err);
-            goto done;
+        if (o.tp > 1) {
+            if (mkv_tp_create(NULL, &mc, (uint64_t)o.seed, o.tp, max_tokens, o.run.dtype, &tp, err) != MKV_STATUS_OK) {
+                mkv_cli_error(CMD, "--tp %d: %s", o.tp, err);
+                goto done;
+            }
+            fw.cuda = mkv_tp_rank(tp, 0);
+        } else {
+            if (mkv_cuda_forward_create_dummy(&mc, (uint64_t)o.seed, max_tokens, o.run.dtype, &fw.cuda, err) !=
+                MKV_STATUS_OK) {
+                mkv_cli_error(CMD, "--dummy-weights: %s", err);
+                goto done;
+            }
+            fw.fwd = mkv_cuda_forward(fw.cuda);
         }
-        fw.fwd = mkv_cuda_forward(fw.cuda);
     }
     if (max_len > mc.max_pos) {
         mkv_cli_error(CMD, "prompt %d + output %d exceeds the model's %d positions", o.prompt.hi, o.output.hi,
@@ -680,10 +781,12 @@ int mkv_serve_bench_main(int argc, char **argv)
     FILE *out = o.json_path && !strcmp(o.json_path, "-") ? stderr : stdout;
     fprintf(out,
             "serve-bench: %s%s on %s (%s), %d requests, prompts %d..%d, outputs %d..%d tokens, "
-            "%.3g MiB of KV each, at most %d running\n",
+            "%.3g MiB of KV each%s, at most %d running\n",
             o.model ? o.model : o.dummy, o.model ? "" : " (stand-in weights)", mkv_backend_name(o.run.backend),
             o.run.backend == MKV_BACKEND_CUDA ? mkv_dtype_name(o.run.dtype) : "f32", o.requests, o.prompt.lo,
-            o.prompt.hi, o.output.lo, o.output.hi, o.kv_mib, o.max_batch);
+            o.prompt.hi, o.output.lo, o.output.hi, o.kv_mib, tp ? " over the GPUs" : "", o.max_batch);
+    if (tp) fprintf(out, "tensor parallelism: %d GPUs, %d of %d KV heads and %.3g MiB of KV each\n", o.tp,
+                    mc.n_kv_heads / o.tp, mc.n_kv_heads, o.kv_mib / o.tp);
     for (int ri = 0; ri < o.n_rates; ri++) {
         const double rate = o.rates[ri];
         uint64_t arng = (uint64_t)o.seed ^ 0xa5a5a5a5ull;
@@ -698,7 +801,7 @@ int mkv_serve_bench_main(int argc, char **argv)
         int n_res = 0;
         for (int k = 0; k < 2; k++) {
             if (k == 0 ? !o.run_fp16 : !o.run_mixkv) continue;
-            if (run_engine(&o, &mc, &fw.fwd, fw.cuda, k == 0, max_len, plen, olen, tokens, arrival, rate,
+            if (run_engine(&o, &mc, &fw.fwd, fw.cuda, tp, k == 0, max_len, plen, olen, tokens, arrival, rate,
                            &res[ri][n_res]) < 0)
                 goto done;
             n_res++;
@@ -711,6 +814,7 @@ int mkv_serve_bench_main(int argc, char **argv)
         for (int i = 0; i < n_res; i++) print_result(out, &res[ri][i], o.requests);
         for (int i = 0; i < n_res; i++) print_latency(out, &res[ri][i]);
         for (int i = 0; i < n_res; i++) print_phases(out, &res[ri][i]);
+        for (int i = 0; i < n_res; i++) print_ranks(out, &res[ri][i]);
         if (n_res == 2) {
             const engine_result_t *a = &res[ri][0], *b = &res[ri][1];
             fprintf(out, "mixkv / fp16: %.2fx requests/s, %.2fx output tokens/s, %.2fx mean batch\n",
@@ -735,6 +839,7 @@ int mkv_serve_bench_main(int argc, char **argv)
         cJSON_AddNumberToObject(root, "output_len_max", o.output.hi);
         cJSON_AddNumberToObject(root, "kv_mib", o.kv_mib);
         cJSON_AddNumberToObject(root, "max_batch", o.max_batch);
+        cJSON_AddNumberToObject(root, "tp", o.tp);
         mkv_cli_json_add_i64(root, "seed", o.seed);
         cJSON *runs = cJSON_AddArrayToObject(root, "runs");
         for (int ri = 0; ri < o.n_rates; ri++) {
@@ -755,7 +860,9 @@ oom:
     mkv_cli_error(CMD, "out of memory");
 done:
     free(plen), free(olen), free(tokens), free(arrival), free(res), free(pairs);
+    if (tp) fw.cuda = NULL; /* the group's rank 0 */
     mkv_tools_forward_free(&fw);
+    mkv_tp_free(tp);
     mkv_model_free(model);
     return rc;
 }
