@@ -180,7 +180,7 @@ __global__ void silu_mul_kernel(const T *gu, int32_t I, int64_t n, T *h)
     }
 }
 
-enum { MAX_MARKS = 1024 };
+enum { MAX_MARKS = 2048 }; /* Llama-3-70B: 11 a layer, 80 layers */
 
 /* From here on, the time belongs to phase cat (no-op unless timing). */
 static void mark(mkv_cuda_forward_t *f, int32_t cat)
@@ -1006,10 +1006,16 @@ extern "C" mkv_status_t mkv_cuda_forward_set_timing(mkv_cuda_forward_t *f, int o
         f->ev = (cudaEvent_t *)calloc(MAX_MARKS, sizeof *f->ev);
         f->ev_cat = (int32_t *)calloc(MAX_MARKS, sizeof *f->ev_cat);
         if (!f->ev || !f->ev_cat) return mkv_report_error(MKV_STATUS_OUT_OF_MEMORY, "cannot allocate timing events");
-        for (int i = 0; i < MAX_MARKS; i++)
-            if (cudaEventCreate(&f->ev[i]) != cudaSuccess)
-                return mkv_report_error(MKV_STATUS_CUDA_ERROR, "cudaEventCreate: %s",
-                                        cudaGetErrorString(cudaGetLastError()));
+        /* on the pass's device: an event of another device cannot be recorded on its stream
+         * (a rank of a tensor-parallel group is timed from the caller's thread) */
+        int prev = 0;
+        cudaGetDevice(&prev);
+        cudaSetDevice(f->device);
+        cudaError_t e = cudaSuccess;
+        for (int i = 0; i < MAX_MARKS && e == cudaSuccess; i++) e = cudaEventCreate(&f->ev[i]);
+        cudaSetDevice(prev);
+        if (e != cudaSuccess)
+            return mkv_report_error(MKV_STATUS_CUDA_ERROR, "cudaEventCreate: %s", cudaGetErrorString(e));
     }
     f->timing = on != 0;
     f->n_marks = 0;

@@ -10,12 +10,23 @@
  * The all-reduce runs on the rank's own stream, created blocking: it waits for the work the
  * pass queued on the legacy default stream before it, and the pass's later work waits for it,
  * with no event between them.
+ *
+ * The ranks meet on a host barrier before and after queueing their parts of an all-reduce.
+ * Without it, one process driving several GPUs from several threads deadlocks: a rank whose
+ * NCCL kernel waits for a peer's part holds its device busy, while the peer's thread, before
+ * queueing that part, blocks in a call that takes the driver's lock and waits for a device
+ * (cudaFree, cudaMalloc, a copy to pageable host memory: the cache's prefill makes such
+ * calls) behind a thread waiting for that busy device. Seen on two H200s as a hang of
+ * serve-bench; the tests, with less work in flight, had passed. Outside the two barriers,
+ * every queued NCCL kernel has all its peers queued, so it finishes whatever the threads do.
  */
 #include "runner/forward_tp.h"
 
 #include "runner/error.h"
 #include "runner/parallel.h"
 
+#include <sched.h>
+#include <stdatomic.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -48,12 +59,42 @@ typedef struct tp_rank {
     int32_t r;
 } tp_rank_t;
 
+/* A spinning barrier of n threads (sense by generation): the all-reduces' meeting point. A
+ * rank whose call fails raises `failed`, so the others stop waiting for it instead of
+ * hanging (before the barrier ahead of an all-reduce, none has queued its part yet). */
+typedef struct tp_barrier {
+    atomic_int arrived;
+    atomic_uint generation;
+    atomic_int failed;
+    int n;
+} tp_barrier_t;
+
+#if TP_NCCL
+/* 0 once every rank has arrived; -1 when a rank failed. */
+static int barrier_wait(tp_barrier_t *b)
+{
+    if (atomic_load(&b->failed)) return -1;
+    const unsigned g = atomic_load(&b->generation);
+    if (atomic_fetch_add(&b->arrived, 1) == b->n - 1) {
+        atomic_store(&b->arrived, 0);
+        atomic_fetch_add(&b->generation, 1);
+        return 0;
+    }
+    for (long spins = 0; atomic_load(&b->generation) == g; spins++) {
+        if (atomic_load(&b->failed)) return -1;
+        if (spins > (1 << 12)) sched_yield();
+    }
+    return 0;
+}
+#endif
+
 struct mkv_tp {
     int32_t n;
     mkv_cuda_forward_t *pass[MKV_TP_MAX_RANKS];
     mkv_forward_t fw[MKV_TP_MAX_RANKS];
     mkv_cache_t *caches[MKV_TP_MAX_RANKS]; /* bound by mkv_tp_forward */
     tp_rank_t rank[MKV_TP_MAX_RANKS];      /* the all-reduce's context */
+    tp_barrier_t barrier;                  /* after each all-reduce is queued */
     mkv_pool_t *pool;
 #if TP_NCCL
     nccl_api_t nccl;
@@ -106,8 +147,13 @@ static mkv_status_t tp_all_reduce(void *ctx, float *x, int64_t n, char *err)
 {
     const tp_rank_t *rk = ctx;
     mkv_tp_t *tp = rk->tp;
+    if (barrier_wait(&tp->barrier) < 0)
+        return runner_fail(err, MKV_STATUS_CUDA_ERROR, "rank %d: another rank failed this call", rk->r);
     const ncclResult_t e = tp->nccl.all_reduce(x, x, (size_t)n, ncclFloat32, ncclSum, tp->comm[rk->r],
                                                tp->stream[rk->r]);
+    /* every rank's part is queued (or has failed to be); the sum is on its way either way */
+    if (barrier_wait(&tp->barrier) < 0 && e == ncclSuccess)
+        return runner_fail(err, MKV_STATUS_CUDA_ERROR, "rank %d: another rank failed this call", rk->r);
     if (e != ncclSuccess)
         return runner_fail(err, MKV_STATUS_CUDA_ERROR, "rank %d: ncclAllReduce of %lld floats: %s", rk->r,
                            (long long)n, tp->nccl.error_string(e));
@@ -172,6 +218,7 @@ mkv_status_t mkv_tp_create(const mkv_model_t *m, const mkv_model_config_t *dummy
     mkv_tp_t *tp = calloc(1, sizeof *tp);
     if (!tp) return runner_fail(err, MKV_STATUS_OUT_OF_MEMORY, "cannot allocate the tensor-parallel group");
     tp->n = n_ranks;
+    tp->barrier.n = n_ranks;
     mkv_status_t status = MKV_STATUS_OK;
     int prev = 0;
     cudaGetDevice(&prev);
@@ -279,7 +326,10 @@ static void run_rank(void *ctx, int64_t begin, int64_t end, int32_t part)
             break;
         }
         a->st[r] = st;
-        if (st != MKV_STATUS_OK) snprintf(a->err[r], MKV_ERR_LEN, "%s", mkv_last_error());
+        if (st != MKV_STATUS_OK) {
+            snprintf(a->err[r], MKV_ERR_LEN, "%s", mkv_last_error());
+            atomic_store(&a->tp->barrier.failed, 1); /* no rank waits for this one any more */
+        }
     }
 }
 
@@ -290,7 +340,14 @@ static mkv_status_t run(mkv_tp_t *tp, mkv_cache_t *cache, tp_call_t *a)
         return mkv_report_error(MKV_STATUS_INVALID_ARGUMENT,
                                 "tensor-parallel pass: handed a cache that is not rank 0's (mkv_tp_forward)");
     a->tp = tp;
+    atomic_store(&tp->barrier.failed, 0);
+    atomic_store(&tp->barrier.arrived, 0);
     mkv_pool_run(tp->pool, run_rank, a, tp->n);
+    /* the first rank that failed on its own, not one that stopped because another had */
+    for (int32_t r = 0; r < tp->n; r++)
+        if (a->st[r] != MKV_STATUS_OK && !strstr(a->err[r], "another rank failed"))
+            return tp->n == 1 ? mkv_report_error(a->st[r], "%s", a->err[r])
+                              : mkv_report_error(a->st[r], "rank %d: %s", r, a->err[r]);
     for (int32_t r = 0; r < tp->n; r++)
         if (a->st[r] != MKV_STATUS_OK)
             return tp->n == 1 ? mkv_report_error(a->st[r], "%s", a->err[r])

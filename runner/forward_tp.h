@@ -52,8 +52,9 @@ mkv_cuda_forward_t *mkv_tp_rank(mkv_tp_t *tp, int32_t r);
  * is handed must be caches[0] (the scheduler over several caches passes its first,
  * engine/scheduler.h), and only rank 0 writes logits and tokens. Before a decode step, every
  * cache's free pages are checked against its step demand, so a refusal (OUT_OF_PAGES) changes
- * no rank. A failure that only some ranks meet within a step (a CUDA error, say) leaves the
- * ranks' caches out of step with each other: release the step's slots. The caches stay the
+ * no rank. A rank that fails midway stops the others at their next all-reduce (the call
+ * returns its status and message, "rank r: ..."); the ranks' caches are then out of step with
+ * each other: release the call's slots. The caches stay the
  * caller's and must outlive the pass. INVALID_ARGUMENT for a cache on another device or of
  * another geometry. */
 mkv_status_t mkv_tp_forward(mkv_tp_t *tp, mkv_cache_t *const *caches, mkv_forward_t *out);

@@ -775,13 +775,23 @@ mkv_status_t mkv_model_config_builtin(const char *name, mkv_model_config_t *out,
     char local[MKV_ERR_LEN];
     if (!err) err = local;
     if (!name || !out) return runner_fail(err, MKV_STATUS_INVALID_ARGUMENT, "mkv_model_config_builtin: null argument");
-    if (strcmp(name, "llama-3-8b") != 0)
-        return runner_fail(err, MKV_STATUS_INVALID_ARGUMENT, "no built-in model shape '%s' (known: llama-3-8b)", name);
-    /* Meta-Llama-3-8B's config.json */
-    const mkv_model_config_t c = {.hidden = 4096, .n_layers = 32, .n_heads = 32, .n_kv_heads = 8,
-                                  .head_dim = 128, .intermediate = 14336, .vocab = 128256,
-                                  .max_pos = 8192, .rope_theta = 500000.0f, .rms_eps = 1e-5f,
-                                  .tied = 0, .bos = 128000, .eos = 128001};
-    *out = c;
-    return MKV_STATUS_OK;
+    /* The config.json of Meta-Llama-3-8B and of Meta-Llama-3-70B (tensor parallelism's shape). */
+    static const struct {
+        const char *name;
+        mkv_model_config_t c;
+    } shapes[] = {
+        {"llama-3-8b", {.hidden = 4096, .n_layers = 32, .n_heads = 32, .n_kv_heads = 8, .head_dim = 128,
+                        .intermediate = 14336, .vocab = 128256, .max_pos = 8192, .rope_theta = 500000.0f,
+                        .rms_eps = 1e-5f, .tied = 0, .bos = 128000, .eos = 128001}},
+        {"llama-3-70b", {.hidden = 8192, .n_layers = 80, .n_heads = 64, .n_kv_heads = 8, .head_dim = 128,
+                         .intermediate = 28672, .vocab = 128256, .max_pos = 8192, .rope_theta = 500000.0f,
+                         .rms_eps = 1e-5f, .tied = 0, .bos = 128000, .eos = 128001}},
+    };
+    for (size_t i = 0; i < sizeof shapes / sizeof *shapes; i++)
+        if (!strcmp(name, shapes[i].name)) {
+            *out = shapes[i].c;
+            return MKV_STATUS_OK;
+        }
+    return runner_fail(err, MKV_STATUS_INVALID_ARGUMENT,
+                       "no built-in model shape '%s' (known: llama-3-8b, llama-3-70b)", name);
 }

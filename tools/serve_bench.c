@@ -59,8 +59,8 @@ void mkv_serve_bench_usage(FILE *f)
             "as Poisson arrivals, the FP16 paged baseline and mixkv each with the same KV memory.\n"
             "\n"
             "  --model PATH        a Hugging Face folder or GGUF file (either backend)\n"
-            "  --dummy-weights S   stand-in weights at a shape on the GPU: llama-3-8b, or a\n"
-            "                      config.json (implies --backend cuda)\n"
+            "  --dummy-weights S   stand-in weights at a shape on the GPU: llama-3-8b,\n"
+            "                      llama-3-70b, or a config.json (implies --backend cuda)\n"
             "  --requests N        requests, all arriving at once [64]\n"
             "  --prompt-len A[:B]  prompt tokens, fixed or uniform in [A, B] [1024:2048]\n"
             "  --output-len A[:B]  output tokens per request (run to the end, greedy) [256:512]\n"
@@ -487,8 +487,8 @@ static void print_phases(FILE *f, const engine_result_t *r)
                "%shost and gaps %.2f s\n",
             r->name, r->phase_ms[MKV_CUDA_PHASE_GEMM] * 1e-3, r->phase_ms[MKV_CUDA_PHASE_ATTENTION] * 1e-3,
             r->phase_ms[MKV_CUDA_PHASE_CACHE] * 1e-3, r->phase_ms[MKV_CUDA_PHASE_OTHER] * 1e-3,
-            r->phase_ms[MKV_CUDA_PHASE_HEAD] * 1e-3, r->tp ? "all-reduce (rank 0) " : "", r->seconds - dev);
-    if (r->tp) fprintf(f, "%-6s  all-reduce %.2f s (%.1f%% of the run)\n", r->name,
+            r->phase_ms[MKV_CUDA_PHASE_HEAD] * 1e-3, r->tp ? "all-reduce (below), " : "", r->seconds - dev);
+    if (r->tp) fprintf(f, "%-6s  all-reduce %.2f s on GPU 0 (%.1f%% of the run)\n", r->name,
                        r->phase_ms[MKV_CUDA_PHASE_ALL_REDUCE] * 1e-3,
                        100.0 * r->phase_ms[MKV_CUDA_PHASE_ALL_REDUCE] * 1e-3 / r->seconds);
 }

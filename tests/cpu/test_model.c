@@ -609,6 +609,9 @@ Test(model_load, config_only_and_builtin_shape)
     cr_assert_eq(mkv_model_config_builtin("llama-3-8b", &c, err), MKV_STATUS_OK, "%s", err);
     cr_assert(c.hidden == 4096 && c.n_layers == 32 && c.n_heads == 32 && c.n_kv_heads == 8 && c.head_dim == 128 &&
               c.intermediate == 14336 && c.vocab == 128256 && c.rope_theta == 500000.0f);
+    cr_assert_eq(mkv_model_config_builtin("llama-3-70b", &c, err), MKV_STATUS_OK, "%s", err);
+    cr_assert(c.hidden == 8192 && c.n_layers == 80 && c.n_heads == 64 && c.n_kv_heads == 8 && c.head_dim == 128 &&
+              c.intermediate == 28672 && c.vocab == 128256 && !c.tied);
     cr_assert_eq(mkv_model_config_builtin("llama-9", &c, err), MKV_STATUS_INVALID_ARGUMENT);
     cr_assert(strstr(err, "llama-3-8b"), "%s", err);
     cr_assert_eq(mkv_model_config_load("/nonexistent/dir", &c, err), MKV_STATUS_IO_ERROR);

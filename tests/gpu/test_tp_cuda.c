@@ -163,7 +163,7 @@ static double run_both(const mkv_forward_t *single, mkv_cache_t *one, group_t *g
     for (int j = 0; j < SLOTS; j++) {
         int32_t prompt[64];
         for (int32_t t = 0; t < lens[j]; t++) prompt[t] = test_rand_range(&rng, 3, V - 1);
-        int32_t s1, s2;
+        int32_t s1, s2 = -1;
         cr_assert_eq(mkv_cache_admit(one, lens[j], &s1), MKV_STATUS_OK);
         admit_all(g, lens[j], &s2);
         cr_assert_eq(s1, s2);
@@ -251,7 +251,15 @@ static void ranks_match(int32_t n)
     mkv_cache_t *one = rank_cache(&m->cfg, 0, 1, SLOTS, MAX_LEN);
     group_t g;
     group_make(&g, m, NULL, n, SLOTS, MAX_LEN);
+    /* timed, as serve-bench --phases times it (each rank's events on its own device) */
+    cr_assert_eq(mkv_tp_set_timing(g.tp, 1), MKV_STATUS_OK, "%s", mkv_last_error());
     const double worst = run_both(&single, one, &g, m->cfg.vocab, 0);
+    for (int32_t r = 0; r < n; r++) {
+        double ph[MKV_CUDA_PHASES];
+        mkv_cuda_forward_phases(mkv_tp_rank(g.tp, r), ph, 1);
+        cr_assert_gt(ph[MKV_CUDA_PHASE_ALL_REDUCE], 0.0, "rank %d: no all-reduce time recorded", r);
+        cr_assert_gt(ph[MKV_CUDA_PHASE_GEMM], 0.0, "rank %d: no GEMM time recorded", r);
+    }
     cr_log_info("tp %d on TinyStories: prompts' last logits within %.3g of one GPU's", n, worst);
     cr_assert_lt(worst, 1e-4, "tp %d: logits %.3g from one GPU's", n, worst);
     check_union(one, &g, m->cfg.n_layers, m->cfg.n_kv_heads);
