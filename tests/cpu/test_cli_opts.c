@@ -250,3 +250,38 @@ Test(cli_opts, wider_low_format_runs_to_the_end)
     cr_assert_eq(r.status, 0, "perplexity exit %d:\n%s", r.status, r.err);
     run_free(&r);
 }
+
+/* --tp: refused at parse time off the CUDA backend and out of range; where the build or the
+ * machine has fewer GPUs than ranks (CI: none), the run says so and exits 1, nothing written. */
+Test(cli_opts, tensor_parallel_options)
+{
+    expect_usage(RUN("generate", "--model", "/nonexistent-mkv-model", "--prompt", "x", "--tp", "2"),
+                 "--backend cuda", "generate --tp on the CPU");
+    expect_usage(RUN("generate", "--model", "/nonexistent-mkv-model", "--prompt", "x", "--backend", "cuda",
+                     "--tp", "0"),
+                 "--tp", "generate --tp 0");
+    expect_usage(RUN("serve-bench", "--model", "/nonexistent-mkv-model", "--tp", "2"), "--backend cuda",
+                 "serve-bench --tp on the CPU");
+    expect_usage(RUN("serve-bench", "--dummy-weights", "llama-3-8b", "--tp", "99"), "--tp",
+                 "serve-bench --tp 99");
+    int gpus = 0;
+#if MKV_HAVE_CUDA
+    /* a machine with GPUs answers differently: only the case with none is asserted */
+    gpus = access("/dev/nvidia0", F_OK) == 0;
+#endif
+    if (gpus) return;
+    /* Llama-3-8B's 8 KV heads over 2 GPUs: no CUDA in the build, or no device */
+    char *json = tmp_path();
+    unlink(json);
+    run_t r = RUN("serve-bench", "--dummy-weights", "llama-3-8b", "--tp", "2", "--requests", "1", "--json", json);
+    cr_assert_eq(r.status, 1, "exit %d, stderr:\n%s", r.status, r.err);
+    EXPECT_IN(r.err, "--tp 2");
+    cr_assert(access(json, F_OK) != 0, "a failed run wrote its JSON");
+    run_free(&r);
+    /* 3 ranks do not divide 8 KV heads: said before anything else */
+    r = RUN("serve-bench", "--dummy-weights", "llama-3-8b", "--tp", "3", "--requests", "1");
+    cr_assert_eq(r.status, 1, "exit %d, stderr:\n%s", r.status, r.err);
+    EXPECT_IN(r.err, "do not divide");
+    run_free(&r);
+    free(json);
+}
