@@ -61,7 +61,7 @@ void mkv_generate_usage(FILE *f)
             "                      per GPU for its share of the KV heads [1]\n"
             "  --dump FILE         write the cache when the request finishes, before its pages\n"
             "                      are released (for 'mixkv inspect'); with --tp, one file per\n"
-            "                      GPU: FILE's name with .rank0, .rank1, ... before .json\n"
+            "                      GPU: FILE's stem with .rank0.json, .rank1.json, ...\n"
             "  --json FILE         write the result as JSON ('-': stdout, then no streaming)\n"
             "  --quiet             print only the summary\n"
             "  -h, --help          this help\n"
@@ -233,7 +233,8 @@ typedef struct dump_ctx {
 } dump_ctx_t;
 
 /* --dump: the cache when the request finishes, before its slot is released; with several
- * GPUs, each one's cache to PATH's name with .rankN before its .json (or at its end). */
+ * GPUs, each one's cache to PATH's stem (PATH without .json) with .rankN.json, the names
+ * `mixkv inspect --tp PATH` reads. */
 static mkv_status_t dump_at_finish(void *ctx, const mkv_request_t *r, mkv_cache_t *cache)
 {
     (void)r, (void)cache;
@@ -245,7 +246,7 @@ static mkv_status_t dump_at_finish(void *ctx, const mkv_request_t *r, mkv_cache_
         const size_t len = strlen(d->path);
         const int json = len >= 5 && !strcmp(d->path + len - 5, ".json");
         if (n == 1) snprintf(path, sizeof path, "%s", d->path);
-        else snprintf(path, sizeof path, "%.*s.rank%d%s", (int)(json ? len - 5 : len), d->path, g, json ? ".json" : "");
+        else snprintf(path, sizeof path, "%.*s.rank%d.json", (int)(json ? len - 5 : len), d->path, g);
         const mkv_status_t st = mkv_cache_dump_json(c, path);
         if (st != MKV_STATUS_OK) return mkv_fail_global(st, "--dump %s: %s", path, mkv_cache_last_error(c));
     }
