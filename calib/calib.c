@@ -1,23 +1,22 @@
 /*
- * calib.c — measuring policies against the FP16 cache on windows of a dataset (see calib.h).
+ * calib.c — measuring policies against the FP16 cache on windows of a dataset and on needle
+ * trials (see calib.h); the front and the choice are choice.c's, the work queue jobs.c's.
  *
- * Everything is a job: one window through one cache (the FP16 reference, or a policy's),
- * run by a worker with its own forward pass and a cache made for the job. Jobs are handed out
- * in order from one counter, so a point's windows finish close together and the point is
- * reported as soon as its last window is in; per-window results are kept and summed in window
- * order, so the figures do not depend on which worker ran what.
+ * Everything is a job: one window or one needle trial through one cache (the FP16
+ * reference, or a policy's), run by a worker with its own forward pass and a cache made for
+ * the job. Jobs are handed out in order from one counter, so a point's windows and trials
+ * finish close together and the point is reported as soon as its last job is in; per-job
+ * results are kept and summed in order, so the figures do not depend on which worker ran what.
  */
 #include "calib/calib.h"
 
-#include "runner/parallel.h"
+#include "calib/jobs.h"
 
 #include <cjson/cJSON.h>
 #include <math.h>
-#include <pthread.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
-#include <time.h>
 
 /* One window through one cache. */
 typedef struct win_stats {
@@ -28,6 +27,11 @@ typedef struct win_stats {
     double seconds;
 } win_stats_t;
 
+/* One needle trial through a policy's cache, against the FP16 cache's answer. */
+typedef struct trial_stats {
+    int right, same;
+} trial_stats_t;
+
 struct mkv_calib {
     const mkv_model_t *m;
     mkv_calib_opts_t o;
@@ -36,18 +40,15 @@ struct mkv_calib {
     int ref_done;
     win_stats_t *ref;        /* [n_calib + n_valid] the FP16 cache on each window */
     int32_t *ref_pred;       /* [n_calib + n_valid][window - 1] its greedy predictions */
+    const mkv_needle_t *needle[MKV_CALIB_NEEDLE_SETS]; /* [set] its trials, or NULL */
+    int32_t n_trials[MKV_CALIB_NEEDLE_SETS];
+    int needle_ref_done[MKV_CALIB_NEEDLE_SETS];
+    mkv_needle_result_t *needle_ref[MKV_CALIB_NEEDLE_SETS]; /* [set][n_trials] the FP16 cache's */
     int32_t workers;
     mkv_pool_t *pool;        /* workers - 1 threads; NULL for one worker */
     mkv_forward_ws_t **ws;   /* [workers] */
     float **logits;          /* [workers][prompt_len][vocab] */
 };
-
-static double now_s(void)
-{
-    struct timespec ts;
-    clock_gettime(CLOCK_MONOTONIC, &ts);
-    return (double)ts.tv_sec + 1e-9 * (double)ts.tv_nsec;
-}
 
 int64_t mkv_calib_windows_available(const mkv_ppl_doc_t *docs, int32_t n_docs, const mkv_calib_opts_t *o)
 {
@@ -69,7 +70,19 @@ void mkv_calib_free(mkv_calib_t *c)
     free(c->win);
     free(c->ref);
     free(c->ref_pred);
+    for (int s = 0; s < MKV_CALIB_NEEDLE_SETS; s++) free(c->needle_ref[s]);
     free(c);
+}
+
+const mkv_calib_opts_t *mkv_calib_options(const mkv_calib_t *c)
+{
+    return &c->o;
+}
+
+/* The needle set the validation runs: the held-back one, else the calibration one. */
+static int32_t valid_set(const mkv_calib_t *c)
+{
+    return c->needle[MKV_CALIB_NEEDLE_VALIDATION] ? MKV_CALIB_NEEDLE_VALIDATION : MKV_CALIB_NEEDLE_CALIBRATION;
 }
 
 mkv_status_t mkv_calib_create(const mkv_model_t *m, const mkv_ppl_doc_t *docs, int32_t n_docs,
@@ -83,12 +96,26 @@ mkv_status_t mkv_calib_create(const mkv_model_t *m, const mkv_ppl_doc_t *docs, i
                                 "window %d and prompt length %d: need 1 <= prompt < window <= the "
                                 "model's %d positions", o->window, o->prompt_len, m->cfg.max_pos);
     if (o->calib_windows < 1 || o->valid_windows < 0 || o->windows_per_doc < 0 || o->workers < 0 ||
-        o->max_checks < 1 || !(o->max_ppl_increase >= 0) || !(o->min_agreement >= 0 && o->min_agreement <= 1))
+        o->max_checks < 1 || !(o->max_ppl_increase >= 0) || !(o->min_agreement >= 0 && o->min_agreement <= 1) ||
+        !(o->max_needle_drop >= 0))
         return mkv_report_error(MKV_STATUS_INVALID_ARGUMENT,
                                 "calibration options out of range (calibration windows %d >= 1, "
                                 "validation windows %d >= 0, tolerance %g >= 0, agreement %g in [0, 1], "
-                                "checks %d >= 1)", o->calib_windows, o->valid_windows,
-                                o->max_ppl_increase, o->min_agreement, o->max_checks);
+                                "checks %d >= 1, needle drop %g >= 0)", o->calib_windows, o->valid_windows,
+                                o->max_ppl_increase, o->min_agreement, o->max_checks, o->max_needle_drop);
+    /* Needle prompts go through the prompt phase whole: the workspaces are sized for them. */
+    const mkv_needle_t *sets[MKV_CALIB_NEEDLE_SETS] = {
+        o->needle, o->needle && o->valid_windows > 0 && o->needle_valid != o->needle ? o->needle_valid : NULL};
+    int32_t max_tokens = o->prompt_len;
+    for (int s = 0; s < MKV_CALIB_NEEDLE_SETS; s++) {
+        if (!sets[s]) continue;
+        const int32_t longest = mkv_needle_longest(sets[s]), max_new = mkv_needle_options(sets[s])->max_new;
+        if (longest + max_new > m->cfg.max_pos)
+            return mkv_report_error(MKV_STATUS_INVALID_ARGUMENT,
+                                    "needle prompts of up to %d tokens plus %d answer tokens exceed the "
+                                    "model's %d positions", longest, max_new, m->cfg.max_pos);
+        max_tokens = longest > max_tokens ? longest : max_tokens;
+    }
     const int64_t have = mkv_calib_windows_available(docs, n_docs, o);
     const int64_t need = (int64_t)o->calib_windows + o->valid_windows;
     if (have < need)
@@ -102,6 +129,11 @@ mkv_status_t mkv_calib_create(const mkv_model_t *m, const mkv_ppl_doc_t *docs, i
     c->o = *o;
     c->n_calib = o->calib_windows;
     c->n_valid = o->valid_windows;
+    for (int s = 0; s < MKV_CALIB_NEEDLE_SETS; s++) {
+        if (!(c->needle[s] = sets[s])) continue;
+        c->n_trials[s] = mkv_needle_count(sets[s]);
+        if (!(c->needle_ref[s] = calloc((size_t)c->n_trials[s], sizeof *c->needle_ref[s]))) goto oom;
+    }
     const int32_t nw = c->n_calib + c->n_valid;
     c->win = calloc((size_t)nw, sizeof *c->win);
     c->ref = calloc((size_t)nw, sizeof *c->ref);
@@ -123,7 +155,7 @@ mkv_status_t mkv_calib_create(const mkv_model_t *m, const mkv_ppl_doc_t *docs, i
     if (!c->ws || !c->logits) goto oom;
     for (int32_t w = 0; w < c->workers; w++) {
         char err[MKV_ERR_LEN];
-        mkv_status_t st = mkv_forward_ws_create(m, o->prompt_len, &c->ws[w], err);
+        mkv_status_t st = mkv_forward_ws_create(m, max_tokens, &c->ws[w], err);
         if (st != MKV_STATUS_OK) {
             mkv_calib_free(c);
             return mkv_report_error(st, "%s", err);
@@ -176,6 +208,16 @@ static mkv_status_t add_heads(mkv_cache_t *cache, mkv_calib_heads_t *h, int64_t 
     return MKV_STATUS_OK;
 }
 
+/* A cache for one job of up to max_seq_len tokens: policy p's, or (p NULL) the FP16 cache. */
+static mkv_status_t make_cache(const mkv_calib_t *c, const mkv_policy_t *p, int32_t max_seq_len,
+                               mkv_cache_t **out)
+{
+    mkv_policy_t fp16_policy;
+    mkv_policy_default(&fp16_policy);
+    return mkv_policy_make_cache(c->m, MKV_BACKEND_CPU, p == NULL, p ? p : &fp16_policy, 1,
+                                 max_seq_len, 1.0, out);
+}
+
 /* Window `wi` through a fresh cache of policy p (NULL: the FP16 reference, whose greedy
  * predictions go to ref_pred) on worker `wk`. head_acc: [3][L][H] counts to add to, or NULL. */
 static mkv_status_t run_window(mkv_calib_t *c, int32_t wk, const mkv_policy_t *p, int32_t wi,
@@ -186,16 +228,13 @@ static mkv_status_t run_window(mkv_calib_t *c, int32_t wk, const mkv_policy_t *p
     const int32_t *t = c->win[wi];
     int32_t *pred = c->ref_pred + (int64_t)wi * (W - 1);
     float *logits = c->logits[wk];
-    mkv_policy_t fp16_policy;
-    mkv_policy_default(&fp16_policy);
     mkv_cache_t *cache = NULL;
-    mkv_status_t st = mkv_policy_make_cache(m, MKV_BACKEND_CPU, p == NULL, p ? p : &fp16_policy, 1,
-                                            W, 1.0, &cache);
+    mkv_status_t st = make_cache(c, p, W, &cache);
     if (st != MKV_STATUS_OK) return st;
     const mkv_forward_t fw = mkv_model_forward(c->ws[wk]);
     memset(s, 0, sizeof *s);
     int32_t slot;
-    const double t0 = now_s();
+    const double t0 = mkv_jobs_now();
     if ((st = mkv_cache_admit(cache, P, &slot)) != MKV_STATUS_OK) {
         st = mkv_report_error(st, "%s", mkv_cache_last_error(cache));
         goto done;
@@ -210,7 +249,7 @@ static mkv_status_t run_window(mkv_calib_t *c, int32_t wk, const mkv_policy_t *p
         s->agree += a == pred[i];
         s->predictions++;
     }
-    s->seconds = now_s() - t0;
+    s->seconds = mkv_jobs_now() - t0;
     mkv_cache_stats_t cs;
     if ((st = mkv_cache_stats(cache, &cs)) != MKV_STATUS_OK) goto done;
     s->memory_ratio = (double)cs.bytes_in_use / (double)cs.bytes_fp16;
@@ -227,103 +266,111 @@ done:
     return st;
 }
 
+/* Trial i of needle set `set` through a fresh cache of policy p (NULL: the FP16 reference,
+ * whose result goes to needle_ref) on worker wk; a policy's is judged against FP16's answer. */
+static mkv_status_t run_trial(mkv_calib_t *c, int32_t wk, const mkv_policy_t *p, int32_t set,
+                              int32_t i, trial_stats_t *s)
+{
+    const mkv_needle_t *nd = c->needle[set];
+    mkv_needle_result_t mine, *r = p ? &mine : &c->needle_ref[set][i];
+    mkv_cache_t *cache = NULL;
+    mkv_status_t st = make_cache(c, p, mkv_needle_trial(nd, i)->n_prompt + mkv_needle_options(nd)->max_new,
+                                 &cache);
+    if (st != MKV_STATUS_OK) return st;
+    st = mkv_needle_run(nd, i, c->m, cache, c->ws[wk], c->logits[wk], r, NULL);
+    mkv_cache_destroy(cache);
+    if (st == MKV_STATUS_OK && s) {
+        s->right = r->right;
+        s->same = mkv_needle_same_answer(r, &c->needle_ref[set][i]);
+    }
+    return st;
+}
+
 /* ---------------------------------------------------------------------------------------- */
 /* Jobs over the workers                                                                    */
 /* ---------------------------------------------------------------------------------------- */
 
-typedef struct sched sched_t;
-/* Runs job j on worker wk (no lock held). */
-typedef mkv_status_t (*job_fn)(sched_t *s, int64_t j, int32_t wk);
-/* Job j is done (lock held); nonzero stops the run. */
-typedef int (*done_fn)(sched_t *s, int64_t j);
-
-struct sched {
-    mkv_calib_t *c;
-    int64_t n_jobs, next, finished;
-    const char *phase;
-    job_fn run;
-    done_fn done;
-    void *ctx;
-    pthread_mutex_t lock;
-    int stop;                 /* no new job starts */
-    int stopped;              /* stopped by *stop or a callback (not by an error) */
-    mkv_status_t status;      /* the first error */
-    char message[MKV_ERR_LEN];
-    double t0;
-};
-
-static void worker(void *ctx, int64_t begin, int64_t end, int32_t part)
+/* The phase's jobs over the handle's workers (calib/jobs.h). */
+static mkv_status_t run_jobs(mkv_calib_t *c, const char *phase, int64_t n_jobs, mkv_job_fn run,
+                             mkv_job_done_fn done, void *ctx, int *stopped)
 {
-    sched_t *s = ctx;
-    (void)end;
-    const int32_t wk = (int32_t)begin; /* one item per worker: its index */
-    (void)part;
-    for (;;) {
-        pthread_mutex_lock(&s->lock);
-        if (!s->stop && s->c->o.stop && *s->c->o.stop) s->stop = s->stopped = 1;
-        const int64_t j = s->stop || s->next >= s->n_jobs ? -1 : s->next++;
-        pthread_mutex_unlock(&s->lock);
-        if (j < 0) return;
-        const mkv_status_t st = s->run(s, j, wk);
-        pthread_mutex_lock(&s->lock);
-        if (st != MKV_STATUS_OK) {
-            if (s->status == MKV_STATUS_OK) {
-                s->status = st;
-                snprintf(s->message, sizeof s->message, "%s", mkv_last_error());
-            }
-            s->stop = 1;
-        } else {
-            s->finished++;
-            if (s->done && s->done(s, j)) s->stop = s->stopped = 1;
-            const mkv_calib_opts_t *o = &s->c->o;
-            if (o->progress) {
-                const double el = now_s() - s->t0;
-                const double eta = el / (double)s->finished * (double)(s->n_jobs - s->finished);
-                o->progress(o->ctx, s->phase, s->finished, s->n_jobs, eta);
-            }
-        }
-        pthread_mutex_unlock(&s->lock);
-    }
-}
-
-static mkv_status_t run_jobs(mkv_calib_t *c, const char *phase, int64_t n_jobs, job_fn run,
-                             done_fn done, void *ctx, int *stopped)
-{
-    sched_t s;
-    memset(&s, 0, sizeof s);
-    s.c = c;
-    s.n_jobs = n_jobs;
-    s.phase = phase;
-    s.run = run;
-    s.done = done;
-    s.ctx = ctx;
-    s.t0 = now_s();
-    pthread_mutex_init(&s.lock, NULL);
-    if (c->pool && n_jobs > 1) {
-        /* NOTE: mkv_pool_run splits [0, n) over min(threads, n) threads; asking for exactly
-         * `workers` items gives each thread one item, its worker index. */
-        mkv_pool_run(c->pool, worker, &s, c->workers);
-    } else {
-        worker(&s, 0, 1, 0);
-    }
-    pthread_mutex_destroy(&s.lock);
-    if (stopped) *stopped = s.stopped;
-    if (s.status != MKV_STATUS_OK) return mkv_report_error(s.status, "%s", s.message);
-    return MKV_STATUS_OK;
+    const mkv_jobs_t q = {c->pool, c->workers, c->o.stop, c->o.progress, c->o.ctx};
+    return mkv_jobs_run(&q, phase, n_jobs, run, done, ctx, stopped);
 }
 
 /* The FP16 reference on every window, once. */
-static mkv_status_t ref_job(sched_t *s, int64_t j, int32_t wk)
+static mkv_status_t ref_job(void *ctx, int64_t j, int32_t wk)
 {
-    return run_window(s->c, wk, NULL, (int32_t)j, &s->c->ref[j], NULL, NULL);
+    mkv_calib_t *c = ctx;
+    return run_window(c, wk, NULL, (int32_t)j, &c->ref[j], NULL, NULL);
+}
+
+/* The needle sets still to run through the FP16 cache, one after the other. */
+typedef struct needle_ref {
+    mkv_calib_t *c;
+    int32_t set[MKV_CALIB_NEEDLE_SETS], n_sets;
+} needle_ref_t;
+
+static mkv_status_t needle_ref_job(void *ctx, int64_t j, int32_t wk)
+{
+    const needle_ref_t *x = ctx;
+    int32_t k = 0;
+    while (j >= x->c->n_trials[x->set[k]]) j -= x->c->n_trials[x->set[k++]];
+    return run_trial(x->c, wk, NULL, x->set[k], (int32_t)j, NULL);
 }
 
 static mkv_status_t ensure_reference(mkv_calib_t *c, int *stopped)
 {
-    if (c->ref_done) return MKV_STATUS_OK;
-    mkv_status_t st = run_jobs(c, "reference", c->n_calib + c->n_valid, ref_job, NULL, NULL, stopped);
-    if (st == MKV_STATUS_OK && !*stopped) c->ref_done = 1;
-    return st;
+    mkv_status_t st = MKV_STATUS_OK;
+    if (!c->ref_done) {
+        st = run_jobs(c, "reference", c->n_calib + c->n_valid, ref_job, NULL, c, stopped);
+        if (st != MKV_STATUS_OK || *stopped) return st;
+        c->ref_done = 1;
+    }
+    needle_ref_t x = {c, {0}, 0};
+    int64_t jobs = 0;
+    for (int32_t set = 0; set < MKV_CALIB_NEEDLE_SETS; set++)
+        if (c->needle[set] && !c->needle_ref_done[set]) {
+            x.set[x.n_sets++] = set;
+            jobs += c->n_trials[set];
+        }
+    if (jobs == 0) return MKV_STATUS_OK;
+    if ((st = run_jobs(c, "needle reference", jobs, needle_ref_job, NULL, &x, stopped)) != MKV_STATUS_OK ||
+        *stopped)
+        return st;
+    for (int32_t k = 0; k < x.n_sets; k++) {
+        const int32_t set = x.set[k];
+        c->needle_ref_done[set] = 1;
+        if (c->o.needle_ref_done &&
+            c->o.needle_ref_done(c->o.ctx, set, c->needle_ref[set], c->n_trials[set]))
+            *stopped = 1;
+    }
+    return MKV_STATUS_OK;
+}
+
+int32_t mkv_calib_needle_reference(const mkv_calib_t *c, int32_t set, const mkv_needle_result_t **results)
+{
+    if (set < 0 || set >= MKV_CALIB_NEEDLE_SETS || !c->needle[set]) {
+        if (results) *results = NULL;
+        return 0;
+    }
+    if (results) *results = c->needle_ref_done[set] ? c->needle_ref[set] : NULL;
+    return c->n_trials[set];
+}
+
+mkv_status_t mkv_calib_needle_restore(mkv_calib_t *c, int32_t set, const mkv_needle_result_t *results,
+                                      int32_t n)
+{
+    if (set < 0 || set >= MKV_CALIB_NEEDLE_SETS || !c->needle[set] || n != c->n_trials[set])
+        return mkv_report_error(MKV_STATUS_INVALID_ARGUMENT, "needle set %d has %d trials, not %d", set,
+                                set >= 0 && set < MKV_CALIB_NEEDLE_SETS ? c->n_trials[set] : 0, n);
+    for (int32_t i = 0; i < n; i++)
+        if (results[i].n_answer < 0 || results[i].n_answer > MKV_NEEDLE_MAX_NEW)
+            return mkv_report_error(MKV_STATUS_INVALID_ARGUMENT, "needle result %d: %d answer tokens", i,
+                                    results[i].n_answer);
+    memcpy(c->needle_ref[set], results, (size_t)n * sizeof *results);
+    c->needle_ref_done[set] = 1;
+    return MKV_STATUS_OK;
 }
 
 /* Sums windows [first, first + n) of stats (and of the reference) into q. */
@@ -355,37 +402,64 @@ static void summarize(const mkv_calib_t *c, const win_stats_t *stats, int32_t fi
     q->frac_pruned = seen > 0 ? (double)pruned / seen : 0;
 }
 
+/* Adds needle set `set`'s figures to q: stats[n_trials] the policy's trials (NULL: the FP16
+ * cache's own, against itself). */
+static void summarize_trials(const mkv_calib_t *c, int32_t set, const trial_stats_t *stats,
+                             mkv_calib_quality_t *q)
+{
+    const int32_t n = c->n_trials[set];
+    if (!c->needle[set] || n == 0) return;
+    q->needle_trials = n;
+    for (int32_t i = 0; i < n; i++) {
+        const int ref = c->needle_ref[set][i].right;
+        q->needle_right_ref += ref;
+        q->needle_right += stats ? stats[i].right : ref;
+        q->needle_same += stats ? stats[i].same : 1;
+    }
+    q->needle_accuracy = (double)q->needle_right / n;
+    q->needle_accuracy_ref = (double)q->needle_right_ref / n;
+}
+
 void mkv_calib_reference(const mkv_calib_t *c, mkv_calib_quality_t *q)
 {
     summarize(c, c->ref, 0, c->n_calib, q);
+    summarize_trials(c, MKV_CALIB_NEEDLE_CALIBRATION, NULL, q);
 }
 
 /* ---------------------------------------------------------------------------------------- */
 /* Measuring the grid                                                                       */
 /* ---------------------------------------------------------------------------------------- */
 
+/* A point's jobs: its n_calib windows, then its needle trials (calibration set). */
 typedef struct measure {
+    mkv_calib_t *c;
     mkv_calib_point_t *points;
     int32_t *todo;            /* [n_todo] indices of the points to measure */
+    int32_t per_point;        /* jobs per point: n_calib + trials */
     win_stats_t *stats;       /* [n_todo][n_calib] */
-    int32_t *left;            /* [n_todo] windows still to run */
+    trial_stats_t *trials;    /* [n_todo][trials] */
+    int32_t *left;            /* [n_todo] jobs still to run */
 } measure_t;
 
-static mkv_status_t point_job(sched_t *s, int64_t j, int32_t wk)
+static mkv_status_t point_job(void *ctx, int64_t j, int32_t wk)
 {
-    const measure_t *x = s->ctx;
-    const int32_t nc = s->c->n_calib, k = (int32_t)(j / nc), w = (int32_t)(j % nc);
-    return run_window(s->c, wk, &x->points[x->todo[k]].policy, w, &x->stats[j], NULL, NULL);
+    const measure_t *x = ctx;
+    const int32_t nc = x->c->n_calib, nt = x->per_point - nc;
+    const int32_t k = (int32_t)(j / x->per_point), r = (int32_t)(j % x->per_point);
+    const mkv_policy_t *p = &x->points[x->todo[k]].policy;
+    if (r < nc) return run_window(x->c, wk, p, r, &x->stats[(int64_t)k * nc + r], NULL, NULL);
+    return run_trial(x->c, wk, p, MKV_CALIB_NEEDLE_CALIBRATION, r - nc, &x->trials[(int64_t)k * nt + r - nc]);
 }
 
-static int point_done(sched_t *s, int64_t j)
+static int point_done(void *ctx, int64_t j)
 {
-    measure_t *x = s->ctx;
-    mkv_calib_t *c = s->c;
-    const int32_t k = (int32_t)(j / c->n_calib);
+    measure_t *x = ctx;
+    mkv_calib_t *c = x->c;
+    const int32_t k = (int32_t)(j / x->per_point), nt = x->per_point - c->n_calib;
     if (--x->left[k] > 0) return 0;
     mkv_calib_point_t *p = &x->points[x->todo[k]];
     summarize(c, x->stats + (int64_t)k * c->n_calib, 0, c->n_calib, &p->q);
+    summarize_trials(c, MKV_CALIB_NEEDLE_CALIBRATION, x->trials + (int64_t)k * nt, &p->q);
     p->done = 1;
     return c->o.point_done ? c->o.point_done(c->o.ctx, p, x->todo[k]) : 0;
 }
@@ -399,26 +473,30 @@ mkv_status_t mkv_calib_measure(mkv_calib_t *c, mkv_calib_point_t *points, int32_
             return mkv_report_error(MKV_STATUS_INVALID_ARGUMENT, "point %d: %s", i, err);
     mkv_status_t st = ensure_reference(c, stopped);
     if (st != MKV_STATUS_OK || *stopped) return st;
-    measure_t x = {points, NULL, NULL, NULL};
+    const int32_t nt = c->n_trials[MKV_CALIB_NEEDLE_CALIBRATION];
+    const size_t room = (size_t)(n > 0 ? n : 1);
+    measure_t x = {c, points, NULL, c->n_calib + nt, NULL, NULL, NULL};
     int32_t n_todo = 0;
-    x.todo = malloc((size_t)(n > 0 ? n : 1) * sizeof *x.todo);
-    x.left = malloc((size_t)(n > 0 ? n : 1) * sizeof *x.left);
-    x.stats = malloc((size_t)(n > 0 ? n : 1) * (size_t)c->n_calib * sizeof *x.stats);
-    if (!x.todo || !x.left || !x.stats) {
+    x.todo = malloc(room * sizeof *x.todo);
+    x.left = malloc(room * sizeof *x.left);
+    x.stats = malloc(room * (size_t)c->n_calib * sizeof *x.stats);
+    x.trials = malloc(room * (size_t)(nt > 0 ? nt : 1) * sizeof *x.trials);
+    if (!x.todo || !x.left || !x.stats || !x.trials) {
         st = mkv_report_error(MKV_STATUS_OUT_OF_MEMORY, "out of memory planning %d points", n);
         goto done;
     }
     for (int32_t i = 0; i < n; i++)
         if (!points[i].done) {
-            x.left[n_todo] = c->n_calib;
+            x.left[n_todo] = x.per_point;
             x.todo[n_todo++] = i;
         }
     if (n_todo > 0)
-        st = run_jobs(c, "sweep", (int64_t)n_todo * c->n_calib, point_job, point_done, &x, stopped);
+        st = run_jobs(c, "sweep", (int64_t)n_todo * x.per_point, point_job, point_done, &x, stopped);
 done:
     free(x.todo);
     free(x.left);
     free(x.stats);
+    free(x.trials);
     return st;
 }
 
@@ -426,19 +504,25 @@ done:
 /* Validation                                                                               */
 /* ---------------------------------------------------------------------------------------- */
 
+/* The jobs: the n windows from `first`, then the trials of needle set `set`. */
 typedef struct validate {
+    mkv_calib_t *c;
     const mkv_policy_t *p;
     int32_t first;            /* the first window (n_calib: the validation set) */
+    int32_t n;                /* windows */
+    int32_t set;              /* the needle set */
     win_stats_t *stats;       /* [n] */
+    trial_stats_t *trials;    /* [the set's trials] */
     int64_t *heads;           /* [n][3][L][H] or NULL */
     mkv_calib_heads_t shape;
 } validate_t;
 
-static mkv_status_t validate_job(sched_t *s, int64_t j, int32_t wk)
+static mkv_status_t validate_job(void *ctx, int64_t j, int32_t wk)
 {
-    validate_t *x = s->ctx;
+    validate_t *x = ctx;
     const int64_t LH = (int64_t)x->shape.L * x->shape.H;
-    return run_window(s->c, wk, x->p, x->first + (int32_t)j, &x->stats[j],
+    if (j >= x->n) return run_trial(x->c, wk, x->p, x->set, (int32_t)(j - x->n), &x->trials[j - x->n]);
+    return run_window(x->c, wk, x->p, x->first + (int32_t)j, &x->stats[j],
                       x->heads ? x->heads + j * 3 * LH : NULL, &x->shape);
 }
 
@@ -461,16 +545,22 @@ mkv_status_t mkv_calib_validate(mkv_calib_t *c, const mkv_policy_t *p, mkv_calib
     if (st != MKV_STATUS_OK || *stopped) return st;
     /* Without validation windows, the calibration windows stand in (say so in reports). */
     const int32_t first = c->n_valid > 0 ? c->n_calib : 0, n = c->n_valid > 0 ? c->n_valid : c->n_calib;
-    validate_t x = {p, first, NULL, NULL, {c->m->cfg.n_layers, c->m->cfg.n_kv_heads, NULL, NULL, NULL}};
+    /* ... and so do the calibration trials without a held-back set. */
+    const int32_t set = valid_set(c), nt = c->n_trials[set];
+    validate_t x = {c, p, first, n, set, NULL, NULL, NULL,
+                    {c->m->cfg.n_layers, c->m->cfg.n_kv_heads, NULL, NULL, NULL}};
     const int64_t LH = (int64_t)x.shape.L * x.shape.H;
     x.stats = calloc((size_t)n, sizeof *x.stats);
+    x.trials = calloc((size_t)(nt > 0 ? nt : 1), sizeof *x.trials);
     if (heads) x.heads = calloc((size_t)n * 3 * (size_t)LH, sizeof *x.heads);
-    if (!x.stats || (heads && !x.heads)) {
+    if (!x.stats || !x.trials || (heads && !x.heads)) {
         st = mkv_report_error(MKV_STATUS_OUT_OF_MEMORY, "out of memory validating");
         goto done;
     }
-    if ((st = run_jobs(c, "validation", n, validate_job, NULL, &x, stopped)) != MKV_STATUS_OK || *stopped) goto done;
+    if ((st = run_jobs(c, "validation", n + nt, validate_job, NULL, &x, stopped)) != MKV_STATUS_OK || *stopped)
+        goto done;
     summarize(c, x.stats, first, n, q);
+    summarize_trials(c, set, x.trials, q);
     if (heads) {
         *heads = x.shape;
         heads->hi = calloc((size_t)LH, sizeof(double));
@@ -495,137 +585,7 @@ mkv_status_t mkv_calib_validate(mkv_calib_t *c, const mkv_policy_t *p, mkv_calib
     }
 done:
     free(x.stats);
+    free(x.trials);
     free(x.heads);
-    return st;
-}
-
-/* ---------------------------------------------------------------------------------------- */
-/* Front and choice                                                                         */
-/* ---------------------------------------------------------------------------------------- */
-
-static const mkv_calib_point_t *g_sort_points; /* qsort has no context argument in C11 */
-
-static int cheaper(int32_t a, int32_t b)
-{
-    const mkv_calib_quality_t *x = &g_sort_points[a].q, *y = &g_sort_points[b].q;
-    if (x->memory_ratio != y->memory_ratio) return x->memory_ratio < y->memory_ratio ? -1 : 1;
-    if (x->ppl_increase != y->ppl_increase) return x->ppl_increase < y->ppl_increase ? -1 : 1;
-    return (a > b) - (a < b);
-}
-
-static int cmp_cheaper(const void *a, const void *b)
-{
-    return cheaper(*(const int32_t *)a, *(const int32_t *)b);
-}
-
-/* Sorts idx[n] cheapest first. Not reentrant (the sort's context is a static). */
-static void sort_cheapest(const mkv_calib_point_t *points, int32_t *idx, int32_t n)
-{
-    g_sort_points = points;
-    qsort(idx, (size_t)n, sizeof *idx, cmp_cheaper);
-    g_sort_points = NULL;
-}
-
-int32_t mkv_calib_pareto(mkv_calib_point_t *points, int32_t n, int32_t *front)
-{
-    int32_t k = 0;
-    for (int32_t i = 0; i < n; i++) {
-        points[i].on_front = 0;
-        if (!points[i].done) continue;
-        const mkv_calib_quality_t *p = &points[i].q;
-        int dominated = 0;
-        for (int32_t j = 0; j < n && !dominated; j++) {
-            if (j == i || !points[j].done) continue;
-            const mkv_calib_quality_t *q = &points[j].q;
-            dominated = q->memory_ratio <= p->memory_ratio && q->ppl_increase <= p->ppl_increase &&
-                        (q->memory_ratio < p->memory_ratio || q->ppl_increase < p->ppl_increase);
-        }
-        if (!dominated) {
-            points[i].on_front = 1;
-            front[k++] = i;
-        }
-    }
-    sort_cheapest(points, front, k);
-    return k;
-}
-
-int32_t mkv_calib_candidates(const mkv_calib_point_t *points, int32_t n, double max_ppl_increase,
-                             double min_agreement, int32_t *order)
-{
-    int32_t k = 0;
-    for (int32_t i = 0; i < n; i++) {
-        const mkv_calib_point_t *p = &points[i];
-        if (p->done && p->q.ppl_increase <= max_ppl_increase &&
-            (min_agreement <= 0 || p->q.agreement >= min_agreement))
-            order[k++] = i;
-    }
-    sort_cheapest(points, order, k);
-    return k;
-}
-
-void mkv_calib_result_free(mkv_calib_result_t *r)
-{
-    free(r->front);
-    mkv_calib_heads_free(&r->heads);
-    memset(r, 0, sizeof *r);
-    r->chosen = -1;
-}
-
-static int passes(const mkv_calib_opts_t *o, const mkv_calib_quality_t *q)
-{
-    return q->ppl_increase <= o->max_ppl_increase &&
-           (o->min_agreement <= 0 || q->agreement >= o->min_agreement);
-}
-
-mkv_status_t mkv_calib_run(mkv_calib_t *c, mkv_calib_point_t *points, int32_t n,
-                           mkv_calib_result_t *out)
-{
-    memset(out, 0, sizeof *out);
-    out->chosen = -1;
-    mkv_status_t st = mkv_calib_measure(c, points, n, &out->stopped);
-    if (st != MKV_STATUS_OK || out->stopped) return st;
-    int32_t *order = malloc((size_t)(n > 0 ? n : 1) * sizeof *order);
-    out->front = malloc((size_t)(n > 0 ? n : 1) * sizeof *out->front);
-    if (!order || !out->front) {
-        free(order);
-        return mkv_report_error(MKV_STATUS_OUT_OF_MEMORY, "out of memory choosing a point");
-    }
-    out->n_front = mkv_calib_pareto(points, n, out->front);
-    out->n_candidates = mkv_calib_candidates(points, n, c->o.max_ppl_increase, c->o.min_agreement, order);
-    int32_t max_checks = c->o.max_checks < MKV_CALIB_MAX_CHECKS ? c->o.max_checks : MKV_CALIB_MAX_CHECKS;
-    if (c->n_valid == 0) max_checks = 0; /* nothing to check on: the cheapest candidate */
-    mkv_calib_heads_t first = {0};       /* the cheapest candidate's, should none pass */
-    for (int32_t k = 0; k < out->n_candidates && k < max_checks && !out->validated; k++) {
-        mkv_calib_check_t *ck = &out->checks[out->n_checks];
-        mkv_calib_heads_t h = {0};
-        ck->point = order[k];
-        if ((st = mkv_calib_validate(c, &points[order[k]].policy, &ck->valid, &h, &out->stopped)) !=
-                MKV_STATUS_OK || out->stopped)
-            goto done;
-        ck->passed = passes(&c->o, &ck->valid);
-        out->n_checks++;
-        if (ck->passed) {
-            out->chosen = order[k];
-            out->validated = 1;
-            out->heads = h;
-        } else if (k == 0) {
-            first = h;
-        } else {
-            mkv_calib_heads_free(&h);
-        }
-    }
-    if (out->chosen < 0 && out->n_candidates > 0) {
-        out->chosen = order[0];
-        if (out->n_checks > 0) {
-            out->heads = first;
-            first = (mkv_calib_heads_t){0};
-        } else { /* no validation windows: the mix on the calibration windows */
-            mkv_calib_quality_t q;
-            st = mkv_calib_validate(c, &points[out->chosen].policy, &q, &out->heads, &out->stopped);
-        }
-    }
-done:
-    mkv_calib_heads_free(&first);
-    free(order);
     return st;
 }

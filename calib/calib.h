@@ -21,7 +21,13 @@
  * memory ratio the mean over windows of the cache's bytes in use over a plain FP16 cache's
  * for the same tokens, taken at each window's end (mkv_cache_stats).
  *
- * Parallelism. Work is split into jobs of one window of one policy; `workers` jobs run at
+ * Needle retrieval (optional: opts.needle, calib/needle.h). Every point also answers a set of
+ * needle-in-a-haystack trials; its needle accuracy is the fraction answered right, beside the
+ * FP16 cache's on the same trials (run once per handle, or restored from a saved run with
+ * mkv_calib_needle_restore). Validation runs a held-back set of trials (opts.needle_valid),
+ * and a candidate may be held to a largest drop of accuracy below FP16's (max_needle_drop).
+ *
+ * Parallelism. Work is split into jobs of one window (or one needle trial) of one policy; `workers` jobs run at
  * once on the runner's thread pool, each worker with a forward pass of its own (one thread;
  * with one worker the pass gets every core). Results do not depend on the number of workers.
  *
@@ -31,6 +37,7 @@
 #ifndef MKV_CALIB_CALIB_H
 #define MKV_CALIB_CALIB_H
 
+#include "calib/needle.h"
 #include "calib/policy.h"
 #include "runner/model.h"
 #include "runner/perplexity.h"
@@ -50,6 +57,11 @@ typedef struct mkv_calib_quality {
     double memory_ratio;      /* mean bytes in use / plain FP16 bytes at window ends */
     double frac_hi, frac_lo, frac_pruned; /* token-heads kept high / low / pruned at window ends */
     double seconds;           /* forward time, summed over the windows' jobs */
+    /* Needle trials (all 0 without them): */
+    int32_t needle_trials;
+    int32_t needle_right, needle_right_ref; /* trials answered right, by the policy and by FP16 */
+    int32_t needle_same;      /* trials whose answer is FP16's, token for token */
+    double needle_accuracy, needle_accuracy_ref; /* right / trials, the policy's and FP16's */
 } mkv_calib_quality_t;
 
 typedef struct mkv_calib_point {
@@ -59,13 +71,19 @@ typedef struct mkv_calib_point {
     int on_front;             /* on the Pareto front (mkv_calib_pareto) */
 } mkv_calib_point_t;
 
-/* Progress of a phase ("reference": the FP16 cache on every window; "sweep": the points;
- * "validation": a candidate on the validation windows): jobs (one window through one cache)
- * done out of the phase's total, and an estimate of the phase's seconds left. */
+/* Progress of a phase ("reference": the FP16 cache on every window; "needle reference": the
+ * FP16 cache on every needle trial; "sweep": the points, their windows and trials;
+ * "validation": a candidate on the validation windows and trials): jobs (one window or trial
+ * through one cache) done out of the phase's total, and an estimate of the phase's seconds
+ * left. */
 typedef void (*mkv_calib_progress_fn)(void *ctx, const char *phase, int64_t jobs_done,
                                       int64_t jobs_total, double eta_s);
 /* A point finished (for saving it); returning nonzero stops the sweep like *stop does. */
 typedef int (*mkv_calib_point_fn)(void *ctx, const mkv_calib_point_t *point, int32_t index);
+/* The FP16 cache's results on needle set `set` (MKV_CALIB_NEEDLE_*) are in (for saving
+ * them); returning nonzero stops the run like *stop does. */
+typedef int (*mkv_calib_needle_ref_fn)(void *ctx, int32_t set, const mkv_needle_result_t *results,
+                                       int32_t n);
 
 typedef struct mkv_calib_opts {
     int32_t window;           /* tokens per window, 2 .. the model's positions */
@@ -83,9 +101,21 @@ typedef struct mkv_calib_opts {
     mkv_calib_progress_fn progress;
     mkv_calib_point_fn point_done;
     void *ctx;                /* passed to the callbacks */
+    const mkv_needle_t *needle;       /* NULL, or the needle trials every point answers (its
+                                         prompts plus max_new tokens within the model's
+                                         positions); must outlive the handle */
+    const mkv_needle_t *needle_valid; /* the held-back trials of the validation check; NULL:
+                                         needle's (as without validation windows) */
+    double max_needle_drop;   /* with needle trials, a candidate's needle accuracy may fall at
+                                 most this far below FP16's (0.1: ten points); >= 0, 1 or
+                                 more: no constraint */
+    mkv_calib_needle_ref_fn needle_ref_done;
 } mkv_calib_opts_t;
 
-#define MKV_CALIB_OPTS_INIT {255, 64, 16, 8, 0, 0, 0.01, 0.0, 3, NULL, NULL, NULL, NULL}
+#define MKV_CALIB_OPTS_INIT {255, 64, 16, 8, 0, 0, 0.01, 0.0, 3, NULL, NULL, NULL, NULL, NULL, NULL, 1.0, NULL}
+
+/* The needle sets of a handle. */
+enum { MKV_CALIB_NEEDLE_CALIBRATION = 0, MKV_CALIB_NEEDLE_VALIDATION = 1, MKV_CALIB_NEEDLE_SETS = 2 };
 
 typedef struct mkv_calib mkv_calib_t; /* opaque: the windows and the FP16 reference */
 
@@ -95,6 +125,9 @@ typedef struct mkv_calib mkv_calib_t; /* opaque: the windows and the FP16 refere
 mkv_status_t mkv_calib_create(const mkv_model_t *m, const mkv_ppl_doc_t *docs, int32_t n_docs,
                               const mkv_calib_opts_t *o, mkv_calib_t **out);
 void mkv_calib_free(mkv_calib_t *c);
+
+/* The options the handle was made with. */
+const mkv_calib_opts_t *mkv_calib_options(const mkv_calib_t *c);
 
 /* Windows the documents hold for these options (calibration and validation both come from
  * them). */
@@ -111,9 +144,27 @@ mkv_status_t mkv_calib_measure(mkv_calib_t *c, mkv_calib_point_t *points, int32_
  * increase. Returns the front's size. */
 int32_t mkv_calib_pareto(mkv_calib_point_t *points, int32_t n, int32_t *front);
 
-/* The done points within the tolerance (ppl_increase <= max_ppl_increase and, when
- * min_agreement > 0, agreement >= it), cheapest first (memory ratio, then increase, then
- * index) into order[] (n entries of room). Returns their number. */
+/* What a point must do to be chosen. */
+typedef struct mkv_calib_limits {
+    double max_ppl_increase;  /* perplexity increase at most this */
+    double min_agreement;     /* when > 0, greedy agreement at least this */
+    double max_needle_drop;   /* for a quality with needle trials: needle_accuracy_ref -
+                                 needle_accuracy at most this (1 or more: no constraint) */
+} mkv_calib_limits_t;
+
+/* The limits of a handle's options. */
+mkv_calib_limits_t mkv_calib_limits(const mkv_calib_opts_t *o);
+
+/* 1 when q is within the limits. NOTE: the needle drop is compared with a margin of 1e-9, so
+ * that a drop of exactly the limit in fractions of trials (1/3) passes. */
+int mkv_calib_within(const mkv_calib_limits_t *l, const mkv_calib_quality_t *q);
+
+/* The done points within the limits, cheapest first (memory ratio, then increase, then index)
+ * into order[] (n entries of room). Returns their number. */
+int32_t mkv_calib_eligible(const mkv_calib_point_t *points, int32_t n, const mkv_calib_limits_t *l,
+                           int32_t *order);
+
+/* mkv_calib_eligible on the perplexity increase and agreement only. */
 int32_t mkv_calib_candidates(const mkv_calib_point_t *points, int32_t n, double max_ppl_increase,
                              double min_agreement, int32_t *order);
 
@@ -125,17 +176,29 @@ typedef struct mkv_calib_heads {
 } mkv_calib_heads_t;
 void mkv_calib_heads_free(mkv_calib_heads_t *h);
 
-/* Runs one policy on the validation windows: quality (against the FP16 reference there) and,
- * when heads is not NULL, the per-head mix. */
+/* Runs one policy on the validation windows and needle trials: quality (against the FP16
+ * reference there) and, when heads is not NULL, the per-head mix. */
 mkv_status_t mkv_calib_validate(mkv_calib_t *c, const mkv_policy_t *p, mkv_calib_quality_t *q,
                                 mkv_calib_heads_t *heads, int *stopped);
 
 /* The FP16 reference on the calibration windows (memory ratio of the FP16 paged cache
- * itself: its pages carry scores and positions). Valid after mkv_calib_measure. */
+ * itself: its pages carry scores and positions) and needle trials. Valid after
+ * mkv_calib_measure. */
 void mkv_calib_reference(const mkv_calib_t *c, mkv_calib_quality_t *q);
 
-/* The whole calibration: measure, front, then the candidates cheapest first on the
- * validation windows until one stays within the tolerance there too (at most max_checks). */
+/* The trials of needle set `set` (0 when the handle has none: no needle, or no held-back
+ * set) and, when results is not NULL, the FP16 cache's results on them once run or restored
+ * (NULL before). */
+int32_t mkv_calib_needle_reference(const mkv_calib_t *c, int32_t set, const mkv_needle_result_t **results);
+
+/* Restores the FP16 cache's results on needle set `set` (as a saved run measured them), so
+ * they are not run again. INVALID_ARGUMENT when the set does not have n trials. */
+mkv_status_t mkv_calib_needle_restore(mkv_calib_t *c, int32_t set, const mkv_needle_result_t *results,
+                                      int32_t n);
+
+/* The whole calibration: measure, front, then the candidates (within the limits) cheapest
+ * first on the validation windows and trials until one stays within the limits there too (at
+ * most max_checks). */
 typedef struct mkv_calib_check {
     int32_t point;            /* index of the candidate */
     mkv_calib_quality_t valid;
@@ -147,7 +210,7 @@ typedef struct mkv_calib_check {
 typedef struct mkv_calib_result {
     int32_t n_front;
     int32_t *front;           /* [n_front] indices, by memory ratio (owned) */
-    int32_t n_candidates;     /* points within the tolerance on the calibration windows */
+    int32_t n_candidates;     /* points within the limits on the calibration windows */
     int32_t chosen;           /* the point chosen: the first candidate that passed its check,
                                  else the first candidate (validated 0), -1 when none */
     int validated;            /* the chosen point stayed within the tolerance on validation */

@@ -5,17 +5,16 @@
  * Pareto front of memory against perplexity increase, chooses the cheapest point within the
  * tolerance, checks it on held-back validation windows, and writes the results: a table, JSON
  * (schema mixkv-calibrate), a policy file for the other commands' --policy, and an SVG of the
- * trade-off. A sweep saves every finished point to a state file (--resume) and stops cleanly
- * on Ctrl-C, so a long one can be resumed.
+ * trade-off (calibrate_report.c). With --needle every point also answers needle-in-a-haystack
+ * trials (calib/needle.h) and may be held to a largest drop of retrieval accuracy. A sweep
+ * saves every finished point to a state file (--resume) and stops cleanly on Ctrl-C, so a long
+ * one can be resumed.
  */
-#include "calib/calib.h"
-#include "calib/grid.h"
 #include "calib/state.h"
 #include "runner/tokenizer.h"
+#include "tools/calibrate.h"
 #include "tools/cli.h"
-#include "tools/docs.h"
 #include "tools/model_opts.h"
-#include "tools/svg.h"
 
 #include <math.h>
 #include <signal.h>
@@ -26,16 +25,6 @@
 
 #define CMD "calibrate"
 
-typedef struct cal_opts {
-    const char *model, *data, *json_path, *policy_out, *plot_path, *resume_path;
-    int32_t window, prompt_len, calib_windows, valid_windows, windows_per_doc, workers, max_checks;
-    double max_ppl_increase, min_agreement; /* fractions */
-    int quiet;
-    mkv_policy_t base;          /* every point's settings outside the grid */
-    mkv_calib_grid_t grid;
-    int swept[MKV_CALIB_SETTINGS]; /* given on the command line */
-} cal_opts_t;
-
 void mkv_calibrate_usage(FILE *f)
 {
     fprintf(f,
@@ -45,10 +34,12 @@ void mkv_calibrate_usage(FILE *f)
             "the formats and the quantization group size) for a model on a dataset, as DiffKV\n"
             "does (section 7): every point of the grid runs over the same calibration windows as\n"
             "the FP16 cache (computed once), and is scored by its memory ratio to FP16, its\n"
-            "perplexity increase and its greedy agreement. The Pareto front of memory against\n"
-            "perplexity increase is found, the point with the least memory within\n"
-            "--max-ppl-increase is chosen and checked on held-back validation windows (the next\n"
-            "candidate, cheapest first, when it fails there; at most --max-checks).\n"
+            "perplexity increase and its greedy agreement (with --needle, also its needle\n"
+            "retrieval accuracy). The Pareto front of memory against perplexity increase is\n"
+            "found, the point with the least memory within --max-ppl-increase (and\n"
+            "--max-needle-drop) is chosen and checked on held-back validation windows and\n"
+            "trials (the next candidate, cheapest first, when it fails there; at most\n"
+            "--max-checks).\n"
             "\n"
             "Grid (lists: comma-separated values and ranges START:STOP:STEP, e.g. 0:5:1,8):\n"
             "  --alpha-h LIST      [0:5:1]\n"
@@ -68,6 +59,15 @@ void mkv_calibrate_usage(FILE *f)
             "  --max-ppl-increase PCT  the tolerance, perplexity increase in percent [1]\n"
             "  --min-agreement PCT also require this greedy agreement with FP16 (0: no) [0]\n"
             "  --max-checks N      candidates tried on the validation windows [3]\n"
+            "Needle retrieval:\n"
+            "  --needle            every point also answers needle-in-a-haystack trials (as\n"
+            "                      'mixkv needle'); its accuracy beside FP16's on the same trials\n"
+            "  --haystack DIR|FILE the text to hide the needles in [the --data documents]\n"
+            "  --needle-lengths L,... prompt lengths in tokens [the window, within the positions]\n"
+            "  --needle-depths D,...  needle depths, fractions of the haystack [0,0.5,1]\n"
+            "  --needle-trials N   needles per length and depth [1]\n"
+            "  --max-needle-drop X a candidate's accuracy at most X (a fraction) below FP16's\n"
+            "                      [no constraint]\n"
             "Output:\n"
             "  --json FILE         every point, the front, the choice and its per-head mix\n"
             "                      (schema mixkv-calibrate; '-': stdout)\n"
@@ -96,6 +96,38 @@ static int parse_pct(const char *what, const char *v, double *out)
     if (mkv_cli_parse_double(CMD, what, buf, 0.0, 100.0, &x) < 0) return -1;
     *out = x / 100.0;
     return 0;
+}
+
+/* The needle options (all but --needle itself): 1 when argv[*i] was one, -1 on a bad value. */
+static int parse_needle(int argc, char **argv, int *i, cal_opts_t *o)
+{
+    const char *v, *name = argv[*i];
+    int m;
+    double tmp[MKV_NEEDLE_MAX_GRID];
+    mkv_needle_opts_t *t = &o->trials;
+    if ((m = mkv_cli_option(CMD, argc, argv, i, "--haystack", 1, 0, &v)) != 0) {
+        if (m < 0) return -1;
+        o->haystack = v;
+    } else if ((m = mkv_cli_option(CMD, argc, argv, i, "--needle-lengths", 1, 0, &v)) != 0) {
+        if (m < 0 || mkv_cli_parse_list(CMD, "--needle-lengths", v, 16, 1 << 20, 1, MKV_NEEDLE_MAX_GRID, tmp,
+                                        &t->n_lengths) < 0)
+            return -1;
+        for (int32_t k = 0; k < t->n_lengths; k++) t->lengths[k] = (int32_t)tmp[k];
+    } else if ((m = mkv_cli_option(CMD, argc, argv, i, "--needle-depths", 1, 0, &v)) != 0) {
+        if (m < 0 || mkv_cli_parse_list(CMD, "--needle-depths", v, 0.0, 1.0, 0, MKV_NEEDLE_MAX_GRID, t->depths,
+                                        &t->n_depths) < 0)
+            return -1;
+    } else if ((m = mkv_cli_option(CMD, argc, argv, i, "--needle-trials", 1, 0, &v)) != 0) {
+        if (m < 0 || mkv_cli_parse_i32(CMD, "--needle-trials", v, 1, 1000, &t->trials) < 0) return -1;
+    } else if ((m = mkv_cli_option(CMD, argc, argv, i, "--max-needle-drop", 1, 0, &v)) != 0) {
+        if (m < 0 || mkv_cli_parse_double(CMD, "--max-needle-drop", v, 0.0, 1.0, &o->max_needle_drop) < 0)
+            return -1;
+        o->needle_drop_given = 1;
+    } else {
+        return 0;
+    }
+    if (!o->needle_option) o->needle_option = name;
+    return 1;
 }
 
 static int parse(int argc, char **argv, cal_opts_t *o)
@@ -162,11 +194,23 @@ static int parse(int argc, char **argv, cal_opts_t *o)
             o->quiet = 1;
             continue;
         }
+        if (!strcmp(argv[i], "--needle")) {
+            o->needle = 1;
+            continue;
+        }
+        if ((m = parse_needle(argc, argv, &i, o)) != 0) {
+            if (m < 0) return -1;
+            continue;
+        }
         mkv_cli_error(CMD, "unknown argument '%s' (see 'mixkv calibrate --help')", argv[i]);
         return -1;
     }
     if (!o->model || !o->data) {
         mkv_cli_error(CMD, "--model PATH and --data FILE|DIR|- are required");
+        return -1;
+    }
+    if (o->needle_option && !o->needle) {
+        mkv_cli_error(CMD, "%s needs --needle", o->needle_option);
         return -1;
     }
     if (mkv_cli_check_writable(CMD, "--json", o->json_path) < 0 ||
@@ -208,8 +252,12 @@ static void progress(void *ctx, const char *phase, int64_t done, int64_t total, 
         if (t >= 3600) snprintf(left, sizeof left, "%ld:%02ld:%02ld", t / 3600, (t / 60) % 60, t % 60);
         else snprintf(left, sizeof left, "%ld:%02ld", t / 60, t % 60);
     }
-    fprintf(stderr, "%s%s: %lld/%lld windows, %d/%d points done, ETA %s%s", r->tty ? "\r" : "",
-            phase, (long long)done, (long long)total, r->points_done, r->points_total, left,
+    /* The reference phases run windows or needle trials; the others, with --needle, both. */
+    const char *unit = !strcmp(phase, "needle reference")         ? "needle trials"
+                       : r->o->needle && strcmp(phase, "reference") ? "windows and needle trials"
+                                                                    : "windows";
+    fprintf(stderr, "%s%s: %lld/%lld %s, %d/%d points done, ETA %s%s", r->tty ? "\r" : "", phase,
+            (long long)done, (long long)total, unit, r->points_done, r->points_total, left,
             r->tty ? "   " : "\n");
     if (r->tty && done == total) fputc('\n', stderr);
 }
@@ -228,8 +276,20 @@ static int point_done(void *ctx, const mkv_calib_point_t *p, int32_t index)
     return 0;
 }
 
+static int needle_ref_done(void *ctx, int32_t set, const mkv_needle_result_t *results, int32_t n)
+{
+    run_ctx_t *r = ctx;
+    if (!r->state) return 0;
+    char err[MKV_ERR_LEN];
+    if (mkv_calib_state_add_needle_reference(r->state, set, results, n, err) != MKV_STATUS_OK) {
+        mkv_cli_error(CMD, "%s", err);
+        return 1;
+    }
+    return 0;
+}
+
 /* What makes a state file's points comparable with this run's: the settings that change
- * what a point measures on the calibration windows. */
+ * what a point measures on the calibration windows and needle trials. */
 static cJSON *run_key(const cal_opts_t *o)
 {
     cJSON *k = cJSON_CreateObject();
@@ -240,214 +300,84 @@ static cJSON *run_key(const cal_opts_t *o)
     cJSON_AddNumberToObject(k, "calib_windows", o->calib_windows);
     cJSON_AddNumberToObject(k, "windows_per_doc", o->windows_per_doc);
     cJSON_AddStringToObject(k, "mixkv_version", mkv_version());
+    if (o->needle) { /* absent without: the state files of earlier runs still match */
+        cJSON *nj = mkv_calibrate_needle_json(o);
+        cJSON_AddBoolToObject(nj, "plain", o->trials.plain);
+        cJSON_AddItemToObject(k, "needle", nj);
+    }
     return k;
 }
 
 /* ---------------------------------------------------------------------------------------- */
-/* Reporting                                                                                */
+/* Needle trials                                                                            */
 /* ---------------------------------------------------------------------------------------- */
 
-static void print_table(FILE *f, const cal_opts_t *o, const mkv_calib_point_t *pts, int32_t n,
-                        const mkv_calib_quality_t *ref, const mkv_calib_result_t *r)
+/* The haystack's tokens: --haystack's text, or the --data documents joined (each one's BOS
+ * left out). *hay malloc'ed. -1 with a message printed. */
+static int haystack_tokens(const cal_opts_t *o, const mkv_tokenizer_t *tok, const mkv_docs_t *docs,
+                           int32_t **hay, int64_t *n_hay)
 {
-    fprintf(f, "\ncalibrate: %d points on %d windows of %d tokens (%d prompt); FP16 perplexity %.4f, "
-               "tolerance +%.2f%%\n\n", n, o->calib_windows, o->window, o->prompt_len, ref->ppl,
-            100.0 * o->max_ppl_increase);
-    fprintf(f, "     %-40s %8s %9s %9s %7s %7s %7s\n", "policy", "memory", "ppl", "agree", "high",
-            "low", "pruned");
-    for (int32_t i = 0; i < n; i++) {
-        const mkv_calib_point_t *p = &pts[i];
-        char label[160];
-        mkv_policy_label(&p->policy, label, sizeof label);
-        const char mark = i == r->chosen ? '>' : p->on_front ? '*' : ' ';
-        if (!p->done) {
-            fprintf(f, "  %c  %-40s %8s\n", mark, label, "(not run)");
-            continue;
+    *hay = NULL;
+    *n_hay = 0;
+    if (o->haystack) {
+        char err[MKV_ERR_LEN];
+        size_t len = 0;
+        int32_t n = 0;
+        char *text = mkv_docs_read_text(CMD, o->haystack, &len);
+        if (!text) return -1;
+        const mkv_status_t st = mkv_tokenizer_encode(tok, text, len, 0, hay, &n, err);
+        free(text);
+        if (st != MKV_STATUS_OK) {
+            mkv_cli_error(CMD, "--haystack %s: %s", o->haystack, err);
+            return -1;
         }
-        fprintf(f, "  %c  %-40s %8.3f %+8.2f%% %8.2f%% %6.1f%% %6.1f%% %6.1f%%\n", mark, label,
-                p->q.memory_ratio, 100.0 * p->q.ppl_increase, 100.0 * p->q.agreement,
-                100.0 * p->q.frac_hi, 100.0 * p->q.frac_lo, 100.0 * p->q.frac_pruned);
+        *n_hay = n;
+        return 0;
     }
-    fprintf(f, "\n(* on the Pareto front of memory ratio and perplexity increase, > chosen; memory: "
-               "bytes in use over a plain FP16 cache's; FP16's own paged cache: %.3f)\n",
-            ref->memory_ratio);
-    fprintf(f, "%d of %d points within the tolerance on the calibration windows\n", r->n_candidates, n);
-    for (int32_t k = 0; k < r->n_checks; k++) {
-        const mkv_calib_check_t *c = &r->checks[k];
-        char label[160];
-        mkv_policy_label(&pts[c->point].policy, label, sizeof label);
-        fprintf(f, "validation check %d: %s: memory %.3f, perplexity %+.2f%% (FP16 %.4f), agreement "
-                   "%.2f%%: %s\n", k + 1, label, c->valid.memory_ratio, 100.0 * c->valid.ppl_increase,
-                c->valid.ppl_ref, 100.0 * c->valid.agreement, c->passed ? "passed" : "failed");
+    const int32_t bos = mkv_tokenizer_bos(tok);
+    if (!(*hay = malloc((size_t)(mkv_docs_tokens(docs, NULL) + 1) * sizeof **hay))) {
+        mkv_cli_error(CMD, "out of memory joining the documents");
+        return -1;
     }
-    if (r->chosen >= 0) {
-        const mkv_calib_point_t *c = &pts[r->chosen];
-        char label[160];
-        mkv_policy_label(&c->policy, label, sizeof label);
-        fprintf(f, "chosen: %s: %.2fx smaller than FP16, perplexity %+.2f%%%s\n", label,
-                1.0 / c->q.memory_ratio, 100.0 * c->q.ppl_increase,
-                r->validated ? ", validated" : o->valid_windows == 0 ? " (no validation windows)"
-                                                                     : ", NOT validated");
-    } else {
-        fprintf(f, "no point stays within +%.2f%%: widen the grid (lower alphas) or the tolerance\n",
-                100.0 * o->max_ppl_increase);
+    for (int32_t d = 0; d < docs->n; d++) {
+        const int32_t skip = docs->doc[d].n > 0 && docs->doc[d].tokens[0] == bos;
+        memcpy(*hay + *n_hay, docs->doc[d].tokens + skip, (size_t)(docs->doc[d].n - skip) * sizeof **hay);
+        *n_hay += docs->doc[d].n - skip;
     }
+    return 0;
 }
 
-static cJSON *point_json(const mkv_calib_point_t *p, int32_t index)
+/* The needle sets: the calibration trials and, with validation windows, held-back ones (the
+ * next seed: other secrets and stretches). The default length is the window, within the
+ * positions the answer leaves. Exit status 0, or 2 with a message printed. */
+static int make_needles(cal_opts_t *o, const mkv_model_t *model, const mkv_tokenizer_t *tok,
+                        const mkv_docs_t *docs, mkv_needle_t **sets)
 {
-    cJSON *o = cJSON_CreateObject();
-    char label[160];
-    mkv_policy_label(&p->policy, label, sizeof label);
-    cJSON_AddNumberToObject(o, "index", index);
-    cJSON_AddStringToObject(o, "label", label);
-    cJSON *pol = cJSON_AddObjectToObject(o, "policy");
-    mkv_policy_to_json(&p->policy, pol);
-    cJSON_AddBoolToObject(o, "done", p->done);
-    cJSON_AddBoolToObject(o, "on_front", p->on_front);
-    if (p->done) cJSON_AddItemToObject(o, "calibration", mkv_calib_quality_json(&p->q));
-    else cJSON_AddNullToObject(o, "calibration");
-    return o;
-}
-
-static cJSON *result_json(const cal_opts_t *o, const mkv_docs_t *docs, const mkv_calib_point_t *pts,
-                          int32_t n, const mkv_calib_quality_t *ref, const mkv_calib_result_t *r)
-{
-    cJSON *root = cJSON_CreateObject();
-    cJSON_AddStringToObject(root, "schema", "mixkv-calibrate");
-    cJSON_AddNumberToObject(root, "schema_version", 1);
-    cJSON_AddStringToObject(root, "mixkv_version", mkv_version());
-    cJSON_AddStringToObject(root, "model", o->model);
-    cJSON_AddStringToObject(root, "data", o->data);
-    cJSON_AddNumberToObject(root, "documents", docs->n);
-    cJSON_AddNumberToObject(root, "window", o->window);
-    cJSON_AddNumberToObject(root, "prompt_len", o->prompt_len);
-    cJSON_AddNumberToObject(root, "calibration_windows", o->calib_windows);
-    cJSON_AddNumberToObject(root, "validation_windows", o->valid_windows);
-    cJSON_AddNumberToObject(root, "max_ppl_increase", o->max_ppl_increase);
-    cJSON_AddNumberToObject(root, "min_agreement", o->min_agreement);
-    cJSON *grid = cJSON_AddObjectToObject(root, "grid");
-    for (int s = 0; s < MKV_CALIB_SETTINGS; s++) {
-        if (o->grid.n[s] == 0) continue;
-        cJSON *a = cJSON_AddArrayToObject(grid, mkv_calib_setting_name((mkv_calib_setting_t)s));
-        for (int32_t k = 0; k < o->grid.n[s]; k++)
-            cJSON_AddItemToArray(a, s == MKV_CALIB_HI_FORMAT || s == MKV_CALIB_LO_FORMAT
-                                        ? cJSON_CreateString(mkv_format_name((mkv_format_t)(int)o->grid.value[s][k]))
-                                        : cJSON_CreateNumber(o->grid.value[s][k]));
+    mkv_needle_opts_t *t = &o->trials;
+    const int32_t room = model->cfg.max_pos - t->max_new;
+    if (t->n_lengths == 0) {
+        t->lengths[0] = o->window < room ? o->window : room;
+        t->n_lengths = 1;
     }
-    cJSON *base = cJSON_AddObjectToObject(root, "base_policy");
-    mkv_policy_to_json(&o->base, base);
-    cJSON_AddItemToObject(root, "fp16", mkv_calib_quality_json(ref));
-    cJSON *ps = cJSON_AddArrayToObject(root, "points");
-    for (int32_t i = 0; i < n; i++) cJSON_AddItemToArray(ps, point_json(&pts[i], i));
-    cJSON *front = cJSON_AddArrayToObject(root, "front");
-    for (int32_t k = 0; k < r->n_front; k++) cJSON_AddItemToArray(front, cJSON_CreateNumber(r->front[k]));
-    cJSON_AddNumberToObject(root, "candidates", r->n_candidates);
-    cJSON *checks = cJSON_AddArrayToObject(root, "checks");
-    for (int32_t k = 0; k < r->n_checks; k++) {
-        cJSON *c = cJSON_CreateObject();
-        cJSON_AddNumberToObject(c, "point", r->checks[k].point);
-        cJSON_AddItemToObject(c, "validation", mkv_calib_quality_json(&r->checks[k].valid));
-        cJSON_AddBoolToObject(c, "passed", r->checks[k].passed);
-        cJSON_AddItemToArray(checks, c);
-    }
-    if (r->chosen < 0) {
-        cJSON_AddNullToObject(root, "choice");
-        return root;
-    }
-    cJSON *ch = cJSON_AddObjectToObject(root, "choice");
-    cJSON_AddNumberToObject(ch, "point", r->chosen);
-    cJSON_AddBoolToObject(ch, "validated", r->validated);
-    cJSON *pol = cJSON_AddObjectToObject(ch, "policy");
-    mkv_policy_to_json(&pts[r->chosen].policy, pol);
-    cJSON_AddItemToObject(ch, "calibration", mkv_calib_quality_json(&pts[r->chosen].q));
-    for (int32_t k = 0; k < r->n_checks; k++)
-        if (r->checks[k].point == r->chosen)
-            cJSON_AddItemToObject(ch, "validation", mkv_calib_quality_json(&r->checks[k].valid));
-    /* Per layer, per KV head: the mix at the choice. */
-    const mkv_calib_heads_t *h = &r->heads;
-    cJSON_AddStringToObject(ch, "heads_measured_on", o->valid_windows > 0 ? "validation" : "calibration");
-    cJSON *layers = cJSON_AddArrayToObject(ch, "layers");
-    for (int32_t l = 0; l < h->L; l++) {
-        cJSON *lj = cJSON_CreateObject();
-        double hi = 0, lo = 0, pr = 0;
-        cJSON *heads = cJSON_CreateArray();
-        for (int32_t k = 0; k < h->H; k++) {
-            const int64_t x = (int64_t)l * h->H + k;
-            cJSON *hj = cJSON_CreateObject();
-            cJSON_AddNumberToObject(hj, "head", k);
-            cJSON_AddNumberToObject(hj, "fraction_high", h->hi[x]);
-            cJSON_AddNumberToObject(hj, "fraction_low", h->lo[x]);
-            cJSON_AddNumberToObject(hj, "fraction_pruned", h->pruned[x]);
-            cJSON_AddItemToArray(heads, hj);
-            hi += h->hi[x], lo += h->lo[x], pr += h->pruned[x];
+    for (int32_t k = 0; k < t->n_lengths; k++)
+        if (t->lengths[k] > room) {
+            mkv_cli_error(CMD, "--needle-lengths: %d plus %d answer tokens exceed the model's %d positions",
+                          t->lengths[k], t->max_new, model->cfg.max_pos);
+            return MKV_EXIT_USAGE;
         }
-        cJSON_AddNumberToObject(lj, "layer", l);
-        cJSON_AddNumberToObject(lj, "fraction_high", hi / h->H);
-        cJSON_AddNumberToObject(lj, "fraction_low", lo / h->H);
-        cJSON_AddNumberToObject(lj, "fraction_pruned", pr / h->H);
-        cJSON_AddItemToObject(lj, "heads", heads);
-        cJSON_AddItemToArray(layers, lj);
-    }
-    return root;
-}
-
-/* The trade-off: memory ratio (x) against perplexity increase in percent (y); every point
- * grey, the front joined in blue, the tolerance dashed, the choice ringed in red. */
-static int write_plot(const cal_opts_t *o, const mkv_calib_point_t *pts, int32_t n,
-                      const mkv_calib_result_t *r)
-{
-    double xmin = 1e9, xmax = -1e9, ymin = 0, ymax = 100.0 * o->max_ppl_increase;
-    for (int32_t i = 0; i < n; i++) {
-        if (!pts[i].done) continue;
-        const double x = pts[i].q.memory_ratio, y = 100.0 * pts[i].q.ppl_increase;
-        xmin = x < xmin ? x : xmin, xmax = x > xmax ? x : xmax;
-        ymin = y < ymin ? y : ymin, ymax = y > ymax ? y : ymax;
-    }
-    if (xmin > xmax) xmin = 0, xmax = 1;
-    const double xpad = 0.05 * (xmax - xmin + 1e-3), ypad = 0.05 * (ymax - ymin + 1e-3);
-    mkv_svg_t svg;
-    if (mkv_svg_open(&svg, CMD, o->plot_path, 720, 480) < 0) return -1;
-    char title[256];
-    const char *slash = strrchr(o->model, '/');
-    snprintf(title, sizeof title, "%s: memory vs perplexity increase (%d windows of %d)",
-             slash && slash[1] ? slash + 1 : o->model, o->calib_windows, o->window);
-    mkv_svg_panel(&svg, 80, 50, 600, 360, xmin - xpad, xmax + xpad, ymin - ypad, ymax + ypad, title);
-    mkv_svg_xticks(&svg, 5);
-    mkv_svg_yticks(&svg, 5);
-    mkv_svg_axis_titles(&svg, "KV memory, ratio to a plain FP16 cache", "perplexity increase (%)");
-    mkv_svg_hline(&svg, 100.0 * o->max_ppl_increase, "#2ca02c", 1);
-    mkv_svg_hline(&svg, 0.0, "#bbb", 0);
-    for (int32_t i = 0; i < n; i++)
-        if (pts[i].done && !pts[i].on_front)
-            mkv_svg_circle(&svg, pts[i].q.memory_ratio, 100.0 * pts[i].q.ppl_increase, 3, "#999", "none");
-    double *fx = malloc((size_t)(r->n_front > 0 ? r->n_front : 1) * sizeof *fx);
-    double *fy = malloc((size_t)(r->n_front > 0 ? r->n_front : 1) * sizeof *fy);
-    if (fx && fy) {
-        for (int32_t k = 0; k < r->n_front; k++) {
-            fx[k] = pts[r->front[k]].q.memory_ratio;
-            fy[k] = 100.0 * pts[r->front[k]].q.ppl_increase;
+    int32_t *hay = NULL;
+    int64_t n_hay = 0;
+    if (haystack_tokens(o, tok, docs, &hay, &n_hay) < 0) return MKV_EXIT_USAGE;
+    mkv_needle_opts_t valid = *t;
+    valid.seed = t->seed + 1;
+    int rc = MKV_EXIT_OK;
+    for (int s = 0; s < 1 + (o->valid_windows > 0) && rc == MKV_EXIT_OK; s++)
+        if (mkv_needle_create(tok, hay, n_hay, s == 0 ? t : &valid, &sets[s]) != MKV_STATUS_OK) {
+            mkv_cli_error(CMD, "--needle: %s: %s", o->haystack ? o->haystack : o->data, mkv_last_error());
+            rc = MKV_EXIT_USAGE;
         }
-        mkv_svg_polyline(&svg, fx, fy, r->n_front, "#1f77b4", 1.5, 0);
-        for (int32_t k = 0; k < r->n_front; k++) mkv_svg_circle(&svg, fx[k], fy[k], 4, "#1f77b4", "none");
-    }
-    free(fx);
-    free(fy);
-    if (r->chosen >= 0) {
-        const mkv_calib_point_t *c = &pts[r->chosen];
-        const double x = c->q.memory_ratio, y = 100.0 * c->q.ppl_increase;
-        char label[200], pl[160];
-        mkv_policy_label(&c->policy, pl, sizeof pl);
-        mkv_svg_circle(&svg, x, y, 8, "none", "#d62728");
-        snprintf(label, sizeof label, "chosen: %s (%.2fx)", pl, 1.0 / x);
-        mkv_svg_text(&svg, mkv_svg_px(&svg, x) + 10, mkv_svg_py(&svg, y) - 10, "start", "#d62728", 12, label);
-    }
-    char legend[128];
-    snprintf(legend, sizeof legend, "dashed: tolerance +%.2f%%", 100.0 * o->max_ppl_increase);
-    mkv_svg_text(&svg, 80, 468, "start", "#999", 12, "grey: grid points");
-    mkv_svg_text(&svg, 220, 468, "start", "#1f77b4", 12, "blue: Pareto front");
-    mkv_svg_text(&svg, 370, 468, "start", "#2ca02c", 12, legend);
-    return mkv_svg_close(&svg, CMD);
+    free(hay);
+    return rc;
 }
 
 /* ---------------------------------------------------------------------------------------- */
@@ -464,6 +394,12 @@ int mkv_calibrate_main(int argc, char **argv)
     o.valid_windows = 8;
     o.max_checks = 3;
     o.max_ppl_increase = 0.01;
+    o.trials = (mkv_needle_opts_t)MKV_NEEDLE_OPTS_INIT;
+    o.trials.n_lengths = 0; /* the window */
+    o.trials.depths[0] = 0.0, o.trials.depths[1] = 0.5, o.trials.depths[2] = 1.0;
+    o.trials.n_depths = 3;
+    o.trials.trials = 1;
+    o.max_needle_drop = 1.0;
     const int p = parse(argc, argv, &o);
     if (p != 0) return p > 0 ? MKV_EXIT_OK : MKV_EXIT_USAGE;
 
@@ -476,6 +412,7 @@ int mkv_calibrate_main(int argc, char **argv)
     int32_t n = 0;
     mkv_calib_t *cal = NULL;
     mkv_calib_state_t *state = NULL;
+    mkv_needle_t *needle[MKV_CALIB_NEEDLE_SETS] = {NULL, NULL};
     mkv_calib_result_t res;
     memset(&res, 0, sizeof res);
     res.chosen = -1;
@@ -501,6 +438,8 @@ int mkv_calibrate_main(int argc, char **argv)
         rc = MKV_EXIT_USAGE;
         goto done;
     }
+    if (o.needle && (rc = make_needles(&o, model, tok, &docs, needle)) != MKV_EXIT_OK) goto done;
+    rc = MKV_EXIT_FAIL;
     mkv_calib_opts_t co = MKV_CALIB_OPTS_INIT;
     co.window = o.window;
     co.prompt_len = o.prompt_len;
@@ -511,6 +450,10 @@ int mkv_calibrate_main(int argc, char **argv)
     co.max_ppl_increase = o.max_ppl_increase;
     co.min_agreement = o.min_agreement;
     co.max_checks = o.max_checks;
+    co.needle = needle[MKV_CALIB_NEEDLE_CALIBRATION];
+    co.needle_valid = needle[MKV_CALIB_NEEDLE_VALIDATION];
+    co.max_needle_drop = o.max_needle_drop;
+    co.needle_ref_done = needle_ref_done;
     co.stop = &g_stop;
     run_ctx_t ctx = {&o, n, 0, NULL, isatty(STDERR_FILENO)};
     co.progress = progress;
@@ -524,7 +467,7 @@ int mkv_calibrate_main(int argc, char **argv)
     if (o.resume_path) {
         cJSON *key = run_key(&o);
         int32_t restored = 0;
-        const mkv_status_t st = mkv_calib_state_open(o.resume_path, key, pts, n, &state, &restored, err);
+        const mkv_status_t st = mkv_calib_state_open(o.resume_path, key, pts, n, cal, &state, &restored, err);
         cJSON_Delete(key);
         if (st != MKV_STATUS_OK) {
             mkv_cli_error(CMD, "--resume: %s", err);
@@ -535,11 +478,20 @@ int mkv_calibrate_main(int argc, char **argv)
         ctx.points_done = restored;
         if (!o.quiet && restored > 0)
             fprintf(stderr, "mixkv calibrate: %d of %d points restored from %s\n", restored, n, o.resume_path);
+        const mkv_needle_result_t *r = NULL;
+        mkv_calib_needle_reference(cal, MKV_CALIB_NEEDLE_CALIBRATION, &r);
+        if (!o.quiet && r)
+            fprintf(stderr, "mixkv calibrate: the FP16 needle reference restored from %s\n", o.resume_path);
     }
-    if (!o.quiet)
-        fprintf(stderr, "mixkv calibrate: %d points x %d windows of %d tokens, %d validation windows; "
-                        "Ctrl-C stops%s\n", n, o.calib_windows, o.window, o.valid_windows,
-                o.resume_path ? " (rerun to resume)" : "");
+    if (!o.quiet) {
+        fprintf(stderr, "mixkv calibrate: %d points x %d windows of %d tokens, %d validation windows; ", n,
+                o.calib_windows, o.window, o.valid_windows);
+        if (o.needle)
+            fprintf(stderr, "%d needle trials of up to %d tokens (%d held back); ",
+                    mkv_needle_count(needle[0]), mkv_needle_longest(needle[0]),
+                    needle[1] ? mkv_needle_count(needle[1]) : 0);
+        fprintf(stderr, "Ctrl-C stops%s\n", o.resume_path ? " (rerun to resume)" : "");
+    }
     struct sigaction sa, old_int, old_term;
     memset(&sa, 0, sizeof sa);
     sa.sa_handler = on_signal;
@@ -561,14 +513,16 @@ int mkv_calibrate_main(int argc, char **argv)
     }
     mkv_calib_quality_t ref;
     mkv_calib_reference(cal, &ref);
-    print_table(o.json_path && !strcmp(o.json_path, "-") ? stderr : stdout, &o, pts, n, &ref, &res);
+    mkv_calibrate_print_table(o.json_path && !strcmp(o.json_path, "-") ? stderr : stdout, &o, pts, n, &ref,
+                              &res);
     if (o.json_path) {
-        cJSON *root = result_json(&o, &docs, pts, n, &ref, &res);
+        cJSON *root = mkv_calibrate_json(&o, &docs, pts, n, &ref, &res,
+                                         needle[0] ? mkv_needle_template(needle[0]) : MKV_CHAT_NONE);
         const int w = mkv_cli_write_json(CMD, root, o.json_path);
         cJSON_Delete(root);
         if (w < 0) goto done;
     }
-    if (o.plot_path && write_plot(&o, pts, n, &res) < 0) goto done;
+    if (o.plot_path && mkv_calibrate_plot(&o, pts, n, &res) < 0) goto done;
     const int usable = res.chosen >= 0 && (res.validated || o.valid_windows == 0);
     if (o.policy_out && usable) {
         const mkv_calib_point_t *c = &pts[res.chosen];
@@ -585,13 +539,15 @@ int mkv_calibrate_main(int argc, char **argv)
         }
     } else if (o.policy_out) {
         mkv_cli_error(CMD, "--policy-out: not written: no point %s", res.chosen < 0
-                           ? "within the tolerance" : "passed its check on the validation windows");
+                           ? (o.needle_drop_given ? "within the tolerance and the needle drop" : "within the tolerance")
+                           : "passed its check on the validation windows");
     }
     rc = usable ? MKV_EXIT_OK : MKV_EXIT_FAIL;
 done:
     mkv_calib_result_free(&res);
     mkv_calib_state_close(state);
     mkv_calib_free(cal);
+    for (int s = 0; s < MKV_CALIB_NEEDLE_SETS; s++) mkv_needle_free(needle[s]);
     free(pts);
     mkv_docs_free(&docs);
     mkv_tokenizer_free(tok);

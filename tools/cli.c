@@ -100,6 +100,35 @@ int mkv_cli_parse_double(const char *cmd, const char *what, const char *text, do
     return 0;
 }
 
+int mkv_cli_parse_list(const char *cmd, const char *what, const char *text, double lo, double hi,
+                       int integer, int32_t max, double *out, int32_t *n)
+{
+    *n = 0;
+    const char *p = text;
+    while (*p) {
+        char *end;
+        errno = 0;
+        const double v = strtod(p, &end);
+        if (end == p || errno || !(v >= lo && v <= hi) || (integer && v != floor(v)) ||
+            (*end && *end != ',')) {
+            mkv_cli_error(cmd, "%s: '%s' is not a list of %s in [%g, %g]", what, text,
+                          integer ? "integers" : "numbers", lo, hi);
+            return -1;
+        }
+        if (*n == max) {
+            mkv_cli_error(cmd, "%s: at most %d values", what, max);
+            return -1;
+        }
+        out[(*n)++] = v;
+        p = *end ? end + 1 : end;
+    }
+    if (*n == 0) {
+        mkv_cli_error(cmd, "%s: no values", what);
+        return -1;
+    }
+    return 0;
+}
+
 int mkv_cli_write_json(const char *cmd, const cJSON *root, const char *path)
 {
     char *text = cJSON_Print(root);

@@ -47,6 +47,12 @@ int mkv_cli_parse_i32(const char *cmd, const char *what, const char *text, int32
 int mkv_cli_parse_double(const char *cmd, const char *what, const char *text, double lo, double hi,
                          double *out);
 
+/* A comma-separated list of numbers in [lo, hi] (whole numbers when `integer`), at most max of
+ * them, into out[*n]. On failure (an empty list or item, a value out of range, too many)
+ * print "mixkv <cmd>: <what>: ..." and return -1; 0 on success. */
+int mkv_cli_parse_list(const char *cmd, const char *what, const char *text, double lo, double hi,
+                       int integer, int32_t max, double *out, int32_t *n);
+
 /* Writes root, formatted, with a trailing newline, to path ("-" or NULL: stdout).
  * Prints a message and returns -1 on failure. */
 int mkv_cli_write_json(const char *cmd, const cJSON *root, const char *path);

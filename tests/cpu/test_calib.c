@@ -6,6 +6,8 @@
  * model whose choice holds on its validation windows; then `mixkv calibrate` end to end and its
  * policy file through `perplexity --policy`. The real runs take a few seconds on 2 cores.
  */
+#include "calib_fixture.h"
+
 #include "calib/calib.h"
 #include "calib/grid.h"
 #include "calib/state.h"
@@ -17,11 +19,7 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
-#include <sys/wait.h>
 #include <unistd.h>
-
-#define MODEL_DIR MIXKV_SHARED_DIR "/models/tinystories-656k"
-#define DATA_FILE MIXKV_SHARED_DIR "/data/tinystories/tinystories_val_dev.txt"
 
 /* ---------------------------------------------------------------------------------------- */
 /* Grid                                                                                     */
@@ -176,16 +174,6 @@ Test(calib_pareto, front_of_hand_made_points)
 /* Policy files                                                                             */
 /* ---------------------------------------------------------------------------------------- */
 
-static char *tmp_path(const char *tag)
-{
-    char *path = malloc(128);
-    snprintf(path, 128, "/tmp/mkv_calib_%s_XXXXXX", tag);
-    const int fd = mkstemp(path);
-    cr_assert(fd >= 0);
-    close(fd);
-    return path;
-}
-
 static void write_text(const char *path, const char *text)
 {
     FILE *f = fopen(path, "w");
@@ -205,7 +193,7 @@ Test(calib_policy, file_round_trip_and_refusals)
     p.window = 48;
     p.obs_window = 8;
     p.hi_key_group = 64, p.hi_value_group = 16, p.lo_key_group = 32, p.lo_value_group = 16;
-    char *path = tmp_path("policy");
+    char *path = cf_tmp_path("policy");
     char err[MKV_ERR_LEN];
     const mkv_policy_source_t src = {"model-x", "data-y", 0.4, 0.008, 0.009, 0.41, 0.01};
     cr_assert_eq(mkv_policy_save(path, &p, &src, err), MKV_STATUS_OK, "%s", err);
@@ -253,38 +241,6 @@ Test(calib_policy, file_round_trip_and_refusals)
 /* Real runs on TinyStories                                                                 */
 /* ---------------------------------------------------------------------------------------- */
 
-typedef struct fixture {
-    mkv_model_t *m;
-    int32_t *ids;
-    int32_t n;
-    mkv_ppl_doc_t doc;
-} fixture_t;
-
-static void load(fixture_t *f)
-{
-    if (access(MODEL_DIR "/config.json", R_OK) != 0 || access(DATA_FILE, R_OK) != 0)
-        cr_skip_test("model or data fixture absent under %s: calibration runs skipped", MIXKV_SHARED_DIR);
-    char err[512];
-    cr_assert_eq(mkv_model_load(MODEL_DIR, &f->m, err), MKV_STATUS_OK, "%s", err);
-    mkv_tokenizer_t *tok = NULL;
-    cr_assert_eq(mkv_tokenizer_load(MODEL_DIR, &tok, err), MKV_STATUS_OK, "%s", err);
-    FILE *fp = fopen(DATA_FILE, "rb");
-    cr_assert_not_null(fp);
-    static char text[1 << 16]; /* the first 64 KiB: about 60 windows of 255 tokens */
-    const size_t len = fread(text, 1, sizeof text - 1, fp);
-    fclose(fp);
-    text[len] = '\0';
-    cr_assert_eq(mkv_tokenizer_encode(tok, text, len, 1, &f->ids, &f->n, err), MKV_STATUS_OK, "%s", err);
-    mkv_tokenizer_free(tok);
-    f->doc = (mkv_ppl_doc_t){f->ids, f->n};
-}
-
-static void unload(fixture_t *f)
-{
-    free(f->ids);
-    mkv_model_free(f->m);
-}
-
 static mkv_calib_point_t *grid(const char *ah, const char *al, int32_t *n)
 {
     mkv_calib_grid_t g;
@@ -324,8 +280,8 @@ static cJSON *key(const char *tag)
 
 Test(calib_run, interrupted_sweep_resumes_to_the_same_figures)
 {
-    fixture_t f;
-    load(&f);
+    cf_fixture_t f;
+    cf_load(&f);
     mkv_calib_opts_t o = MKV_CALIB_OPTS_INIT;
     o.window = 96;
     o.prompt_len = 24;
@@ -346,13 +302,13 @@ Test(calib_run, interrupted_sweep_resumes_to_the_same_figures)
     mkv_calib_free(c);
 
     /* One worker, stopped after 3 points, each saved as it finished. */
-    char *path = tmp_path("state");
+    char *path = cf_tmp_path("state");
     unlink(path);
     char err[MKV_ERR_LEN];
     cJSON *k = key("a");
     stopper_t st = {0, 3, NULL};
     int32_t restored = -1;
-    cr_assert_eq(mkv_calib_state_open(path, k, part, n, &st.state, &restored, err), MKV_STATUS_OK, "%s", err);
+    cr_assert_eq(mkv_calib_state_open(path, k, part, n, NULL, &st.state, &restored, err), MKV_STATUS_OK, "%s", err);
     cr_assert_eq(restored, 0);
     o.workers = 1;
     o.point_done = save_and_maybe_stop;
@@ -375,13 +331,13 @@ Test(calib_run, interrupted_sweep_resumes_to_the_same_figures)
     cJSON *other = key("b");
     mkv_calib_point_t *fresh = grid("0,2,6", "0,0.5,1", &n);
     mkv_calib_state_t *s2 = NULL;
-    cr_assert_eq(mkv_calib_state_open(path, other, fresh, n, &s2, &restored, err), MKV_STATUS_INVALID_ARGUMENT);
+    cr_assert_eq(mkv_calib_state_open(path, other, fresh, n, NULL, &s2, &restored, err), MKV_STATUS_INVALID_ARGUMENT);
     cr_assert(strstr(err, "another run") && strstr(err, "\"tag\""), "%s", err);
     cJSON_Delete(other);
 
     /* Resume: the 3 saved points come back, the other 4 run, the figures equal the full run's. */
     st = (stopper_t){0, -1, NULL};
-    cr_assert_eq(mkv_calib_state_open(path, k, fresh, n, &st.state, &restored, err), MKV_STATUS_OK, "%s", err);
+    cr_assert_eq(mkv_calib_state_open(path, k, fresh, n, NULL, &st.state, &restored, err), MKV_STATUS_OK, "%s", err);
     cr_assert_eq(restored, 3);
     cr_assert_eq(mkv_calib_create(f.m, &f.doc, 1, &o, &c), MKV_STATUS_OK, "%s", mkv_last_error());
     cr_assert_eq(mkv_calib_measure(c, fresh, n, &stopped), MKV_STATUS_OK, "%s", mkv_last_error());
@@ -406,13 +362,13 @@ Test(calib_run, interrupted_sweep_resumes_to_the_same_figures)
     free(full);
     free(part);
     free(fresh);
-    unload(&f);
+    cf_unload(&f);
 }
 
 Test(calib_run, small_calibration_holds_on_validation_windows)
 {
-    fixture_t f;
-    load(&f);
+    cf_fixture_t f;
+    cf_load(&f);
     mkv_calib_opts_t o = MKV_CALIB_OPTS_INIT;
     o.window = 255;
     o.prompt_len = 64;
@@ -456,30 +412,16 @@ Test(calib_run, small_calibration_holds_on_validation_windows)
     mkv_calib_result_free(&r);
     mkv_calib_free(c);
     free(pts);
-    unload(&f);
+    cf_unload(&f);
 }
 
 /* ---------------------------------------------------------------------------------------- */
 /* The command                                                                              */
 /* ---------------------------------------------------------------------------------------- */
 
-static char g_out[1 << 20];
-
-/* Runs a shell command; its stdout in g_out; the exit status. */
-static int sh(const char *cmd)
-{
-    FILE *p = popen(cmd, "r");
-    cr_assert_not_null(p);
-    const size_t n = fread(g_out, 1, sizeof g_out - 1, p);
-    g_out[n] = '\0';
-    const int st = pclose(p);
-    return WIFEXITED(st) ? WEXITSTATUS(st) : -1;
-}
-
 Test(calib_cli, calibrate_writes_json_policy_and_plot_that_perplexity_accepts)
 {
-    if (access(MODEL_DIR "/config.json", R_OK) != 0 || access(DATA_FILE, R_OK) != 0)
-        cr_skip_test("model or data fixture absent under %s: skipped", MIXKV_SHARED_DIR);
+    if (!cf_present()) cr_skip_test("model or data fixture absent under %s: skipped", MIXKV_SHARED_DIR);
     char dir[] = "/tmp/mkv_calib_cli_XXXXXX", cmd[4096];
     cr_assert_not_null(mkdtemp(dir));
     snprintf(cmd, sizeof cmd,
@@ -487,13 +429,13 @@ Test(calib_cli, calibrate_writes_json_policy_and_plot_that_perplexity_accepts)
              "--calib-windows 3 --valid-windows 3 --alpha-h 0,2,6 --alpha-l 0,1 --recent-window 16 "
              "--max-ppl-increase 5%% --quiet --json %s/c.json --policy-out %s/p.json --plot %s/c.svg "
              "--resume %s/state.jsonl 2>&1",
-             DATA_FILE, MIXKV_CLI_PATH, MODEL_DIR, dir, dir, dir, dir);
-    cr_assert_eq(sh(cmd), 0, "%s", g_out);
-    cr_assert(strstr(g_out, "chosen:"), "%s", g_out);
+             CF_DATA_FILE, MIXKV_CLI_PATH, CF_MODEL_DIR, dir, dir, dir, dir);
+    cr_assert_eq(cf_sh(cmd), 0, "%s", cf_out);
+    cr_assert(strstr(cf_out, "chosen:"), "%s", cf_out);
     /* The JSON: every point, the front, the choice with its per-layer, per-head mix. */
     snprintf(cmd, sizeof cmd, "cat %s/c.json", dir);
-    cr_assert_eq(sh(cmd), 0);
-    cJSON *j = cJSON_Parse(g_out);
+    cr_assert_eq(cf_sh(cmd), 0);
+    cJSON *j = cJSON_Parse(cf_out);
     cr_assert_not_null(j);
     cr_assert_str_eq(cJSON_GetObjectItem(j, "schema")->valuestring, "mixkv-calibrate");
     cr_assert_eq(cJSON_GetArraySize(cJSON_GetObjectItem(j, "points")), 5);
@@ -506,27 +448,27 @@ Test(calib_cli, calibrate_writes_json_policy_and_plot_that_perplexity_accepts)
     const double ah = cJSON_GetObjectItem(cJSON_GetObjectItem(ch, "policy"), "alpha_h")->valuedouble;
     cJSON_Delete(j);
     snprintf(cmd, sizeof cmd, "grep -c '<circle' %s/c.svg", dir);
-    cr_assert_eq(sh(cmd), 0);
-    cr_assert_geq(atoi(g_out), 5, "the plot has a marker per point");
+    cr_assert_eq(cf_sh(cmd), 0);
+    cr_assert_geq(atoi(cf_out), 5, "the plot has a marker per point");
 
     /* Rerunning with the state file measures nothing again and chooses the same point. */
     snprintf(cmd, sizeof cmd,
              "head -c 40000 '%s' | '%s' calibrate --model '%s' --data - --window 128 --prompt-len 32 "
              "--calib-windows 3 --valid-windows 3 --alpha-h 0,2,6 --alpha-l 0,1 --recent-window 16 "
              "--max-ppl-increase 5 --resume %s/state.jsonl 2>&1 >/dev/null",
-             DATA_FILE, MIXKV_CLI_PATH, MODEL_DIR, dir);
-    cr_assert_eq(sh(cmd), 0, "%s", g_out);
-    cr_assert(strstr(g_out, "5 of 5 points restored"), "%s", g_out);
+             CF_DATA_FILE, MIXKV_CLI_PATH, CF_MODEL_DIR, dir);
+    cr_assert_eq(cf_sh(cmd), 0, "%s", cf_out);
+    cr_assert(strstr(cf_out, "5 of 5 points restored"), "%s", cf_out);
 
     /* The policy file through perplexity --policy: its alphas reach the mode; an explicit
      * option wins over the file wherever it stands. */
     snprintf(cmd, sizeof cmd,
              "head -c 3000 '%s' | '%s' perplexity --model '%s' --data - --window 100 --max-windows 1 "
              "--alpha-l 0 --policy %s/p.json --quiet --json - 2>/dev/null",
-             DATA_FILE, MIXKV_CLI_PATH, MODEL_DIR, dir);
-    cr_assert_eq(sh(cmd), 0, "%s", g_out);
-    j = cJSON_Parse(g_out);
-    cr_assert_not_null(j, "%s", g_out);
+             CF_DATA_FILE, MIXKV_CLI_PATH, CF_MODEL_DIR, dir);
+    cr_assert_eq(cf_sh(cmd), 0, "%s", cf_out);
+    j = cJSON_Parse(cf_out);
+    cr_assert_not_null(j, "%s", cf_out);
     const cJSON *pol = cJSON_GetObjectItem(j, "mixkv_policy");
     cr_assert_float_eq(cJSON_GetObjectItem(pol, "alpha_h")->valuedouble, ah, 1e-6);
     cr_assert_float_eq(cJSON_GetObjectItem(pol, "alpha_l")->valuedouble, 0.0, 1e-9);
@@ -536,11 +478,11 @@ Test(calib_cli, calibrate_writes_json_policy_and_plot_that_perplexity_accepts)
     /* A broken policy file and a bad list exit 2 before any work. */
     snprintf(cmd, sizeof cmd, "echo '{}' > %s/bad.json; '%s' generate --model x --prompt y --policy %s/bad.json 2>&1",
              dir, MIXKV_CLI_PATH, dir);
-    cr_assert_eq(sh(cmd), 2, "%s", g_out);
-    cr_assert(strstr(g_out, "not a policy file"), "%s", g_out);
+    cr_assert_eq(cf_sh(cmd), 2, "%s", cf_out);
+    cr_assert(strstr(cf_out, "not a policy file"), "%s", cf_out);
     snprintf(cmd, sizeof cmd, "'%s' calibrate --model x --data y --alpha-l 0,,1 2>&1", MIXKV_CLI_PATH);
-    cr_assert_eq(sh(cmd), 2, "%s", g_out);
-    cr_assert(strstr(g_out, "--alpha-l: '0,,1' has an empty item"), "%s", g_out);
+    cr_assert_eq(cf_sh(cmd), 2, "%s", cf_out);
+    cr_assert(strstr(cf_out, "--alpha-l: '0,,1' has an empty item"), "%s", cf_out);
     snprintf(cmd, sizeof cmd, "rm -rf %s", dir);
-    (void)sh(cmd);
+    (void)cf_sh(cmd);
 }
