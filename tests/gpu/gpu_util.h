@@ -33,4 +33,15 @@ void gpu_poison_i32(int32_t *d_ptr, size_t n);
 uint64_t test_rand_next(uint64_t *state);
 int32_t test_rand_range(uint64_t *state, int32_t lo, int32_t hi_inclusive);
 
+/* The first index of the largest of x[n]; the largest |a - b| over n values relative to the
+ * largest |a| (logit comparisons). */
+int32_t test_argmax(const float *x, int32_t n);
+double test_rel_diff(const float *a, const float *b, int32_t n);
+
+/* The TinyStories model from $MIXKV_TINYSTORIES (the GPU machine does not see ../shared) or
+ * shared_dir/models/tinystories-656k, as an mkv_model_t (runner/model.h); skips the test
+ * without it. */
+struct mkv_model;
+struct mkv_model *test_load_tinystories(const char *shared_dir);
+
 #endif

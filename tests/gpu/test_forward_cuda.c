@@ -25,18 +25,7 @@
 #define MIXKV_SHARED_DIR "../shared"
 #endif
 
-static mkv_model_t *load_or_skip(void)
-{
-    const char *env = getenv("MIXKV_TINYSTORIES");
-    char path[1024];
-    snprintf(path, sizeof path, "%s", env ? env : MIXKV_SHARED_DIR "/models/tinystories-656k");
-    struct stat sb;
-    if (stat(path, &sb) != 0) cr_skip_test("TinyStories model not found at %s: test skipped", path);
-    mkv_model_t *m = NULL;
-    char err[MKV_ERR_LEN];
-    cr_assert_eq(mkv_model_load(path, &m, err), MKV_STATUS_OK, "%s", err);
-    return m;
-}
+static mkv_model_t *load_or_skip(void) { return test_load_tinystories(MIXKV_SHARED_DIR); }
 
 static mkv_cache_t *make_cache(const mkv_model_t *m, int fp16, mkv_backend_t backend, int32_t max_seqs,
                                int32_t max_len)
@@ -58,25 +47,6 @@ static mkv_cache_t *make_cache(const mkv_model_t *m, int fp16, mkv_backend_t bac
     mkv_cache_t *c = NULL;
     cr_assert_eq(mkv_cache_create(&cfg, &c), MKV_STATUS_OK, "%s", mkv_last_error());
     return c;
-}
-
-static int32_t argmax(const float *x, int32_t n)
-{
-    int32_t b = 0;
-    for (int32_t i = 1; i < n; i++)
-        if (x[i] > x[b]) b = i;
-    return b;
-}
-
-/* Largest |a - b| over n logits, relative to the largest |a|. */
-static double rel_diff(const float *a, const float *b, int32_t n)
-{
-    double d = 0.0, s = 1e-30;
-    for (int32_t i = 0; i < n; i++) {
-        d = fmax(d, fabs((double)a[i] - b[i]));
-        s = fmax(s, fabs((double)a[i]));
-    }
-    return d / s;
 }
 
 /* Three prompts of different lengths, each prefilled and then decoded `steps` tokens on both
@@ -116,9 +86,9 @@ static double compare(const mkv_model_t *m, int fp16, mkv_dtype_t dtype, int32_t
         slots[j] = sc;
         cr_assert_eq(cpu.prefill(cpu.ctx, cc, sc, prompt, lens[j], NULL, lc), MKV_STATUS_OK, "%s", mkv_last_error());
         cr_assert_eq(gpu.prefill(gpu.ctx, gc, sg, prompt, lens[j], NULL, lg), MKV_STATUS_OK, "%s", mkv_last_error());
-        worst = fmax(worst, rel_diff(lc, lg, V));
-        next[j] = argmax(lc, V);
-        *agree += argmax(lg, V) == next[j];
+        worst = fmax(worst, test_rel_diff(lc, lg, V));
+        next[j] = test_argmax(lc, V);
+        *agree += test_argmax(lg, V) == next[j];
         ++*total;
     }
     for (int32_t s = 0; s < steps; s++) {
@@ -127,11 +97,11 @@ static double compare(const mkv_model_t *m, int fp16, mkv_dtype_t dtype, int32_t
         int32_t picked[3];
         cr_assert_eq(gpu.decode_greedy(gpu.ctx, gg, 3, slots, next, picked), MKV_STATUS_OK, "%s", mkv_last_error());
         for (int j = 0; j < 3; j++) /* the same step on a twin cache: the host's argmax of its logits */
-            cr_assert_eq(picked[j], argmax(lg + (int64_t)j * V, V), "step %d slot %d: greedy on the device", s, j);
+            cr_assert_eq(picked[j], test_argmax(lg + (int64_t)j * V, V), "step %d slot %d: greedy on the device", s, j);
         for (int j = 0; j < 3; j++) {
-            worst = fmax(worst, rel_diff(lc + (int64_t)j * V, lg + (int64_t)j * V, V));
-            next[j] = argmax(lc + (int64_t)j * V, V);
-            *agree += argmax(lg + (int64_t)j * V, V) == next[j];
+            worst = fmax(worst, test_rel_diff(lc + (int64_t)j * V, lg + (int64_t)j * V, V));
+            next[j] = test_argmax(lc + (int64_t)j * V, V);
+            *agree += test_argmax(lg + (int64_t)j * V, V) == next[j];
             ++*total;
         }
     }
@@ -289,11 +259,11 @@ Test(forward_cuda, batched_prefill_matches_one_by_one)
         cr_assert_eq(gpu.prefill(gpu.ctx, cb, sb[j], toks + t0, lens[j], NULL, lb + (int64_t)j * V), MKV_STATUS_OK,
                      "%s", mkv_last_error());
     for (int j = 0; j < 3; j++) {
-        const double d = rel_diff(lb + (int64_t)j * V, la + (int64_t)j * V, V);
+        const double d = test_rel_diff(lb + (int64_t)j * V, la + (int64_t)j * V, V);
         cr_log_info("batched prefill: slot %d (%d tokens) last logits within %.2e", j, lens[j], d);
         cr_assert_leq(d, 1e-4, "slot %d: batched logits differ by %g", j, d);
-        in[j] = argmax(la + (int64_t)j * V, V);
-        cr_assert_eq(in[j], argmax(lb + (int64_t)j * V, V), "slot %d: greedy pick", j);
+        in[j] = test_argmax(la + (int64_t)j * V, V);
+        cr_assert_eq(in[j], test_argmax(lb + (int64_t)j * V, V), "slot %d: greedy pick", j);
     }
     mkv_cache_stats_t xa, xb;
     cr_assert_eq(mkv_cache_stats(ca, &xa), MKV_STATUS_OK);

@@ -26,18 +26,7 @@
 #define MIXKV_SHARED_DIR "../shared"
 #endif
 
-static mkv_model_t *load_or_skip(void)
-{
-    const char *env = getenv("MIXKV_TINYSTORIES");
-    char path[1024];
-    snprintf(path, sizeof path, "%s", env ? env : MIXKV_SHARED_DIR "/models/tinystories-656k");
-    struct stat sb;
-    if (stat(path, &sb) != 0) cr_skip_test("TinyStories model not found at %s: test skipped", path);
-    mkv_model_t *m = NULL;
-    char err[MKV_ERR_LEN];
-    cr_assert_eq(mkv_model_load(path, &m, err), MKV_STATUS_OK, "%s", err);
-    return m;
-}
+static mkv_model_t *load_or_skip(void) { return test_load_tinystories(MIXKV_SHARED_DIR); }
 
 static int devices(void)
 {
@@ -108,24 +97,6 @@ static void admit_all(group_t *g, int32_t len, int32_t *slot)
     }
 }
 
-static int32_t argmax(const float *x, int32_t n)
-{
-    int32_t b = 0;
-    for (int32_t i = 1; i < n; i++)
-        if (x[i] > x[b]) b = i;
-    return b;
-}
-
-static double rel_diff(const float *a, const float *b, int32_t n)
-{
-    double d = 0.0, s = 1e-30;
-    for (int32_t i = 0; i < n; i++) {
-        d = fmax(d, fabs((double)a[i] - b[i]));
-        s = fmax(s, fabs((double)a[i]));
-    }
-    return d / s;
-}
-
 /* n_hi, n_lo of every (slot, layer, KV head) in a cache's dump, into hl [slots][L][H][2]
  * (zeros for regions the dump leaves out), the KV head offset by head0. */
 static void region_counts(mkv_cache_t *c, int32_t L, int32_t H, int32_t head0, int32_t *hl)
@@ -174,9 +145,9 @@ static double run_both(const mkv_forward_t *single, mkv_cache_t *one, group_t *g
         cr_assert_eq(g->fw.prefill(g->fw.ctx, g->caches[0], s2, prompt, lens[j], NULL, lb), MKV_STATUS_OK, "%s",
                      mkv_last_error());
         if (bitwise) cr_assert_eq(memcmp(la, lb, (size_t)V * sizeof(float)), 0, "prompt %d: the logits differ", j);
-        worst = fmax(worst, rel_diff(la, lb, V));
-        ta[j] = argmax(la, V);
-        tb[j] = argmax(lb, V);
+        worst = fmax(worst, test_rel_diff(la, lb, V));
+        ta[j] = test_argmax(la, V);
+        tb[j] = test_argmax(lb, V);
         cr_assert_eq(ta[j], tb[j], "prompt %d: first token %d on one GPU, %d on %d", j, ta[j], tb[j], g->n);
     }
     for (int32_t s = 0; s < STEPS; s++) {
