@@ -11,6 +11,7 @@
 #include "calib/calib.h"
 
 #include "calib/jobs.h"
+#include "runner/forward_cuda.h"
 
 #include <cjson/cJSON.h>
 #include <math.h>
@@ -46,7 +47,9 @@ struct mkv_calib {
     mkv_needle_result_t *needle_ref[MKV_CALIB_NEEDLE_SETS]; /* [set][n_trials] the FP16 cache's */
     int32_t workers;
     mkv_pool_t *pool;        /* workers - 1 threads; NULL for one worker */
-    mkv_forward_ws_t **ws;   /* [workers] */
+    mkv_forward_ws_t **ws;   /* [workers] the CPU passes, or */
+    mkv_cuda_forward_t **cuda; /* [workers] the CUDA passes */
+    mkv_forward_t *fw;       /* [workers] either, as a forward pass */
     float **logits;          /* [workers][prompt_len][vocab] */
 };
 
@@ -62,9 +65,12 @@ void mkv_calib_free(mkv_calib_t *c)
     if (!c) return;
     for (int32_t w = 0; c->ws && w < c->workers; w++) {
         mkv_forward_ws_free(c->ws[w]);
+        mkv_cuda_forward_free(c->cuda[w]);
         free(c->logits[w]);
     }
     free(c->ws);
+    free(c->cuda);
+    free(c->fw);
     free(c->logits);
     mkv_pool_destroy(c->pool);
     free(c->win);
@@ -147,21 +153,26 @@ mkv_status_t mkv_calib_create(const mkv_model_t *m, const mkv_ppl_doc_t *docs, i
         for (int64_t j = 0; j < n && k < nw; j++) c->win[k++] = docs[d].tokens + j * o->window;
     }
     const int32_t cores = mkv_cpu_count();
-    c->workers = o->workers > 0 ? o->workers : cores;
+    c->workers = o->workers > 0 ? o->workers : o->backend == MKV_BACKEND_CUDA ? 1 : cores;
     if (c->workers > 256) c->workers = 256;
     if (c->workers > 1 && !(c->pool = mkv_pool_create(c->workers))) goto oom;
     c->ws = calloc((size_t)c->workers, sizeof *c->ws);
+    c->cuda = calloc((size_t)c->workers, sizeof *c->cuda);
+    c->fw = calloc((size_t)c->workers, sizeof *c->fw);
     c->logits = calloc((size_t)c->workers, sizeof *c->logits);
-    if (!c->ws || !c->logits) goto oom;
+    if (!c->ws || !c->cuda || !c->fw || !c->logits) goto oom;
     for (int32_t w = 0; w < c->workers; w++) {
         char err[MKV_ERR_LEN];
-        mkv_status_t st = mkv_forward_ws_create(m, max_tokens, &c->ws[w], err);
+        const int cuda = o->backend == MKV_BACKEND_CUDA;
+        mkv_status_t st = cuda ? mkv_cuda_forward_create(m, max_tokens, o->dtype, &c->cuda[w], err)
+                               : mkv_forward_ws_create(m, max_tokens, &c->ws[w], err);
         if (st != MKV_STATUS_OK) {
             mkv_calib_free(c);
             return mkv_report_error(st, "%s", err);
         }
-        /* One worker: the forward pass gets every core; several: one each. */
-        if (c->workers > 1 && mkv_forward_ws_set_threads(c->ws[w], 1) != MKV_STATUS_OK) goto oom;
+        c->fw[w] = cuda ? mkv_cuda_forward(c->cuda[w]) : mkv_model_forward(c->ws[w]);
+        /* One worker: the CPU pass gets every core; several: one each. */
+        if (!cuda && c->workers > 1 && mkv_forward_ws_set_threads(c->ws[w], 1) != MKV_STATUS_OK) goto oom;
         if (!(c->logits[w] = malloc((size_t)o->prompt_len * (size_t)m->cfg.vocab * sizeof(float)))) goto oom;
     }
     *out = c;
@@ -214,7 +225,7 @@ static mkv_status_t make_cache(const mkv_calib_t *c, const mkv_policy_t *p, int3
 {
     mkv_policy_t fp16_policy;
     mkv_policy_default(&fp16_policy);
-    return mkv_policy_make_cache(c->m, MKV_BACKEND_CPU, p == NULL, p ? p : &fp16_policy, 1,
+    return mkv_policy_make_cache(c->m, c->o.backend, p == NULL, p ? p : &fp16_policy, 1,
                                  max_seq_len, 1.0, out);
 }
 
@@ -231,7 +242,7 @@ static mkv_status_t run_window(mkv_calib_t *c, int32_t wk, const mkv_policy_t *p
     mkv_cache_t *cache = NULL;
     mkv_status_t st = make_cache(c, p, W, &cache);
     if (st != MKV_STATUS_OK) return st;
-    const mkv_forward_t fw = mkv_model_forward(c->ws[wk]);
+    const mkv_forward_t fw = c->fw[wk];
     memset(s, 0, sizeof *s);
     int32_t slot;
     const double t0 = mkv_jobs_now();
@@ -277,7 +288,7 @@ static mkv_status_t run_trial(mkv_calib_t *c, int32_t wk, const mkv_policy_t *p,
     mkv_status_t st = make_cache(c, p, mkv_needle_trial(nd, i)->n_prompt + mkv_needle_options(nd)->max_new,
                                  &cache);
     if (st != MKV_STATUS_OK) return st;
-    st = mkv_needle_run(nd, i, c->m, cache, c->ws[wk], c->logits[wk], r, NULL);
+    st = mkv_needle_run(nd, i, &c->fw[wk], c->m->cfg.eos, cache, c->logits[wk], r, NULL);
     mkv_cache_destroy(cache);
     if (st == MKV_STATUS_OK && s) {
         s->right = r->right;

@@ -110,9 +110,16 @@ typedef struct mkv_calib_opts {
                                  most this far below FP16's (0.1: ten points); >= 0, 1 or
                                  more: no constraint */
     mkv_calib_needle_ref_fn needle_ref_done;
+    /* Where the windows and trials run: the CPU pass (dtype ignored: fp32), or the CUDA pass
+     * (runner/forward_cuda.h) in dtype with CUDA caches, one pass per worker on the current
+     * device (workers 0 then means one). */
+    mkv_backend_t backend;
+    mkv_dtype_t dtype;
 } mkv_calib_opts_t;
 
-#define MKV_CALIB_OPTS_INIT {255, 64, 16, 8, 0, 0, 0.01, 0.0, 3, NULL, NULL, NULL, NULL, NULL, NULL, 1.0, NULL}
+#define MKV_CALIB_OPTS_INIT                                                                    \
+    {255, 64, 16, 8, 0, 0, 0.01, 0.0, 3, NULL, NULL, NULL, NULL, NULL, NULL, 1.0, NULL, MKV_BACKEND_CPU,   \
+     MKV_DTYPE_F32}
 
 /* The needle sets of a handle. */
 enum { MKV_CALIB_NEEDLE_CALIBRATION = 0, MKV_CALIB_NEEDLE_VALIDATION = 1, MKV_CALIB_NEEDLE_SETS = 2 };

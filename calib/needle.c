@@ -184,27 +184,28 @@ const mkv_needle_trial_t *mkv_needle_trial(const mkv_needle_t *nd, int32_t i)
     return i >= 0 && i < nd->n ? &nd->trial[i] : NULL;
 }
 
-mkv_status_t mkv_needle_run(const mkv_needle_t *nd, int32_t i, const mkv_model_t *m, mkv_cache_t *cache,
-                            mkv_forward_ws_t *ws, float *logits, mkv_needle_result_t *r, char **text)
+mkv_status_t mkv_needle_run(const mkv_needle_t *nd, int32_t i, const mkv_forward_t *fw, int32_t eos,
+                            mkv_cache_t *cache, float *logits, mkv_needle_result_t *r, char **text)
 {
     const mkv_needle_trial_t *tr = mkv_needle_trial(nd, i);
     if (!tr) return mkv_report_error(MKV_STATUS_INVALID_ARGUMENT, "needle trial %d of %d", i, nd->n);
     if (text) *text = NULL;
     memset(r, 0, sizeof *r);
-    const int32_t V = m->cfg.vocab;
+    const int32_t V = fw->vocab;
     int32_t slot;
     mkv_status_t st = mkv_cache_admit(cache, tr->n_prompt, &slot);
     if (st != MKV_STATUS_OK) return mkv_report_error(st, "%s", mkv_cache_last_error(cache));
-    if ((st = mkv_model_prefill(m, cache, slot, tr->prompt, tr->n_prompt, NULL, logits, ws)) != MKV_STATUS_OK)
+    if ((st = fw->prefill(fw->ctx, cache, slot, tr->prompt, tr->n_prompt, NULL, logits)) != MKV_STATUS_OK)
         return st;
     for (;;) {
         int32_t best = 0;
         for (int32_t v = 1; v < V; v++)
             if (logits[v] > logits[best]) best = v;
-        if (best == m->cfg.eos || best == nd->end_token) break;
+        if (best == eos || best == nd->end_token) break;
         r->answer[r->n_answer++] = best;
         if (r->n_answer == nd->o.max_new) break;
-        if ((st = mkv_model_decode(m, cache, 1, &slot, &best, logits, ws)) != MKV_STATUS_OK) return st;
+        const int32_t in = best;
+        if ((st = fw->decode(fw->ctx, cache, 1, &slot, &in, logits)) != MKV_STATUS_OK) return st;
     }
     mkv_cache_stats_t cs;
     mkv_cache_stats(cache, &cs);

@@ -88,12 +88,14 @@ mkv_chat_template_t mkv_needle_template(const mkv_needle_t *nd);
 /* Trial i, 0 <= i < count: index (length * n_depths + depth) * trials + trial. */
 const mkv_needle_trial_t *mkv_needle_trial(const mkv_needle_t *nd, int32_t i);
 
-/* Trial i of nd through model m and cache (a free slot of n_prompt + max_new tokens, released
- * again before returning): the prompt phase, then greedy decoding. ws: a workspace of m sized
- * for the prompt; logits: [vocab] scratch. text: NULL, or the answer decoded (special tokens
- * skipped; malloc'ed, the caller frees it). The library's status and message on failure. */
-mkv_status_t mkv_needle_run(const mkv_needle_t *nd, int32_t i, const mkv_model_t *m, mkv_cache_t *cache,
-                            mkv_forward_ws_t *ws, float *logits, mkv_needle_result_t *r, char **text);
+/* Trial i of nd through forward pass fw (either backend; its max_tokens covers the prompt)
+ * and cache (a free slot of n_prompt + max_new tokens, released again before returning): the
+ * prompt phase, then greedy decoding until eos (the model's; -1: none), the template's end
+ * token or max_new tokens. logits: [vocab] scratch. text: NULL, or the answer decoded (special
+ * tokens skipped; malloc'ed, the caller frees it). The library's status and message on
+ * failure. */
+mkv_status_t mkv_needle_run(const mkv_needle_t *nd, int32_t i, const mkv_forward_t *fw, int32_t eos,
+                            mkv_cache_t *cache, float *logits, mkv_needle_result_t *r, char **text);
 
 /* 1 when two results answered with the same tokens. */
 int mkv_needle_same_answer(const mkv_needle_result_t *a, const mkv_needle_result_t *b);

@@ -77,7 +77,9 @@ void mkv_calibrate_usage(FILE *f)
             "  --plot FILE.svg     memory ratio against perplexity increase, front and choice\n"
             "  --resume FILE       save each finished point to FILE and restore those already\n"
             "                      there (the same run only): Ctrl-C stops, rerunning resumes\n"
-            "  --workers N         points measured at once, each on one core [one per core]\n"
+            "  --workers N         points measured at once, each on one core [one per core;\n"
+            "                      with --backend cuda, 1: each worker holds the weights]\n"
+            MKV_RUN_OPTS_HELP
             "  --quiet             no progress line\n"
             "  -h, --help          this help\n"
             "\n"
@@ -153,6 +155,10 @@ static int parse(int argc, char **argv, cal_opts_t *o)
             continue;
         }
         if ((m = mkv_policy_opts_parse(CMD, argc, argv, &i, &o->base)) != 0) {
+            if (m < 0) return -1;
+            continue;
+        }
+        if ((m = mkv_run_opts_parse(CMD, argc, argv, &i, &o->run)) != 0) {
             if (m < 0) return -1;
             continue;
         }
@@ -300,6 +306,10 @@ static cJSON *run_key(const cal_opts_t *o)
     cJSON_AddNumberToObject(k, "calib_windows", o->calib_windows);
     cJSON_AddNumberToObject(k, "windows_per_doc", o->windows_per_doc);
     cJSON_AddStringToObject(k, "mixkv_version", mkv_version());
+    if (o->run.backend != MKV_BACKEND_CPU) { /* absent for the CPU: earlier state files match */
+        cJSON_AddStringToObject(k, "backend", mkv_backend_name(o->run.backend));
+        cJSON_AddStringToObject(k, "dtype", mkv_dtype_name(o->run.dtype));
+    }
     if (o->needle) { /* absent without: the state files of earlier runs still match */
         cJSON *nj = mkv_calibrate_needle_json(o);
         cJSON_AddBoolToObject(nj, "plain", o->trials.plain);
@@ -390,6 +400,7 @@ int mkv_calibrate_main(int argc, char **argv)
     memset(&o, 0, sizeof o);
     mkv_policy_default(&o.base);
     mkv_calib_grid_default(&o.grid);
+    mkv_run_opts_default(&o.run);
     o.calib_windows = 16;
     o.valid_windows = 8;
     o.max_checks = 3;
@@ -447,6 +458,8 @@ int mkv_calibrate_main(int argc, char **argv)
     co.valid_windows = o.valid_windows;
     co.windows_per_doc = o.windows_per_doc;
     co.workers = o.workers;
+    co.backend = o.run.backend;
+    co.dtype = o.run.dtype;
     co.max_ppl_increase = o.max_ppl_increase;
     co.min_agreement = o.min_agreement;
     co.max_checks = o.max_checks;

@@ -9,6 +9,7 @@
 #include "calib/calib.h"
 #include "calib/grid.h"
 #include "tools/docs.h"
+#include "tools/model_opts.h"
 
 #include <cjson/cJSON.h>
 #include <stdio.h>
@@ -19,6 +20,7 @@ typedef struct cal_opts {
     double max_ppl_increase, min_agreement; /* fractions */
     int quiet;
     mkv_policy_t base;          /* every point's settings outside the grid */
+    mkv_run_opts_t run;         /* --backend, --dtype */
     mkv_calib_grid_t grid;
     int swept[MKV_CALIB_SETTINGS]; /* given on the command line */
     /* --needle: */

@@ -125,6 +125,8 @@ cJSON *mkv_calibrate_json(const cal_opts_t *o, const mkv_docs_t *docs, const mkv
     cJSON_AddStringToObject(root, "mixkv_version", mkv_version());
     cJSON_AddStringToObject(root, "model", o->model);
     cJSON_AddStringToObject(root, "data", o->data);
+    cJSON_AddStringToObject(root, "backend", mkv_backend_name(o->run.backend));
+    cJSON_AddStringToObject(root, "dtype", o->run.backend == MKV_BACKEND_CUDA ? mkv_dtype_name(o->run.dtype) : "f32");
     cJSON_AddNumberToObject(root, "documents", docs->n);
     cJSON_AddNumberToObject(root, "window", o->window);
     cJSON_AddNumberToObject(root, "prompt_len", o->prompt_len);

@@ -150,6 +150,7 @@ int mkv_needle_main(int argc, char **argv)
     mkv_needle_t *nd = NULL;
     mkv_cache_t *cache[N_MODES] = {NULL, NULL};
     mkv_forward_ws_t *ws = NULL;
+    mkv_forward_t fw;
     float *logits = NULL;
     mkv_needle_result_t res[N_MODES];
     cell_t *cells = NULL;
@@ -197,6 +198,7 @@ int mkv_needle_main(int argc, char **argv)
         mkv_cli_error(CMD, "cannot use %d threads", o.threads);
         goto done;
     }
+    fw = mkv_model_forward(ws);
     logits = malloc((size_t)model->cfg.vocab * sizeof(float));
     cells = calloc((size_t)to->n_lengths * to->n_depths, sizeof *cells);
     if (!logits || !cells) {
@@ -219,7 +221,7 @@ int mkv_needle_main(int argc, char **argv)
         char shown[N_MODES][64] = {"", ""};
         for (int k = 0; k < N_MODES; k++) {
             char *text = NULL;
-            if (mkv_needle_run(nd, run, model, cache[k], ws, logits, &res[k], &text) != MKV_STATUS_OK) {
+            if (mkv_needle_run(nd, run, &fw, model->cfg.eos, cache[k], logits, &res[k], &text) != MKV_STATUS_OK) {
                 mkv_cli_error(CMD, "%s", mkv_last_error());
                 goto done;
             }
