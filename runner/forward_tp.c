@@ -94,7 +94,7 @@ struct mkv_tp {
     mkv_forward_t fw[MKV_TP_MAX_RANKS];
     mkv_cache_t *caches[MKV_TP_MAX_RANKS]; /* bound by mkv_tp_forward */
     tp_rank_t rank[MKV_TP_MAX_RANKS];      /* the all-reduce's context */
-    tp_barrier_t barrier;                  /* after each all-reduce is queued */
+    tp_barrier_t barrier;                  /* around each all-reduce queued */
     mkv_pool_t *pool;
 #if TP_NCCL
     nccl_api_t nccl;
