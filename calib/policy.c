@@ -221,6 +221,9 @@ mkv_status_t mkv_policy_save(const char *path, const mkv_policy_t *p, const mkv_
         add_opt(s, "ppl_increase", src->ppl_increase);
         add_opt(s, "validation_memory_ratio", src->valid_memory_ratio);
         add_opt(s, "validation_ppl_increase", src->valid_ppl_increase);
+        add_opt(s, "needle_accuracy", src->needle_accuracy);
+        add_opt(s, "validation_needle_accuracy", src->valid_needle_accuracy);
+        add_opt(s, "needle_accuracy_fp16", src->needle_accuracy_ref);
     }
     char *text = cJSON_Print(root);
     cJSON_Delete(root);

@@ -68,6 +68,9 @@ typedef struct mkv_policy_source {
     double valid_ppl_increase;  /* ... and on the validation windows */
     double valid_memory_ratio;
     double max_ppl_increase;    /* the tolerance it was chosen for */
+    /* With needle trials (NAN: none): the fraction answered right on the calibration trials
+     * and on the validation trials, and FP16's on the calibration trials. */
+    double needle_accuracy, valid_needle_accuracy, needle_accuracy_ref;
 } mkv_policy_source_t;
 
 /* Writes a policy file (schema mixkv-policy, version 1); src may be NULL. IO_ERROR with a

@@ -540,11 +540,17 @@ int mkv_calibrate_main(int argc, char **argv)
     if (o.policy_out && usable) {
         const mkv_calib_point_t *c = &pts[res.chosen];
         mkv_policy_source_t src = {o.model, o.data, c->q.memory_ratio, c->q.ppl_increase, NAN, NAN,
-                                   o.max_ppl_increase};
+                                   o.max_ppl_increase, NAN, NAN, NAN};
+        if (c->q.needle_trials > 0) {
+            src.needle_accuracy = c->q.needle_accuracy;
+            src.needle_accuracy_ref = c->q.needle_accuracy_ref;
+        }
         for (int32_t k = 0; k < res.n_checks; k++)
             if (res.checks[k].point == res.chosen) {
                 src.valid_ppl_increase = res.checks[k].valid.ppl_increase;
                 src.valid_memory_ratio = res.checks[k].valid.memory_ratio;
+                if (res.checks[k].valid.needle_trials > 0)
+                    src.valid_needle_accuracy = res.checks[k].valid.needle_accuracy;
             }
         if (mkv_policy_save(o.policy_out, &c->policy, &src, err) != MKV_STATUS_OK) {
             mkv_cli_error(CMD, "--policy-out: %s", err);

@@ -49,6 +49,21 @@ static void expect_refused(mkv_calib_setting_t s, const char *text, const char *
     cr_assert(g.n[s] == 1 && g.value[s][0] == 7, "'%s': a refused list changed the grid", text);
 }
 
+/* A whole file as a string (malloc'ed). */
+static char *slurp_file(const char *path)
+{
+    FILE *f = fopen(path, "rb");
+    cr_assert_not_null(f, "cannot read %s", path);
+    fseek(f, 0, SEEK_END);
+    const long n = ftell(f);
+    rewind(f);
+    char *t = malloc((size_t)n + 1);
+    cr_assert_eq(fread(t, 1, (size_t)n, f), (size_t)n);
+    t[n] = '\0';
+    fclose(f);
+    return t;
+}
+
 Test(calib_grid, lists_and_ranges)
 {
     expect_list(MKV_CALIB_ALPHA_H, "0:5:1", (double[]){0, 1, 2, 3, 4, 5}, 6);
@@ -195,11 +210,25 @@ Test(calib_policy, file_round_trip_and_refusals)
     p.hi_key_group = 64, p.hi_value_group = 16, p.lo_key_group = 32, p.lo_value_group = 16;
     char *path = cf_tmp_path("policy");
     char err[MKV_ERR_LEN];
-    const mkv_policy_source_t src = {"model-x", "data-y", 0.4, 0.008, 0.009, 0.41, 0.01};
+    const mkv_policy_source_t src = {"model-x", "data-y", 0.4, 0.008, 0.009, 0.41, 0.01, NAN, NAN, NAN};
     cr_assert_eq(mkv_policy_save(path, &p, &src, err), MKV_STATUS_OK, "%s", err);
     cr_assert_eq(mkv_policy_load(path, &q, err), MKV_STATUS_OK, "%s", err);
     cr_assert(mkv_policy_equal(&p, &q), "a policy file does not read back as written");
     cr_assert(q.alpha_l == 0.06f);
+    char *text = slurp_file(path);
+    cr_assert(strstr(text, "\"validation_ppl_increase\"") && !strstr(text, "needle"),
+              "the source block: figures without needle trials:\n%s", text);
+    free(text);
+    /* With needle trials the source records their accuracies, and the policy still reads back. */
+    const mkv_policy_source_t nsrc = {"model-x", "data-y", 0.4, 0.008, 0.009, 0.41, 0.01, 0.75, 0.5, 1.0};
+    cr_assert_eq(mkv_policy_save(path, &p, &nsrc, err), MKV_STATUS_OK, "%s", err);
+    text = slurp_file(path);
+    cr_assert(strstr(text, "\"needle_accuracy\":\t0.75") && strstr(text, "\"validation_needle_accuracy\":\t0.5") &&
+                  strstr(text, "\"needle_accuracy_fp16\":\t1"),
+              "the needle accuracies in the source block:\n%s", text);
+    free(text);
+    cr_assert_eq(mkv_policy_load(path, &q, err), MKV_STATUS_OK, "%s", err);
+    cr_assert(mkv_policy_equal(&p, &q));
 
     /* Absent members keep the defaults. */
     write_text(path, "{\"schema\": \"mixkv-policy\", \"schema_version\": 1, \"alpha_h\": 2}");
