@@ -50,6 +50,20 @@ static __global__ void fill_kernel(uint8_t *pool, int64_t bytes, uint32_t seed)
     }
 }
 
+/* Reads bytes of buf (a multiple of 16) and writes nothing unless the impossible happens:
+ * evicts the L2 without leaving dirty lines behind (the read flush; a memset leaves the L2 full
+ * of dirty lines, which the timed call then writes back to DRAM as it reads). */
+static __global__ void read_flush_kernel(const uint4 *buf, int64_t n16, uint32_t *sink)
+{
+    uint32_t x = 0;
+    for (int64_t i = blockIdx.x * (int64_t)blockDim.x + threadIdx.x; i < n16;
+         i += (int64_t)gridDim.x * blockDim.x) {
+        const uint4 v = __ldcs(buf + i);
+        x ^= v.x ^ v.y ^ v.z ^ v.w;
+    }
+    if (x == 0x9e3779b9u) *sink = x;
+}
+
 /* q in [-1, 1): logits that vary, so the running maxima move as in real use. */
 static __global__ void q_kernel(float *q, int64_t n, uint32_t seed)
 {
@@ -140,6 +154,7 @@ int main(int argc, char **argv)
     double max_gib = 0.0;
     int kernel = MKV_DECODE_KERNEL_AUTO, scores = MKV_DECODE_SCORES_AUTO, split = 0, group = 0;
     int logits = MKV_DECODE_LOGITS_AUTO;
+    bool write_flush = false; /* --flush write: the L2 flushed by a memset (figures before 2026-11-26) */
     const char *only = NULL;
     for (int i = 1; i < argc; i++) {
         if (!strcmp(argv[i], "--json") && i + 1 < argc) json_path = argv[++i];
@@ -165,6 +180,8 @@ int main(int argc, char **argv)
         else if (!strcmp(argv[i], "--format") && i + 1 < argc) only = argv[++i];
         else if (!strcmp(argv[i], "--split") && i + 1 < argc) split = atoi(argv[++i]);
         else if (!strcmp(argv[i], "--group-size") && i + 1 < argc) group = atoi(argv[++i]);
+        else if (!strcmp(argv[i], "--flush") && i + 1 < argc && (!strcmp(argv[i + 1], "read") || !strcmp(argv[i + 1], "write")))
+            write_flush = !strcmp(argv[++i], "write");
         else if (!strcmp(argv[i], "--quick")) {
             batches = {1, 64};
             lengths = {1024, 8192};
@@ -174,6 +191,7 @@ int main(int argc, char **argv)
                     "                       [--kernel auto|generic|tensor|tensor-per-section] [--batch B] [--length N]\n"
                     "                       [--format NAME] [--scores auto|separate|fused]\n"
                     "                       [--split N] [--logits auto|fp32|compact] [--group-size N]\n"
+                    "                       [--flush read|write]\n"
                     "Decode attention time over batch x length grids (32 query / 8 KV heads, d 128)\n"
                     "for K16V16, K8V8, K8V4, K4V2 and a 20/50/30 high/low/pruned mix, against the\n"
                     "device copy rate. --scores: the score write-back as its own pass (separate),\n"
@@ -182,7 +200,10 @@ int main(int argc, char **argv)
                     "0 (the default) to let the library choose. --logits: how a fused write-back\n"
                     "keeps the logits (mkv_cuda_decode_logits_t; auto, the default, by GPU).\n"
                     "--group-size N: elements per quantization group on every side (16 to 256;\n"
-                    "256: one group a vector), 0 (the default) for the library's defaults.\n");
+                    "256: one group a vector), 0 (the default) for the library's defaults.\n"
+                    "--flush: how the L2 is emptied before each timed call: by reading 256 MiB\n"
+                    "(read, the default: the L2 then holds clean lines, as after a layer's GEMMs)\n"
+                    "or by a 256 MiB memset (write: dirty lines the call writes back as it reads).\n");
             return strcmp(argv[i], "-h") && strcmp(argv[i], "--help") ? 2 : 0;
         }
     }
@@ -275,7 +296,18 @@ int main(int argc, char **argv)
         if (r >= 2) ct.push_back(ms * 1e-3);
     }
     const double copy_rate = 2.0 * (double)copy_bytes / median(ct);
-    /* ca (2 GiB) is reused to flush the 50 MB L2 before every timed repetition. */
+    /* ca (2 GiB) is reused to flush the 50 MB L2 before every timed repetition: 256 MiB of it
+     * read (clean lines left), or written (--flush write). */
+    int n_sm = 0;
+    CK(cudaDeviceGetAttribute(&n_sm, cudaDevAttrMultiProcessorCount, 0));
+    const auto flush_l2 = [&](int r) {
+        if (write_flush) {
+            CK(cudaMemsetAsync(ca, r, (size_t)256 << 20, stream));
+        } else {
+            read_flush_kernel<<<4 * n_sm, 512, 0, stream>>>((const uint4 *)ca, ((int64_t)256 << 20) / 16, (uint32_t *)cb);
+            CK(cudaGetLastError());
+        }
+    };
     const double bpc = mkv_cuda_dram_bytes_per_sm_cycle();
     printf("%s: device copy rate %.0f GB/s (read + write); peak DRAM %.1f bytes per SM cycle\n",
            prop.name, copy_rate / 1e9, bpc);
@@ -285,10 +317,12 @@ int main(int argc, char **argv)
         fprintf(jf, "{\"schema\": \"mixkv-bench-attention\", \"schema_version\": 1, \"device\": \"%s\", "
                     "\"copy_rate_gbs\": %.1f, \"heads\": %d, \"group_size\": %d, \"head_dim\": %d, "
                     "\"kernel\": \"%s\", \"scores\": \"%s\", \"logits\": \"%s\", \"quant_group_elems\": %d, "
-                    "\"dram_bytes_per_sm_cycle\": %.2f, \"results\": [",
+                    "\"dram_bytes_per_sm_cycle\": %.2f, \"flush\": \"%s\", \"results\": [",
                 prop.name, copy_rate / 1e9, H, G, d,
-                k_kernel_names[kernel], k_scores_names[scores], k_logits_names[logits], group, bpc);
-    printf("quantization groups: %s\n", group ? "elements per group as given" : "library defaults");
+                k_kernel_names[kernel], k_scores_names[scores], k_logits_names[logits], group, bpc,
+                write_flush ? "write" : "read");
+    printf("quantization groups: %s; L2 flushed by %s 256 MiB\n", group ? "elements per group as given" : "library defaults",
+           write_flush ? "writing" : "reading");
     printf("%-12s %6s %7s %10s %12s %9s %10s %9s\n", "format", "batch", "length", "time_us",
            "bytes_read", "GB/s", "of_copy", "vs_fp16");
     int first = 1;
@@ -342,7 +376,7 @@ int main(int argc, char **argv)
                 a.workspace = workspace;
                 std::vector<double> t;
                 for (int r = 0; r < reps + 2; r++) {
-                    CK(cudaMemsetAsync(ca, r, (size_t)256 << 20, stream)); /* flush L2 */
+                    flush_l2(r);
                     CK(cudaEventRecord(e0, stream));
                     if (mkv_cuda_decode(&a, stream, err) != MKV_STATUS_OK) {
                         fprintf(stderr, "bench_attention: %s\n", err);

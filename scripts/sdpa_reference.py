@@ -21,11 +21,17 @@ except ImportError:
     sys.exit("sdpa_reference: PyTorch is not installed (it is on the GPU machine)")
 
 
+flush_by_write = False
+
+
 def timed(fn, reps, flush):
     start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
     times = []
     for r in range(reps + 2):
-        flush.fill_(r)
+        if flush_by_write:
+            flush.fill_(r)
+        else:
+            flush.max()  # reads 256 MiB: the L2 left holding clean lines
         start.record()
         fn()
         end.record()
@@ -41,7 +47,12 @@ def main():
     ap.add_argument("--lengths", default="1024,4096,16384,32768")
     ap.add_argument("--reps", type=int, default=10)
     ap.add_argument("--json")
+    ap.add_argument("--flush", choices=["read", "write"], default="read",
+                    help="empty the L2 before each call by reading 256 MiB (default) or by "
+                         "writing it (dirty lines the call then writes back)")
     args = ap.parse_args()
+    global flush_by_write
+    flush_by_write = args.flush == "write"
     if not torch.cuda.is_available():
         sys.exit("sdpa_reference: no CUDA device")
     dev = torch.device("cuda")
@@ -77,7 +88,7 @@ def main():
         with open(args.json, "w") as f:
             json.dump({"schema": "mixkv-sdpa-reference", "schema_version": 1, "device": name,
                        "torch": torch.__version__, "copy_rate_gbs": round(copy_rate / 1e9, 1),
-                       "heads": H, "group_size": G, "head_dim": d, "results": rows}, f, indent=1)
+                       "heads": H, "group_size": G, "head_dim": d, "flush": args.flush, "results": rows}, f, indent=1)
 
 
 if __name__ == "__main__":
