@@ -38,9 +38,10 @@ namespace mkv_tc {
  * the high section's blocks first, then the low one's, then none; each block MKV_TC_WARPS
  * consecutive items of its section. any: whether the block has an item at all (a region's
  * blocks with one are x < arrivals); n_items: the region's items, high then low (its item
- * slots). */
+ * slots); part: the block's part slot and its warps with an item (block_merge). */
 struct block_pos {
     item_pos ip;
+    block_part part; /* stride left 0: the kernel's (the section format's) */
     bool work, any;
     int32_t items_hi, n_items, hi, n, arrivals;
     int32_t bta, btb; /* the block's tokens [bta, btb) of its section */
@@ -53,6 +54,10 @@ __device__ __forceinline__ block_pos locate(const tc_args &a, int32_t bx, int32_
     item_pos &ip = b.ip;
     ip.rs = (int64_t)j * a.H + hh; /* (sequence, KV head) */
     ip.region = a.regions[ip.rs];
+    /* The region's page ids start (high section) and end (low section) on their way to L2
+     * while its token counts load. */
+    if ((threadIdx.x & 31) == 0 && threadIdx.x < 64)
+        prefetch_l2(a.table + ip.region * a.T + (threadIdx.x ? a.T - 1 : 0));
     const int64_t nh = max(a.n_hi[ip.region], 0), nl = max(a.n_lo[ip.region], 0);
     const int32_t n = (int32_t)min(nh + nl, (int64_t)a.max_tokens);
     const int32_t hi = (int32_t)min(nh, (int64_t)n), I = a.item_tokens;
@@ -74,6 +79,9 @@ __device__ __forceinline__ block_pos locate(const tc_args &a, int32_t bx, int32_
     ip.ta = item * I;
     ip.tb = min(ip.ta + I, ip.sec_n);
     ip.slot_id = sec ? b.items_hi + item : item;
+    b.part.slot = bx + sec * bh;
+    b.part.n_work = max(0, min(W, (ip.sec_n + I - 1) / I - bx * W));
+    b.part.stride = 0;
     b.bta = bx * W * I;
     b.btb = min(b.bta + W * I, ip.sec_n);
     b.work = ip.ta < ip.sec_n; /* warp-uniform */
@@ -91,9 +99,11 @@ __device__ __forceinline__ block_pos locate(const tc_args &a, int32_t bx, int32_
  *   - score jobs first (so that logits leave L2 soon): a decode block id whose region is
  *     complete; the block adds its tokens' probabilities to their score slots from the logits
  *     (stored evict_last) and the region's log-sum-exp, then drops the logits from L2;
- *   - decode blocks, in id order: the items' logits and partial results, then an arrival at the
- *     region's counter. The region's last block to arrive stores the region's log-sum-exp,
- *     publishes the region's blocks as score jobs and merges the items into out.
+ *   - decode blocks, in id order (a block's first is its own index, without the queue): the
+ *     items' logits, their partial results merged into one part per block (block_merge), then
+ *     an arrival at the region's counter. The region's last block to arrive stores the
+ *     region's log-sum-exp, publishes the region's blocks as score jobs and merges the parts
+ *     into out.
  * Spreading a region's write-back over many blocks at once, as soon as it is complete, keeps
  * more of its logits in L2 than one block writing it all back (which drains a region slowly,
  * while the page stream evicts its logits to DRAM). Nobody waits for another block's work
@@ -123,6 +133,24 @@ struct kernel_shape {
     static constexpr int MIN_BLOCKS = SH::NT >= 4 || HI::KG > 1 || SLO::NT >= 4 || LO::KG > 1 ? 3 : 0;
 };
 
+/* q of head-region rs (its G heads' D floats) on its way to L2, before the loads it waits
+ * behind (the region, its counts, the page ids). */
+template <int D>
+__device__ __forceinline__ void prefetch_q(const tc_args &a, int64_t rs)
+{
+    const int32_t lines = (a.G * D * 4 + 127) / 128;
+    if ((int32_t)threadIdx.x < lines)
+        prefetch_l2(reinterpret_cast<const uint8_t *>(a.q + rs * a.G * D) + threadIdx.x * 128);
+}
+
+/* The staging area per warp of a block of section sec: its partials' stride (block_merge). */
+template <int D, class HI, class LO>
+__device__ __forceinline__ int32_t part_stride(int32_t sec)
+{
+    using K = kernel_shape<D, HI, LO>;
+    return K::ONE || sec == 0 ? K::SH::WARP_BYTES : K::SLO::WARP_BYTES;
+}
+
 /* The warp's item in its section's format. */
 template <int D, class HI, class LO, bool FUSED>
 __device__ __forceinline__ void run_section_item(const tc_args &a, uint8_t *smem, const item_pos &ip)
@@ -144,6 +172,7 @@ __global__ void __launch_bounds__(MKV_TC_WARPS * 32, kernel_shape<D, HI, LO>::MI
     using RF = region_finish<D, MKV_TC_WARPS * K::WARP_BYTES>;
 
     if (!a.fused) {
+        prefetch_q<D>(a, (int64_t)blockIdx.z * a.H + blockIdx.y);
         const block_pos b = locate(a, blockIdx.x, blockIdx.y, blockIdx.z);
         if (b.work) run_section_item<D, HI, LO, false>(a, smem, b.ip);
         return;
@@ -152,37 +181,44 @@ __global__ void __launch_bounds__(MKV_TC_WARPS * 32, kernel_shape<D, HI, LO>::MI
     int32_t *const next_id = a.counters + a.n_rs, *const sq_head = next_id + 1;
     int32_t *const sq_tail = next_id + 2, *const finished = next_id + 3, *const jobs = next_id + 4;
     const int32_t gx = a.grid_x, total = a.total_ids;
-    if (tid == 0) bs.owed = -1, bs.exhausted = 0, bs.nap = 256;
+    if (tid == 0) bs.owed = -1, bs.exhausted = 0, bs.nap = 256, bs.started = 0;
     enum { EXIT, RETRY, DECODE, SCORE };
     for (;;) {
         if (tid == 0) {
             int32_t cmd = RETRY, arg = 0, owed = bs.owed;
             bool exhausted = bs.exhausted;
-            /* A ticket when jobs seem to be waiting; it may name a job published later. */
-            if (owed < 0 && ld_relaxed(sq_head) < ld_relaxed(sq_tail)) {
-                owed = atomicAdd(sq_head, 1);
-                if (owed >= total) owed = -1; /* past any job there can be */
-            }
-            if (owed >= 0 && (arg = ld_acquire(jobs + owed)) >= 0) {
-                cmd = SCORE, owed = -1;
-            } else if (!exhausted) {
-                arg = atomicAdd(next_id, 1);
-                if (arg < total) cmd = DECODE;
-                else exhausted = true;
-            } else if (ld_acquire(finished) == total) { /* every job is published */
-                const int32_t tail = ld_relaxed(sq_tail);
-                if (owed >= tail) owed = -1; /* a ticket past the last job */
-                if (owed >= 0) {
-                    while ((arg = ld_acquire(jobs + owed)) < 0) __nanosleep(32);
-                    cmd = SCORE, owed = -1;
-                } else if (ld_relaxed(sq_head) >= tail) {
-                    cmd = EXIT;
-                }
+            if (!bs.started) {
+                /* The first decode id is the block's own index (the grid never exceeds the
+                 * ids; the queue's start after the grid's): no round trip before it. */
+                bs.started = 1;
+                cmd = DECODE, arg = blockIdx.x;
             } else {
-                /* Nothing to take until a region completes: a backoff of 256 ns doubling to
-                 * 2 us (every idle block of the call's tail polls these counters). */
-                __nanosleep(bs.nap);
-                bs.nap = min(2 * bs.nap, 2048);
+                /* A ticket when jobs seem to be waiting; it may name a job published later. */
+                if (owed < 0 && ld_relaxed(sq_head) < ld_relaxed(sq_tail)) {
+                    owed = atomicAdd(sq_head, 1);
+                    if (owed >= total) owed = -1; /* past any job there can be */
+                }
+                if (owed >= 0 && (arg = ld_acquire(jobs + owed)) >= 0) {
+                    cmd = SCORE, owed = -1;
+                } else if (!exhausted) {
+                    arg = (int32_t)gridDim.x + atomicAdd(next_id, 1);
+                    if (arg < total) cmd = DECODE;
+                    else exhausted = true;
+                } else if (ld_acquire(finished) == total) { /* every job is published */
+                    const int32_t tail = ld_relaxed(sq_tail);
+                    if (owed >= tail) owed = -1; /* a ticket past the last job */
+                    if (owed >= 0) {
+                        while ((arg = ld_acquire(jobs + owed)) < 0) __nanosleep(32);
+                        cmd = SCORE, owed = -1;
+                    } else if (ld_relaxed(sq_head) >= tail) {
+                        cmd = EXIT;
+                    }
+                } else {
+                    /* Nothing to take until a region completes: a backoff of 256 ns doubling
+                     * to 2 us (every idle block of the call's tail polls these counters). */
+                    __nanosleep(bs.nap);
+                    bs.nap = min(2 * bs.nap, 2048);
+                }
             }
             if (cmd != RETRY) bs.nap = 256;
             bs.cmd = cmd, bs.arg = arg, bs.owed = owed, bs.exhausted = exhausted;
@@ -193,6 +229,7 @@ __global__ void __launch_bounds__(MKV_TC_WARPS * 32, kernel_shape<D, HI, LO>::MI
         if (cmd == EXIT) break;
         if (cmd == RETRY) continue;
         const int32_t r = id / gx, bx = id - r * gx;
+        if (cmd == DECODE) prefetch_q<D>(a, r); /* r = sequence x H + KV head */
 
         if (cmd == SCORE) {
             const block_pos b = locate(a, bx, r % a.H, r / a.H);
@@ -210,7 +247,10 @@ __global__ void __launch_bounds__(MKV_TC_WARPS * 32, kernel_shape<D, HI, LO>::MI
         bool any;
         {
             const block_pos b = locate(a, bx, r % a.H, r / a.H);
-            if (tid == 0) bs.reg = {b.ip.rs, b.ip.region, b.hi, b.n, b.items_hi, b.n_items, b.arrivals, r * gx};
+            if (tid == 0) {
+                bs.reg = {b.ip.rs, b.ip.region, b.hi, b.n, b.items_hi, b.n_items, b.arrivals, r * gx};
+                bs.part = {b.part.slot, b.part.n_work, part_stride<D, HI, LO>(b.ip.sec)};
+            }
             any = b.any;
             if (b.work) run_section_item<D, HI, LO, true>(a, smem, b.ip);
         }
@@ -220,6 +260,8 @@ __global__ void __launch_bounds__(MKV_TC_WARPS * 32, kernel_shape<D, HI, LO>::MI
              * fence, not a MEMBAR.SC in each of the block's threads). */
             __syncthreads();
             const region_info &g = bs.reg;
+            block_merge<D>(a, smem, g.rs, bs.part, bs.wf);
+            __syncthreads();
             if (tid == 0) {
                 __threadfence();
                 bs.last = atomicAdd(a.counters + g.rs, 1) == g.arrivals - 1;
@@ -227,7 +269,7 @@ __global__ void __launch_bounds__(MKV_TC_WARPS * 32, kernel_shape<D, HI, LO>::MI
             }
             __syncthreads();
             if (bs.last) {
-                region_ms(a, g.rs, g.n_items, bs);
+                region_ms(a, g.rs, g.arrivals, bs);
                 /* The region's lse, visible before its score jobs are. */
                 if (tid < a.G) a.lse[g.rs * a.G + tid] = bs.lse[tid];
                 __threadfence();

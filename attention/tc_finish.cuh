@@ -18,14 +18,15 @@
 
 namespace mkv_tc {
 
-/* The final M, S and lse of every head of the region into bs (warp w takes heads w,
- * w + MKV_TC_WARPS); block-wide, ends with a barrier. */
-__device__ __forceinline__ void region_ms(const tc_args &a, int64_t rs, int32_t n_items, block_shared &bs)
+/* The final M, S and lse of every head of the region into bs from its n_parts part slots (a
+ * block's items each; warp w takes heads w, w + MKV_TC_WARPS); block-wide, ends with a
+ * barrier. */
+__device__ __forceinline__ void region_ms(const tc_args &a, int64_t rs, int32_t n_parts, block_shared &bs)
 {
     const int32_t warp = threadIdx.x >> 5, lane = threadIdx.x & 31;
     const int64_t part = rs * 2 * a.sec_items;
     for (int32_t g = warp; g < a.G; g += MKV_TC_WARPS) {
-        const float2 ms = head_ms(a, part, n_items, g);
+        const float2 ms = head_ms(a, part, n_parts, g);
         if (lane == 0) bs.M[g] = ms.x, bs.S[g] = ms.y, bs.lse[g] = ms.x + log2f(ms.y);
     }
     __syncthreads();
@@ -100,8 +101,9 @@ struct region_finish {
         }
     }
 
-    /* out = the items' partial outputs, each weighted by 2^(m - M) / S: chunks of whole items
-     * (outputs, then max and sum), weights computed once per item and head. */
+    /* out = the parts' partial outputs (a part per block of the region: g.arrivals), each
+     * weighted by 2^(m - M) / S: chunks of whole parts (outputs, then max and sum), weights
+     * computed once per part and head. */
     static __device__ __forceinline__ void merge(const tc_args &a, uint8_t *smem, const region_info &g,
                                                  const float *M, const float *S)
     {
@@ -114,8 +116,8 @@ struct region_finish {
         float o[EMAX];
 #pragma unroll
         for (int j = 0; j < EMAX; j++) o[j] = 0.0f;
-        for (int32_t s0 = 0; s0 < g.n_items; s0 += c) {
-            const int32_t cnt = min(c, g.n_items - s0);
+        for (int32_t s0 = 0; s0 < g.arrivals; s0 += c) {
+            const int32_t cnt = min(c, g.arrivals - s0);
             float *ml = po + cnt * GD, *w = ml + cnt * G * 2;
             const uint32_t ml_s = po_s + cnt * GD * 4;
             const uint8_t *src_o = reinterpret_cast<const uint8_t *>(a.part_o + (part + s0) * GD);

@@ -60,7 +60,8 @@ __host__ __device__ constexpr bool groups_supported()
 __device__ __forceinline__ uint32_t y_code(float y) { return __float_as_uint(fmaf(y, MKV_TC_YSCALE, 8388608.0f)); }
 
 /* One warp's item: the logits of its tokens (to the workspace), and its unnormalised partial
- * output, running max and sum. */
+ * output, running max and sum (to its part slot, or fused to the warp's staging area for
+ * block_merge). */
 template <int KB, int VB, int D, int KG, int VG, bool FUSED, int RG>
 __device__ __forceinline__ void run_item(const tc_args &a, uint8_t *smem, const item_pos &ip)
 {
@@ -644,12 +645,21 @@ __device__ __forceinline__ void run_item(const tc_args &a, uint8_t *smem, const 
 #pragma unroll
         for (int i = 0; i < 2; i++) zsum[i] = __shfl_sync(0xffffffffu, zacc[i], (gr * VG / 8) * 4 + tc);
     }
-    const int64_t part = (rs * 2 * a.sec_items + ip.slot_id) * G;
+    /* Separate pass: to the item's part slot. Fused: into the warp's staging area, idle now
+     * (every copy has landed and every lane has read its last stage), o as [G][D] then (max,
+     * sum) per head, for block_merge (one part per block: the region's last block merges a
+     * quarter of the parts, which shortened the fused calls' tail; the separate launches of
+     * two-format calls measured slower with it). */
+    __syncwarp();
+    static_assert(SL::WARP_BYTES >= MKV_TC_MAX_G * (D + 2) * 4, "a warp's area holds its partial result");
+    float *const po_s = FUSED ? reinterpret_cast<float *>(smem + warp * SL::WARP_BYTES)
+                              : a.part_o + (rs * 2 * a.sec_items + ip.slot_id) * G * D;
+    float *const pml = FUSED ? po_s + G * D : a.part_ml + (rs * 2 * a.sec_items + ip.slot_id) * G * 2;
 #pragma unroll
     for (int i = 0; i < 2; i++) {
         const int32_t h = 2 * tc + i;
         if (h >= G) continue;
-        float *po = a.part_o + (part + h) * D + gr * VRUN;
+        float *po = po_s + h * D + gr * VRUN;
 #pragma unroll
         for (int t = 0; t < MTILES; t++) {
             float2 r = make_float2(o[t][i], o[t][2 + i]);
@@ -662,8 +672,7 @@ __device__ __forceinline__ void run_item(const tc_args &a, uint8_t *smem, const 
             }
             *reinterpret_cast<float2 *>(po + 2 * t) = r;
         }
-        if (gr == 0)
-            *reinterpret_cast<float2 *>(a.part_ml + (part + h) * 2) = make_float2(m[i], lsum[i]);
+        if (gr == 0) *reinterpret_cast<float2 *>(pml + 2 * h) = make_float2(m[i], lsum[i]);
     }
 }
 

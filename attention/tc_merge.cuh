@@ -9,6 +9,7 @@
 
 #include "attention/decode_tc.h"
 #include "attention/tc_ptx.cuh"
+#include "attention/tc_staging.cuh"
 
 #include <math.h>
 
@@ -16,7 +17,52 @@
 
 namespace mkv_tc {
 
-/* The final max M and sum S (log2 units) of head g over the n_items item slots from part:
+/* One partial result of a block's items, in its part slot (block_part) of head-region rs:
+ * warp w < n_work left its item's unnormalised output [G][D] and (max, sum) [G] at smem + w *
+ * stride (run_item). The region's merge then reads a part per block, not per item. Threads
+ * h < G find head h's max, the warps' weights 2^(m_w - max) (into wf) and the sum; then every
+ * thread takes four consecutive outputs at a time, the warps' loads all issued at once. Warps
+ * past n_work left nothing (their areas hold whatever was staged) and are skipped, not
+ * weighted by 0. Ends without a barrier: the caller's, before the areas are reused. */
+template <int D>
+__device__ __forceinline__ void block_merge(const tc_args &a, const uint8_t *smem, int64_t rs, const block_part &p,
+                                            float (&wf)[MKV_TC_WARPS][MKV_TC_MAX_G])
+{
+    const int32_t G = a.G, GD = G * D, tid = threadIdx.x;
+    const int64_t part = (rs * 2 * a.sec_items + p.slot) * G;
+    const auto ml = [&](int32_t w, int32_t h) {
+        return *reinterpret_cast<const float2 *>(smem + w * p.stride + (GD + 2 * h) * 4);
+    };
+    if (tid < G) {
+        float M = -INFINITY, l = 0.0f;
+#pragma unroll
+        for (int32_t w = 0; w < MKV_TC_WARPS; w++)
+            if (w < p.n_work) M = fmaxf(M, ml(w, tid).x);
+#pragma unroll
+        for (int32_t w = 0; w < MKV_TC_WARPS; w++) {
+            const float f = w < p.n_work ? exp2f(ml(w, tid).x - M) : 0.0f;
+            if (w < p.n_work) l = fmaf(ml(w, tid).y, f, l);
+            wf[w][tid] = f;
+        }
+        *reinterpret_cast<float2 *>(a.part_ml + (part + tid) * 2) = make_float2(M, l);
+    }
+    __syncthreads();
+    for (int32_t e = 4 * tid; e < GD; e += 4 * MKV_TC_WARPS * 32) {
+        const int32_t h = e / D;
+        float4 o = make_float4(0.0f, 0.0f, 0.0f, 0.0f);
+#pragma unroll
+        for (int32_t w = 0; w < MKV_TC_WARPS; w++) {
+            if (w >= p.n_work) break;
+            const float4 x = *reinterpret_cast<const float4 *>(smem + w * p.stride + e * 4);
+            const float f = wf[w][h];
+            o.x = fmaf(x.x, f, o.x), o.y = fmaf(x.y, f, o.y), o.z = fmaf(x.z, f, o.z), o.w = fmaf(x.w, f, o.w);
+        }
+        *reinterpret_cast<float4 *>(a.part_o + part * D + e) = o;
+    }
+}
+
+/* The final max M and sum S (log2 units) of head g over the n_items part slots from part (an
+ * item's each in the separate pass, a block's in the fused kernel):
  * one online pass, a slot per lane, then a warp merge. Reads through L2 (in the fused kernel,
  * other blocks wrote them). */
 __device__ __forceinline__ float2 head_ms(const tc_args &a, int64_t part, int32_t n_items, int32_t g)
@@ -129,7 +175,7 @@ __device__ __forceinline__ void score_tokens(const section_tokens &s, int32_t fi
     }
 }
 
-/* out of head-region rs = its n_items items' partial outputs (from part), each weighted by
+/* out of head-region rs = its n_items parts' partial outputs (from part), each weighted by
  * 2^(m - M), over S; elements i0, i0 + stride, ... of the G x d. */
 __device__ __forceinline__ void merge_out(const tc_args &a, int64_t part, int32_t n_items,
                                           int64_t rs, int32_t d, const float *M, const float *S,

@@ -153,6 +153,11 @@ __device__ __forceinline__ void cp_async_page_at(uint32_t dst, const uint8_t *ba
                      : "memory");
 }
 
+/* A hint: the 128-byte line holding p into L2; nothing waits for it and it holds no register
+ * (small calls: q and the page table's row ends start their way while the block's first
+ * dependent loads are in flight). */
+__device__ __forceinline__ void prefetch_l2(const void *p) { asm volatile("prefetch.global.L2 [%0];" ::"l"(p)); }
+
 __device__ __forceinline__ void cp_async_commit() { asm volatile("cp.async.commit_group;" ::: "memory"); }
 
 template <int N>

@@ -61,14 +61,26 @@ struct region_info {
     int32_t first_id; /* the decode id of its block x = 0 */
 };
 
+/* Where a block's items meet (block_merge): its part slot (the region's block x, high
+ * blocks first), how many of its warps had an item, and the stride of their partial results
+ * in shared memory (the section format's staging area per warp: each warp writes its result
+ * into its own area). */
+struct block_part {
+    int32_t slot, n_work, stride;
+};
+
 struct block_shared {
     region_info reg; /* the fused kernel's current region (kept here, not in registers, across
                         the items) */
+    block_part part; /* the block's current part (likewise) */
     int32_t cmd, arg, last;
     int32_t nap;             /* thread 0's: its next pause (ns) while nothing is to be taken */
     int32_t owed, exhausted; /* thread 0's: the score job ticket it holds (-1: none); whether
                                 every decode id has been taken */
+    int32_t started;         /* thread 0's: whether the block took its first decode id (its own
+                                block index, without the queue) */
     float M[MKV_TC_MAX_G], S[MKV_TC_MAX_G], lse[MKV_TC_MAX_G];
+    float wf[MKV_TC_WARPS][MKV_TC_MAX_G]; /* block_merge's weights of the warps' items */
 };
 
 /* Subtiles per softmax step: all of a stage's where it holds two or four (one max, rescale
