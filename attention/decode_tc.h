@@ -120,7 +120,7 @@ struct tc_kernel {
 
 /* The instantiated kernel for a format, head_dim and quantization groups per key and per value
  * vector ({NULL, NULL} if none): one group a side, or the library's defaults where the kernel
- * covers them (tc_item.cuh, groups_supported). */
+ * covers them (tc_subtile.cuh, groups_supported). */
 tc_kernel mkv_tc_lookup(int32_t key_bits, int32_t value_bits, int32_t head_dim, int32_t key_groups,
                         int32_t value_groups);
 

@@ -1,6 +1,6 @@
 /*
  * tc_unpack.cuh — how a token's staged key and value runs become mma operands in the
- * tensor-core decode kernel (tc_item.cuh): keys as bytes of exact codes for the 8-bit integer
+ * tensor-core decode kernel (tc_subtile.cuh): keys as bytes of exact codes for the 8-bit integer
  * mma, values as fp16 pairs of two tokens (exact subnormal codes, or codes times their scale
  * where values have several groups), and the fp16 pair helpers they use.
  */
