@@ -1,0 +1,105 @@
+#!/usr/bin/env python3
+"""decode_targets.py -- issue 22's decode-attention targets, checked on measured grids.
+
+Reads a `bench_attention --json` grid (K16V16 and the 20/50/30 mix at least, the default
+batches 1, 16, 64, 256 and lengths 1k, 4k, 16k, 32k) and, for the comparison with the best
+dense fp16 kernel, a `scripts/sdpa_reference.py --json` grid measured in the same device call,
+and prints each target with the figures it rests on and whether it is met:
+
+  - the mix at 80% or more of the copy rate at 64 x 16k and above (batch 64 or more, 16k
+    tokens or more);
+  - the mix never slower than K16V16 at batch 1;
+  - K16V16 at 80% or more of the copy rate at batch 1 to 16, 8K tokens and longer;
+  - K16V16 no slower than SDPA at 256 x 1k, 64 x 4k, 16 x 16k and 256 x 32k.
+
+Both files should flush the L2 the same way (their `flush`; files without it flushed by
+writing). Exit status 0 when every target is met, 1 when one is not, 2 on a bad file.
+Standard library only; nothing in the build or the tests needs it.
+"""
+import argparse
+import json
+import sys
+
+MIX = "mix20/50/30"
+SDPA_SHAPES = [(256, 1024), (64, 4096), (16, 16384), (256, 32768)]
+
+
+def load(path, schema):
+    try:
+        with open(path) as f:
+            doc = json.load(f)
+    except (OSError, ValueError) as e:
+        print(f"decode_targets: {path}: {e}", file=sys.stderr)
+        sys.exit(2)
+    if doc.get("schema") != schema:
+        print(f"decode_targets: {path}: not a {schema} file", file=sys.stderr)
+        sys.exit(2)
+    return doc
+
+
+def shape(b, n):
+    return f"{b} x {n // 1024}k"
+
+
+def check(grid, sdpa):
+    by = {(r["format"], r["batch"], r["length"]): r for r in grid["results"]}
+    rows = []
+
+    def target(name, points, met):
+        rows.append({"target": name, "points": points, "met": met})
+
+    pts = [(b, n, by[(MIX, b, n)]["fraction_of_copy"]) for (f, b, n) in by
+           if f == MIX and b >= 64 and n >= 16384]
+    pts.sort()
+    target("mix at 80% of the copy rate, 64 x 16k and above",
+           [f"{shape(b, n)}: {100 * x:.1f}%" for b, n, x in pts],
+           bool(pts) and all(x >= 0.80 for _, _, x in pts))
+
+    pts = [(n, by[(MIX, 1, n)]["time_us"], by[("K16V16", 1, n)]["time_us"]) for (f, b, n) in by
+           if f == MIX and b == 1 and ("K16V16", 1, n) in by]
+    pts.sort()
+    target("mix never slower than K16V16 at batch 1",
+           [f"1 x {n // 1024}k: {k / m:.2f}x" for n, m, k in pts],
+           bool(pts) and all(m <= k for _, m, k in pts))
+
+    pts = [(b, n, by[("K16V16", b, n)]["fraction_of_copy"]) for (f, b, n) in by
+           if f == "K16V16" and 1 <= b <= 16 and n >= 8192]
+    pts.sort()
+    target("K16V16 at 80% of the copy rate, batch 1 to 16, 8K and longer",
+           [f"{shape(b, n)}: {100 * x:.1f}%" for b, n, x in pts],
+           bool(pts) and all(x >= 0.80 for _, _, x in pts))
+
+    if sdpa is not None:
+        sd = {(r["batch"], r["length"]): r for r in sdpa["results"]}
+        pts = [(b, n, by[("K16V16", b, n)]["time_us"], sd[(b, n)]["time_us"]) for b, n in SDPA_SHAPES
+               if ("K16V16", b, n) in by and (b, n) in sd]
+        target("K16V16 no slower than SDPA",
+               [f"{shape(b, n)}: {k / s:.2f}x SDPA's time" for b, n, k, s in pts],
+               len(pts) == len(SDPA_SHAPES) and all(k <= s for _, _, k, s in pts))
+    return rows
+
+
+def main():
+    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    ap.add_argument("grid", help="bench_attention --json output")
+    ap.add_argument("--sdpa", help="sdpa_reference.py --json output of the same device call")
+    ap.add_argument("--json", help="write the table as JSON here")
+    args = ap.parse_args()
+    grid = load(args.grid, "mixkv-bench-attention")
+    sdpa = load(args.sdpa, "mixkv-sdpa-reference") if args.sdpa else None
+    if sdpa is not None and grid.get("flush", "write") != sdpa.get("flush", "write"):
+        print("decode_targets: warning: the two files flushed the L2 differently", file=sys.stderr)
+    rows = check(grid, sdpa)
+    print(f"{grid['device']}, copy rate {grid['copy_rate_gbs']:.0f} GB/s, flush {grid.get('flush', 'write')}")
+    for r in rows:
+        print(f"{'met    ' if r['met'] else 'NOT MET'}  {r['target']}")
+        print("         " + "; ".join(r["points"]))
+    if args.json:
+        with open(args.json, "w") as f:
+            json.dump({"schema": "mixkv-decode-targets", "schema_version": 1, "device": grid["device"],
+                       "targets": rows}, f, indent=1)
+    return 0 if all(r["met"] for r in rows) else 1
+
+
+if __name__ == "__main__":
+    sys.exit(main())
