@@ -22,6 +22,7 @@
  */
 #include "attention/decode_cuda.h"
 
+#include "attention/decode_plan.h"
 #include "attention/decode_tc.h"
 #include "quant/half.h"
 #include "common/error.h"
@@ -30,7 +31,6 @@
 #include <cuda_runtime.h>
 
 #include <algorithm>
-#include <atomic>
 
 #include <math.h>
 #include <stdarg.h>
@@ -44,10 +44,7 @@
 #define VS_PAD 4                       /* floats of padding per value-tile row (banks, float4) */
 #define BUF_FLOATS (MAX_VT * (64 + VS_PAD)) /* largest vt(d) * (d + pad): d = 64 */
 #define SCORE_THREADS 256
-#define WS_ALIGN 256
-#ifndef MKV_MAX_DEVICES
-#define MKV_MAX_DEVICES 64 /* devices whose properties are cached */
-#endif
+#define WS_ALIGN MKV_DECODE_WS_ALIGN
 
 /* Tokens per value tile: about 16 KB of fp32 whatever d is. */
 __host__ __device__ constexpr int32_t value_tile(int32_t d)
@@ -523,8 +520,6 @@ static mkv_status_t bad(char *err, const char *fmt, ...)
     return MKV_STATUS_INVALID_ARGUMENT;
 }
 
-static bool valid_dim(int32_t d) { return d == 16 || d == 32 || d == 64 || d == 128 || d == 256; }
-
 /* The kernels trust the layout's arithmetic; check the fields they use against each other. */
 static bool vec_ok(const mkv_vec_layout_t *v, int32_t d)
 {
@@ -559,134 +554,10 @@ static bool layout_ok(const mkv_page_layout_t *l, int32_t d, int64_t page_bytes)
     return l->used_bytes <= page_bytes;
 }
 
-static bool sizes_ok(int32_t n_seq, int32_t H, int32_t G, int32_t d, int32_t max_tokens,
-                     int32_t split_tokens)
-{
-    return n_seq >= 0 && n_seq <= 65535 && H >= 1 && H <= 65535 && G >= 1 && G <= 65535 &&
-           valid_dim(d) && max_tokens >= 0 && split_tokens >= 0;
-}
 
 /* ---------------------------------------------------------------------------------------- */
-/* The tensor-core path (decode_tc.h)                                                       */
+/* The tensor-core path (decode_tc.h; planned in decode_plan.cu)                            */
 /* ---------------------------------------------------------------------------------------- */
-
-struct tc_plan {
-    int32_t item_tokens, sec_items;
-    bool compact;     /* compact logits (fused calls only; plan_for) */
-    int64_t lg_n_tok; /* token slots of the logits: regions x (sec_items + 1) x item_tokens */
-    int64_t total_ids; /* decode blocks of a one-launch call: (blocks per section + 1) * regions */
-    size_t off_logits, off_part_o, off_part_ml, off_counters, off_lse, bytes;
-};
-
-/* Device attributes, queried once per device and attribute (a decode call plans with them:
- * asking the driver every call cost microseconds of host time per layer). */
-static int32_t device_attr(cudaDeviceAttr attr, int32_t fallback)
-{
-    enum { N_CACHED = 4 };
-    static const cudaDeviceAttr cached[N_CACHED] = {cudaDevAttrMultiProcessorCount, cudaDevAttrL2CacheSize,
-                                                    cudaDevAttrMemoryClockRate, cudaDevAttrClockRate};
-    static std::atomic<int32_t> cache[MKV_MAX_DEVICES][N_CACHED + 1];
-    int dev = 0, n = 0, k = 0;
-    if (cudaGetDevice(&dev) != cudaSuccess) {
-        (void)cudaGetLastError();
-        return fallback;
-    }
-    while (k < N_CACHED && cached[k] != attr) k++;
-    if (attr == cudaDevAttrGlobalMemoryBusWidth) k = N_CACHED;
-    const bool cacheable = dev >= 0 && dev < MKV_MAX_DEVICES && (k < N_CACHED || attr == cudaDevAttrGlobalMemoryBusWidth);
-    if (cacheable) {
-        const int32_t c = cache[dev][k].load(std::memory_order_relaxed);
-        if (c > 0) return c;
-    }
-    if (cudaDeviceGetAttribute(&n, attr, dev) != cudaSuccess || n <= 0) {
-        (void)cudaGetLastError();
-        return fallback;
-    }
-    if (cacheable) cache[dev][k].store(n, std::memory_order_relaxed);
-    return n;
-}
-
-/* cap_blocks: 0, the default item size; 1 to mkv_decode_tuning::l2_cap_max_blocks, items small
- * enough for the logits of the items in flight (cap_blocks resident blocks per multiprocessor)
- * to fill at most about half of L2 (plan_for). fused: room for the fused kernel's counters and
- * log-sum-exps. */
-static tc_plan plan_tc(int32_t n_seq, int32_t H, int32_t G, int32_t d, int32_t max_tokens,
-                       int32_t split_tokens, bool fused, int32_t cap_blocks,
-                       int32_t max_item = MKV_TC_MAX_ITEM)
-{
-    using T = mkv_decode_tuning;
-    tc_plan w;
-    w.compact = false;
-    const int32_t sms = device_attr(cudaDevAttrMultiProcessorCount, T::fallback_sms);
-    if (split_tokens > 0) {
-        w.item_tokens = (int32_t)mkv_align_up64(split_tokens, MKV_TC_MIN_ITEM);
-    } else {
-        w.item_tokens = mkv_tc_item_tokens(n_seq, H, max_tokens, sms);
-        if (w.item_tokens > max_item) w.item_tokens = max_item;
-        /* cap_blocks > 0: halved while the logits of the items in flight would fill more than
-         * l2_logits_num / l2_logits_den of L2, as long as a section keeps at most
-         * l2_cap_max_items items. */
-        const int64_t l2 = device_attr(cudaDevAttrL2CacheSize, T::fallback_l2_bytes);
-        const int64_t warps = (int64_t)sms * cap_blocks * MKV_TC_WARPS;
-        while (cap_blocks > 0 && w.item_tokens > MKV_TC_MIN_ITEM &&
-               warps * w.item_tokens * G * 4 > l2 * T::l2_logits_num / T::l2_logits_den &&
-               ((int64_t)max_tokens + w.item_tokens / 2 - 1) / (w.item_tokens / 2) <= T::l2_cap_max_items)
-            w.item_tokens /= 2;
-    }
-    w.sec_items = (int32_t)(((int64_t)max_tokens + w.item_tokens - 1) / w.item_tokens);
-    const size_t rs = (size_t)n_seq * (size_t)H, rg = rs * (size_t)G;
-    const size_t slots = rg * 2 * (size_t)w.sec_items; /* (region, item slot, head) */
-    size_t off = 0;
-    w.off_logits = off; /* WS_ALIGN-aligned rows of item_tokens * G floats (a multiple of 256 B) */
-    const size_t n_tok = rs * ((size_t)w.sec_items + 1) * (size_t)w.item_tokens;
-    w.lg_n_tok = (int64_t)n_tok;
-    size_t lg_bytes = n_tok * (size_t)G * sizeof(float);
-    const size_t compact_bytes = fused ? mkv_tc_compact_layout(n_tok, G).bytes : 0;
-    if (compact_bytes > lg_bytes) lg_bytes = compact_bytes;
-    off += mkv_align_up64((int64_t)lg_bytes, WS_ALIGN);
-    w.off_part_o = off;
-    off += mkv_align_up64((int64_t)(slots * (size_t)d * sizeof(float)), WS_ALIGN);
-    w.off_part_ml = off;
-    off += mkv_align_up64((int64_t)(slots * 2 * sizeof(float)), WS_ALIGN);
-    w.total_ids = ((w.sec_items + MKV_TC_WARPS - 1) / MKV_TC_WARPS + 1) * (int64_t)rs;
-    w.off_counters = off; /* the fused kernel's only */
-    if (fused) off += mkv_align_up64((int64_t)((rs + 4 + (size_t)w.total_ids) * sizeof(int32_t)), WS_ALIGN);
-    w.off_lse = off;
-    if (fused) off += mkv_align_up64((int64_t)(rg * sizeof(float)), WS_ALIGN);
-    w.bytes = off;
-    return w;
-}
-
-/* The tensor-core kernel for a layout at head_dim ({NULL, NULL} where none is instantiated:
- * a format or head_dim left out of the build, or quantization groups it does not cover). */
-static tc_kernel tc_for(const mkv_page_layout_t *l, int32_t head_dim)
-{
-    return mkv_tc_lookup(l->key.bits, l->value.bits, head_dim, l->key.groups, l->value.groups);
-}
-
-/* The kernel that covers both sections in one launch: the format's own where both sections
- * share it, else the two-format kernel where one is instantiated ({NULL, NULL} if none: two
- * launches, one per section). */
-static tc_kernel tc_one_launch(const mkv_cuda_decode_t *a)
-{
-    const mkv_page_layout_t *hi = &a->lay_hi, *lo = &a->lay_lo;
-    const int32_t head_dim = a->head_dim;
-    const tc_kernel fh = tc_for(hi, head_dim), fl = tc_for(lo, head_dim);
-    if (fh.launch == nullptr || fl.launch == nullptr) return tc_kernel{nullptr, nullptr};
-    if (fh.launch == fl.launch) return fh;
-    if (a->kernel == MKV_DECODE_KERNEL_TENSOR_PER_SECTION) return tc_kernel{nullptr, nullptr};
-    return mkv_tc_lookup_mix(hi->key.bits, hi->value.bits, hi->key.groups, hi->value.groups, lo->key.bits,
-                             lo->value.bits, lo->key.groups, lo->value.groups, head_dim);
-}
-
-extern "C" int mkv_cuda_decode_uses_tensor(const mkv_page_layout_t *lay_hi,
-                                           const mkv_page_layout_t *lay_lo, int32_t group_size,
-                                           int32_t head_dim)
-{
-    return group_size >= 1 && group_size <= MKV_TC_MAX_G && lay_hi->used_bytes < INT32_MAX / 2 &&
-           lay_lo->used_bytes < INT32_MAX / 2 && tc_for(lay_hi, head_dim).launch != nullptr &&
-           tc_for(lay_lo, head_dim).launch != nullptr;
-}
 
 static tc_section section_of(const mkv_page_layout_t &l)
 {
@@ -698,145 +569,9 @@ static tc_section section_of(const mkv_page_layout_t &l)
     return s;
 }
 
-static bool same_format(const mkv_page_layout_t &x, const mkv_page_layout_t &y)
-{
-    return x.key.bits == y.key.bits && x.value.bits == y.value.bits && x.key.groups == y.key.groups &&
-           x.value.groups == y.value.groups;
-}
-
-/* Whether a tensor-core call may write its scores back inside the decode kernel: one launch
- * for both sections (one, the kernel for that, exists), and asked for (FUSED), or under AUTO
- * where it is faster (mkv_decode_tuning's fuse_*): small calls, where one launch instead of
- * two matters; for one format also long regions, and K16V16 in large calls. Shorter regions
- * in larger quantized calls, and two-format calls beyond the small ones, measured faster with
- * the separate pass. */
-static bool tc_may_fuse(const mkv_cuda_decode_t *a, const tc_kernel &one)
-{
-    using T = mkv_decode_tuning;
-    if (a->scores == MKV_DECODE_SCORES_SEPARATE || one.launch == nullptr) return false;
-    if (a->scores == MKV_DECODE_SCORES_FUSED) return true;
-    const mkv_page_layout_t &l = a->lay_hi;
-    const int64_t token_heads = (int64_t)a->n_seq * a->n_heads * a->max_tokens;
-    if (!same_format(a->lay_hi, a->lay_lo)) return token_heads <= T::fuse_max_small_token_heads;
-    return token_heads <= T::fuse_max_small_token_heads || a->max_tokens >= T::fuse_min_region_tokens ||
-           (l.key.bits == 16 && l.value.bits == 16 && token_heads >= T::fuse_min_k16v16_token_heads);
-}
-
-/* Cached per device: querying the clock-rate attributes is slow (a fraction of a millisecond),
- * which a decode call would otherwise spend before its launch. */
-extern "C" double mkv_cuda_dram_bytes_per_sm_cycle(void)
-{
-    static std::atomic<double> cache[MKV_MAX_DEVICES];
-    int dev = 0;
-    if (cudaGetDevice(&dev) != cudaSuccess || dev < 0) {
-        (void)cudaGetLastError();
-        dev = -1;
-    }
-    if (dev >= 0 && dev < MKV_MAX_DEVICES) {
-        const double c = cache[dev].load(std::memory_order_relaxed);
-        if (c > 0.0) return c;
-    }
-    const double mem_khz = device_attr(cudaDevAttrMemoryClockRate, 0);
-    const double bus_bits = device_attr(cudaDevAttrGlobalMemoryBusWidth, 0);
-    const double sms = device_attr(cudaDevAttrMultiProcessorCount, 0);
-    const double sm_khz = device_attr(cudaDevAttrClockRate, 0);
-    const double b = sms > 0 && sm_khz > 0 ? 2.0 * mem_khz * bus_bits / 8.0 / (sms * sm_khz) : 0.0;
-    if (b > 0.0 && dev >= 0 && dev < MKV_MAX_DEVICES) cache[dev].store(b, std::memory_order_relaxed);
-    return b;
-}
-
-/* Compact logits for a fused call (decode_tc.h, mkv_cuda_decode_logits_t): where every
- * softmax step covers a fixed number of tokens (pages of whole 16-token subtiles) and they are
- * smaller (G >= 2); under AUTO, on GPUs where the kernel waits on DRAM rather than on issue. */
-static bool tc_compact(const mkv_cuda_decode_t *a)
-{
-    if (a->logits == MKV_DECODE_LOGITS_FP32 || a->group_size < 2 || a->lay_hi.tokens % 16 != 0 ||
-        a->lay_lo.tokens % 16 != 0)
-        return false;
-    if (a->logits == MKV_DECODE_LOGITS_COMPACT) return true;
-    const double b = mkv_cuda_dram_bytes_per_sm_cycle();
-    return b > 0.0 && b < mkv_decode_tuning::compact_max_dram_bytes_per_sm_cycle;
-}
-
-/* The item cap of a two-format call (mkv_decode_tuning::two_format_min_items): the largest
- * power of two that cuts max_tokens into at least that many items, at least
- * MKV_TC_MIN_ITEM. */
-static int32_t two_format_max_item(int32_t max_tokens)
-{
-    int32_t item = MKV_TC_MAX_ITEM;
-    while (item > MKV_TC_MIN_ITEM && (int64_t)item * mkv_decode_tuning::two_format_min_items > max_tokens)
-        item /= 2;
-    return item;
-}
-
-/* blocks: the kernel's resident blocks per multiprocessor (0 if unknown). */
-static tc_plan plan_for(const mkv_cuda_decode_t *a, bool fused, int32_t blocks)
-{
-    /* Fused with wide keys: items capped for L2, so that more logits are read back from it;
-     * narrower keys are bound by instruction issue and gain more from long items, whose
-     * pipeline fill and drain cost fewer issue slots: uncapped with fp32 logits, at most
-     * compact_max_item tokens with compact logits (mkv_decode_tuning). */
-    using T = mkv_decode_tuning;
-    int32_t cap = 0, max_item = MKV_TC_MAX_ITEM;
-    const bool compact = fused && tc_compact(a);
-    if (fused && a->lay_hi.key.bits >= T::l2_cap_min_key_bits)
-        cap = blocks >= 1 && blocks <= T::l2_cap_max_blocks ? blocks : +T::l2_cap_max_blocks;
-    else if (compact)
-        max_item = T::compact_max_item;
-    if (!same_format(a->lay_hi, a->lay_lo)) max_item = std::min(max_item, two_format_max_item(a->max_tokens));
-    tc_plan w = plan_tc(a->n_seq, a->n_heads, a->group_size, a->head_dim, a->max_tokens,
-                        a->split_tokens, fused, cap, max_item);
-    w.compact = compact;
-    return w;
-}
-
-/* The plan of a tensor-core call, and whether it fuses the score write-back (where it may and
- * its block ids fit an int32); blocks: the one-launch kernel's resident blocks per
- * multiprocessor, asked only where it may fuse (0 otherwise). */
-static tc_plan plan_call(const mkv_cuda_decode_t *a, const tc_kernel &one, bool *fused, int32_t *blocks)
-{
-    *blocks = 0;
-    if (tc_may_fuse(a, one)) {
-        *blocks = one.blocks_per_sm();
-        const tc_plan w = plan_for(a, true, *blocks);
-        if (w.total_ids < INT32_MAX / 2) {
-            *fused = true;
-            return w;
-        }
-    }
-    *fused = false;
-    return plan_for(a, false, *blocks);
-}
-
-/* The plan mkv_cuda_decode would make for a call, and whether it fuses; false where the call
- * would not take the tensor-core kernels. */
-static bool query_plan(const mkv_cuda_decode_t *a, tc_plan *w, bool *fused)
-{
-    if (!a || a->kernel == MKV_DECODE_KERNEL_GENERIC ||
-        !sizes_ok(a->n_seq, a->n_heads, a->group_size, a->head_dim, a->max_tokens, a->split_tokens) ||
-        !mkv_cuda_decode_uses_tensor(&a->lay_hi, &a->lay_lo, a->group_size, a->head_dim))
-        return false;
-    int32_t blocks;
-    *w = plan_call(a, tc_one_launch(a), fused, &blocks);
-    return true;
-}
-
-extern "C" int mkv_cuda_decode_fuses_scores(const mkv_cuda_decode_t *a)
-{
-    tc_plan w;
-    bool fused;
-    return query_plan(a, &w, &fused) && fused;
-}
-
-extern "C" int mkv_cuda_decode_compact_logits(const mkv_cuda_decode_t *a)
-{
-    tc_plan w;
-    bool fused;
-    return query_plan(a, &w, &fused) && fused && w.compact;
-}
-
 static mkv_status_t launch_tc(const mkv_cuda_decode_t *a, cudaStream_t stream, char *err)
 {
+    using namespace mkv_tc_plan;
     const tc_kernel fh = tc_for(&a->lay_hi, a->head_dim);
     const tc_kernel fl = tc_for(&a->lay_lo, a->head_dim);
     const tc_kernel one = tc_one_launch(a);
@@ -911,27 +646,11 @@ extern "C" size_t mkv_cuda_decode_workspace_size(int32_t n_seq, int32_t n_heads,
                                                  int32_t group_size, int32_t head_dim,
                                                  int32_t max_tokens, int32_t split_tokens)
 {
-    if (!sizes_ok(n_seq, n_heads, group_size, head_dim, max_tokens, split_tokens)) return 0;
+    if (!mkv_tc_plan::sizes_ok(n_seq, n_heads, group_size, head_dim, max_tokens, split_tokens)) return 0;
     const size_t generic =
         plan_workspace(n_seq, n_heads, group_size, head_dim, max_tokens, split_tokens).bytes;
     if (head_dim != 64 && head_dim != 128) return generic;
-    /* Any tensor-core plan: separate, or fused with any item cap. */
-    size_t tc = plan_tc(n_seq, n_heads, group_size, head_dim, max_tokens, split_tokens, false, 0).bytes;
-    for (int32_t cap = 0; cap <= mkv_decode_tuning::l2_cap_max_blocks; cap++) {
-        const size_t f = plan_tc(n_seq, n_heads, group_size, head_dim, max_tokens, split_tokens, true, cap).bytes;
-        if (f > tc) tc = f;
-    }
-    const size_t f2 = plan_tc(n_seq, n_heads, group_size, head_dim, max_tokens, split_tokens, true, 0,
-                              mkv_decode_tuning::compact_max_item).bytes;
-    if (f2 > tc) tc = f2;
-    /* Two-format calls: shorter items, more partial results. */
-    const int32_t two = two_format_max_item(max_tokens);
-    for (int32_t cap = 0; cap <= mkv_decode_tuning::l2_cap_max_blocks; cap++)
-        for (int fused = 0; fused < 2; fused++) {
-            const size_t f = plan_tc(n_seq, n_heads, group_size, head_dim, max_tokens, split_tokens, fused,
-                                     fused ? cap : 0, two).bytes;
-            if (f > tc) tc = f;
-        }
+    const size_t tc = mkv_tc_plan::workspace_bytes(n_seq, n_heads, group_size, head_dim, max_tokens, split_tokens);
     return tc > generic ? tc : generic;
 }
 
@@ -944,7 +663,7 @@ extern "C" mkv_status_t mkv_cuda_decode(const mkv_cuda_decode_t *a, void *stream
                         "out %p, workspace %p)", (void *)a->pool, (const void *)a->table,
                    (const void *)a->n_hi, (const void *)a->n_lo, (const void *)a->regions,
                    (const void *)a->q, (void *)a->out, a->workspace);
-    if (!sizes_ok(a->n_seq, a->n_heads, a->group_size, a->head_dim, a->max_tokens,
+    if (!mkv_tc_plan::sizes_ok(a->n_seq, a->n_heads, a->group_size, a->head_dim, a->max_tokens,
                   a->split_tokens))
         return bad(err, "n_seq %d (0 .. 65535), n_heads %d, group_size %d (1 .. 65535), "
                         "head_dim %d (16, 32, 64, 128 or 256), max_tokens %d or split_tokens "

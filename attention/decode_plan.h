@@ -1,0 +1,57 @@
+/*
+ * decode_plan.h — the tensor-core decode path's planning (decode_plan.cu), for decode_cuda.cu:
+ * a call's item size and workspace layout, whether it fuses the score write-back and keeps
+ * compact logits, and which kernel covers it. C++, internal to the attention layer.
+ */
+#ifndef MKV_ATTENTION_DECODE_PLAN_H
+#define MKV_ATTENTION_DECODE_PLAN_H
+
+#include "attention/decode_cuda.h"
+#include "attention/decode_tc.h"
+
+#include <cuda_runtime.h>
+
+#include <stddef.h>
+#include <stdint.h>
+
+/* Alignment of the decode workspace's areas (both paths). */
+#define MKV_DECODE_WS_ALIGN 256
+
+namespace mkv_tc_plan {
+
+struct tc_plan {
+    int32_t item_tokens, sec_items;
+    bool compact;     /* compact logits (fused calls only; plan_for) */
+    int64_t lg_n_tok; /* token slots of the logits: regions x (sec_items + 1) x item_tokens */
+    int64_t total_ids; /* decode blocks of a one-launch call: (blocks per section + 1) * regions */
+    size_t off_logits, off_part_o, off_part_ml, off_counters, off_lse, bytes;
+};
+
+/* Whether the call's sizes are within what the kernels index (n_seq and heads within a grid
+ * dimension, a head_dim the formats have). */
+bool sizes_ok(int32_t n_seq, int32_t H, int32_t G, int32_t d, int32_t max_tokens, int32_t split_tokens);
+
+/* A device attribute of the current device, cached per device (fallback where it cannot be
+ * asked). */
+int32_t device_attr(cudaDeviceAttr attr, int32_t fallback);
+
+/* The layout of a call (cap_blocks, fused, max_item: plan_for's). */
+tc_plan plan_tc(int32_t n_seq, int32_t H, int32_t G, int32_t d, int32_t max_tokens, int32_t split_tokens,
+                bool fused, int32_t cap_blocks, int32_t max_item = MKV_TC_MAX_ITEM);
+
+/* The kernel of one layout ({NULL, NULL}: none instantiated), and the one covering both
+ * sections of a call in one launch. */
+tc_kernel tc_for(const mkv_page_layout_t *l, int32_t head_dim);
+tc_kernel tc_one_launch(const mkv_cuda_decode_t *a);
+
+/* The plan of a call and whether it fuses the score write-back; blocks: the one-launch
+ * kernel's resident blocks per multiprocessor where it may fuse (0 otherwise). */
+tc_plan plan_call(const mkv_cuda_decode_t *a, const tc_kernel &one, bool *fused, int32_t *blocks);
+
+/* The workspace any tensor-core plan of these sizes can need. */
+size_t workspace_bytes(int32_t n_seq, int32_t n_heads, int32_t group_size, int32_t head_dim, int32_t max_tokens,
+                       int32_t split_tokens);
+
+} // namespace mkv_tc_plan
+
+#endif /* MKV_ATTENTION_DECODE_PLAN_H */
