@@ -82,6 +82,7 @@ struct dec_args {
     float *part_o;          /* [n_seq * H][n_splits][G][d] unnormalised partial outputs */
     float *part_ml;         /* [n_seq * H][n_splits][G][2] partial max, sum of exp */
     float *final_ms;        /* [n_seq * H][G][2] final max M, sum S */
+    int32_t scores;         /* 0: no score write-back (no_scores) */
 };
 
 /* Workspace parts, each 256-byte aligned; the size query and the call share this plan. */
@@ -497,6 +498,7 @@ static mkv_status_t launch_decode(const dec_args &a, int32_t n_seq, cudaStream_t
     merge_kernel<<<dim3((unsigned)a.G, (unsigned)a.H, (unsigned)n_seq), (unsigned)a.d, 0,
                    stream>>>(a);
     if ((st = launched("merge_kernel", err)) != MKV_STATUS_OK) return st;
+    if (!a.scores) return MKV_STATUS_OK;
     const unsigned score_blocks = (unsigned)((a.max_tokens + SCORE_THREADS - 1) / SCORE_THREADS);
     score_kernel<<<dim3(score_blocks, (unsigned)a.H, (unsigned)n_seq), SCORE_THREADS, 0,
                    stream>>>(a);
@@ -595,6 +597,7 @@ static mkv_status_t launch_tc(const mkv_cuda_decode_t *a, cudaStream_t stream, c
     f.counters = fused ? reinterpret_cast<int32_t *>(ws + w.off_counters) : nullptr;
     f.lse = fused ? reinterpret_cast<float *>(ws + w.off_lse) : nullptr;
     f.fused = 0, f.discard = 0;
+    f.keep_logits = !a->no_scores;
     f.compact = 0, f.lg_n = 0, f.lg_a = nullptr, f.lg_b = nullptr, f.lg_r = nullptr;
     f.total_ids = (int32_t)w.total_ids;
     const dim3 grid((unsigned)f.blocks_per_sec, (unsigned)a->n_heads, (unsigned)a->n_seq);
@@ -613,14 +616,15 @@ static mkv_status_t launch_tc(const mkv_cuda_decode_t *a, cudaStream_t stream, c
                 f.lg_b = reinterpret_cast<uint8_t *>(f.logits) + cl.off_b;
                 f.lg_r = reinterpret_cast<float *>(reinterpret_cast<uint8_t *>(f.logits) + cl.off_r);
             }
-            /* Counters to zero, score jobs to -1; a persistent grid of what the GPU holds. */
+            /* Counters to zero, score jobs (if any) to -1; a persistent grid of what the GPU
+             * holds. */
             if ((st = launched("cudaMemsetAsync (decode counters)", err,
                                cudaMemsetAsync(f.counters, 0, ((size_t)f.n_rs + 4) * sizeof(int32_t),
                                                stream))) != MKV_STATUS_OK ||
-                (st = launched("cudaMemsetAsync (decode score jobs)", err,
+                (f.keep_logits && (st = launched("cudaMemsetAsync (decode score jobs)", err,
                                cudaMemsetAsync(f.counters + f.n_rs + 4, 0xff,
                                                (size_t)f.total_ids * sizeof(int32_t), stream))) !=
-                    MKV_STATUS_OK)
+                    MKV_STATUS_OK))
                 return st;
             const int64_t resident = (int64_t)blocks * device_attr(cudaDevAttrMultiProcessorCount, 1);
             const dim3 gp((unsigned)(resident > 0 && resident < f.total_ids ? resident : f.total_ids));
@@ -685,6 +689,7 @@ extern "C" mkv_status_t mkv_cuda_decode(const mkv_cuda_decode_t *a, void *stream
         return bad(err, "scores %d (0 auto, 1 separate, 2 fused)", a->scores);
     if (a->logits < MKV_DECODE_LOGITS_AUTO || a->logits > MKV_DECODE_LOGITS_COMPACT)
         return bad(err, "logits %d (0 auto, 1 fp32, 2 compact)", a->logits);
+    if (a->no_scores != 0 && a->no_scores != 1) return bad(err, "no_scores %d (0 or 1)", a->no_scores);
     const bool tensor = a->kernel != MKV_DECODE_KERNEL_GENERIC &&
                         mkv_cuda_decode_uses_tensor(&a->lay_hi, &a->lay_lo, a->group_size,
                                                     a->head_dim);
@@ -716,5 +721,6 @@ extern "C" mkv_status_t mkv_cuda_decode(const mkv_cuda_decode_t *a, void *stream
     k.part_o = reinterpret_cast<float *>(ws + w.off_part_o);
     k.part_ml = reinterpret_cast<float *>(ws + w.off_part_ml);
     k.final_ms = reinterpret_cast<float *>(ws + w.off_final);
+    k.scores = !a->no_scores;
     return launch_decode(k, a->n_seq, static_cast<cudaStream_t>(stream), err);
 }

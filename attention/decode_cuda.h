@@ -42,6 +42,10 @@ typedef struct mkv_cuda_decode {
                                  written here rounded to fp16 (bf16 when out_bf16) and out is
                                  not used (saves an engine with 16-bit activations a pass) */
     int32_t out_bf16;
+    int32_t no_scores;        /* 1: no score write-back: the score slots are left untouched
+                                 and no logits are kept (an engine that never compresses:
+                                 the full-precision baseline); `scores` then only says where
+                                 the items are merged (fused: inside the decode kernel) */
 } mkv_cuda_decode_t;
 
 /* Which kernels a call uses. AUTO takes the tensor-core kernels where they apply (head_dim 64

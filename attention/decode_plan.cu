@@ -184,8 +184,9 @@ static tc_plan plan_for(const mkv_cuda_decode_t *a, bool fused, int32_t blocks)
      * compact_max_item tokens with compact logits (mkv_decode_tuning). */
     using T = mkv_decode_tuning;
     int32_t cap = 0, max_item = MKV_TC_MAX_ITEM;
-    const bool compact = fused && tc_compact(a);
-    if (fused && a->lay_hi.key.bits >= T::l2_cap_min_key_bits)
+    const bool compact = fused && !a->no_scores && tc_compact(a);
+    /* (no logits to keep in L2 without a score write-back) */
+    if (fused && !a->no_scores && a->lay_hi.key.bits >= T::l2_cap_min_key_bits)
         cap = blocks >= 1 && blocks <= T::l2_cap_max_blocks ? blocks : +T::l2_cap_max_blocks;
     else if (compact)
         max_item = T::compact_max_item;

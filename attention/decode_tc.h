@@ -71,6 +71,8 @@ struct tc_args {
      * (decode block ids, -1 before the launch); lse [n_rs][G], each region's log2-sum-exp per
      * head. discard: whether to drop read logits from L2 (the workspace is 128-byte aligned). */
     int32_t fused, discard;
+    int32_t keep_logits; /* 0: no score write-back (mkv_cuda_decode_t::no_scores): no logits
+                            stored, no score jobs, the finalize pass only merges */
     int32_t n_rs; /* n_seq * H */
     int32_t total_ids;
     int32_t *counters;

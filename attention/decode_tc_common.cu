@@ -104,7 +104,8 @@ static __global__ void __launch_bounds__(FIN_THREADS) finalize_kernel(const tc_a
 cudaError_t mkv_tc_finalize(const tc_args &a, int32_t d, int32_t n_seq, cudaStream_t stream)
 {
     const int32_t per_block = FIN_THREADS * FIN_TOKENS;
-    const unsigned bx = 1u + (unsigned)((a.max_tokens + per_block - 1) / per_block);
+    /* Without a score write-back only the merge blocks (x = 0) run. */
+    const unsigned bx = a.keep_logits ? 1u + (unsigned)((a.max_tokens + per_block - 1) / per_block) : 1u;
     finalize_kernel<<<dim3(bx, (unsigned)a.H, (unsigned)n_seq), FIN_THREADS, 0, stream>>>(a, d);
     return cudaGetLastError();
 }

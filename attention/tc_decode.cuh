@@ -271,14 +271,16 @@ __global__ void __launch_bounds__(MKV_TC_WARPS * 32, kernel_shape<D, HI, LO>::MI
             __syncthreads();
             if (bs.last) {
                 region_ms(a, g.rs, g.arrivals, bs);
-                /* The region's lse, visible before its score jobs are. */
-                if (tid < a.G) a.lse[g.rs * a.G + tid] = bs.lse[tid];
-                __threadfence();
-                __syncthreads();
-                if (tid == 0) bs.arg = atomicAdd(sq_tail, g.arrivals);
-                __syncthreads();
-                for (int32_t i = tid; i < g.arrivals; i += MKV_TC_WARPS * 32)
-                    st_release(jobs + bs.arg + i, g.first_id + i); /* its blocks: x < arrivals */
+                if (a.keep_logits) {
+                    /* The region's lse, visible before its score jobs are. */
+                    if (tid < a.G) a.lse[g.rs * a.G + tid] = bs.lse[tid];
+                    __threadfence();
+                    __syncthreads();
+                    if (tid == 0) bs.arg = atomicAdd(sq_tail, g.arrivals);
+                    __syncthreads();
+                    for (int32_t i = tid; i < g.arrivals; i += MKV_TC_WARPS * 32)
+                        st_release(jobs + bs.arg + i, g.first_id + i); /* its blocks: x < arrivals */
+                }
                 RF::merge(a, smem, g, bs.M, bs.S);
             }
         }

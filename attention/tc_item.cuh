@@ -57,6 +57,8 @@ __device__ __forceinline__ void run_item(const tc_args &a, uint8_t *smem, const 
     /* Compact logits (tc_args): lg is then the lane's word of lg_a (token gr, pair tc),
      * advanced once per softmax step, after its stores. */
     const bool compact = FUSED && a.compact;
+    /* fp32 logits stored by this lane (none without a score write-back) */
+    const bool store_lg = lg_lane && !compact && a.keep_logits;
     float *lg = compact ? reinterpret_cast<float *>(a.lg_a + tc * a.lg_n + lin + gr) : a.logits + (lin + gr) * G + 2 * tc;
 
     /* The warp's staging area: [stage][subtile][BYTES_PER_SUBTILE]. */
@@ -206,7 +208,7 @@ __device__ __forceinline__ void run_item(const tc_args &a, uint8_t *smem, const 
                     continue;
                 }
                 subtile_logits<SL, KB, D, KG, VG>(stage + (st + u) * SL::BYTES_PER_SUBTILE, cnt[u], Q, gr, tc, l[u],
-                                                  vm[u], lg, G, lg_lane && !compact);
+                                                  vm[u], lg, G, store_lg);
                 if (!compact) lg += cnt[u] * G;
             }
             if (cnt[0] == 0) break;

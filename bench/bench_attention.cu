@@ -155,6 +155,7 @@ int main(int argc, char **argv)
     int kernel = MKV_DECODE_KERNEL_AUTO, scores = MKV_DECODE_SCORES_AUTO, split = 0, group = 0;
     int logits = MKV_DECODE_LOGITS_AUTO;
     bool write_flush = false; /* --flush write: the L2 flushed by a memset (figures before 2026-11-26) */
+    bool no_scores = false;   /* --no-scores: no score write-back (the full-precision baseline's call) */
     const char *only = NULL;
     for (int i = 1; i < argc; i++) {
         if (!strcmp(argv[i], "--json") && i + 1 < argc) json_path = argv[++i];
@@ -182,6 +183,7 @@ int main(int argc, char **argv)
         else if (!strcmp(argv[i], "--group-size") && i + 1 < argc) group = atoi(argv[++i]);
         else if (!strcmp(argv[i], "--flush") && i + 1 < argc && (!strcmp(argv[i + 1], "read") || !strcmp(argv[i + 1], "write")))
             write_flush = !strcmp(argv[++i], "write");
+        else if (!strcmp(argv[i], "--no-scores")) no_scores = true;
         else if (!strcmp(argv[i], "--quick")) {
             batches = {1, 64};
             lengths = {1024, 8192};
@@ -191,7 +193,7 @@ int main(int argc, char **argv)
                     "                       [--kernel auto|generic|tensor|tensor-per-section] [--batch B] [--length N]\n"
                     "                       [--format NAME] [--scores auto|separate|fused]\n"
                     "                       [--split N] [--logits auto|fp32|compact] [--group-size N]\n"
-                    "                       [--flush read|write]\n"
+                    "                       [--flush read|write] [--no-scores]\n"
                     "Decode attention time over batch x length grids (32 query / 8 KV heads, d 128)\n"
                     "for K16V16, K8V8, K8V4, K4V2 and a 20/50/30 high/low/pruned mix, against the\n"
                     "device copy rate. --scores: the score write-back as its own pass (separate),\n"
@@ -203,7 +205,9 @@ int main(int argc, char **argv)
                     "256: one group a vector), 0 (the default) for the library's defaults.\n"
                     "--flush: how the L2 is emptied before each timed call: by reading 256 MiB\n"
                     "(read, the default: the L2 then holds clean lines, as after a layer's GEMMs)\n"
-                    "or by a 256 MiB memset (write: dirty lines the call writes back as it reads).\n");
+                    "or by a 256 MiB memset (write: dirty lines the call writes back as it reads).\n"
+                    "--no-scores: calls without the score write-back (mkv_cuda_decode_t::no_scores,\n"
+                    "what an engine that never compresses runs); the bytes then exclude the scores.\n");
             return strcmp(argv[i], "-h") && strcmp(argv[i], "--help") ? 2 : 0;
         }
     }
@@ -317,12 +321,13 @@ int main(int argc, char **argv)
         fprintf(jf, "{\"schema\": \"mixkv-bench-attention\", \"schema_version\": 1, \"device\": \"%s\", "
                     "\"copy_rate_gbs\": %.1f, \"heads\": %d, \"group_size\": %d, \"head_dim\": %d, "
                     "\"kernel\": \"%s\", \"scores\": \"%s\", \"logits\": \"%s\", \"quant_group_elems\": %d, "
-                    "\"dram_bytes_per_sm_cycle\": %.2f, \"flush\": \"%s\", \"results\": [",
+                    "\"dram_bytes_per_sm_cycle\": %.2f, \"flush\": \"%s\", \"no_scores\": %s, \"results\": [",
                 prop.name, copy_rate / 1e9, H, G, d,
                 k_kernel_names[kernel], k_scores_names[scores], k_logits_names[logits], group, bpc,
-                write_flush ? "write" : "read");
-    printf("quantization groups: %s; L2 flushed by %s 256 MiB\n", group ? "elements per group as given" : "library defaults",
-           write_flush ? "writing" : "reading");
+                write_flush ? "write" : "read", no_scores ? "true" : "false");
+    printf("quantization groups: %s; L2 flushed by %s 256 MiB; %s\n",
+           group ? "elements per group as given" : "library defaults", write_flush ? "writing" : "reading",
+           no_scores ? "no score write-back" : "scores written back");
     printf("%-12s %6s %7s %10s %12s %9s %10s %9s\n", "format", "batch", "length", "time_us",
            "bytes_read", "GB/s", "of_copy", "vs_fp16");
     int first = 1;
@@ -373,6 +378,7 @@ int main(int argc, char **argv)
                 a.scores = scores;
                 a.logits = logits;
                 a.split_tokens = split;
+                a.no_scores = no_scores;
                 a.workspace = workspace;
                 std::vector<double> t;
                 for (int r = 0; r < reps + 2; r++) {
@@ -389,10 +395,11 @@ int main(int argc, char **argv)
                     if (r >= 2) t.push_back(ms * 1e-3);
                 }
                 /* Bytes that must be read: codes and metadata of every stored token, plus the
-                 * score (read and written). */
+                 * score (read and written) where it is written back. */
+                const double sb = no_scores ? 0.0 : 8.0;
                 const double per_hi = (double)(lh.bytes[0] + lh.bytes[1] + lh.bytes[2] + lh.bytes[3]) / lh.tokens;
                 const double per_lo = (double)(ll.bytes[0] + ll.bytes[1] + ll.bytes[2] + ll.bytes[3]) / ll.tokens;
-                const double bytes = (double)regions * (n_hi * (per_hi + 8.0) + n_lo * (per_lo + 8.0));
+                const double bytes = (double)regions * (n_hi * (per_hi + sb) + n_lo * (per_lo + sb));
                 const double sec = median(t), rate = bytes / sec;
                 if (!strcmp(v.name, "K16V16")) fp16_time = sec;
                 printf("%-12s %6d %7d %10.1f %12.3e %9.0f %9.1f%% %8.2fx\n", v.name, batch, len, sec * 1e6,

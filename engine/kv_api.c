@@ -131,6 +131,9 @@ mkv_status_t mkv_cache_set_budget(mkv_cache_t *cache, int32_t slot, int32_t max_
     if (st != MKV_STATUS_OK) return st;
     if (max_tokens < 0)
         return mkv_fail(cache->err, MKV_STATUS_INVALID_ARGUMENT, "budget %d must be >= 0", max_tokens);
+    if (cache->cfg.flags & MKV_CACHE_NO_SCORES)
+        return mkv_fail(cache->err, MKV_STATUS_INVALID_ARGUMENT,
+                        "a budget needs scores: the cache was created with MKV_CACHE_NO_SCORES");
     mkv_kv_t *kv; /* the budget is the KV layer's: it prunes token data */
     if ((st = kv_get(cache, &kv)) != MKV_STATUS_OK) return st;
     kv->budget[slot] = max_tokens;

@@ -1224,6 +1224,7 @@ static mkv_status_t cuda_decode(mkv_cache_t *c, mkv_kv_t *base, int32_t n_slots,
     if (dtype == MKV_DTYPE_F32) da.out = (float *)out;
     else da.out16 = (uint16_t *)out, da.out_bf16 = dtype == MKV_DTYPE_BF16; /* written as dtype */
     da.softmax_scale = cfg->softmax_scale;
+    da.no_scores = (cfg->flags & MKV_CACHE_NO_SCORES) != 0;
     da.workspace = kv->dec_ws;
     return mkv_cuda_decode(&da, stream, c->err);
 }

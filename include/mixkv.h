@@ -183,6 +183,12 @@ mkv_status_t mkv_backend_available(mkv_backend_t backend, int *out_available);
                                         device; a refusal found there (OUT_OF_PAGES) is
                                         reported by mkv_cache_sync or by the next call that
                                         waits (see mkv_cache_sync). Ignored by the CPU backend */
+#define MKV_CACHE_NO_SCORES 0x4u     /* (since 0.4) a cache that never compresses: alpha_h and
+                                        alpha_l 0, no fixed mix, no budget. Decode attention then
+                                        writes no score back (the CUDA backend's calls skip the
+                                        write-back: a plain paged decode, the full-precision
+                                        baseline's); the scores' values are unspecified.
+                                        mkv_cache_set_budget is refused */
 
 /* Initialise with MKV_CACHE_CONFIG_INIT, then set fields. `version` and `struct_size` let a
  * newer library accept an older caller's struct; do not change them. Zero in page_bytes or

@@ -11,7 +11,7 @@
 #define MKV_MAX_DIM (1 << 20)        /* bound on L, H, G, S: keeps products far from overflow */
 #define MKV_MAX_SEQ_LEN (1 << 28)
 #define MKV_MAX_THREADS 256
-#define MKV_KNOWN_FLAGS (MKV_CACHE_METADATA_ONLY | MKV_CACHE_ASYNC_STEPS)
+#define MKV_KNOWN_FLAGS (MKV_CACHE_METADATA_ONLY | MKV_CACHE_ASYNC_STEPS | MKV_CACHE_NO_SCORES)
 
 static mkv_status_t bad(char *err, const char *fmt, long long v)
 {
@@ -136,6 +136,12 @@ mkv_status_t mkv_config_resolve(const mkv_cache_config_t *in, mkv_cache_config_t
         return bad(err, "config.n_threads = %lld must be in [1, 256]", c.n_threads);
     if (c.flags & ~(uint32_t)MKV_KNOWN_FLAGS)
         return bad(err, "config.flags = %#llx has unknown bits", (long long)c.flags);
+    if ((c.flags & MKV_CACHE_NO_SCORES) &&
+        (c.alpha_h != 0.0f || c.alpha_l != 0.0f || c.mix_high > 0.0f || c.mix_low > 0.0f))
+        return mkv_fail(err, MKV_STATUS_INVALID_ARGUMENT,
+                        "config.flags has MKV_CACHE_NO_SCORES, which needs a cache that never compresses: "
+                        "alpha_h = %g and alpha_l = %g must be 0 and mix_high = %g, mix_low = %g 0",
+                        (double)c.alpha_h, (double)c.alpha_l, (double)c.mix_high, (double)c.mix_low);
 
     const int32_t tpp_min = lay_hi.tokens < lay_lo.tokens ? lay_hi.tokens : lay_lo.tokens;
     memset(geom, 0, sizeof *geom);

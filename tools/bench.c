@@ -122,7 +122,10 @@ static int run_mode(const bench_opts_t *o, mode_result_t *res)
     cfg.lo_format = res->lo;
     cfg.alpha_h = res->alpha_h;
     cfg.alpha_l = res->alpha_l;
-    if (res->baseline) cfg.mix_high = cfg.mix_low = 0.0f;
+    if (res->baseline) { /* nothing compressed, so no scores (a plain paged engine's cache) */
+        cfg.mix_high = cfg.mix_low = 0.0f;
+        cfg.flags |= MKV_CACHE_NO_SCORES;
+    }
     /* Room for every sequence at full length in whichever format takes more pages (a low
      * format may be wider than the high one), plus the admission slack and a partial page per
      * section. */

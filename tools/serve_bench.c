@@ -313,6 +313,8 @@ static int run_engine(const sb_opts_t *o, const mkv_model_config_t *mc, const mk
     base.max_seq_len = max_len;
     base.backend = o->run.backend;
     if (o->run.backend == MKV_BACKEND_CUDA) base.flags = MKV_CACHE_ASYNC_STEPS;
+    /* The baseline computes no scores, as a plain paged engine does not. */
+    if (fp16) base.flags |= MKV_CACHE_NO_SCORES;
     mkv_model_config_cache(mc, &base, &cfg);
     /* the same pages for both engines: 16 fp16 tokens a page */
     if (mkv_page_bytes_for(MKV_FORMAT_K16V16, cfg.head_dim, 0, 0, 16, &cfg.page_bytes) != MKV_STATUS_OK) {

@@ -215,11 +215,31 @@ Test(api, config_validation)
     BAD(cfg.struct_size = 8, "struct_size");
     BAD(cfg.n_threads = -1, "n_threads");
     BAD(cfg.flags = 0x80u, "flags");
+    /* No scores only for a cache that never compresses. */
+    BAD(cfg.flags = MKV_CACHE_NO_SCORES, "MKV_CACHE_NO_SCORES");
+    BAD((cfg.flags = MKV_CACHE_NO_SCORES, cfg.alpha_h = cfg.alpha_l = 0.0f, cfg.mix_low = 0.5f),
+        "MKV_CACHE_NO_SCORES");
     /* A page that holds one high token (K4V2) but no low token (K16V16). */
     int64_t one = 0;
     TU_OK(mkv_page_bytes_for(MKV_FORMAT_K4V2, 128, 256, 256, 1, &one));
     BAD((cfg.hi_format = MKV_FORMAT_K4V2, cfg.lo_format = MKV_FORMAT_K16V16, cfg.page_bytes = one),
         "page_bytes|lo_format");
+}
+
+/* MKV_CACHE_NO_SCORES: accepted for a cache that never compresses, and then no budget (which
+ * would need scores) is accepted. */
+Test(api, no_scores_cache)
+{
+    mkv_cache_config_t cfg = tu_config(2, 2, 2, 64, 4, 64);
+    cfg.alpha_h = cfg.alpha_l = 0.0f;
+    cfg.flags = MKV_CACHE_NO_SCORES;
+    mkv_cache_t *c = tu_create(&cfg);
+    int32_t slot = -1;
+    TU_COK(c, mkv_cache_admit(c, 10, &slot));
+    cr_assert_eq(mkv_cache_set_budget(c, slot, 100), MKV_STATUS_INVALID_ARGUMENT);
+    cr_assert_neq(strstr(mkv_cache_last_error(c), "MKV_CACHE_NO_SCORES"), NULL, "%s", mkv_cache_last_error(c));
+    cr_assert_eq(tu_info(c).config.flags, MKV_CACHE_NO_SCORES);
+    mkv_cache_destroy(c);
 }
 
 static void *fail_in_thread(void *arg)

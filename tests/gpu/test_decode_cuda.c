@@ -104,6 +104,7 @@ typedef struct batch {
     float *d_q, *d_out;
     int32_t scores; /* mkv_cuda_decode_scores_t of the GPU calls */
     int32_t logits; /* mkv_cuda_decode_logits_t of the GPU calls */
+    int32_t no_scores; /* the GPU calls write no scores back: the pool must come back unchanged */
 } batch_t;
 
 static void shuffle(int32_t *a, int64_t n, uint64_t *r)
@@ -289,7 +290,8 @@ static void batch_gpu(batch_t *b, int32_t kernel, int32_t split, float *got_out,
         .regions = b->d_regions, .n_seq = c->n_seq, .n_heads = c->H, .group_size = c->G,
         .head_dim = c->d, .max_tokens = b->max_tokens, .q = b->d_q, .out = b->d_out,
         .softmax_scale = (float)(1.0 / sqrt((double)c->d)), .split_tokens = split,
-        .workspace = d_ws, .kernel = kernel, .scores = b->scores, .logits = b->logits};
+        .workspace = d_ws, .kernel = kernel, .scores = b->scores, .logits = b->logits,
+        .no_scores = b->no_scores};
     char err[ERR_LEN] = "";
     const mkv_status_t st = mkv_cuda_decode(&a, NULL, err);
     cr_assert_eq(st, MKV_STATUS_OK, "%s split=%d: %s (%s)", b->ctx, split, mkv_status_string(st),
@@ -386,7 +388,18 @@ static void batch_check_splits(batch_t *b, int32_t kernel, const int32_t *splits
                  splits[k]);
         batch_gpu(b, kernel, splits[k], k == 0 ? out0 : out, k == 0 ? pool0 : pool);
         check_out(b, ctx, k == 0 ? out0 : out, b->ref_out, tol, ck_out);
-        check_pool(b, ctx, k == 0 ? pool0 : pool, b->ref_pool, ck_score);
+        if (b->no_scores) {
+            /* no score written back: not one byte of the pool changed */
+            const uint8_t *got = k == 0 ? pool0 : pool;
+            for (size_t i = 0; i < b->pool_bytes; i++)
+                if (got[i] != b->pool[i])
+                    cr_assert_fail("%s (no scores): pool byte %zu (page %lld, offset %lld) is %d, was %d",
+                                   ctx, i, (long long)(i / (size_t)b->page_bytes),
+                                   (long long)(i % (size_t)b->page_bytes), got[i], b->pool[i]);
+            ck_score->checked += (int64_t)b->pool_bytes;
+        } else {
+            check_pool(b, ctx, k == 0 ? pool0 : pool, b->ref_pool, ck_score);
+        }
         if (k > 0 && ck_vs_out) {
             snprintf(ctx, sizeof ctx, "%s split=%d vs split=%d", b->ctx, splits[k], splits[0]);
             check_out(b, ctx, out, out0, tol, ck_vs_out);
@@ -847,6 +860,45 @@ Test(decode_cuda, two_format_kernel, .timeout = 300)
     for (int i = 0; i < 2; i++) stats_expect(&ckc[i], "two_format_kernel");
 }
 
+/* Calls without the score write-back (no_scores: an engine that never compresses): the same
+ * outputs as the reference, and the pool, score slots included, exactly as it was; the
+ * tensor-core kernels fused and separate, one and two formats, and the generic kernels. */
+Test(decode_cuda, no_scores, .timeout = 300)
+{
+    GPU_REQUIRE();
+    stats_t ck[2] = {{.what = "out (no scores)"}, {.what = "pool bytes unchanged (no scores)"}};
+    static const struct {
+        mkv_format_t hi, lo;
+        int32_t d, G;
+    } cases[] = {{MKV_FORMAT_K16V16, MKV_FORMAT_K16V16, 128, 4}, {MKV_FORMAT_K16V16, MKV_FORMAT_K16V16, 64, 3},
+                 {MKV_FORMAT_K8V4, MKV_FORMAT_K4V2, 128, 4},   {MKV_FORMAT_K8V4, MKV_FORMAT_K4V2, 64, 8},
+                 {MKV_FORMAT_K4V2, MKV_FORMAT_K4V2, 128, 2},   {MKV_FORMAT_K8V4, MKV_FORMAT_K8V4, 32, 4}};
+    static const int32_t lens[] = {1, 63, 700, 4097, 9000, 130};
+    uint64_t r = 0x5c0e;
+    const int32_t splits[] = {0, 64, 100};
+    for (int ci = 0; ci < 6; ci++) {
+        const int32_t H = 2, n_seq = 3;
+        int32_t len[3 * 2 * 2];
+        for (int i = 0; i < n_seq * H; i++) {
+            const int32_t n = lens[(i + ci) % 6], hi = test_rand_range(&r, 0, n);
+            len[2 * i] = hi, len[2 * i + 1] = n - hi;
+        }
+        len[2 * 3] = len[2 * 3 + 1] = 0; /* a head-region with no tokens: out untouched */
+        spec_t c = {.hi = cases[ci].hi, .lo = cases[ci].lo, .d = cases[ci].d, .G = cases[ci].G,
+                    .tpp = 16 + 7 * ci, .n_seq = n_seq, .H = H, .len = len, .seed = test_rand_next(&r)};
+        batch_t b;
+        batch_build(&b, &c);
+        b.no_scores = 1;
+        for (int s = MKV_DECODE_SCORES_SEPARATE; s <= MKV_DECODE_SCORES_FUSED; s++) {
+            b.scores = s;
+            batch_check_splits(&b, MKV_DECODE_KERNEL_AUTO, splits, 3, &ck[0], &ck[1], NULL, NULL);
+        }
+        batch_free(&b);
+    }
+    stats_expect(&ck[0], "no_scores");
+    stats_expect(&ck[1], "no_scores");
+}
+
 /* Argument checks only: no pointer is dereferenced, so this runs without a device too. */
 Test(decode_cuda, bad_arguments)
 {
@@ -867,9 +919,9 @@ Test(decode_cuda, bad_arguments)
         .split_tokens = 0, .workspace = fake};
     cr_assert_eq(mkv_cuda_decode(&good, NULL, err), MKV_STATUS_OK, "%s", err);
 
-    mkv_cuda_decode_t bad[32];
+    mkv_cuda_decode_t bad[40];
     int n = 0;
-    for (int i = 0; i < 32; i++) bad[i] = good;
+    for (int i = 0; i < 40; i++) bad[i] = good;
     bad[n++].pool = NULL;
     bad[n++].table = NULL;
     bad[n++].n_hi = NULL;
@@ -901,6 +953,8 @@ Test(decode_cuda, bad_arguments)
     bad[n++].scores = 3;
     bad[n++].logits = 3;
     bad[n++].logits = -1;
+    bad[n++].no_scores = 2;
+    cr_assert_leq(n, 40);
     for (int i = 0; i < n; i++) {
         err[0] = '\0';
         cr_assert_eq(mkv_cuda_decode(&bad[i], NULL, err), MKV_STATUS_INVALID_ARGUMENT,
