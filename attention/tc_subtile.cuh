@@ -387,6 +387,10 @@ __device__ __forceinline__ void subtile_logits(const uint8_t *sub, int32_t cnt, 
          * 0-7), (2j, 8-15), (2j + 1, 0-7), (2j + 1, 8-15)); one exact integer chain per digit
          * and group, then c = sum over groups of s_g S_g + z_g sum(q over g). */
         constexpr int NCALL = SL::KC / 2;
+        /* 4-bit codes in groups of at most 32 elements: a group's S = c0 + 256 c1 + 65536 c2 is
+         * exact in int32 (|S| <= 15 * 2^22 * 32 < 2^31, and so is every partial sum), one
+         * conversion instead of two and an FMA. */
+        constexpr bool EXACT32 = KB == 4 && D / KG <= 32;
         uint32_t kr[NCALL][4];
         const uint32_t sub_s = (uint32_t)__cvta_generic_to_shared(sub);
 #pragma unroll
@@ -414,7 +418,8 @@ __device__ __forceinline__ void subtile_logits(const uint8_t *sub, int32_t cnt, 
 #pragma unroll
                 for (int i = 0; i < 2; i++) {
                     const int x = 2 * r + i;
-                    const float cg = fmaf(65536.0f, (float)cc[2][x], (float)(cc[0][x] + 256 * cc[1][x]));
+                    const float cg = EXACT32 ? (float)(cc[0][x] + 256 * cc[1][x] + 65536 * cc[2][x])
+                                             : fmaf(65536.0f, (float)cc[2][x], (float)(cc[0][x] + 256 * cc[1][x]));
                     c[x] = fmaf(lo_f(mk), cg, fmaf(hi_f(mk), Q.qsum[g][i], c[x]));
                 }
             }
