@@ -261,15 +261,25 @@ __global__ void __launch_bounds__(MKV_TC_WARPS * 32, kernel_shape<D, HI, LO>::MI
              * fence, not a MEMBAR.SC in each of the block's threads). */
             __syncthreads();
             const region_info &g = bs.reg;
-            block_merge<D>(a, smem, g.rs, bs.part, bs.wf);
+            /* A region of one block (short regions): its part is the region's result, written
+             * to out here, without the part's round trip and the arrival. */
+            const bool single = g.arrivals == 1;
+            block_merge<D>(a, smem, g.rs, bs.part, bs.wf, single, bs.M, bs.S, bs.lse);
             __syncthreads();
-            if (tid == 0) {
+            if (single) {
+                if (a.keep_logits) { /* its one score job: the lse visible before the job */
+                    if (tid < a.G) a.lse[g.rs * a.G + tid] = bs.lse[tid];
+                    __threadfence();
+                    __syncthreads();
+                    if (tid == 0) st_release(jobs + atomicAdd(sq_tail, 1), g.first_id);
+                }
+            } else if (tid == 0) {
                 __threadfence();
                 bs.last = atomicAdd(a.counters + g.rs, 1) == g.arrivals - 1;
                 __threadfence(); /* acquire, for the last one */
             }
             __syncthreads();
-            if (bs.last) {
+            if (!single && bs.last) {
                 region_ms(a, g.rs, g.arrivals, bs);
                 if (a.keep_logits) {
                     /* The region's lse, visible before its score jobs are. */

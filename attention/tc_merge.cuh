@@ -23,10 +23,14 @@ namespace mkv_tc {
  * h < G find head h's max, the warps' weights 2^(m_w - max) (into wf) and the sum; then every
  * thread takes four consecutive outputs at a time, the warps' loads all issued at once. Warps
  * past n_work left nothing (their areas hold whatever was staged) and are skipped, not
- * weighted by 0. Ends without a barrier: the caller's, before the areas are reused. */
+ * weighted by 0. Ends without a barrier: the caller's, before the areas are reused.
+ * single: the block is its region's only one, so its part is the region's result: the outputs
+ * go to out, normalised, and the final max, sum and lse per head to M, S and lse (what
+ * region_ms and the merge would make of the one part, bit for bit), and no part is written. */
 template <int D>
 __device__ __forceinline__ void block_merge(const tc_args &a, const uint8_t *smem, int64_t rs, const block_part &p,
-                                            float (&wf)[MKV_TC_WARPS][MKV_TC_MAX_G])
+                                            float (&wf)[MKV_TC_WARPS][MKV_TC_MAX_G], bool single, float *M_out,
+                                            float *S_out, float *lse_out)
 {
     const int32_t G = a.G, GD = G * D, tid = threadIdx.x;
     const int64_t part = (rs * 2 * a.sec_items + p.slot) * G;
@@ -44,7 +48,8 @@ __device__ __forceinline__ void block_merge(const tc_args &a, const uint8_t *sme
             if (w < p.n_work) l = fmaf(ml(w, tid).y, f, l);
             wf[w][tid] = f;
         }
-        *reinterpret_cast<float2 *>(a.part_ml + (part + tid) * 2) = make_float2(M, l);
+        if (single) M_out[tid] = M, S_out[tid] = l, lse_out[tid] = M + log2f(l);
+        else *reinterpret_cast<float2 *>(a.part_ml + (part + tid) * 2) = make_float2(M, l);
     }
     __syncthreads();
     for (int32_t e = 4 * tid; e < GD; e += 4 * MKV_TC_WARPS * 32) {
@@ -57,7 +62,19 @@ __device__ __forceinline__ void block_merge(const tc_args &a, const uint8_t *sme
             const float f = wf[w][h];
             o.x = fmaf(x.x, f, o.x), o.y = fmaf(x.y, f, o.y), o.z = fmaf(x.z, f, o.z), o.w = fmaf(x.w, f, o.w);
         }
-        *reinterpret_cast<float4 *>(a.part_o + part * D + e) = o;
+        if (!single) {
+            *reinterpret_cast<float4 *>(a.part_o + part * D + e) = o;
+            continue;
+        }
+        /* The region's merge of one part: weight 2^(m - M) = 1, then the division by S. */
+        const float s = S_out[h];
+        const float r[4] = {o.x / s, o.y / s, o.z / s, o.w / s};
+        const int64_t at = rs * GD + e;
+#pragma unroll
+        for (int k = 0; k < 4; k++) {
+            if (a.out16) a.out16[at + k] = a.out_bf16 ? mkv_f32_to_bf16(r[k]) : mkv_f32_to_f16(r[k]);
+            else a.out[at + k] = r[k];
+        }
     }
 }
 

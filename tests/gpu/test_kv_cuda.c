@@ -57,6 +57,7 @@ typedef struct pair {
     /* counts */
     int64_t steps, commits, compresses, near_ties, divergences, tokens_compared;
     double max_prefill_err, max_decode_err, max_score_rel;
+    int no_scores; /* the GPU cache has MKV_CACHE_NO_SCORES: its scores are not compared */
 } pair_t;
 
 static mkv_cache_config_t kconfig(const kgeom_t *g, mkv_backend_t be)
@@ -81,6 +82,7 @@ static void pair_init_flags(pair_t *p, const kgeom_t *g, mkv_dtype_t dt, uint64_
     p->g = *g;
     p->dt = dt;
     p->rng = seed;
+    p->no_scores = (gpu_flags & MKV_CACHE_NO_SCORES) != 0;
     mkv_cache_config_t cfg = kconfig(g, MKV_BACKEND_CPU);
     cr_assert_eq(mkv_cache_create(&cfg, &p->cpu), MKV_STATUS_OK, "%s", mkv_last_error());
     cfg = kconfig(g, MKV_BACKEND_CUDA);
@@ -220,6 +222,8 @@ static int slot_matches(pair_t *p, int32_t s, char *why, size_t why_len)
                                       "slot %d region %lld sec %d pos %d: %s metadata differ", s,
                                       (long long)lh, sec, posa, which ? "value" : "key");
                 }
+                p->tokens_compared++;
+                if (p->no_scores) continue;
                 float sca, scb;
                 memcpy(&sca, pa + mkv_score_offset(lay, sa), 4);
                 memcpy(&scb, pb + mkv_score_offset(lay, sb), 4);
@@ -227,7 +231,6 @@ static int slot_matches(pair_t *p, int32_t s, char *why, size_t why_len)
                 cr_assert(diff <= 1e-3 * mag + 1e-6, "slot %d region %lld pos %d: score %.9g vs %.9g", s,
                           (long long)lh, posa, sca, scb);
                 if (mag > 1e-4 && diff / mag > p->max_score_rel) p->max_score_rel = diff / mag;
-                p->tokens_compared++;
             }
         }
     }
@@ -446,7 +449,7 @@ static void admit_batch(pair_t *p, int32_t want)
         cr_assert_eq(mkv_cache_admit(p->cpu, len, &sa), MKV_STATUS_OK);
         cr_assert_eq(mkv_cache_admit(p->gpu, len, &sb), MKV_STATUS_OK);
         cr_assert_eq(sa, sb);
-        if (test_rand_range(&p->rng, 0, 3) == 0) {
+        if (test_rand_range(&p->rng, 0, 3) == 0 && !p->no_scores) { /* (a budget needs scores) */
             const int32_t budget = test_rand_range(&p->rng, g->W + 1, g->max_len / 2);
             cr_assert_eq(mkv_cache_set_budget(p->cpu, sa, budget), MKV_STATUS_OK);
             cr_assert_eq(mkv_cache_set_budget(p->gpu, sa, budget), MKV_STATUS_OK);
@@ -554,12 +557,12 @@ static void run_flags(const kgeom_t *g, mkv_dtype_t dt, uint64_t seed, int32_t s
     }
     cr_log_info("kv_cuda%s %s L%d H%d G%d d%d: %lld steps, %lld commits, %lld tokens compared; "
                 "max |err| prefill %.3g decode %.3g, max score rel %.3g; near-ties %lld, divergences %lld",
-                flags ? " async" : "", mkv_dtype_name(dt), g->L, g->H, g->G, g->d, (long long)p.steps, (long long)p.commits,
+                flags & MKV_CACHE_NO_SCORES ? " no-scores" : flags ? " async" : "", mkv_dtype_name(dt), g->L, g->H, g->G, g->d, (long long)p.steps, (long long)p.commits,
                 (long long)p.tokens_compared, p.max_prefill_err, p.max_decode_err, p.max_score_rel,
                 (long long)p.near_ties, (long long)p.divergences);
     printf("kv_cuda%s %s L%d H%d G%d d%d: %lld steps, %lld commits, %lld tokens compared; max |err| "
            "prefill %.3g decode %.3g, max score rel %.3g; near-ties %lld, divergences %lld\n",
-           flags ? " async" : "", mkv_dtype_name(dt), g->L, g->H, g->G, g->d, (long long)p.steps,
+           flags & MKV_CACHE_NO_SCORES ? " no-scores" : flags ? " async" : "", mkv_dtype_name(dt), g->L, g->H, g->G, g->d, (long long)p.steps,
            (long long)p.commits, (long long)p.tokens_compared, p.max_prefill_err, p.max_decode_err,
            p.max_score_rel, (long long)p.near_ties, (long long)p.divergences);
     cr_assert_gt(p.steps, steps / 2, "the run did too few decode steps to mean anything");
@@ -595,6 +598,20 @@ Test(kv_cuda, differential_fixed_mix, .timeout = 900)
     kgeom_t t = G_TINY;
     t.mix_high = 0.35f, t.mix_low = 0.25f;
     run(&t, MKV_DTYPE_F16, 6, 800);
+}
+
+/* A cache that never compresses, with MKV_CACHE_NO_SCORES on the GPU side (the full-precision
+ * baseline's cache): the same outputs, placements and codes as the CPU backend's, call for call
+ * (scores are not kept, so not compared). */
+Test(kv_cuda, differential_no_scores, .timeout = 900)
+{
+    GPU_REQUIRE();
+    kgeom_t k16 = G_LLAMA;
+    k16.hi = k16.lo = MKV_FORMAT_K16V16, k16.ah = k16.al = 0.0f;
+    run_flags(&k16, MKV_DTYPE_F16, 7, 400, MKV_CACHE_NO_SCORES);
+    kgeom_t q = G_SMALL;
+    q.ah = q.al = 0.0f;
+    run_flags(&q, MKV_DTYPE_BF16, 8, 600, MKV_CACHE_NO_SCORES | MKV_CACHE_ASYNC_STEPS);
 }
 
 Test(kv_cuda, differential_llama_heads_bf16_f32, .timeout = 900)
