@@ -616,15 +616,11 @@ static mkv_status_t launch_tc(const mkv_cuda_decode_t *a, cudaStream_t stream, c
                 f.lg_b = reinterpret_cast<uint8_t *>(f.logits) + cl.off_b;
                 f.lg_r = reinterpret_cast<float *>(reinterpret_cast<uint8_t *>(f.logits) + cl.off_r);
             }
-            /* Counters to zero, score jobs (if any) to -1; a persistent grid of what the GPU
-             * holds. */
+            /* Counters and score-job entries (if any: entries hold a decode id + 1, 0 until
+             * published) to zero in one memset; a persistent grid of what the GPU holds. */
+            const size_t words = (size_t)f.n_rs + 4 + (f.keep_logits ? (size_t)f.total_ids : 0);
             if ((st = launched("cudaMemsetAsync (decode counters)", err,
-                               cudaMemsetAsync(f.counters, 0, ((size_t)f.n_rs + 4) * sizeof(int32_t),
-                                               stream))) != MKV_STATUS_OK ||
-                (f.keep_logits && (st = launched("cudaMemsetAsync (decode score jobs)", err,
-                               cudaMemsetAsync(f.counters + f.n_rs + 4, 0xff,
-                                               (size_t)f.total_ids * sizeof(int32_t), stream))) !=
-                    MKV_STATUS_OK))
+                               cudaMemsetAsync(f.counters, 0, words * sizeof(int32_t), stream))) != MKV_STATUS_OK)
                 return st;
             const int64_t resident = (int64_t)blocks * device_attr(cudaDevAttrMultiProcessorCount, 1);
             const dim3 gp((unsigned)(resident > 0 && resident < f.total_ids ? resident : f.total_ids));

@@ -66,10 +66,11 @@ struct tc_args {
      * the high section's blocks first, then the low one's, then none (locate). */
     int32_t sec_mask, blocks_per_sec, grid_x;
     /* Fused score write-back (one launch covering both sections only; a persistent grid):
-     * counters [n_rs + 4 + total_ids], the first n_rs + 4 zeroed before the launch (per region
-     * arrivals; next decode id, score jobs taken, published, ids done), then the score jobs
-     * (decode block ids, -1 before the launch); lse [n_rs][G], each region's log2-sum-exp per
-     * head. discard: whether to drop read logits from L2 (the workspace is 128-byte aligned). */
+     * counters [n_rs + 4 + total_ids], all zeroed by one memset before the launch: per region
+     * arrivals; next decode id, score jobs taken, published, ids done; then the score jobs
+     * (an entry holds a decode block id + 1 once published). lse [n_rs][G], each region's
+     * log2-sum-exp per head. discard: whether to drop read logits from L2 (the workspace is
+     * 128-byte aligned). */
     int32_t fused, discard;
     int32_t keep_logits; /* 0: no score write-back (mkv_cuda_decode_t::no_scores): no logits
                             stored, no score jobs, the finalize pass only merges */

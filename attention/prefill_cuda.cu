@@ -3,7 +3,7 @@
  * (contract in prefill_cuda.h; reference: mkv_attn_prefill in prefill_ref.c, which
  * tests/gpu/test_prefill_cuda.c compares against).
  *
- * Two passes, both enqueued on the caller's stream:
+ * Two passes, both enqueued on the caller's stream (the second only where sig_sum is given):
  *   1. the forward: out and each row's log2-sum-exp (lse2, the workspace: [total][H * G]);
  *   2. the significance column pass: a CTA owns a tile of keys of one KV head of one sequence,
  *      recomputes the logits of the observing queries against its keys, turns them into
@@ -232,7 +232,7 @@ static mkv_status_t launch_tc(pf_args a, int32_t n_seq, int32_t max_len, cudaStr
     fwd_tc_kernel<D><<<dim3(tiles_of(max_len, PF_TC_BM / a.G) * (unsigned)a.H, (unsigned)n_seq), PF_TC_THREADS,
                        fwd_smem, stream>>>(a);
     mkv_status_t st = launched("fwd_tc_kernel", err);
-    if (st != MKV_STATUS_OK) return st;
+    if (st != MKV_STATUS_OK || !a.sig) return st; /* no significance asked */
     /* Split the observers of a key tile over parts where they are many (obs_window 0 on long
      * prompts): the first key tiles would otherwise each run the whole prompt alone, long
      * after the others are done. A part takes at least 4 observer tiles. */
@@ -252,7 +252,7 @@ static mkv_status_t launch_generic(pf_args a, int32_t n_seq, int32_t max_len, cu
     fwd_generic_kernel<<<dim3(tiles_of(max_len, PF_G_ROWS) * (unsigned)a.HG, (unsigned)n_seq), PF_G_THREADS, 0,
                          stream>>>(a);
     mkv_status_t st = launched("fwd_generic_kernel", err);
-    if (st != MKV_STATUS_OK) return st;
+    if (st != MKV_STATUS_OK || !a.sig) return st; /* no significance asked */
     sig_generic_kernel<<<dim3(tiles_of(max_len, PF_G_KT) * (unsigned)a.H, (unsigned)n_seq), PF_G_THREADS, 0,
                          stream>>>(a);
     return launched("sig_generic_kernel", err);
@@ -321,7 +321,7 @@ extern "C" mkv_status_t mkv_cuda_prefill(const mkv_cuda_prefill_t *a, void *stre
     if (a->obs_window < 0) return bad(err, "obs_window %d (0: every query observes)", a->obs_window);
     if (a->n_seq > 0 && !a->seq_start) return bad(err, "null seq_start");
     if (a->n_seq == 0 || a->total_tokens == 0 || a->max_len == 0) return MKV_STATUS_OK;
-    if (!a->q || !a->k || !a->v || !a->out || !a->sig_sum || !a->workspace)
+    if (!a->q || !a->k || !a->v || !a->out || !a->workspace)
         return bad(err, "null pointer (q %p, k %p, v %p, out %p, sig_sum %p, workspace %p)", (const void *)a->q,
                    (const void *)a->k, (const void *)a->v, a->out, (void *)a->sig_sum, a->workspace);
     const size_t el = a->out_dtype == MKV_DTYPE_F32 ? 4 : 2;

@@ -37,7 +37,8 @@ typedef struct mkv_cuda_prefill {
     mkv_dtype_t out_dtype;    /* F32, F16 or BF16 */
     float softmax_scale;      /* finite, > 0 */
     int32_t obs_window;       /* 0: every later query observes */
-    float *sig_sum;           /* device [H][total] */
+    float *sig_sum;           /* device [H][total], or NULL: no significance (the column
+                                 pass is skipped; an engine that keeps no scores) */
     void *workspace;          /* device, mkv_cuda_prefill_workspace_size bytes, 256-byte
                                  aligned (as cudaMalloc returns) */
 } mkv_cuda_prefill_t;

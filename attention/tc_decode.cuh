@@ -199,7 +199,7 @@ __global__ void __launch_bounds__(MKV_TC_WARPS * 32, kernel_shape<D, HI, LO>::MI
                     owed = atomicAdd(sq_head, 1);
                     if (owed >= total) owed = -1; /* past any job there can be */
                 }
-                if (owed >= 0 && (arg = ld_acquire(jobs + owed)) >= 0) {
+                if (owed >= 0 && (arg = ld_acquire(jobs + owed) - 1) >= 0) {
                     cmd = SCORE, owed = -1;
                 } else if (!exhausted) {
                     arg = (int32_t)gridDim.x + atomicAdd(next_id, 1);
@@ -209,7 +209,7 @@ __global__ void __launch_bounds__(MKV_TC_WARPS * 32, kernel_shape<D, HI, LO>::MI
                     const int32_t tail = ld_relaxed(sq_tail);
                     if (owed >= tail) owed = -1; /* a ticket past the last job */
                     if (owed >= 0) {
-                        while ((arg = ld_acquire(jobs + owed)) < 0) __nanosleep(32);
+                        while ((arg = ld_acquire(jobs + owed) - 1) < 0) __nanosleep(32);
                         cmd = SCORE, owed = -1;
                     } else if (ld_relaxed(sq_head) >= tail) {
                         cmd = EXIT;
@@ -271,7 +271,7 @@ __global__ void __launch_bounds__(MKV_TC_WARPS * 32, kernel_shape<D, HI, LO>::MI
                     if (tid < a.G) a.lse[g.rs * a.G + tid] = bs.lse[tid];
                     __threadfence();
                     __syncthreads();
-                    if (tid == 0) st_release(jobs + atomicAdd(sq_tail, 1), g.first_id);
+                    if (tid == 0) st_release(jobs + atomicAdd(sq_tail, 1), g.first_id + 1);
                 }
             } else if (tid == 0) {
                 __threadfence();
@@ -289,7 +289,7 @@ __global__ void __launch_bounds__(MKV_TC_WARPS * 32, kernel_shape<D, HI, LO>::MI
                     if (tid == 0) bs.arg = atomicAdd(sq_tail, g.arrivals);
                     __syncthreads();
                     for (int32_t i = tid; i < g.arrivals; i += MKV_TC_WARPS * 32)
-                        st_release(jobs + bs.arg + i, g.first_id + i); /* its blocks: x < arrivals */
+                        st_release(jobs + bs.arg + i, g.first_id + i + 1); /* its blocks: x < arrivals */
                 }
                 RF::merge(a, smem, g, bs.M, bs.S);
             }

@@ -1037,6 +1037,13 @@ static mkv_status_t cuda_prefill(mkv_cache_t *c, mkv_kv_t *base, int32_t n_slots
         a.softmax_scale = c->cfg.softmax_scale;
         a.obs_window = c->cfg.obs_window;
         a.sig_sum = sig;
+        if (c->cfg.flags & MKV_CACHE_NO_SCORES) { /* no significance pass: the scores start at 0 */
+            a.sig_sum = NULL;
+            if (cudaMemsetAsync(sig, 0, (size_t)(total * H) * 4, stream) != cudaSuccess) {
+                st = mkv_fail(c->err, MKV_STATUS_CUDA_ERROR, "prefill: clearing the significance failed");
+                break;
+            }
+        }
         a.workspace = buf + off_ws;
         if ((st = mkv_cuda_prefill(&a, stream, c->err)) != MKV_STATUS_OK) break;
         for (int32_t j = 0; j < n_slots && st == MKV_STATUS_OK; j++) {
