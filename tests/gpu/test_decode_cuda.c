@@ -502,8 +502,10 @@ Test(decode_cuda, long_sequences_with_splits, .timeout = 600)
     GPU_REQUIRE();
     static const int32_t lens[] = {1, 777, 4097, 32768};
     static const int32_t splits[] = {64, 0};
+    /* (the third: G 8, whose separate pass loads 8 logits a token early, score_rows) */
     static const mkv_format_t pairs[][2] = {{MKV_FORMAT_K8V4, MKV_FORMAT_K4V2},
-                                            {MKV_FORMAT_K16V16, MKV_FORMAT_K16V16}};
+                                            {MKV_FORMAT_K16V16, MKV_FORMAT_K16V16},
+                                            {MKV_FORMAT_K8V4, MKV_FORMAT_K4V2}};
     stats_t ck_out = {.what = "out"}, ck_score = {.what = "score"};
     stats_t ck_vs_out = {.what = "out split 0 vs 64"};
     stats_t ck_vs_score = {.what = "score split 0 vs 64"};
@@ -511,7 +513,7 @@ Test(decode_cuda, long_sequences_with_splits, .timeout = 600)
     stats_t ck_vs_out_g = {.what = "out split 0 vs 64 (generic)"};
     stats_t ck_vs_score_g = {.what = "score split 0 vs 64 (generic)"};
     uint64_t r = 0x10ad;
-    for (int pr = 0; pr < 2; pr++) {
+    for (int pr = 0; pr < 3; pr++) {
         const int32_t H = 3;
         int32_t len[4 * 3 * 2];
         for (int j = 0; j < 4; j++)
@@ -519,7 +521,7 @@ Test(decode_cuda, long_sequences_with_splits, .timeout = 600)
                 const int32_t n = lens[j], hi = test_rand_range(&r, 0, n);
                 len[2 * (j * H + h)] = hi, len[2 * (j * H + h) + 1] = n - hi;
             }
-        const spec_t c = {.hi = pairs[pr][0], .lo = pairs[pr][1], .d = 128, .G = 4, .groups = ONE_GROUP,
+        const spec_t c = {.hi = pairs[pr][0], .lo = pairs[pr][1], .d = 128, .G = pr == 2 ? 8 : 4, .groups = ONE_GROUP,
                           .tpp = 32, .n_seq = 4, .H = H, .len = len, .seed = test_rand_next(&r)};
         batch_t b;
         batch_build(&b, &c);
