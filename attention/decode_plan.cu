@@ -150,8 +150,10 @@ static bool tc_may_fuse(const mkv_cuda_decode_t *a, const tc_kernel &one)
     if (a->no_scores) return true;
     const mkv_page_layout_t &l = a->lay_hi;
     const int64_t token_heads = (int64_t)a->n_seq * a->n_heads * a->max_tokens;
-    if (!same_format(a->lay_hi, a->lay_lo)) return token_heads <= T::fuse_max_small_token_heads;
-    return token_heads <= T::fuse_max_small_token_heads || a->max_tokens >= T::fuse_min_region_tokens ||
+    const bool small = token_heads <= T::fuse_max_small_token_heads;
+    if (!same_format(a->lay_hi, a->lay_lo))
+        return small && a->max_tokens >= T::fuse_small_two_format_min_region_tokens;
+    return (small && a->max_tokens >= T::fuse_small_min_region_tokens) || a->max_tokens >= T::fuse_min_region_tokens ||
            (l.key.bits == 16 && l.value.bits == 16 && token_heads >= T::fuse_min_k16v16_token_heads);
 }
 

@@ -49,6 +49,18 @@ struct mkv_decode_tuning {
      * against 1,015 us at 64 x 32k) and at 256 x 1k, 4k and 32k (4,637 against 4,290); it won
      * at 256 x 16k alone (2,437 against 3,092). */
     static constexpr int64_t fuse_max_small_token_heads = (int64_t)1 << 18; /* n_seq H max_tokens */
+    /* ... but only for regions of at least this many tokens (one format; two formats): with
+     * this build's separate pass (finalize loads its tokens early) and fused kernel (one
+     * memset, single-block regions), an H100 measured the separate pass faster on small calls
+     * of short regions: 1 x 1k K16V16 16.2 against 20.8 us, K4V2 16.8 against 21.5, the mix
+     * 20.1 against 21.7; 16 x 1k K4V2 30.3 against 38.9; 1 x 4k K16V16 21.4 against 25.9,
+     * 1 x 8k 28.9 against 32.5, K4V2 27.1 against 29.4; and the fused kernel faster for the
+     * mix from 2k (1 x 2k 22.0 against 22.2, 1 x 4k 22.1 against 24.5, 1 x 8k 26.5 against
+     * 28.0) and for one format from 16k (K16V16 1 x 16k 38.5 against 55.4 without scores),
+     * where fuse_min_region_tokens takes over: one-format small calls are fused only there
+     * (4 x 8k went the other way, K16V16 68.4 fused against 71.0, K4V2 44.2 against 46.8). */
+    static constexpr int32_t fuse_small_min_region_tokens = 16384;
+    static constexpr int32_t fuse_small_two_format_min_region_tokens = 2048;
     static constexpr int32_t fuse_min_region_tokens = 16384;                /* max_tokens */
     static constexpr int64_t fuse_min_k16v16_token_heads = (int64_t)1 << 21;
 
