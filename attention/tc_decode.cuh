@@ -182,7 +182,7 @@ __global__ void __launch_bounds__(MKV_TC_WARPS * 32, kernel_shape<D, HI, LO>::MI
     int32_t *const next_id = a.counters + a.n_rs, *const sq_head = next_id + 1;
     int32_t *const sq_tail = next_id + 2, *const finished = next_id + 3, *const jobs = next_id + 4;
     const int32_t gx = a.grid_x, total = a.total_ids;
-    if (tid == 0) bs.owed = -1, bs.exhausted = 0, bs.nap = 256, bs.started = 0;
+    if (tid == 0) bs.owed = -1, bs.exhausted = 0, bs.nap = 256, bs.started = 0, bs.own_job = -1;
     enum { EXIT, RETRY, DECODE, SCORE };
     for (;;) {
         if (tid == 0) {
@@ -193,6 +193,10 @@ __global__ void __launch_bounds__(MKV_TC_WARPS * 32, kernel_shape<D, HI, LO>::MI
                  * ids; the queue's start after the grid's): no round trip before it. */
                 bs.started = 1;
                 cmd = DECODE, arg = blockIdx.x;
+            } else if (bs.own_job >= 0) {
+                /* The score job of the single-block region it just finished (not published). */
+                cmd = SCORE, arg = bs.own_job;
+                bs.own_job = -1;
             } else {
                 /* A ticket when jobs seem to be waiting; it may name a job published later. */
                 if (owed < 0 && ld_relaxed(sq_head) < ld_relaxed(sq_tail)) {
@@ -267,11 +271,11 @@ __global__ void __launch_bounds__(MKV_TC_WARPS * 32, kernel_shape<D, HI, LO>::MI
             block_merge<D>(a, smem, g.rs, bs.part, bs.wf, single, bs.M, bs.S, bs.lse);
             __syncthreads();
             if (single) {
-                if (a.keep_logits) { /* its one score job: the lse visible before the job */
+                /* Its one score job is the block's own next command (its logits are this
+                 * block's, in L2): no publication, no other block's ticket. */
+                if (a.keep_logits) {
                     if (tid < a.G) a.lse[g.rs * a.G + tid] = bs.lse[tid];
-                    __threadfence();
-                    __syncthreads();
-                    if (tid == 0) st_release(jobs + atomicAdd(sq_tail, 1), g.first_id + 1);
+                    if (tid == 0) bs.own_job = g.first_id;
                 }
             } else if (tid == 0) {
                 __threadfence();

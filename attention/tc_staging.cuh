@@ -79,6 +79,9 @@ struct block_shared {
                                 every decode id has been taken */
     int32_t started;         /* thread 0's: whether the block took its first decode id (its own
                                 block index, without the queue) */
+    int32_t own_job;         /* thread 0's: the score job (a decode id) of the single-block
+                                region the block just finished, run next by the block itself;
+                                -1: none */
     float M[MKV_TC_MAX_G], S[MKV_TC_MAX_G], lse[MKV_TC_MAX_G];
     float wf[MKV_TC_WARPS][MKV_TC_MAX_G]; /* block_merge's weights of the warps' items */
 };
