@@ -153,6 +153,14 @@ static bool tc_may_fuse(const mkv_cuda_decode_t *a, const tc_kernel &one)
     const bool small = token_heads <= T::fuse_max_small_token_heads;
     if (!same_format(a->lay_hi, a->lay_lo))
         return small && a->max_tokens >= T::fuse_small_two_format_min_region_tokens;
+    /* Large calls whose regions each fit one decode block (at most MKV_TC_WARPS items of the
+     * default size): the fused kernel's single-block regions need no merge across blocks and
+     * run their own score jobs. */
+    if (token_heads >= T::fuse_min_single_block_token_heads && a->split_tokens == 0) {
+        const int32_t sms = device_attr(cudaDevAttrMultiProcessorCount, T::fallback_sms);
+        const int32_t item = mkv_tc_item_tokens(a->n_seq, a->n_heads, a->max_tokens, sms);
+        if ((int64_t)a->max_tokens <= (int64_t)MKV_TC_WARPS * item) return true;
+    }
     return (small && a->max_tokens >= T::fuse_small_min_region_tokens) || a->max_tokens >= T::fuse_min_region_tokens ||
            (l.key.bits == 16 && l.value.bits == 16 && token_heads >= T::fuse_min_k16v16_token_heads);
 }

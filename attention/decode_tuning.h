@@ -63,6 +63,13 @@ struct mkv_decode_tuning {
     static constexpr int32_t fuse_small_two_format_min_region_tokens = 2048;
     static constexpr int32_t fuse_min_region_tokens = 16384;                /* max_tokens */
     static constexpr int64_t fuse_min_k16v16_token_heads = (int64_t)1 << 21;
+    /* One-format calls of at least this many token-heads whose regions fit one decode block
+     * each are fused too (single-block regions merge in shared memory and run their own score
+     * job; H100, fused against separate: K8V4 256 x 1k 227.9 against 256.8 us, 256 x 4k 796.4
+     * against 863.3, K4V2 256 x 4k 568.1 against 603.5; against it K4V2 256 x 1k 210.4
+     * against 202.9). Calls of regions of several blocks stay separate (K4V2 64 x 4k 215.7
+     * fused against 186.6, 64 x 1k 125.1 against 81.5). */
+    static constexpr int64_t fuse_min_single_block_token_heads = (int64_t)1 << 21;
 
     /* ---- Compact logits under MKV_DECODE_LOGITS_AUTO (tc_compact) ----
      * Compact below this many peak DRAM bytes per SM cycle (mkv_cuda_dram_bytes_per_sm_cycle):
