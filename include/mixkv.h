@@ -28,9 +28,10 @@ extern "C" {
 #endif
 
 #define MKV_VERSION_MAJOR 0
-#define MKV_VERSION_MINOR 3 /* 0.2: element types (mkv_dtype_t) and the batched _ex calls;
+#define MKV_VERSION_MINOR 4 /* 0.2: element types (mkv_dtype_t) and the batched _ex calls;
                               0.3: mkv_cache_set_parallel, mkv_report_error,
-                              mkv_forward_t.decode_sample */
+                              mkv_forward_t.decode_sample;
+                              0.4: MKV_CACHE_NO_SCORES, mkv_cache_seq_lens */
 #define MKV_VERSION_PATCH 0
 
 /* ---------------------------------------------------------------------------------------- */
@@ -526,6 +527,14 @@ mkv_status_t mkv_cache_slot_info(mkv_cache_t *cache, int32_t slot, mkv_slot_info
 /* The prompt length an active slot was admitted with: the rows its prefill calls take (since
  * 0.3). INVALID_ARGUMENT for a slot out of range or not active. */
 mkv_status_t mkv_cache_prompt_len(mkv_cache_t *cache, int32_t slot, int32_t *out_len);
+
+/* N of each of n_slots active slots into out_lens [n_slots] (since 0.4): what a forward pass
+ * needs every step (the new token's position), without mkv_cache_slot_info's per-slot sums,
+ * which on the CUDA backend cost a reduction and a wait each. Waits for the device only where
+ * an asynchronous step is pending, once for all slots. INVALID_ARGUMENT (out_lens untouched)
+ * for a null pointer, n_slots < 0, or a slot out of range or not active. */
+mkv_status_t mkv_cache_seq_lens(mkv_cache_t *cache, int32_t n_slots, const int32_t *slots,
+                                int32_t *out_lens);
 
 /* Checks every invariant of DESIGN.md section 4: each page id in exactly one place (the free
  * region of the ring or one table row), each row holding ceil(n_hi / tpp_hi) left entries

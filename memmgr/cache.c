@@ -363,6 +363,29 @@ mkv_status_t mkv_cache_prompt_len(mkv_cache_t *cache, int32_t slot, int32_t *out
     return MKV_STATUS_OK;
 }
 
+mkv_status_t mkv_cache_seq_lens(mkv_cache_t *cache, int32_t n_slots, const int32_t *slots,
+                                int32_t *out_lens)
+{
+    CHECK_CACHE(cache);
+    cache->err[0] = '\0';
+    const mkv_mm_state_t *s = &cache->st;
+    const mkv_mm_geom_t *g = &s->g;
+    if (n_slots < 0 || (n_slots > 0 && (!slots || !out_lens)))
+        return mkv_fail(cache->err, MKV_STATUS_INVALID_ARGUMENT,
+                        "mkv_cache_seq_lens: n_slots %d, slots %p, out_lens %p", n_slots,
+                        (const void *)slots, (void *)out_lens);
+    for (int32_t j = 0; j < n_slots; j++)
+        if (slots[j] < 0 || slots[j] >= g->max_seqs || !s->active[slots[j]])
+            return mkv_fail(cache->err, MKV_STATUS_INVALID_ARGUMENT,
+                            "slots[%d] = %d is not an active slot", j, slots[j]);
+    {
+        const mkv_status_t settled = mkv_cache_settle(cache);
+        if (settled != MKV_STATUS_OK) return settled;
+    }
+    for (int32_t j = 0; j < n_slots; j++) out_lens[j] = s->seq_len[slots[j]];
+    return MKV_STATUS_OK;
+}
+
 mkv_status_t mkv_cache_slot_info(mkv_cache_t *cache, int32_t slot, mkv_slot_info_t *out)
 {
     CHECK_CACHE(cache);

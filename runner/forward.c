@@ -470,15 +470,12 @@ mkv_status_t mkv_model_decode(const mkv_model_t *m, mkv_cache_t *cache, int32_t 
     if (!slots || !logits)
         return mkv_report_error(MKV_STATUS_INVALID_ARGUMENT, "mkv_model_decode: null slots or logits");
     /* The new token's position is the slot's N before the append. */
-    for (int32_t j = 0; j < n_slots; j++) {
-        mkv_slot_info_t si;
-        if ((st = mkv_cache_slot_info(cache, slots[j], &si)) != MKV_STATUS_OK)
-            return cache_failed(cache, st);
-        if (!si.active || si.seq_len == 0)
+    if ((st = mkv_cache_seq_lens(cache, n_slots, slots, ws->pos)) != MKV_STATUS_OK)
+        return cache_failed(cache, st);
+    for (int32_t j = 0; j < n_slots; j++)
+        if (ws->pos[j] == 0)
             return mkv_report_error(MKV_STATUS_INVALID_ARGUMENT,
                                    "mkv_model_decode: slot %d has no committed prompt", slots[j]);
-        ws->pos[j] = si.seq_len;
-    }
     if ((st = mkv_cache_append(cache, n_slots, slots, NULL)) != MKV_STATUS_OK)
         return cache_failed(cache, st);
     embed(m, tokens, n_slots, ws->x);

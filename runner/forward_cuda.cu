@@ -907,14 +907,12 @@ static mkv_status_t decode_step(mkv_cuda_forward_t *f, mkv_cache_t *cache, int32
     mkv_status_t st;
     if ((st = check_tokens(f, "CUDA decode", tokens, n_slots, err)) != MKV_STATUS_OK) return report(st, err);
     if (!slots) return mkv_report_error(MKV_STATUS_INVALID_ARGUMENT, "CUDA decode: null slots");
-    for (int32_t j = 0; j < n_slots; j++) { /* the new token's position: N before the append */
-        mkv_slot_info_t si;
-        if ((st = mkv_cache_slot_info(cache, slots[j], &si)) != MKV_STATUS_OK) return cache_failed(cache, st);
-        if (!si.active || si.seq_len == 0)
+    /* the new token's position: N before the append */
+    if ((st = mkv_cache_seq_lens(cache, n_slots, slots, f->pos)) != MKV_STATUS_OK) return cache_failed(cache, st);
+    for (int32_t j = 0; j < n_slots; j++)
+        if (f->pos[j] == 0)
             return mkv_report_error(MKV_STATUS_INVALID_ARGUMENT, "CUDA decode: slot %d has no committed prompt",
                                     slots[j]);
-        f->pos[j] = si.seq_len;
-    }
     int prev = 0;
     cudaGetDevice(&prev);
     cudaSetDevice(f->device);

@@ -496,3 +496,37 @@ Test(ops, bad_inputs_change_nothing)
     cr_assert(si.active == 0 && si.seq_len == 0 && si.pages_hi == 0 && si.reserved_pages == 0);
     mkv_cache_destroy(c);
 }
+
+/* mkv_cache_seq_lens: each slot's N as mkv_cache_slot_info has it, in the order asked; bad
+ * arguments refused with the output untouched. */
+Test(ops, seq_lens_match_slot_info)
+{
+    mkv_cache_t *c = make(1, 2, 3, 32, 40);
+    admit(c, 3, 0);
+    admit(c, 1, 1);
+    int32_t s0 = 0, s1 = 1, order[2] = {1, 0}, got[3] = {-7, -7, -7};
+    for (int i = 0; i < 5; i++) append(c, 1, &s0);
+    append(c, 1, &s1);
+    TU_COK(c, mkv_cache_seq_lens(c, 2, order, got));
+    for (int j = 0; j < 2; j++) {
+        mkv_slot_info_t si;
+        TU_COK(c, mkv_cache_slot_info(c, order[j], &si));
+        cr_assert_eq(got[j], si.seq_len, "slot %d: %d, slot_info %d", order[j], got[j], si.seq_len);
+    }
+    cr_assert_eq(got[1] - got[0], 4, "slot 0 took four more appends than slot 1");
+    cr_assert_eq(got[2], -7, "written past n_slots");
+    TU_COK(c, mkv_cache_seq_lens(c, 0, NULL, NULL));
+    const int32_t bad[][2] = {{0, 2}, {0, 3}, {-1, 0}};
+    for (int b = 0; b < 3; b++) {
+        int32_t out[2] = {-7, -7};
+        cr_assert_eq(mkv_cache_seq_lens(c, 2, bad[b], out), MKV_STATUS_INVALID_ARGUMENT, "case %d", b);
+        cr_assert(strstr(mkv_cache_last_error(c), "not an active slot"), "case %d: %s", b,
+                  mkv_cache_last_error(c));
+        cr_assert(out[0] == -7 && out[1] == -7, "case %d wrote its output", b);
+    }
+    cr_assert_eq(mkv_cache_seq_lens(c, 1, &s0, NULL), MKV_STATUS_INVALID_ARGUMENT);
+    cr_assert_eq(mkv_cache_seq_lens(c, -1, &s0, got), MKV_STATUS_INVALID_ARGUMENT);
+    cr_assert_eq(mkv_cache_seq_lens(NULL, 1, &s0, got), MKV_STATUS_INVALID_ARGUMENT);
+    tu_expect_valid(c, "after refused calls");
+    mkv_cache_destroy(c);
+}
