@@ -205,7 +205,7 @@ int main(int argc, char **argv)
         fprintf(stderr, "bench_forward_cuda: %s\n", err);
         return 2;
     }
-    const int32_t max_len = context + 3 * steps + 8; /* three kinds of decode step, and a warm-up */
+    const int32_t max_len = context + 4 * steps + 8; /* four kinds of decode step, and a warm-up */
     if (max_len > mc.max_pos) mc.max_pos = max_len; /* stand-in weights: any length will do */
     const double copy = copy_rate(), gemm = square_gemm_tflops(dtype);
     struct cudaDeviceProp prop;
@@ -226,7 +226,8 @@ int main(int argc, char **argv)
     base.max_seqs = batch;
     base.max_seq_len = max_len;
     base.backend = MKV_BACKEND_CUDA;
-    base.flags = MKV_CACHE_ASYNC_STEPS;
+    /* the baseline keeps no scores, as a plain paged engine (decision 60) */
+    base.flags = MKV_CACHE_ASYNC_STEPS | (fp16 ? MKV_CACHE_NO_SCORES : 0u);
     mkv_model_config_cache(&mc, &base, &cfg);
     int32_t tpp;
     if (mkv_page_bytes_for(cfg.hi_format, cfg.head_dim, 0, 0, 16, &cfg.page_bytes) != MKV_STATUS_OK ||
@@ -277,16 +278,17 @@ int main(int argc, char **argv)
     const double prefill_gemm_tflops = 2.0 * matmul_params * (double)batch * context /
                                        (pph[MKV_CUDA_PHASE_GEMM] * 1e-3) * 1e-12;
 
-    /* decode steps: with the logits copied to the host, and without */
-    /* decode steps, in turn: logits left on the device, copied to the host, greedy picks only */
+    /* decode steps, in turn: logits left on the device, copied to the host, greedy picks only,
+     * and logits left on the device with the phase events on (the breakdown: the events cost
+     * time of their own, so these steps are not the ones timed) */
     double *t_host = malloc((size_t)steps * sizeof(double)), *t_dev = malloc((size_t)steps * sizeof(double));
-    double *t_greedy = malloc((size_t)steps * sizeof(double));
+    double *t_greedy = malloc((size_t)steps * sizeof(double)), *t_events = malloc((size_t)steps * sizeof(double));
     float *logits = malloc((size_t)batch * mc.vocab * sizeof(float));
-    for (int32_t s = 0; s < 3 * steps + 1; s++) {
+    for (int32_t s = 0; s < 4 * steps + 1; s++) {
         CK(cudaDeviceSynchronize());
         const double t0 = now_s();
-        const int kind = s == 0 ? 0 : (s - 1) % 3;
-        mkv_cuda_forward_set_timing(f, s > 0 && kind == 0); /* the breakdown of the device steps */
+        const int kind = s == 0 ? 0 : (s - 1) % 4;
+        mkv_cuda_forward_set_timing(f, s > 0 && kind == 3);
         const mkv_status_t ds = kind == 2 ? fw.decode_greedy(fw.ctx, cache, batch, slots, next, next)
                                           : fw.decode(fw.ctx, cache, batch, slots, next, kind == 1 ? logits : NULL);
         if (ds != MKV_STATUS_OK) {
@@ -296,14 +298,14 @@ int main(int argc, char **argv)
         CK(cudaDeviceSynchronize());
         const double dt = now_s() - t0;
         if (s == 0) continue; /* warm-up */
-        (kind == 0 ? t_dev : kind == 1 ? t_host : t_greedy)[(s - 1) / 3] = dt;
+        (kind == 0 ? t_dev : kind == 1 ? t_host : kind == 2 ? t_greedy : t_events)[(s - 1) / 4] = dt;
     }
     if (mkv_cache_sync(cache, NULL) != MKV_STATUS_OK) {
         fprintf(stderr, "bench_forward_cuda: %s\n", mkv_cache_last_error(cache));
         return 1;
     }
     const double step_dev = median(t_dev, steps), step_host = median(t_host, steps);
-    const double step_greedy = median(t_greedy, steps);
+    const double step_greedy = median(t_greedy, steps), step_events = median(t_events, steps);
     const double samp_top_p = sample_ms(batch, mc.vocab, 0.8f, 0.9f, seed);
     const double samp_full = sample_ms(batch, mc.vocab, 0.8f, 1.0f, seed);
     const double samp_greedy = sample_ms(batch, mc.vocab, 0.0f, 1.0f, seed);
@@ -313,7 +315,7 @@ int main(int argc, char **argv)
     mkv_cache_stats_t st;
     mkv_cache_stats(cache, &st);
     /* the KV a step reads: every stored token's key and value, fp16 */
-    const double kv_bytes = fp16 ? (double)batch * (context + 1.5 * steps) * mc.n_layers * KD * 2 * 2 : 0.0;
+    const double kv_bytes = fp16 ? (double)batch * (context + 2.0 * steps) * mc.n_layers * KD * 2 * 2 : 0.0;
     const double weight_bytes = (double)mkv_cuda_forward_weight_bytes(f);
     const double roof = (weight_bytes + kv_bytes) / copy;
     printf("%6s %8s %12s %12s %14s %14s %14s %12s %10s\n", "batch", "context", "prefill s", "prefill TF/s",
@@ -321,10 +323,10 @@ int main(int argc, char **argv)
     printf("%6d %8d %12.2f %12.1f %14.3f %14.3f %14.3f %12.3f %10.2f\n", batch, context, prefill_s,
            prefill_tflops, step_dev * 1e3, step_host * 1e3, step_greedy * 1e3, fp16 ? roof * 1e3 : 0.0,
            fp16 ? step_dev / roof : 0.0);
-    printf("a device step (ms, mean): GEMMs %.3f, attention (cache layer calls) %.3f, cache steps %.3f, "
+    printf("a step with the phase events on, %.3f ms (mean, ms): GEMMs %.3f, attention (cache layer calls) %.3f, cache steps %.3f, "
            "norms/RoPE/SiLU %.3f, head %.3f\n",
-           ph[MKV_CUDA_PHASE_GEMM], ph[MKV_CUDA_PHASE_ATTENTION], ph[MKV_CUDA_PHASE_CACHE], ph[MKV_CUDA_PHASE_OTHER],
-           ph[MKV_CUDA_PHASE_HEAD]);
+           step_events * 1e3, ph[MKV_CUDA_PHASE_GEMM], ph[MKV_CUDA_PHASE_ATTENTION], ph[MKV_CUDA_PHASE_CACHE],
+           ph[MKV_CUDA_PHASE_OTHER], ph[MKV_CUDA_PHASE_HEAD]);
     printf("prefill: GEMMs %.0f TFLOP/s (%.0f%% of the square GEMM; %.2f of %.2f s), attention %.2f s, "
            "the rest %.2f s\n",
            prefill_gemm_tflops, 100.0 * prefill_gemm_tflops / gemm, pph[MKV_CUDA_PHASE_GEMM] * 1e-3, prefill_s,
@@ -352,6 +354,7 @@ int main(int argc, char **argv)
                 "\"prefill_phases_s\": {\"gemm\": %.4f, \"attention\": %.4f, \"cache\": %.4f, \"other\": %.4f, "
                 "\"head\": %.4f}, "
                 "\"step_ms_device\": %.4f, \"step_ms_with_logits\": %.4f, \"step_ms_greedy\": %.4f, "
+                "\"step_ms_with_events\": %.4f, "
                 "\"weight_bytes\": %.0f, "
                 "\"kv_bytes\": %.0f, \"roofline_ms\": %.4f, \"step_over_roofline\": %.4f, "
                 "\"output_tokens_per_s\": %.1f, \"step_phases_ms\": {\"gemm\": %.4f, \"attention\": %.4f, "
@@ -362,13 +365,13 @@ int main(int argc, char **argv)
                 prefill_gemm_tflops / gemm, pph[MKV_CUDA_PHASE_GEMM] * 1e-3, pph[MKV_CUDA_PHASE_ATTENTION] * 1e-3,
                 pph[MKV_CUDA_PHASE_CACHE] * 1e-3, pph[MKV_CUDA_PHASE_OTHER] * 1e-3, pph[MKV_CUDA_PHASE_HEAD] * 1e-3,
                 step_dev * 1e3,
-                step_host * 1e3, step_greedy * 1e3, weight_bytes, kv_bytes, fp16 ? roof * 1e3 : 0.0,
+                step_host * 1e3, step_greedy * 1e3, step_events * 1e3, weight_bytes, kv_bytes, fp16 ? roof * 1e3 : 0.0,
                 fp16 ? step_dev / roof : 0.0, batch / step_greedy, ph[MKV_CUDA_PHASE_GEMM],
                 ph[MKV_CUDA_PHASE_ATTENTION], ph[MKV_CUDA_PHASE_CACHE], ph[MKV_CUDA_PHASE_OTHER],
                 ph[MKV_CUDA_PHASE_HEAD], samp_top_p, samp_full, samp_greedy);
         fclose(jf);
     }
-    free(prompt), free(slots), free(next), free(last), free(t_host), free(t_dev), free(t_greedy), free(logits);
+    free(prompt), free(slots), free(next), free(last), free(t_host), free(t_dev), free(t_greedy), free(t_events), free(logits);
     mkv_cache_destroy(cache);
     mkv_cuda_forward_free(f);
     return 0;

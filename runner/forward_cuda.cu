@@ -67,7 +67,9 @@ struct mkv_cuda_forward {
     double phase_ms[MKV_CUDA_PHASES];
     /* host scratch */
     double *inv_freq;      /* [hd / 2] */
-    float *h_cs;           /* [T][hd / 2][2] */
+    float *h_cs;           /* [T][hd / 2][2], pinned: uploaded without waiting for the device */
+    int32_t *h_tok;        /* [T], pinned */
+    cudaEvent_t uploaded;  /* after the last upload from h_cs and h_tok */
     int32_t *pos;          /* [T] */
     mkv_sample_row_t *h_rows; /* [T] */
 };
@@ -280,7 +282,12 @@ void mkv_cuda_forward_free(mkv_cuda_forward_t *f)
     }
     free(f->ev_cat);
     free(f->inv_freq);
-    free(f->h_cs);
+    if (f->uploaded) {
+        cudaEventSynchronize(f->uploaded); /* a failed call may have left an upload queued */
+        cudaEventDestroy(f->uploaded);
+    }
+    cudaFreeHost(f->h_cs);
+    cudaFreeHost(f->h_tok);
     free(f->pos);
     free(f->h_rows);
     cudaSetDevice(prev);
@@ -469,10 +476,16 @@ static mkv_status_t create_common(const mkv_model_config_t *c, const mkv_cuda_sh
     RUNNER_TRY(scratch((void **)&f->tok, (size_t)T * 4, err));
     RUNNER_TRY(scratch((void **)&f->rows, (size_t)T * sizeof(mkv_sample_row_t), err));
     f->inv_freq = (double *)malloc((size_t)(hd / 2 + 1) * sizeof(double));
-    f->h_cs = (float *)malloc((size_t)(T * hd) * sizeof(float));
+    if (cudaMallocHost((void **)&f->h_cs, (size_t)(T * hd) * sizeof(float)) != cudaSuccess ||
+        cudaMallocHost((void **)&f->h_tok, (size_t)T * sizeof(int32_t)) != cudaSuccess ||
+        cudaEventCreateWithFlags(&f->uploaded, cudaEventDisableTiming) != cudaSuccess) {
+        (void)cudaGetLastError();
+        status = runner_fail(err, MKV_STATUS_OUT_OF_MEMORY, "cannot allocate the CUDA forward pass's pinned scratch");
+        goto fail;
+    }
     f->pos = (int32_t *)malloc((size_t)T * sizeof(int32_t));
     f->h_rows = (mkv_sample_row_t *)malloc((size_t)T * sizeof(mkv_sample_row_t));
-    if (!f->inv_freq || !f->h_cs || !f->pos || !f->h_rows) {
+    if (!f->inv_freq || !f->pos || !f->h_rows) {
         status = runner_fail(err, MKV_STATUS_OUT_OF_MEMORY, "cannot allocate the CUDA forward pass's host scratch");
         goto fail;
     }
@@ -646,18 +659,23 @@ static mkv_status_t cache_failed(mkv_cache_t *cache, mkv_status_t st)
     return mkv_report_error(st, "%s", mkv_cache_last_error(cache));
 }
 
-/* Embeddings and RoPE angles of n tokens at positions f->pos. */
+/* Embeddings and RoPE angles of n tokens at positions f->pos. The inputs go up from pinned
+ * memory in stream order, so the host goes on launching while the step's first kernels (the
+ * append) run: a copy from pageable memory would wait for them. */
 static mkv_status_t begin(mkv_cuda_forward_t *f, const int32_t *tokens, int32_t n, char *err)
 {
     const int32_t half = f->cfg.head_dim / 2;
+    if (cudaEventSynchronize(f->uploaded) != cudaSuccess) return cuda_failed(err, "the previous upload");
+    memcpy(f->h_tok, tokens, (size_t)n * sizeof(int32_t));
     for (int32_t t = 0; t < n; t++) /* as the CPU pass: the angle in double, cos and sin to fp32 */
         for (int32_t i = 0; i < half; i++) {
             const double ang = (double)f->pos[t] * f->inv_freq[i];
             f->h_cs[((int64_t)t * half + i) * 2] = (float)cos(ang);
             f->h_cs[((int64_t)t * half + i) * 2 + 1] = (float)sin(ang);
         }
-    if (cudaMemcpy(f->cs, f->h_cs, (size_t)n * half * 2 * 4, cudaMemcpyHostToDevice) != cudaSuccess ||
-        cudaMemcpy(f->tok, tokens, (size_t)n * 4, cudaMemcpyHostToDevice) != cudaSuccess)
+    if (cudaMemcpyAsync(f->cs, f->h_cs, (size_t)n * half * 2 * 4, cudaMemcpyHostToDevice, NULL) != cudaSuccess ||
+        cudaMemcpyAsync(f->tok, f->h_tok, (size_t)n * 4, cudaMemcpyHostToDevice, NULL) != cudaSuccess ||
+        cudaEventRecord(f->uploaded, NULL) != cudaSuccess)
         return cuda_failed(err, "input upload");
     mark(f, MKV_CUDA_PHASE_OTHER);
     with_type(f->dtype, [&](auto z) {
