@@ -161,7 +161,7 @@ static void usage(FILE *f)
 {
     fprintf(f, "usage: bench_forward_cuda [--shape llama-3-8b | --config PATH] [--dtype f16|bf16|f32]\n"
                "                          [--batch N] [--context N] [--steps N] [--cache fp16|mixkv]\n"
-               "                          [--seed N] [--json FILE]\n"
+               "                          [--seed N] [--graphs HORIZON] [--json FILE]\n"
                "The CUDA forward pass at a model's shape with stand-in weights: prefill, decode steps,\n"
                "against the copy rate and a square GEMM measured in the same run.\n");
 }
@@ -169,6 +169,7 @@ static void usage(FILE *f)
 int main(int argc, char **argv)
 {
     const char *shape = "llama-3-8b", *config = NULL, *json = NULL, *cache_mode = "fp16";
+    int graphs = 0; /* > 0: greedy steps through CUDA graphs too, this horizon */
     mkv_dtype_t dtype = MKV_DTYPE_F16;
     int32_t batch = 64, context = 4096, steps = 8;
     uint64_t seed = 1;
@@ -188,6 +189,7 @@ int main(int argc, char **argv)
         else if (!strcmp(argv[i], "--steps") && more) steps = atoi(argv[++i]);
         else if (!strcmp(argv[i], "--cache") && more) cache_mode = argv[++i];
         else if (!strcmp(argv[i], "--seed") && more) seed = strtoull(argv[++i], NULL, 10);
+        else if (!strcmp(argv[i], "--graphs") && more) graphs = atoi(argv[++i]);
         else if (!strcmp(argv[i], "--json") && more) json = argv[++i];
         else {
             usage(strcmp(argv[i], "--help") ? stderr : stdout);
@@ -205,7 +207,7 @@ int main(int argc, char **argv)
         fprintf(stderr, "bench_forward_cuda: %s\n", err);
         return 2;
     }
-    const int32_t max_len = context + 4 * steps + 8; /* four kinds of decode step, and a warm-up */
+    const int32_t max_len = context + 5 * steps + 8; /* five kinds of decode step, and warm-ups */
     if (max_len > mc.max_pos) mc.max_pos = max_len; /* stand-in weights: any length will do */
     const double copy = copy_rate(), gemm = square_gemm_tflops(dtype);
     struct cudaDeviceProp prop;
@@ -300,6 +302,29 @@ int main(int argc, char **argv)
         if (s == 0) continue; /* warm-up */
         (kind == 0 ? t_dev : kind == 1 ? t_host : kind == 2 ? t_greedy : t_events)[(s - 1) / 4] = dt;
     }
+    /* greedy steps again, through CUDA graphs (the first captures) */
+    double *t_graph = malloc((size_t)steps * sizeof(double)), step_graph = 0.0;
+    int64_t g_captures = 0, g_updates = 0, g_launches = 0;
+    mkv_cuda_forward_set_timing(f, 0); /* the last timed step left the events on */
+    if (graphs > 0) {
+        if (mkv_cuda_forward_set_graphs(f, 1, graphs) != MKV_STATUS_OK) {
+            fprintf(stderr, "bench_forward_cuda: %s\n", mkv_last_error());
+            return 1;
+        }
+        for (int32_t s = 0; s < steps + 1; s++) {
+            CK(cudaDeviceSynchronize());
+            const double t0 = now_s();
+            if (fw.decode_greedy(fw.ctx, cache, batch, slots, next, next) != MKV_STATUS_OK) {
+                fprintf(stderr, "bench_forward_cuda: graph step %d: %s\n", s, mkv_last_error());
+                return 1;
+            }
+            CK(cudaDeviceSynchronize());
+            if (s > 0) t_graph[s - 1] = now_s() - t0;
+        }
+        step_graph = median(t_graph, steps);
+        mkv_cuda_forward_graph_stats(f, &g_captures, &g_updates, &g_launches);
+        mkv_cuda_forward_set_graphs(f, 0, 0);
+    }
     if (mkv_cache_sync(cache, NULL) != MKV_STATUS_OK) {
         fprintf(stderr, "bench_forward_cuda: %s\n", mkv_cache_last_error(cache));
         return 1;
@@ -323,6 +348,11 @@ int main(int argc, char **argv)
     printf("%6d %8d %12.2f %12.1f %14.3f %14.3f %14.3f %12.3f %10.2f\n", batch, context, prefill_s,
            prefill_tflops, step_dev * 1e3, step_host * 1e3, step_greedy * 1e3, fp16 ? roof * 1e3 : 0.0,
            fp16 ? step_dev / roof : 0.0);
+    if (graphs > 0)
+        printf("greedy steps through CUDA graphs (horizon %d): %.3f ms (eager %.3f); %lld captures (%lld updated "
+               "in place), %lld launches\n",
+               graphs, step_graph * 1e3, step_greedy * 1e3, (long long)g_captures, (long long)g_updates,
+               (long long)g_launches);
     printf("a step with the phase events on, %.3f ms (mean, ms): GEMMs %.3f, attention (cache layer calls) %.3f, cache steps %.3f, "
            "norms/RoPE/SiLU %.3f, head %.3f\n",
            step_events * 1e3, ph[MKV_CUDA_PHASE_GEMM], ph[MKV_CUDA_PHASE_ATTENTION], ph[MKV_CUDA_PHASE_CACHE],
@@ -354,7 +384,8 @@ int main(int argc, char **argv)
                 "\"prefill_phases_s\": {\"gemm\": %.4f, \"attention\": %.4f, \"cache\": %.4f, \"other\": %.4f, "
                 "\"head\": %.4f}, "
                 "\"step_ms_device\": %.4f, \"step_ms_with_logits\": %.4f, \"step_ms_greedy\": %.4f, "
-                "\"step_ms_with_events\": %.4f, "
+                "\"step_ms_with_events\": %.4f, \"graph_horizon\": %d, \"step_ms_greedy_graph\": %.4f, "
+                "\"graph_captures\": %lld, \"graph_launches\": %lld, "
                 "\"weight_bytes\": %.0f, "
                 "\"kv_bytes\": %.0f, \"roofline_ms\": %.4f, \"step_over_roofline\": %.4f, "
                 "\"output_tokens_per_s\": %.1f, \"step_phases_ms\": {\"gemm\": %.4f, \"attention\": %.4f, "
@@ -365,13 +396,14 @@ int main(int argc, char **argv)
                 prefill_gemm_tflops / gemm, pph[MKV_CUDA_PHASE_GEMM] * 1e-3, pph[MKV_CUDA_PHASE_ATTENTION] * 1e-3,
                 pph[MKV_CUDA_PHASE_CACHE] * 1e-3, pph[MKV_CUDA_PHASE_OTHER] * 1e-3, pph[MKV_CUDA_PHASE_HEAD] * 1e-3,
                 step_dev * 1e3,
-                step_host * 1e3, step_greedy * 1e3, step_events * 1e3, weight_bytes, kv_bytes, fp16 ? roof * 1e3 : 0.0,
+                step_host * 1e3, step_greedy * 1e3, step_events * 1e3, graphs, step_graph * 1e3,
+                (long long)g_captures, (long long)g_launches, weight_bytes, kv_bytes, fp16 ? roof * 1e3 : 0.0,
                 fp16 ? step_dev / roof : 0.0, batch / step_greedy, ph[MKV_CUDA_PHASE_GEMM],
                 ph[MKV_CUDA_PHASE_ATTENTION], ph[MKV_CUDA_PHASE_CACHE], ph[MKV_CUDA_PHASE_OTHER],
                 ph[MKV_CUDA_PHASE_HEAD], samp_top_p, samp_full, samp_greedy);
         fclose(jf);
     }
-    free(prompt), free(slots), free(next), free(last), free(t_host), free(t_dev), free(t_greedy), free(t_events), free(logits);
+    free(prompt), free(slots), free(next), free(last), free(t_host), free(t_dev), free(t_greedy), free(t_events), free(t_graph), free(logits);
     mkv_cache_destroy(cache);
     mkv_cuda_forward_free(f);
     return 0;

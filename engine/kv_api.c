@@ -289,6 +289,16 @@ mkv_status_t mkv_cache_set_parallel(mkv_cache_t *cache, mkv_parallel_fn run, voi
     return MKV_STATUS_OK;
 }
 
+mkv_status_t mkv_cache_set_capture_horizon(mkv_cache_t *cache, int32_t steps)
+{
+    HANDLE_CHECK(cache);
+    if (steps < 0)
+        return mkv_fail(cache->err, MKV_STATUS_INVALID_ARGUMENT,
+                        "mkv_cache_set_capture_horizon: %d steps (>= 0)", steps);
+    cache->capture_horizon = steps;
+    return MKV_STATUS_OK;
+}
+
 /* ---------------------------------------------------------------------------------------- */
 /* Compress                                                                                 */
 /* ---------------------------------------------------------------------------------------- */

@@ -893,6 +893,11 @@ static mkv_status_t cuda_create(mkv_cache_t *c, mkv_kv_t *base)
     DMALLOC(kv->stage, stage_pages * kv->page_bytes);
     DMALLOC(kv->d_decoded, S * kv->L * 4);
     DMALLOC(kv->d_compressed, S * 4);
+    if (c->async) { /* the decode workspace of a captured step, now: a capture cannot allocate */
+        const size_t g = mkv_cuda_decode_workspace_size((int32_t)S, (int32_t)H, (int32_t)G, (int32_t)d, kv->max_len, 0);
+        DMALLOC(kv->dec_ws, g + g / 4);
+        kv->dec_ws_bytes = g + g / 4;
+    }
 #undef DMALLOC
     if (cudaMemset(kv->d_ws_k, 0, (size_t)S * sizeof(uint16_t *)) != cudaSuccess ||
         cudaMemset(kv->d_ws_v, 0, (size_t)S * sizeof(uint16_t *)) != cudaSuccess ||
@@ -1176,6 +1181,13 @@ static mkv_status_t cuda_decode(mkv_cache_t *c, mkv_kv_t *base, int32_t n_slots,
     if (capture != cudaStreamCaptureStatusNone) {
         max_tokens = kv->max_len;
         ws_seqs = kv->S;
+        if (c->capture_horizon > 0) { /* the engine launches the graph at most that often */
+            int64_t m = 1;
+            for (int32_t j = 0; j < n_slots; j++)
+                if (c->st.seq_len[slots[j]] > m) m = c->st.seq_len[slots[j]];
+            m += c->capture_horizon - 1;
+            if (m < max_tokens) max_tokens = (int32_t)m;
+        }
     } else {
         for (int32_t j = 0; j < n_slots; j++)
             if (c->st.seq_len[slots[j]] > max_tokens) max_tokens = c->st.seq_len[slots[j]];

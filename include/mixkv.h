@@ -31,7 +31,8 @@ extern "C" {
 #define MKV_VERSION_MINOR 4 /* 0.2: element types (mkv_dtype_t) and the batched _ex calls;
                               0.3: mkv_cache_set_parallel, mkv_report_error,
                               mkv_forward_t.decode_sample;
-                              0.4: MKV_CACHE_NO_SCORES, mkv_cache_seq_lens */
+                              0.4: MKV_CACHE_NO_SCORES, mkv_cache_seq_lens,
+                              mkv_cache_set_capture_horizon */
 #define MKV_VERSION_PATCH 0
 
 /* ---------------------------------------------------------------------------------------- */
@@ -442,6 +443,18 @@ typedef void (*mkv_parallel_fn)(void *runner, mkv_task_fn fn, void *task, int64_
  * INVALID_ARGUMENT for parts < 1. */
 mkv_status_t mkv_cache_set_parallel(mkv_cache_t *cache, mkv_parallel_fn run, void *runner,
                                     int32_t parts);
+
+/* How often an engine launches a captured step (since 0.4; CUDA backend, asynchronous steps).
+ * A decode layer call made while its stream is being captured into a CUDA graph has to plan
+ * its attention for lengths its replays will reach: with steps 0 (the default) that is
+ * max_seq_len, which any number of launches fits but which costs the attention idle blocks
+ * when the regions are much shorter. With steps > 0 it plans for the longest N among the
+ * call's slots as the capture sees it, plus steps - 1: the graph may then be launched at most
+ * `steps` times (the first launch included) before the step is captured again. The contract
+ * is the engine's: a later launch reads only the planned tokens of a longer region, so its
+ * attention is wrong (nothing else is touched). The CPU backend ignores it. INVALID_ARGUMENT
+ * for steps < 0. */
+mkv_status_t mkv_cache_set_capture_horizon(mkv_cache_t *cache, int32_t steps);
 
 /* A forward pass as a driver of the cache sees it (since 0.3): the model runner's CPU pass
  * implements it today (runner/model.h, mkv_model_forward), and the project's scheduler loop

@@ -96,6 +96,7 @@ struct mkv_cache {
     mkv_status_t deferred;    /* a collected refusal not yet reported */
     char deferred_msg[MKV_ERR_LEN];
     void (*kv_refresh)(mkv_cache_t *c); /* the KV layer's per-slot state from the device */
+    int32_t capture_horizon;  /* mkv_cache_set_capture_horizon; 0: plan captures for max_seq_len */
     char err[MKV_ERR_LEN];
 };
 

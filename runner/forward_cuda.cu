@@ -10,7 +10,9 @@
  * The logits are a GEMM of the final norm's rows with lm_head into fp32, copied to the host
  * (mkv_forward_t hands logits to its driver), or turned into tokens on the device: greedy picks
  * (argmax_kernel, decode_greedy) or sampled ones (runner/sampling_cuda.h, decode_sample).
- * Everything runs on the default stream.
+ * Every launch of a call goes to one stream (f->s): the legacy default stream, or with graphs
+ * on (mkv_cuda_forward_set_graphs) a blocking stream of the pass's own, on which decode steps
+ * are captured into a CUDA graph and replayed while the running batch stays the same.
  */
 #include "runner/forward_cuda.h"
 
@@ -72,7 +74,19 @@ struct mkv_cuda_forward {
     cudaEvent_t uploaded;  /* after the last upload from h_cs and h_tok */
     int32_t *pos;          /* [T] */
     mkv_sample_row_t *h_rows; /* [T] */
+    /* CUDA graphs of decode steps (mkv_cuda_forward_set_graphs) */
+    cudaStream_t s;        /* every launch of a call: NULL, or gstream with graphs on */
+    cudaStream_t gstream;  /* blocking: ordered with the legacy stream's work both ways */
+    int graphs, capturing;
+    int32_t horizon;       /* launches of a capture before the next */
+    cudaGraphExec_t exec;  /* the captured step, or NULL */
+    int32_t g_n, g_left, g_picks; /* what it was captured for: batch, launches left, picks */
+    int32_t *g_slots;      /* [T] its slots */
+    int64_t g_captures, g_updates, g_launches;
 };
+
+static void drop_graph(mkv_cuda_forward_t *f);
+static mkv_status_t logit_rows_for(mkv_cuda_forward_t *f, int32_t n, char *err);
 
 /* ---------------------------------------------------------------------------------------- */
 /* Kernels                                                                                  */
@@ -188,7 +202,7 @@ enum { MAX_MARKS = 2048 }; /* Llama-3-70B: 11 a layer, 80 layers */
 static void mark(mkv_cuda_forward_t *f, int32_t cat)
 {
     if (!f->timing || f->n_marks >= MAX_MARKS) return;
-    cudaEventRecord(f->ev[f->n_marks], NULL);
+    cudaEventRecord(f->ev[f->n_marks], f->s);
     f->ev_cat[f->n_marks++] = cat;
 }
 
@@ -282,6 +296,9 @@ void mkv_cuda_forward_free(mkv_cuda_forward_t *f)
     }
     free(f->ev_cat);
     free(f->inv_freq);
+    drop_graph(f);
+    if (f->gstream) cudaStreamDestroy(f->gstream);
+    free(f->g_slots);
     if (f->uploaded) {
         cudaEventSynchronize(f->uploaded); /* a failed call may have left an upload queued */
         cudaEventDestroy(f->uploaded);
@@ -659,13 +676,12 @@ static mkv_status_t cache_failed(mkv_cache_t *cache, mkv_status_t st)
     return mkv_report_error(st, "%s", mkv_cache_last_error(cache));
 }
 
-/* Embeddings and RoPE angles of n tokens at positions f->pos. The inputs go up from pinned
- * memory in stream order, so the host goes on launching while the step's first kernels (the
- * append) run: a copy from pageable memory would wait for them. */
-static mkv_status_t begin(mkv_cuda_forward_t *f, const int32_t *tokens, int32_t n, char *err)
+/* The pinned inputs of n tokens at positions f->pos: the tokens and the RoPE angles, once the
+ * previous upload from them is done. */
+static void fill_inputs(mkv_cuda_forward_t *f, const int32_t *tokens, int32_t n)
 {
     const int32_t half = f->cfg.head_dim / 2;
-    if (cudaEventSynchronize(f->uploaded) != cudaSuccess) return cuda_failed(err, "the previous upload");
+    cudaEventSynchronize(f->uploaded);
     memcpy(f->h_tok, tokens, (size_t)n * sizeof(int32_t));
     for (int32_t t = 0; t < n; t++) /* as the CPU pass: the angle in double, cos and sin to fp32 */
         for (int32_t i = 0; i < half; i++) {
@@ -673,14 +689,23 @@ static mkv_status_t begin(mkv_cuda_forward_t *f, const int32_t *tokens, int32_t 
             f->h_cs[((int64_t)t * half + i) * 2] = (float)cos(ang);
             f->h_cs[((int64_t)t * half + i) * 2 + 1] = (float)sin(ang);
         }
-    if (cudaMemcpyAsync(f->cs, f->h_cs, (size_t)n * half * 2 * 4, cudaMemcpyHostToDevice, NULL) != cudaSuccess ||
-        cudaMemcpyAsync(f->tok, f->h_tok, (size_t)n * 4, cudaMemcpyHostToDevice, NULL) != cudaSuccess ||
-        cudaEventRecord(f->uploaded, NULL) != cudaSuccess)
+}
+
+/* Embeddings and RoPE angles of n tokens at positions f->pos. The inputs go up from pinned
+ * memory in stream order, so the host goes on launching while the step's first kernels (the
+ * append) run: a copy from pageable memory would wait for them. */
+static mkv_status_t begin(mkv_cuda_forward_t *f, const int32_t *tokens, int32_t n, char *err)
+{
+    const int32_t half = f->cfg.head_dim / 2;
+    if (!f->capturing) fill_inputs(f, tokens, n); /* a capture's inputs were filled before it */
+    if (cudaMemcpyAsync(f->cs, f->h_cs, (size_t)n * half * 2 * 4, cudaMemcpyHostToDevice, f->s) != cudaSuccess ||
+        cudaMemcpyAsync(f->tok, f->h_tok, (size_t)n * 4, cudaMemcpyHostToDevice, f->s) != cudaSuccess ||
+        (!f->capturing && cudaEventRecord(f->uploaded, f->s) != cudaSuccess))
         return cuda_failed(err, "input upload");
     mark(f, MKV_CUDA_PHASE_OTHER);
     with_type(f->dtype, [&](auto z) {
         using T = decltype(z);
-        embed_kernel<T><<<n, 128>>>((const T *)f->embed, f->tok, f->cfg.hidden, f->x);
+        embed_kernel<T><<<n, 128, 0, f->s>>>((const T *)f->embed, f->tok, f->cfg.hidden, f->x);
     });
     return cudaGetLastError() == cudaSuccess ? MKV_STATUS_OK : cuda_failed(err, "embed");
 }
@@ -713,7 +738,7 @@ static mkv_status_t layers(mkv_cuda_forward_t *f, mkv_cache_t *cache, int32_t n,
         mark(f, MKV_CUDA_PHASE_OTHER);
         with_type(f->dtype, [&](auto z) {
             using T = decltype(z);
-            rmsnorm_kernel<T><<<n, 256>>>(f->x, w->attn_norm, D, c->rms_eps, (T *)f->a);
+            rmsnorm_kernel<T><<<n, 256, 0, f->s>>>(f->x, w->attn_norm, D, c->rms_eps, (T *)f->a);
         });
         mark(f, MKV_CUDA_PHASE_GEMM);
         if ((st = gemm(f, w->wqkv, QD + 2 * KD, D, f->a, n, f->qkv, f->dtype, 0.0f, err)) != MKV_STATUS_OK)
@@ -722,28 +747,28 @@ static mkv_status_t layers(mkv_cuda_forward_t *f, mkv_cache_t *cache, int32_t n,
         with_type(f->dtype, [&](auto z) {
             using T = decltype(z);
             const int64_t pairs = (int64_t)n * (c->n_heads + 2 * c->n_kv_heads) * (c->head_dim / 2);
-            split_rope_kernel<T><<<grid_of(pairs, 256), 256>>>((const T *)f->qkv, n, c->n_heads, c->n_kv_heads,
+            split_rope_kernel<T><<<grid_of(pairs, 256), 256, 0, f->s>>>((const T *)f->qkv, n, c->n_heads, c->n_kv_heads,
                                                                c->head_dim, f->cs, (T *)f->q, (T *)f->k, (T *)f->v);
         });
         if (cudaGetLastError() != cudaSuccess) return cuda_failed(err, "norm or rope");
         mark(f, MKV_CUDA_PHASE_ATTENTION);
-        st = decode ? mkv_cache_decode_layer_ex(cache, n_slots, slots, l, f->dtype, f->q, f->k, f->v, f->att, NULL)
+        st = decode ? mkv_cache_decode_layer_ex(cache, n_slots, slots, l, f->dtype, f->q, f->k, f->v, f->att, f->s)
                     : mkv_cache_prefill_layer_ex(cache, n_slots, slots, l, f->dtype, f->q, f->k, f->v, f->att,
-                                                 NULL);
+                                                 f->s);
         if (st != MKV_STATUS_OK)
             return runner_fail(err, st, "layer %d: %s", l, mkv_cache_last_error(cache));
         if ((st = residual_gemm(f, w->wo, QD, f->att, n, err)) != MKV_STATUS_OK) return st;
         mark(f, MKV_CUDA_PHASE_OTHER);
         with_type(f->dtype, [&](auto z) {
             using T = decltype(z);
-            rmsnorm_kernel<T><<<n, 256>>>(f->x, w->mlp_norm, D, c->rms_eps, (T *)f->a);
+            rmsnorm_kernel<T><<<n, 256, 0, f->s>>>(f->x, w->mlp_norm, D, c->rms_eps, (T *)f->a);
         });
         mark(f, MKV_CUDA_PHASE_GEMM);
         if ((st = gemm(f, w->w_gu, 2 * I, D, f->a, n, f->gu, f->dtype, 0.0f, err)) != MKV_STATUS_OK) return st;
         mark(f, MKV_CUDA_PHASE_OTHER);
         with_type(f->dtype, [&](auto z) {
             using T = decltype(z);
-            silu_mul_kernel<T><<<grid_of((int64_t)n * I, 256), 256>>>((const T *)f->gu, I, (int64_t)n * I, (T *)f->h);
+            silu_mul_kernel<T><<<grid_of((int64_t)n * I, 256), 256, 0, f->s>>>((const T *)f->gu, I, (int64_t)n * I, (T *)f->h);
         });
         if (cudaGetLastError() != cudaSuccess) return cuda_failed(err, "silu");
         if ((st = residual_gemm(f, w->w_down, I, f->h, n, err)) != MKV_STATUS_OK) return st;
@@ -755,6 +780,7 @@ static mkv_status_t layers(mkv_cuda_forward_t *f, mkv_cache_t *cache, int32_t n,
 static mkv_status_t finish_call(mkv_cuda_forward_t *f, char *err)
 {
     mark(f, MKV_CUDA_PHASE_OTHER); /* the end */
+    if (f->capturing) return MKV_STATUS_OK; /* the graph's launch waits */
     if (cudaDeviceSynchronize() != cudaSuccess) return cuda_failed(err, "the layers");
     settle_marks(f);
     return MKV_STATUS_OK;
@@ -769,19 +795,12 @@ static mkv_status_t head(mkv_cuda_forward_t *f, int32_t first, int32_t count, fl
     mark(f, MKV_CUDA_PHASE_HEAD);
     with_type(f->dtype, [&](auto z) {
         using T = decltype(z);
-        rmsnorm_kernel<T><<<count, 256>>>(f->x + (int64_t)first * c->hidden, f->final_norm, c->hidden, c->rms_eps,
+        rmsnorm_kernel<T><<<count, 256, 0, f->s>>>(f->x + (int64_t)first * c->hidden, f->final_norm, c->hidden, c->rms_eps,
                                           (T *)f->a);
     });
-    if (count > f->logit_rows) { /* a larger decode batch than before */
-        cudaFree(f->logits);
-        f->logits = NULL;
-        if (scratch((void **)&f->logits, (size_t)count * c->vocab * 4, err) != MKV_STATUS_OK) {
-            f->logit_rows = 0;
-            return MKV_STATUS_OUT_OF_MEMORY;
-        }
-        f->logit_rows = count;
-    }
-    mkv_status_t st = gemm(f, f->lm_head, c->vocab, c->hidden, f->a, count, f->logits, MKV_DTYPE_F32, 0.0f, err);
+    mkv_status_t st = logit_rows_for(f, count, err);
+    if (st != MKV_STATUS_OK) return st;
+    st = gemm(f, f->lm_head, c->vocab, c->hidden, f->a, count, f->logits, MKV_DTYPE_F32, 0.0f, err);
     if (st != MKV_STATUS_OK) return st;
     if (logits && cudaMemcpy(logits, f->logits, (size_t)count * c->vocab * 4, cudaMemcpyDeviceToHost) != cudaSuccess)
         return cuda_failed(err, "logits download");
@@ -822,7 +841,7 @@ static mkv_status_t cuda_prefill(void *ctx, mkv_cache_t *cache, int32_t slot, co
     f->n_marks = 0;
     if ((st = begin(f, tokens, n, err)) == MKV_STATUS_OK && (st = layers(f, cache, n, 1, &slot, 0, err)) == MKV_STATUS_OK) {
         mark(f, MKV_CUDA_PHASE_CACHE);
-        if ((st = mkv_cache_commit_prompt(cache, 1, &slot, NULL)) != MKV_STATUS_OK)
+        if ((st = mkv_cache_commit_prompt(cache, 1, &slot, f->s)) != MKV_STATUS_OK)
             st = runner_fail(err, st, "%s", mkv_cache_last_error(cache));
         else if (logits) {
             if ((st = head(f, 0, n, logits, err)) == MKV_STATUS_OK && last_logits && f->shard.rank == 0)
@@ -874,14 +893,14 @@ static mkv_status_t cuda_prefill_batch(void *ctx, mkv_cache_t *cache, int32_t n_
     f->n_marks = 0;
     if ((st = begin(f, tokens, n, err)) == MKV_STATUS_OK && (st = layers(f, cache, n, n_slots, slots, 0, err)) == MKV_STATUS_OK) {
         mark(f, MKV_CUDA_PHASE_CACHE);
-        if ((st = mkv_cache_commit_prompt(cache, n_slots, slots, NULL)) != MKV_STATUS_OK) {
+        if ((st = mkv_cache_commit_prompt(cache, n_slots, slots, f->s)) != MKV_STATUS_OK) {
             st = runner_fail(err, st, "%s", mkv_cache_last_error(cache));
         } else {
             const size_t row = (size_t)f->cfg.hidden * sizeof(float);
             for (int32_t j = 0, last = -1; j < n_slots && st == MKV_STATUS_OK; j++) {
                 last += lens[j];
                 if (last != j && cudaMemcpyAsync(f->x + (int64_t)j * f->cfg.hidden, f->x + (int64_t)last * f->cfg.hidden,
-                                                 row, cudaMemcpyDeviceToDevice) != cudaSuccess)
+                                                 row, cudaMemcpyDeviceToDevice, f->s) != cudaSuccess)
                     st = cuda_failed(err, "last rows");
             }
             if (st == MKV_STATUS_OK) st = head(f, 0, n_slots, last_logits, err);
@@ -916,6 +935,127 @@ __global__ void argmax_kernel(const float *logits, int32_t V, int32_t *out)
     }
 }
 
+/* The logits buffer holds at least n rows (grown outside any capture: it allocates). */
+static mkv_status_t logit_rows_for(mkv_cuda_forward_t *f, int32_t n, char *err)
+{
+    if (n <= f->logit_rows) return MKV_STATUS_OK;
+    cudaFree(f->logits);
+    f->logits = NULL;
+    if (scratch((void **)&f->logits, (size_t)n * f->cfg.vocab * 4, err) != MKV_STATUS_OK) {
+        f->logit_rows = 0;
+        return MKV_STATUS_OUT_OF_MEMORY;
+    }
+    f->logit_rows = n;
+    return MKV_STATUS_OK;
+}
+
+/* Every launch of a decode step, on f->s, then the call's end (no wait while capturing):
+ * append, inputs, layers, compress, head; logits to the host when not NULL; picks 1: greedy
+ * picks into f->tok, 2: sampled ones under f->rows (uploaded already). */
+static mkv_status_t step_launches(mkv_cuda_forward_t *f, mkv_cache_t *cache, int32_t n_slots, const int32_t *slots,
+                                  const int32_t *tokens, float *logits, int picks, char *err)
+{
+    const mkv_model_config_t *c = &f->cfg;
+    mkv_status_t st;
+    mark(f, MKV_CUDA_PHASE_CACHE);
+    if ((st = mkv_cache_append(cache, n_slots, slots, f->s)) != MKV_STATUS_OK)
+        return runner_fail(err, st, "%s", mkv_cache_last_error(cache));
+    if ((st = begin(f, tokens, n_slots, err)) != MKV_STATUS_OK ||
+        (st = layers(f, cache, n_slots, n_slots, slots, 1, err)) != MKV_STATUS_OK)
+        return st;
+    mark(f, MKV_CUDA_PHASE_CACHE);
+    if ((st = mkv_cache_compress(cache, n_slots, slots, f->s)) != MKV_STATUS_OK)
+        return runner_fail(err, st, "%s", mkv_cache_last_error(cache));
+    if (f->shard.rank != 0) return finish_call(f, err);
+    mark(f, MKV_CUDA_PHASE_HEAD);
+    with_type(f->dtype, [&](auto z) {
+        using T = decltype(z);
+        rmsnorm_kernel<T><<<n_slots, 256, 0, f->s>>>(f->x, f->final_norm, c->hidden, c->rms_eps, (T *)f->a);
+    });
+    if ((st = logit_rows_for(f, n_slots, err)) != MKV_STATUS_OK ||
+        (st = gemm(f, f->lm_head, c->vocab, c->hidden, f->a, n_slots, f->logits, MKV_DTYPE_F32, 0.0f, err)) !=
+            MKV_STATUS_OK)
+        return st;
+    if (logits && cudaMemcpy(logits, f->logits, (size_t)n_slots * c->vocab * 4, cudaMemcpyDeviceToHost) != cudaSuccess)
+        return cuda_failed(err, "logits download");
+    if (picks == 1)
+        argmax_kernel<<<n_slots, 1024, 0, f->s>>>(f->logits, c->vocab, f->tok);
+    else if (picks == 2 && (st = mkv_cuda_sample(f->logits, n_slots, c->vocab, f->rows, f->tok, f->s, err)) !=
+                               MKV_STATUS_OK)
+        return st;
+    if (cudaGetLastError() != cudaSuccess) return cuda_failed(err, "the picks");
+    return finish_call(f, err);
+}
+
+static void drop_graph(mkv_cuda_forward_t *f)
+{
+    if (f->exec) cudaGraphExecDestroy(f->exec);
+    f->exec = NULL;
+    f->g_left = 0;
+}
+
+/* A decode step through the captured graph: captured again when the batch, its slots or the
+ * picks differ from the capture's, or after f->horizon launches (the cache plans each
+ * captured attention call for that many); the new capture updates the executable graph in
+ * place where its topology allows. Afterwards the cache's view is brought to the device's,
+ * which a launch moves without the host taking part. */
+static mkv_status_t graph_step(mkv_cuda_forward_t *f, mkv_cache_t *cache, int32_t n_slots, const int32_t *slots,
+                               const int32_t *tokens, int picks, char *err)
+{
+    mkv_status_t st;
+    fill_inputs(f, tokens, n_slots);
+    const bool same = f->exec && f->g_left > 0 && f->g_n == n_slots && f->g_picks == picks &&
+                      memcmp(f->g_slots, slots, (size_t)n_slots * sizeof *slots) == 0;
+    if (!same) {
+        if ((st = logit_rows_for(f, n_slots, err)) != MKV_STATUS_OK) return st;
+        if ((st = mkv_cache_set_capture_horizon(cache, f->horizon)) != MKV_STATUS_OK)
+            return runner_fail(err, st, "%s", mkv_cache_last_error(cache));
+        if (cudaStreamBeginCapture(f->s, cudaStreamCaptureModeThreadLocal) != cudaSuccess)
+            return cuda_failed(err, "stream capture");
+        f->capturing = 1;
+        st = step_launches(f, cache, n_slots, slots, tokens, NULL, picks, err);
+        f->capturing = 0;
+        cudaGraph_t g = NULL;
+        const cudaError_t e = cudaStreamEndCapture(f->s, &g);
+        if (st == MKV_STATUS_OK && e != cudaSuccess) st = cuda_failed(err, "stream capture");
+        if (st == MKV_STATUS_OK && f->exec) { /* the same kernels with new parameters, mostly */
+            cudaGraphExecUpdateResultInfo info;
+            if (cudaGraphExecUpdate(f->exec, g, &info) == cudaSuccess) {
+                f->g_updates++;
+            } else {
+                (void)cudaGetLastError();
+                drop_graph(f);
+            }
+        }
+        if (st == MKV_STATUS_OK && !f->exec && cudaGraphInstantiate(&f->exec, g, 0) != cudaSuccess) {
+            f->exec = NULL;
+            st = cuda_failed(err, "graph instantiation");
+        }
+        if (g) cudaGraphDestroy(g);
+        if (st != MKV_STATUS_OK) {
+            (void)cudaGetLastError();
+            drop_graph(f);
+            /* the capture ran only the host's side of the step calls: back to the device's */
+            (void)mkv_cache_sync(cache, f->s);
+            return st;
+        }
+        f->g_n = n_slots;
+        f->g_picks = picks;
+        memcpy(f->g_slots, slots, (size_t)n_slots * sizeof *slots);
+        f->g_left = f->horizon;
+        f->g_captures++;
+    }
+    if (cudaGraphLaunch(f->exec, f->s) != cudaSuccess || cudaEventRecord(f->uploaded, f->s) != cudaSuccess) {
+        drop_graph(f);
+        return cuda_failed(err, "graph launch");
+    }
+    f->g_left--;
+    f->g_launches++;
+    if ((st = mkv_cache_sync(cache, f->s)) != MKV_STATUS_OK)
+        return runner_fail(err, st, "%s", mkv_cache_last_error(cache));
+    return MKV_STATUS_OK;
+}
+
 /* One decode step; logits: to the host when not NULL; next: the picks come back, greedy
  * (rows NULL) or sampled under rows [n_slots] (host, as sampling_cuda.h uploads them). */
 static mkv_status_t decode_step(mkv_cuda_forward_t *f, mkv_cache_t *cache, int32_t n_slots, const int32_t *slots,
@@ -935,31 +1075,16 @@ static mkv_status_t decode_step(mkv_cuda_forward_t *f, mkv_cache_t *cache, int32
     cudaGetDevice(&prev);
     cudaSetDevice(f->device);
     f->n_marks = 0;
-    mark(f, MKV_CUDA_PHASE_CACHE);
-    if ((st = mkv_cache_append(cache, n_slots, slots, NULL)) != MKV_STATUS_OK) {
-        cudaSetDevice(prev);
-        return cache_failed(cache, st);
-    }
-    if ((st = begin(f, tokens, n_slots, err)) == MKV_STATUS_OK &&
-        (st = layers(f, cache, n_slots, n_slots, slots, 1, err)) == MKV_STATUS_OK) {
-        mark(f, MKV_CUDA_PHASE_CACHE);
-        if ((st = mkv_cache_compress(cache, n_slots, slots, NULL)) != MKV_STATUS_OK)
-            st = runner_fail(err, st, "%s", mkv_cache_last_error(cache));
-        else if ((st = head(f, 0, n_slots, logits, err)) == MKV_STATUS_OK && next && f->shard.rank == 0) {
-            /* logits NULL: computed, left on the device; next: the picks come back */
-            if (!rows) {
-                argmax_kernel<<<n_slots, 1024>>>(f->logits, f->cfg.vocab, f->tok);
-            } else if (cudaMemcpy(f->rows, rows, (size_t)n_slots * sizeof *rows, cudaMemcpyHostToDevice) !=
-                       cudaSuccess) {
-                st = cuda_failed(err, "sampling parameters");
-            } else {
-                st = mkv_cuda_sample(f->logits, n_slots, f->cfg.vocab, f->rows, f->tok, NULL, err);
-            }
-            if (st == MKV_STATUS_OK &&
-                cudaMemcpy(next, f->tok, (size_t)n_slots * 4, cudaMemcpyDeviceToHost) != cudaSuccess)
-                st = cuda_failed(err, "picked tokens");
-        }
-    }
+    const int picks = !next || f->shard.rank != 0 ? 0 : rows ? 2 : 1;
+    if (picks == 2 && cudaMemcpy(f->rows, rows, (size_t)n_slots * sizeof *rows, cudaMemcpyHostToDevice) != cudaSuccess)
+        st = cuda_failed(err, "sampling parameters");
+    else if (f->graphs && !f->timing && !logits && picks != 2)
+        st = graph_step(f, cache, n_slots, slots, tokens, picks, err);
+    else
+        st = step_launches(f, cache, n_slots, slots, tokens, logits, picks, err);
+    if (st == MKV_STATUS_OK && picks &&
+        cudaMemcpy(next, f->tok, (size_t)n_slots * 4, cudaMemcpyDeviceToHost) != cudaSuccess)
+        st = cuda_failed(err, "picked tokens");
     cudaSetDevice(prev);
     return st == MKV_STATUS_OK ? st : report(st, err);
 }
@@ -1036,6 +1161,47 @@ extern "C" mkv_status_t mkv_cuda_forward_set_timing(mkv_cuda_forward_t *f, int o
     f->timing = on != 0;
     f->n_marks = 0;
     return MKV_STATUS_OK;
+}
+
+extern "C" mkv_status_t mkv_cuda_forward_set_graphs(mkv_cuda_forward_t *f, int on, int32_t horizon)
+{
+    if (!f) return mkv_report_error(MKV_STATUS_INVALID_ARGUMENT, "mkv_cuda_forward_set_graphs: null pass");
+    if (on && horizon < 1)
+        return mkv_report_error(MKV_STATUS_INVALID_ARGUMENT, "mkv_cuda_forward_set_graphs: horizon %d (>= 1)", horizon);
+    if (on && f->shard.n_ranks > 1)
+        return mkv_report_error(MKV_STATUS_UNSUPPORTED,
+                                "CUDA graphs: not with tensor parallelism (the all-reduces have streams of their own)");
+    int prev = 0;
+    cudaGetDevice(&prev);
+    cudaSetDevice(f->device);
+    if (on && !f->gstream) {
+        if (cudaStreamCreate(&f->gstream) != cudaSuccess) {
+            (void)cudaGetLastError();
+            f->gstream = NULL;
+            cudaSetDevice(prev);
+            return mkv_report_error(MKV_STATUS_CUDA_ERROR, "CUDA graphs: cannot create a stream");
+        }
+    }
+    if (on && !f->g_slots && !(f->g_slots = (int32_t *)malloc((size_t)f->max_tokens * sizeof(int32_t)))) {
+        cudaSetDevice(prev);
+        return mkv_report_error(MKV_STATUS_OUT_OF_MEMORY, "CUDA graphs: cannot allocate the slot list");
+    }
+    cudaDeviceSynchronize(); /* the old stream's work done before the new one's starts */
+    drop_graph(f);
+    f->graphs = on != 0;
+    f->horizon = on ? horizon : 0;
+    f->s = on ? f->gstream : NULL;
+    cublasSetStream(f->blas, f->s);
+    cudaSetDevice(prev);
+    return MKV_STATUS_OK;
+}
+
+extern "C" void mkv_cuda_forward_graph_stats(const mkv_cuda_forward_t *f, int64_t *captures, int64_t *updates,
+                                             int64_t *launches)
+{
+    *captures = f ? f->g_captures : 0;
+    *updates = f ? f->g_updates : 0;
+    *launches = f ? f->g_launches : 0;
 }
 
 extern "C" void mkv_cuda_forward_phases(mkv_cuda_forward_t *f, double ms[MKV_CUDA_PHASES], int reset)

@@ -95,6 +95,19 @@ enum {
 mkv_status_t mkv_cuda_forward_set_timing(mkv_cuda_forward_t *f, int on);
 void mkv_cuda_forward_phases(mkv_cuda_forward_t *f, double ms[MKV_CUDA_PHASES], int reset);
 
+/* CUDA graphs of decode steps (on: 1). The pass then launches on a stream of its own, captures
+ * a decode step (append, every layer, compress, head, greedy picks) into a graph and launches
+ * the graph again while the batch, its slots and the kind of picks stay the same, at most
+ * `horizon` times a capture (the cache plans each captured attention call for that many:
+ * mkv_cache_set_capture_horizon); a new capture updates the graph in place where it can.
+ * Steps with timing on, with the logits copied to the host, or with sampled picks run as
+ * before. The cache must have MKV_CACHE_ASYNC_STEPS. INVALID_ARGUMENT for horizon < 1 when on;
+ * UNSUPPORTED with tensor parallelism. */
+mkv_status_t mkv_cuda_forward_set_graphs(mkv_cuda_forward_t *f, int on, int32_t horizon);
+/* Captures, in-place updates among them, and launches of captured steps so far. */
+void mkv_cuda_forward_graph_stats(const mkv_cuda_forward_t *f, int64_t *captures, int64_t *updates,
+                                  int64_t *launches);
+
 /* Whether this build has the CUDA pass (0: mkv_cuda_forward_create returns UNSUPPORTED). */
 int mkv_cuda_forward_available(void);
 

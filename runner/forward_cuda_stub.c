@@ -88,3 +88,16 @@ const mkv_model_config_t *mkv_cuda_forward_config(const mkv_cuda_forward_t *f)
     (void)f;
     return NULL;
 }
+
+mkv_status_t mkv_cuda_forward_set_graphs(mkv_cuda_forward_t *f, int on, int32_t horizon)
+{
+    (void)f, (void)on, (void)horizon;
+    return mkv_report_error(MKV_STATUS_UNSUPPORTED, "this build has no CUDA");
+}
+
+void mkv_cuda_forward_graph_stats(const mkv_cuda_forward_t *f, int64_t *captures, int64_t *updates,
+                                  int64_t *launches)
+{
+    (void)f;
+    *captures = *updates = *launches = 0;
+}

@@ -46,6 +46,7 @@ typedef struct sb_opts {
     double kv_mib;
     int64_t seed;
     int run_fp16, run_mixkv, quiet, phases;
+    int32_t graphs; /* CUDA graphs of decode steps, this horizon; 0: off */
     mkv_policy_opts_t policy;
     mkv_run_opts_t run;
 } sb_opts_t;
@@ -74,6 +75,9 @@ void mkv_serve_bench_usage(FILE *f)
             "  --plot FILE.svg     output tokens/s and p50 latency against the rates\n"
             "  --phases            where the device time goes (CUDA: events at phase boundaries,\n"
             "                      a few percent of their own)\n"
+            "  --graphs H          decode steps through CUDA graphs, captured again after H\n"
+            "                      launches or when the batch changes (CUDA, not with --tp; steps\n"
+            "                      with --phases' events stay eager) [0: off]\n"
             "  --tp N              tensor parallelism over GPUs 0..N-1 (CUDA; NCCL): the heads and\n"
             "                      FFN columns split N ways, one cache per GPU with --kv-mib / N [1]\n"
             MKV_POLICY_OPTS_HELP
@@ -161,6 +165,10 @@ static int parse(int argc, char **argv, sb_opts_t *o)
         }
         if ((m = mkv_cli_option(CMD, argc, argv, &i, "--max-batch", 1, 0, &v)) != 0) {
             if (m < 0 || mkv_cli_parse_i32(CMD, "--max-batch", v, 1, 4096, &o->max_batch) < 0) return -1;
+            continue;
+        }
+        if ((m = mkv_cli_option(CMD, argc, argv, &i, "--graphs", 1, 0, &v)) != 0) {
+            if (m < 0 || mkv_cli_parse_i32(CMD, "--graphs", v, 0, 1 << 20, &o->graphs) < 0) return -1;
             continue;
         }
         if ((m = mkv_cli_option(CMD, argc, argv, &i, "--tp", 1, 0, &v)) != 0) {
@@ -252,6 +260,7 @@ typedef struct engine_result {
     double rate;                          /* requests/s arriving; 0: all at once */
     double ttft[2], tpot[2], latency[2];  /* p50, p99, seconds */
     int has_phases;                       /* --phases on the CUDA pass */
+    int64_t graph_captures, graph_launches; /* --graphs */
     double phase_ms[MKV_CUDA_PHASES];     /* summed over the run (rank 0's with --tp) */
     /* --tp: each GPU's figures */
     int32_t tp;
@@ -303,6 +312,10 @@ static int run_engine(const sb_opts_t *o, const mkv_model_config_t *mc, const mk
                       int32_t max_len, const int32_t *plen, const int32_t *olen, const int32_t *tokens,
                       const double *arrival, double rate, engine_result_t *r)
 {
+    if (o->graphs > 0 && cuda && !tp && mkv_cuda_forward_set_graphs(cuda, 1, o->graphs) != MKV_STATUS_OK) {
+        mkv_cli_error(CMD, "--graphs: %s", mkv_last_error());
+        return -1;
+    }
     mkv_cache_config_t base = MKV_CACHE_CONFIG_INIT, cfg;
     mkv_policy_apply(&o->policy, &base);
     if (fp16) { /* the baseline: nothing compressed */
@@ -434,6 +447,11 @@ static int run_engine(const sb_opts_t *o, const mkv_model_config_t *mc, const mk
         }
     }
     r->seconds = now_s() - t0;
+    if (o->graphs > 0 && cuda && !tp) {
+        int64_t updates;
+        mkv_cuda_forward_graph_stats(cuda, &r->graph_captures, &updates, &r->graph_launches);
+        mkv_cuda_forward_set_graphs(cuda, 0, 0);
+    }
     if (o->phases && cuda) {
         for (int32_t g = 0; g < n_ranks; g++) {
             mkv_cuda_forward_t *pass = tp ? mkv_tp_rank(tp, g) : cuda;
@@ -540,6 +558,10 @@ static cJSON *result_json(const engine_result_t *r, int32_t requests)
     cJSON_AddNumberToObject(e, "fraction_high", r->frac_hi);
     cJSON_AddNumberToObject(e, "fraction_low", r->frac_lo);
     cJSON_AddNumberToObject(e, "fraction_pruned", r->frac_pruned);
+    if (r->graph_launches > 0 || r->graph_captures > 0) {
+        mkv_cli_json_add_i64(e, "graph_captures", r->graph_captures);
+        mkv_cli_json_add_i64(e, "graph_launches", r->graph_launches);
+    }
     if (r->has_phases) {
         cJSON *p = cJSON_AddObjectToObject(e, "phases_s");
         double dev = 0;
@@ -748,6 +770,13 @@ int mkv_serve_bench_main(int argc, char **argv)
         goto done;
     }
     if (o.phases && !fw.cuda) fprintf(stderr, "%s: --phases: only the CUDA pass has a breakdown\n", CMD);
+    if (o.graphs > 0 && (!fw.cuda || tp)) {
+        mkv_cli_error(CMD, "--graphs: only the CUDA pass on one GPU has graphs");
+        rc = MKV_EXIT_USAGE;
+        goto done;
+    }
+    if (o.graphs > 0 && o.phases)
+        fprintf(stderr, "%s: --graphs with --phases: steps carrying the phases' events run without graphs\n", CMD);
     {
         int64_t page_bytes = 0;
         if (mkv_page_bytes_for(MKV_FORMAT_K16V16, mc.head_dim, 0, 0, 16, &page_bytes) != MKV_STATUS_OK ||

@@ -1046,6 +1046,9 @@ Test(backend, engine_threads_same_bits)
     cr_assert_eq(mkv_cache_set_parallel(b.c, rev_run, &rr, 0), MKV_STATUS_INVALID_ARGUMENT);
     cr_assert_eq(mkv_cache_set_parallel(NULL, rev_run, &rr, 3), MKV_STATUS_INVALID_ARGUMENT);
     TU_COK(b.c, mkv_cache_set_parallel(b.c, rev_run, &rr, rr.parts));
+    cr_assert_eq(mkv_cache_set_capture_horizon(b.c, -1), MKV_STATUS_INVALID_ARGUMENT);
+    cr_assert_eq(mkv_cache_set_capture_horizon(NULL, 4), MKV_STATUS_INVALID_ARGUMENT);
+    TU_COK(b.c, mkv_cache_set_capture_horizon(b.c, 4)); /* the CPU backend accepts and ignores it */
     int32_t slots[3], got;
     cr_assert_eq(mkv_cache_prompt_len(a.c, 0, &got), MKV_STATUS_INVALID_ARGUMENT, "an inactive slot");
     cr_assert_eq(mkv_cache_prompt_len(a.c, 99, &got), MKV_STATUS_INVALID_ARGUMENT, "out of range");

@@ -27,10 +27,11 @@
 
 static mkv_model_t *load_or_skip(void) { return test_load_tinystories(MIXKV_SHARED_DIR); }
 
-static mkv_cache_t *make_cache(const mkv_model_t *m, int fp16, mkv_backend_t backend, int32_t max_seqs,
-                               int32_t max_len)
+static mkv_cache_t *make_cache_flags(const mkv_model_t *m, int fp16, mkv_backend_t backend, int32_t max_seqs,
+                                     int32_t max_len, uint32_t flags)
 {
     mkv_cache_config_t base = MKV_CACHE_CONFIG_INIT, cfg;
+    base.flags = flags;
     if (fp16) {
         base.hi_format = base.lo_format = MKV_FORMAT_K16V16;
         base.alpha_h = base.alpha_l = 0.0f;
@@ -47,6 +48,12 @@ static mkv_cache_t *make_cache(const mkv_model_t *m, int fp16, mkv_backend_t bac
     mkv_cache_t *c = NULL;
     cr_assert_eq(mkv_cache_create(&cfg, &c), MKV_STATUS_OK, "%s", mkv_last_error());
     return c;
+}
+
+static mkv_cache_t *make_cache(const mkv_model_t *m, int fp16, mkv_backend_t backend, int32_t max_seqs,
+                               int32_t max_len)
+{
+    return make_cache_flags(m, fp16, backend, max_seqs, max_len, 0u);
 }
 
 /* Three prompts of different lengths, each prefilled and then decoded `steps` tokens on both
@@ -428,4 +435,88 @@ Test(forward_cuda, dummy_weights_are_deterministic)
         free(lg[i]);
         mkv_cuda_forward_free(f[i]);
     }
+}
+
+/* Decode steps through CUDA graphs (mkv_cuda_forward_set_graphs) against the same steps
+ * launched one by one: two passes, two asynchronous mixkv caches, the same three prompts, f32.
+ * Horizon 4, so the step is captured again every fourth launch (and updated in place), and
+ * once more when a request leaves after step 17 (the batch shrinks to two). Every pick must be
+ * the same token, and the caches must agree in N, in counts and in validity. */
+Test(forward_cuda, graphs_match_eager_steps)
+{
+    GPU_REQUIRE();
+    mkv_model_t *m = load_or_skip();
+    const int32_t max_len = 160, V = m->cfg.vocab, STEPS = 30, HORIZON = 4;
+    const uint32_t flags = MKV_CACHE_ASYNC_STEPS;
+    mkv_cache_t *ce = make_cache_flags(m, 0, MKV_BACKEND_CUDA, 3, max_len, flags);
+    mkv_cache_t *cg = make_cache_flags(m, 0, MKV_BACKEND_CUDA, 3, max_len, flags);
+    char err[MKV_ERR_LEN];
+    mkv_cuda_forward_t *fe = NULL, *fg = NULL;
+    cr_assert_eq(mkv_cuda_forward_create(m, max_len, MKV_DTYPE_F32, &fe, err), MKV_STATUS_OK, "%s", err);
+    cr_assert_eq(mkv_cuda_forward_create(m, max_len, MKV_DTYPE_F32, &fg, err), MKV_STATUS_OK, "%s", err);
+    cr_assert_eq(mkv_cuda_forward_set_graphs(fg, 1, 0), MKV_STATUS_INVALID_ARGUMENT, "horizon 0 refused");
+    cr_assert_eq(mkv_cuda_forward_set_graphs(fg, 1, HORIZON), MKV_STATUS_OK, "%s", mkv_last_error());
+    const mkv_forward_t e = mkv_cuda_forward(fe), g = mkv_cuda_forward(fg);
+    int32_t slots[3], ne[3], ng[3];
+    const int32_t lens[3] = {7, 19, 40};
+    uint64_t rng = 4242;
+    for (int j = 0; j < 3; j++) {
+        int32_t prompt[64], s2;
+        prompt[0] = m->cfg.bos >= 0 ? m->cfg.bos : 1;
+        for (int32_t t = 1; t < lens[j]; t++) prompt[t] = test_rand_range(&rng, 3, V - 1);
+        cr_assert_eq(mkv_cache_admit(ce, lens[j], &slots[j]), MKV_STATUS_OK);
+        cr_assert_eq(mkv_cache_admit(cg, lens[j], &s2), MKV_STATUS_OK);
+        cr_assert_eq(s2, slots[j]);
+        float *lg = malloc((size_t)V * sizeof(float));
+        cr_assert_eq(e.prefill(e.ctx, ce, slots[j], prompt, lens[j], NULL, lg), MKV_STATUS_OK, "%s", mkv_last_error());
+        ne[j] = test_argmax(lg, V);
+        cr_assert_eq(g.prefill(g.ctx, cg, slots[j], prompt, lens[j], NULL, lg), MKV_STATUS_OK, "%s", mkv_last_error());
+        ng[j] = test_argmax(lg, V);
+        cr_assert_eq(ne[j], ng[j], "prompt %d", j);
+        free(lg);
+    }
+    int32_t n = 3, same = 0, total = 0;
+    for (int32_t s = 0; s < STEPS; s++) {
+        if (s == 17) { /* the middle request leaves: a new batch */
+            cr_assert_eq(mkv_cache_release(ce, slots[1], NULL), MKV_STATUS_OK, "%s", mkv_cache_last_error(ce));
+            cr_assert_eq(mkv_cache_release(cg, slots[1], NULL), MKV_STATUS_OK, "%s", mkv_cache_last_error(cg));
+            slots[1] = slots[2], ne[1] = ne[2], ng[1] = ng[2];
+            n = 2;
+        }
+        cr_assert_eq(e.decode_greedy(e.ctx, ce, n, slots, ne, ne), MKV_STATUS_OK, "%s", mkv_last_error());
+        cr_assert_eq(g.decode_greedy(g.ctx, cg, n, slots, ng, ng), MKV_STATUS_OK, "step %d: %s", s, mkv_last_error());
+        for (int32_t j = 0; j < n; j++) {
+            same += ne[j] == ng[j];
+            total++;
+        }
+        int32_t le[3], lg[3];
+        cr_assert_eq(mkv_cache_seq_lens(ce, n, slots, le), MKV_STATUS_OK);
+        cr_assert_eq(mkv_cache_seq_lens(cg, n, slots, lg), MKV_STATUS_OK, "%s", mkv_cache_last_error(cg));
+        for (int32_t j = 0; j < n; j++) cr_assert_eq(le[j], lg[j], "step %d slot %d: N %d against %d", s, j, le[j], lg[j]);
+    }
+    cr_log_info("forward_cuda graphs: %d of %d picks equal", same, total);
+    cr_assert_eq(same, total, "graph steps picked other tokens than eager ones");
+    int64_t captures, updates, launches;
+    mkv_cuda_forward_graph_stats(fg, &captures, &updates, &launches);
+    cr_log_info("forward_cuda graphs: %lld captures (%lld in place), %lld launches", (long long)captures,
+                (long long)updates, (long long)launches);
+    cr_assert_eq(launches, STEPS);
+    /* steps 0-16: captures at 0, 4, 8, 12, 16; 17-29: at 17, 21, 25, 29 */
+    cr_assert_eq(captures, 9);
+    cr_assert_geq(updates, 1, "no capture updated the graph in place");
+    mkv_cache_stats_t a, b;
+    cr_assert_eq(mkv_cache_stats(ce, &a), MKV_STATUS_OK);
+    cr_assert_eq(mkv_cache_stats(cg, &b), MKV_STATUS_OK);
+    cr_assert(a.tokens_hi == b.tokens_hi && a.tokens_lo == b.tokens_lo && a.tokens_pruned == b.tokens_pruned,
+              "counts: %lld / %lld / %lld against %lld / %lld / %lld", (long long)a.tokens_hi, (long long)a.tokens_lo,
+              (long long)a.tokens_pruned, (long long)b.tokens_hi, (long long)b.tokens_lo, (long long)b.tokens_pruned);
+    cr_assert_eq(mkv_cache_validate(cg), MKV_STATUS_OK, "%s", mkv_cache_last_error(cg));
+    /* graphs off again: the pass goes back to the legacy stream and one-by-one steps */
+    cr_assert_eq(mkv_cuda_forward_set_graphs(fg, 0, 0), MKV_STATUS_OK);
+    cr_assert_eq(g.decode_greedy(g.ctx, cg, n, slots, ng, ng), MKV_STATUS_OK, "%s", mkv_last_error());
+    cr_assert_eq(e.decode_greedy(e.ctx, ce, n, slots, ne, ne), MKV_STATUS_OK, "%s", mkv_last_error());
+    for (int32_t j = 0; j < n; j++) cr_assert_eq(ne[j], ng[j]);
+    mkv_cuda_forward_free(fe), mkv_cuda_forward_free(fg);
+    mkv_cache_destroy(ce), mkv_cache_destroy(cg);
+    mkv_model_free(m);
 }
