@@ -58,7 +58,9 @@ struct mkv_cuda_forward {
     void *h;               /* [T][I] silu(gate) * up */
     float *logits;         /* [logit_rows][V] */
     int32_t logit_rows;    /* grows to the largest decode batch (a prefill needs one row) */
-    float *cs;             /* [T][hd / 2][2] cos, sin */
+    float *rope;           /* [rope_len][hd / 2][2] cos, sin of every position so far */
+    int32_t rope_len;
+    int32_t *d_pos;        /* [T] the call's positions */
     int32_t *tok;          /* [T] */
     mkv_sample_row_t *rows; /* [T] decode_sample's per-row parameters */
     /* where a call's time goes (mkv_cuda_forward_set_timing): events at phase boundaries */
@@ -69,10 +71,9 @@ struct mkv_cuda_forward {
     double phase_ms[MKV_CUDA_PHASES];
     /* host scratch */
     double *inv_freq;      /* [hd / 2] */
-    float *h_cs;           /* [T][hd / 2][2], pinned: uploaded without waiting for the device */
-    int32_t *h_tok;        /* [T], pinned */
-    cudaEvent_t uploaded;  /* after the last upload from h_cs and h_tok */
-    int32_t *pos;          /* [T] */
+    int32_t *h_tok;        /* [T], pinned: uploaded without waiting for the device */
+    cudaEvent_t uploaded;  /* after the last upload from h_tok and pos */
+    int32_t *pos;          /* [T] pinned: the call's positions */
     mkv_sample_row_t *h_rows; /* [T] */
     /* CUDA graphs of decode steps (mkv_cuda_forward_set_graphs) */
     cudaStream_t s;        /* every launch of a call: NULL, or gstream with graphs on */
@@ -161,8 +162,8 @@ __global__ void fill_const_kernel(float *p, int64_t n, float v)
  * to q and k on the way (Hugging Face's rotate_half: in each head, element i pairs with i + hd/2;
  * cs [n][hd/2][2] holds each token's cos and sin); one thread per pair. */
 template <typename T>
-__global__ void split_rope_kernel(const T *qkv, int32_t n, int32_t H, int32_t Hkv, int32_t hd, const float *cs,
-                                  T *q, T *k, T *v)
+__global__ void split_rope_kernel(const T *qkv, int32_t n, int32_t H, int32_t Hkv, int32_t hd, const float *rope,
+                                  const int32_t *pos, T *q, T *k, T *v)
 {
     const int32_t half = hd / 2, heads = H + 2 * Hkv;
     const int64_t total = (int64_t)n * heads * half;
@@ -178,7 +179,8 @@ __global__ void split_rope_kernel(const T *qkv, int32_t n, int32_t H, int32_t Hk
             continue;
         }
         T *dst = h < H ? q + ((int64_t)t * H + h) * hd : k + ((int64_t)t * Hkv + (h - H)) * hd;
-        const float c = cs[((int64_t)t * half + i) * 2], s = cs[((int64_t)t * half + i) * 2 + 1];
+        const float *cs = rope + ((int64_t)pos[t] * half + i) * 2;
+        const float c = cs[0], s = cs[1];
         const float x1 = to_f(src[i]), x2 = to_f(src[i + half]);
         dst[i] = from_f<T>(x1 * c - x2 * s);
         dst[i + half] = from_f<T>(x2 * c + x1 * s);
@@ -287,7 +289,7 @@ void mkv_cuda_forward_free(mkv_cuda_forward_t *f)
     }
     if (f->lm_head != f->embed) cudaFree(f->lm_head);
     void *p[] = {f->embed, f->final_norm, f->x, f->a, f->qkv, f->q, f->k, f->v, f->att, f->gu, f->h,
-                 f->logits, f->cs, f->tok, f->rows};
+                 f->logits, f->rope, f->d_pos, f->tok, f->rows};
     for (void *x : p) cudaFree(x);
     if (f->blas) cublasDestroy(f->blas);
     if (f->ev) {
@@ -303,9 +305,8 @@ void mkv_cuda_forward_free(mkv_cuda_forward_t *f)
         cudaEventSynchronize(f->uploaded); /* a failed call may have left an upload queued */
         cudaEventDestroy(f->uploaded);
     }
-    cudaFreeHost(f->h_cs);
     cudaFreeHost(f->h_tok);
-    free(f->pos);
+    cudaFreeHost(f->pos);
     free(f->h_rows);
     cudaSetDevice(prev);
     free(f);
@@ -489,20 +490,19 @@ static mkv_status_t create_common(const mkv_model_config_t *c, const mkv_cuda_sh
     RUNNER_TRY(scratch(&f->gu, (size_t)(T * 2 * I) * es, err));
     RUNNER_TRY(scratch(&f->h, (size_t)(T * I) * es, err));
     RUNNER_TRY(scratch((void **)&f->logits, (size_t)f->logit_rows * V * 4, err));
-    RUNNER_TRY(scratch((void **)&f->cs, (size_t)(T * hd) * 4, err));
+    RUNNER_TRY(scratch((void **)&f->d_pos, (size_t)T * 4, err));
     RUNNER_TRY(scratch((void **)&f->tok, (size_t)T * 4, err));
     RUNNER_TRY(scratch((void **)&f->rows, (size_t)T * sizeof(mkv_sample_row_t), err));
     f->inv_freq = (double *)malloc((size_t)(hd / 2 + 1) * sizeof(double));
-    if (cudaMallocHost((void **)&f->h_cs, (size_t)(T * hd) * sizeof(float)) != cudaSuccess ||
+    if (cudaMallocHost((void **)&f->pos, (size_t)T * sizeof(int32_t)) != cudaSuccess ||
         cudaMallocHost((void **)&f->h_tok, (size_t)T * sizeof(int32_t)) != cudaSuccess ||
         cudaEventCreateWithFlags(&f->uploaded, cudaEventDisableTiming) != cudaSuccess) {
         (void)cudaGetLastError();
         status = runner_fail(err, MKV_STATUS_OUT_OF_MEMORY, "cannot allocate the CUDA forward pass's pinned scratch");
         goto fail;
     }
-    f->pos = (int32_t *)malloc((size_t)T * sizeof(int32_t));
     f->h_rows = (mkv_sample_row_t *)malloc((size_t)T * sizeof(mkv_sample_row_t));
-    if (!f->inv_freq || !f->pos || !f->h_rows) {
+    if (!f->inv_freq || !f->h_rows) {
         status = runner_fail(err, MKV_STATUS_OUT_OF_MEMORY, "cannot allocate the CUDA forward pass's host scratch");
         goto fail;
     }
@@ -676,29 +676,51 @@ static mkv_status_t cache_failed(mkv_cache_t *cache, mkv_status_t st)
     return mkv_report_error(st, "%s", mkv_cache_last_error(cache));
 }
 
-/* The pinned inputs of n tokens at positions f->pos: the tokens and the RoPE angles, once the
- * previous upload from them is done. */
-static void fill_inputs(mkv_cuda_forward_t *f, const int32_t *tokens, int32_t n)
+/* The pinned inputs may be written: their last upload is done. Before f->pos is filled. */
+static void inputs_free(mkv_cuda_forward_t *f) { cudaEventSynchronize(f->uploaded); }
+
+/* RoPE's table covers positions [0, need): grown (outside any capture) by computing the new
+ * rows on the host as the CPU pass does, the angle in double, cos and sin rounded to fp32. A
+ * captured graph reads the old table, so it goes. */
+static mkv_status_t rope_for(mkv_cuda_forward_t *f, int32_t need, char *err)
 {
+    if (need <= f->rope_len) return MKV_STATUS_OK;
     const int32_t half = f->cfg.head_dim / 2;
-    cudaEventSynchronize(f->uploaded);
-    memcpy(f->h_tok, tokens, (size_t)n * sizeof(int32_t));
-    for (int32_t t = 0; t < n; t++) /* as the CPU pass: the angle in double, cos and sin to fp32 */
+    int64_t len = (int64_t)f->rope_len * 2;
+    if (len < need) len = need;
+    if (len < 1024) len = 1024;
+    float *h = (float *)malloc((size_t)(len * half * 2) * sizeof(float)), *d = NULL;
+    if (!h) return runner_fail(err, MKV_STATUS_OUT_OF_MEMORY, "cannot allocate RoPE's table");
+    for (int64_t t = 0; t < len; t++)
         for (int32_t i = 0; i < half; i++) {
-            const double ang = (double)f->pos[t] * f->inv_freq[i];
-            f->h_cs[((int64_t)t * half + i) * 2] = (float)cos(ang);
-            f->h_cs[((int64_t)t * half + i) * 2 + 1] = (float)sin(ang);
+            const double ang = (double)t * f->inv_freq[i];
+            h[(t * half + i) * 2] = (float)cos(ang);
+            h[(t * half + i) * 2 + 1] = (float)sin(ang);
         }
+    mkv_status_t st = scratch((void **)&d, (size_t)(len * half * 2) * sizeof(float), err);
+    if (st == MKV_STATUS_OK && cudaMemcpy(d, h, (size_t)(len * half * 2) * sizeof(float), cudaMemcpyHostToDevice) !=
+                                   cudaSuccess) {
+        cudaFree(d);
+        st = cuda_failed(err, "RoPE's table");
+    }
+    free(h);
+    if (st != MKV_STATUS_OK) return st;
+    drop_graph(f);
+    cudaFree(f->rope);
+    f->rope = d;
+    f->rope_len = (int32_t)len;
+    return MKV_STATUS_OK;
 }
 
-/* Embeddings and RoPE angles of n tokens at positions f->pos. The inputs go up from pinned
- * memory in stream order, so the host goes on launching while the step's first kernels (the
- * append) run: a copy from pageable memory would wait for them. */
+/* Embeddings of n tokens at positions f->pos (written after inputs_free). The tokens and the
+ * positions go up from pinned memory in stream order, so the host goes on launching while
+ * the step's first kernels (the append) run: a copy from pageable memory would wait for them.
+ * A capture's inputs were copied in before it, and its graph's launches copy from the same
+ * pinned rows. */
 static mkv_status_t begin(mkv_cuda_forward_t *f, const int32_t *tokens, int32_t n, char *err)
 {
-    const int32_t half = f->cfg.head_dim / 2;
-    if (!f->capturing) fill_inputs(f, tokens, n); /* a capture's inputs were filled before it */
-    if (cudaMemcpyAsync(f->cs, f->h_cs, (size_t)n * half * 2 * 4, cudaMemcpyHostToDevice, f->s) != cudaSuccess ||
+    if (!f->capturing) memcpy(f->h_tok, tokens, (size_t)n * sizeof(int32_t));
+    if (cudaMemcpyAsync(f->d_pos, f->pos, (size_t)n * 4, cudaMemcpyHostToDevice, f->s) != cudaSuccess ||
         cudaMemcpyAsync(f->tok, f->h_tok, (size_t)n * 4, cudaMemcpyHostToDevice, f->s) != cudaSuccess ||
         (!f->capturing && cudaEventRecord(f->uploaded, f->s) != cudaSuccess))
         return cuda_failed(err, "input upload");
@@ -748,7 +770,8 @@ static mkv_status_t layers(mkv_cuda_forward_t *f, mkv_cache_t *cache, int32_t n,
             using T = decltype(z);
             const int64_t pairs = (int64_t)n * (c->n_heads + 2 * c->n_kv_heads) * (c->head_dim / 2);
             split_rope_kernel<T><<<grid_of(pairs, 256), 256, 0, f->s>>>((const T *)f->qkv, n, c->n_heads, c->n_kv_heads,
-                                                               c->head_dim, f->cs, (T *)f->q, (T *)f->k, (T *)f->v);
+                                                               c->head_dim, f->rope, f->d_pos, (T *)f->q, (T *)f->k,
+                                                               (T *)f->v);
         });
         if (cudaGetLastError() != cudaSuccess) return cuda_failed(err, "norm or rope");
         mark(f, MKV_CUDA_PHASE_ATTENTION);
@@ -837,9 +860,10 @@ static mkv_status_t cuda_prefill(void *ctx, mkv_cache_t *cache, int32_t slot, co
     int prev = 0;
     cudaGetDevice(&prev);
     cudaSetDevice(f->device);
+    inputs_free(f);
     for (int32_t t = 0; t < n; t++) f->pos[t] = t;
     f->n_marks = 0;
-    if ((st = begin(f, tokens, n, err)) == MKV_STATUS_OK && (st = layers(f, cache, n, 1, &slot, 0, err)) == MKV_STATUS_OK) {
+    if ((st = rope_for(f, n, err)) == MKV_STATUS_OK && (st = begin(f, tokens, n, err)) == MKV_STATUS_OK && (st = layers(f, cache, n, 1, &slot, 0, err)) == MKV_STATUS_OK) {
         mark(f, MKV_CUDA_PHASE_CACHE);
         if ((st = mkv_cache_commit_prompt(cache, 1, &slot, f->s)) != MKV_STATUS_OK)
             st = runner_fail(err, st, "%s", mkv_cache_last_error(cache));
@@ -888,10 +912,14 @@ static mkv_status_t cuda_prefill_batch(void *ctx, mkv_cache_t *cache, int32_t n_
     int prev = 0;
     cudaGetDevice(&prev);
     cudaSetDevice(f->device);
-    for (int32_t j = 0, t0 = 0; j < n_slots; t0 += lens[j++])
+    inputs_free(f);
+    int32_t longest = 0;
+    for (int32_t j = 0, t0 = 0; j < n_slots; t0 += lens[j++]) {
         for (int32_t t = 0; t < lens[j]; t++) f->pos[t0 + t] = t;
+        if (lens[j] > longest) longest = lens[j];
+    }
     f->n_marks = 0;
-    if ((st = begin(f, tokens, n, err)) == MKV_STATUS_OK && (st = layers(f, cache, n, n_slots, slots, 0, err)) == MKV_STATUS_OK) {
+    if ((st = rope_for(f, longest, err)) == MKV_STATUS_OK && (st = begin(f, tokens, n, err)) == MKV_STATUS_OK && (st = layers(f, cache, n, n_slots, slots, 0, err)) == MKV_STATUS_OK) {
         mark(f, MKV_CUDA_PHASE_CACHE);
         if ((st = mkv_cache_commit_prompt(cache, n_slots, slots, f->s)) != MKV_STATUS_OK) {
             st = runner_fail(err, st, "%s", mkv_cache_last_error(cache));
@@ -1003,7 +1031,7 @@ static mkv_status_t graph_step(mkv_cuda_forward_t *f, mkv_cache_t *cache, int32_
                                const int32_t *tokens, int picks, char *err)
 {
     mkv_status_t st;
-    fill_inputs(f, tokens, n_slots);
+    memcpy(f->h_tok, tokens, (size_t)n_slots * sizeof(int32_t)); /* what the graph's copy reads */
     const bool same = f->exec && f->g_left > 0 && f->g_n == n_slots && f->g_picks == picks &&
                       memcmp(f->g_slots, slots, (size_t)n_slots * sizeof *slots) == 0;
     if (!same) {
@@ -1066,15 +1094,23 @@ static mkv_status_t decode_step(mkv_cuda_forward_t *f, mkv_cache_t *cache, int32
     if ((st = check_tokens(f, "CUDA decode", tokens, n_slots, err)) != MKV_STATUS_OK) return report(st, err);
     if (!slots) return mkv_report_error(MKV_STATUS_INVALID_ARGUMENT, "CUDA decode: null slots");
     /* the new token's position: N before the append */
+    inputs_free(f);
     if ((st = mkv_cache_seq_lens(cache, n_slots, slots, f->pos)) != MKV_STATUS_OK) return cache_failed(cache, st);
-    for (int32_t j = 0; j < n_slots; j++)
+    int32_t last = 0;
+    for (int32_t j = 0; j < n_slots; j++) {
         if (f->pos[j] == 0)
             return mkv_report_error(MKV_STATUS_INVALID_ARGUMENT, "CUDA decode: slot %d has no committed prompt",
                                     slots[j]);
+        if (f->pos[j] > last) last = f->pos[j];
+    }
     int prev = 0;
     cudaGetDevice(&prev);
     cudaSetDevice(f->device);
     f->n_marks = 0;
+    if ((st = rope_for(f, last + 1, err)) != MKV_STATUS_OK) {
+        cudaSetDevice(prev);
+        return report(st, err);
+    }
     const int picks = !next || f->shard.rank != 0 ? 0 : rows ? 2 : 1;
     if (picks == 2 && cudaMemcpy(f->rows, rows, (size_t)n_slots * sizeof *rows, cudaMemcpyHostToDevice) != cudaSuccess)
         st = cuda_failed(err, "sampling parameters");
