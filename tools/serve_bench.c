@@ -46,7 +46,7 @@ typedef struct sb_opts {
     double kv_mib;
     int64_t seed;
     int run_fp16, run_mixkv, quiet, phases;
-    int32_t graphs; /* CUDA graphs of decode steps, this horizon; 0: off */
+    int32_t graphs; /* CUDA graphs of decode steps, this horizon; 0: off; -1: the default */
     mkv_policy_opts_t policy;
     mkv_run_opts_t run;
 } sb_opts_t;
@@ -76,8 +76,9 @@ void mkv_serve_bench_usage(FILE *f)
             "  --phases            where the device time goes (CUDA: events at phase boundaries,\n"
             "                      a few percent of their own)\n"
             "  --graphs H          decode steps through CUDA graphs, captured again after H\n"
-            "                      launches or when the batch changes (CUDA, not with --tp; steps\n"
-            "                      with --phases' events stay eager) [0: off]\n"
+            "                      launches or when the batch changes; 0: launched one by one\n"
+            "                      (CUDA on one GPU; steps carrying --phases' events stay\n"
+            "                      eager) [64 on one GPU, else 0]\n"
             "  --tp N              tensor parallelism over GPUs 0..N-1 (CUDA; NCCL): the heads and\n"
             "                      FFN columns split N ways, one cache per GPU with --kv-mib / N [1]\n"
             MKV_POLICY_OPTS_HELP
@@ -686,7 +687,7 @@ int mkv_serve_bench_main(int argc, char **argv)
 {
     sb_opts_t o;
     memset(&o, 0, sizeof o);
-    o.requests = 64, o.max_batch = 256, o.kv_mib = 4096.0, o.seed = 1, o.tp = 1;
+    o.requests = 64, o.max_batch = 256, o.kv_mib = 4096.0, o.seed = 1, o.tp = 1, o.graphs = -1;
     o.prompt = (range_t){1024, 2048}, o.output = (range_t){256, 512};
     o.run_fp16 = o.run_mixkv = 1;
     o.n_rates = 1; /* offline */
@@ -775,6 +776,7 @@ int mkv_serve_bench_main(int argc, char **argv)
         rc = MKV_EXIT_USAGE;
         goto done;
     }
+    if (o.graphs < 0) o.graphs = fw.cuda && !tp && !o.phases ? 64 : 0; /* the default */
     if (o.graphs > 0 && o.phases)
         fprintf(stderr, "%s: --graphs with --phases: steps carrying the phases' events run without graphs\n", CMD);
     {
@@ -871,6 +873,7 @@ int mkv_serve_bench_main(int argc, char **argv)
         cJSON_AddNumberToObject(root, "kv_mib", o.kv_mib);
         cJSON_AddNumberToObject(root, "max_batch", o.max_batch);
         cJSON_AddNumberToObject(root, "tp", o.tp);
+        cJSON_AddNumberToObject(root, "graph_horizon", o.graphs);
         mkv_cli_json_add_i64(root, "seed", o.seed);
         cJSON *runs = cJSON_AddArrayToObject(root, "runs");
         for (int ri = 0; ri < o.n_rates; ri++) {
