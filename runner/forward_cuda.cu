@@ -1226,6 +1226,7 @@ extern "C" mkv_status_t mkv_cuda_forward_set_graphs(mkv_cuda_forward_t *f, int o
     drop_graph(f);
     f->graphs = on != 0;
     f->horizon = on ? horizon : 0;
+    if (on) f->g_captures = f->g_updates = f->g_launches = 0;
     f->s = on ? f->gstream : NULL;
     cublasSetStream(f->blas, f->s);
     cudaSetDevice(prev);

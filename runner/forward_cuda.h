@@ -104,7 +104,8 @@ void mkv_cuda_forward_phases(mkv_cuda_forward_t *f, double ms[MKV_CUDA_PHASES], 
  * before. The cache must have MKV_CACHE_ASYNC_STEPS. INVALID_ARGUMENT for horizon < 1 when on;
  * UNSUPPORTED with tensor parallelism. */
 mkv_status_t mkv_cuda_forward_set_graphs(mkv_cuda_forward_t *f, int on, int32_t horizon);
-/* Captures, in-place updates among them, and launches of captured steps so far. */
+/* Captures, in-place updates among them, and launches of captured steps since graphs were
+ * last turned on. */
 void mkv_cuda_forward_graph_stats(const mkv_cuda_forward_t *f, int64_t *captures, int64_t *updates,
                                   int64_t *launches);
 
