@@ -755,14 +755,15 @@ Test(kv_cuda, deferred_refusal_changes_nothing, .timeout = 300)
 }
 
 /* A whole decode step (append, every layer's decode, compress) captured once in a CUDA graph
- * and replayed: each replay equals a step of the CPU backend on the same inputs, and after
- * mkv_cache_sync the host's view and the state match the CPU cache. */
-Test(kv_cuda, graph_capture_replay, .timeout = 300)
+ * and replayed `replays` times: each replay equals a step of the CPU backend on the same
+ * inputs, and after mkv_cache_sync the host's view and the state match the CPU cache. With
+ * horizon > 0 the capture plans for that many launches (mkv_cache_set_capture_horizon). */
+static void graph_replays(const kgeom_t *gp, int32_t horizon, int replays)
 {
-    GPU_REQUIRE();
-    const kgeom_t g = {2, 2, 3, 64, 4, 256, 8, MKV_FORMAT_K8V4, MKV_FORMAT_K4V2, 1.0f, 0.3f, 8, 0, 400, 0.0f, 0.0f};
+    const kgeom_t g = *gp;
     pair_t p;
     pair_init_flags(&p, &g, MKV_DTYPE_F16, 31, MKV_CACHE_ASYNC_STEPS);
+    cr_assert_eq(mkv_cache_set_capture_horizon(p.gpu, horizon), MKV_STATUS_OK);
     admit_batch(&p, 3);
     int32_t slots[8], n = 0;
     for (int32_t s = 0; s < g.S; s++)
@@ -797,7 +798,6 @@ Test(kv_cuda, graph_capture_replay, .timeout = 300)
     cr_assert_eq(mkv_cache_sync(p.gpu, NULL), MKV_STATUS_OK, "%s", mkv_cache_last_error(p.gpu));
     for (int32_t j = 0; j < n; j++)
         cr_assert_eq(p.gpu->st.seq_len[slots[j]], p.cpu->st.seq_len[slots[j]]);
-    const int replays = 40;
     uint16_t *outs = malloc((size_t)nq * 2);
     for (int r = 0; r < replays; r++) {
         cr_assert_eq(mkv_cache_append(p.cpu, n, slots, NULL), MKV_STATUS_OK, "%s", mkv_cache_last_error(p.cpu));
@@ -830,12 +830,29 @@ Test(kv_cuda, graph_capture_replay, .timeout = 300)
     }
     for (int32_t j = 0; j < n; j++)
         cr_assert_eq(p.gpu->st.seq_len[slots[j]], p.cpu->st.seq_len[slots[j]]);
-    printf("kv_cuda graph: %d replays of a %d-layer step over %d slots matched the CPU backend\n",
-           replays, g.L, n);
+    printf("kv_cuda graph: %d replays of a %d-layer step over %d slots (horizon %d) matched the CPU backend\n",
+           replays, g.L, n, horizon);
     free(outs);
     cudaGraphExecDestroy(exec);
     cudaGraphDestroy(graph);
     cudaStreamDestroy(stream);
     for (int32_t l = 0; l < g.L; l++) cudaFree(dq[l]), cudaFree(dk[l]), cudaFree(dv[l]), cudaFree(dout[l]);
     pair_free(&p);
+}
+
+Test(kv_cuda, graph_capture_replay, .timeout = 300)
+{
+    GPU_REQUIRE();
+    const kgeom_t g = {2, 2, 3, 64, 4, 256, 8, MKV_FORMAT_K8V4, MKV_FORMAT_K4V2, 1.0f, 0.3f, 8, 0, 400, 0.0f, 0.0f};
+    graph_replays(&g, 0, 40);
+}
+
+/* Captured for 7 launches (attention planned for the capture's longest N plus 6), launched 7
+ * times; with thresholds 0 nothing is pruned, so the regions hold N tokens and the plan's
+ * bound is exact: the seventh launch reads a region of exactly the planned length. */
+Test(kv_cuda, graph_capture_horizon, .timeout = 300)
+{
+    GPU_REQUIRE();
+    const kgeom_t g = {2, 2, 3, 64, 4, 256, 8, MKV_FORMAT_K8V4, MKV_FORMAT_K4V2, 0.0f, 0.0f, 8, 0, 400, 0.0f, 0.0f};
+    graph_replays(&g, 7, 7);
 }
