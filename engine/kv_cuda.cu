@@ -570,15 +570,21 @@ decide_kernel(const __grid_constant__ slot_args sa, const __grid_constant__ comp
         u64 best_hi = ~0ull, best_lo = ~0ull;
         int32_t c = -1, bh = -1, bl = -1;
         float sc = 0.0f;
-        /* unrolled: independent loads of several tokens in flight per lane */
+        /* unrolled: independent loads of several tokens in flight per lane; token k's page
+         * and slot follow from the previous k's by adding 32 (no division per token) */
+        {
+            const int32_t tpp = a.lay_hi.tokens;
+            int32_t pi = lane / tpp, slot = lane - pi * tpp;
 #pragma unroll 4
-        for (int32_t k = lane; k < nh; k += 32) {
-            int32_t slot, pos;
-            const uint8_t *pg = page_of(a.pool, a.page_bytes, row, a.T, 0, k, a.lay_hi.tokens, &slot);
-            const float sig = token_sig(pg, &a.lay_hi, slot, plen, N, a.obs, &pos);
-            if (pos == cand_pos) c = k, sc = sig;
-            const u64 key = tok_key(sig, pos);
-            if (pos < limit && key < best_hi) best_hi = key, bh = k;
+            for (int32_t k = lane; k < nh; k += 32) {
+                int32_t pos;
+                const uint8_t *pg = a.pool + (int64_t)row[pi] * a.page_bytes;
+                const float sig = token_sig(pg, &a.lay_hi, slot, plen, N, a.obs, &pos);
+                if (pos == cand_pos) c = k, sc = sig;
+                const u64 key = tok_key(sig, pos);
+                if (pos < limit && key < best_hi) best_hi = key, bh = k;
+                for (slot += 32; slot >= tpp; slot -= tpp) pi++;
+            }
         }
         /* the low section matters only when t_c itself is demoted (th_l <= sig < th_h) */
         const uint32_t has_c = __ballot_sync(FULL_MASK, c >= 0);
@@ -595,13 +601,16 @@ decide_kernel(const __grid_constant__ slot_args sa, const __grid_constant__ comp
             need_low = has_c && !(sc_all >= th_h0) && sc_all >= th_l0;
         }
         if (need_low) {
+            const int32_t tpp = a.lay_lo.tokens;
+            int32_t pi = lane / tpp, slot = lane - pi * tpp;
 #pragma unroll 4
             for (int32_t k = lane; k < nl; k += 32) {
-                int32_t slot, pos;
-                const uint8_t *pg = page_of(a.pool, a.page_bytes, row, a.T, 1, k, a.lay_lo.tokens, &slot);
+                int32_t pos;
+                const uint8_t *pg = a.pool + (int64_t)row[a.T - 1 - pi] * a.page_bytes; /* low rows from the end */
                 const float sig = token_sig(pg, &a.lay_lo, slot, plen, N, a.obs, &pos);
                 const u64 key = tok_key(sig, pos);
                 if (key < best_lo) best_lo = key, bl = k;
+                for (slot += 32; slot >= tpp; slot -= tpp) pi++;
             }
         }
         /* the owners of the candidate and of each minimum tell the warp */

@@ -304,8 +304,11 @@ static __global__ void sums_kernel(const int32_t *n_hi, const int32_t *n_lo, int
         s[2] += pages_for(h, tpp_hi);
         s[3] += pages_for(l, tpp_lo);
     }
-    for (int k = 0; k < 4; k++)
-        if (s[k]) atomicAdd((u64 *)&st->sums[k], (u64)s[k]);
+    /* a warp's sums first: one atomic a warp, not a thread (the grid is whole warps) */
+    for (int k = 0; k < 4; k++) {
+        for (int off = 16; off > 0; off >>= 1) s[k] += __shfl_down_sync(0xffffffffu, s[k], off);
+        if (threadIdx.x % 32 == 0 && s[k]) atomicAdd((u64 *)&st->sums[k], (u64)s[k]);
+    }
 }
 
 static __global__ void demand_kernel(const int32_t *slots, const uint8_t *lo_can_grow, int64_t n_regions,
@@ -319,7 +322,8 @@ static __global__ void demand_kernel(const int32_t *slots, const uint8_t *lo_can
         s += n_hi[r] % tpp_hi == 0;
         s += lo_can_grow[j] && n_lo[r] % tpp_lo == 0;
     }
-    if (s) atomicAdd((u64 *)&st->sums[0], (u64)s);
+    for (int off = 16; off > 0; off >>= 1) s += __shfl_down_sync(0xffffffffu, s, off);
+    if (threadIdx.x % 32 == 0 && s) atomicAdd((u64 *)&st->sums[0], (u64)s);
 }
 
 /* Validation: count the places of every page; check rows against counts and N. */
