@@ -107,6 +107,17 @@ struct slot_args {
 /* Device helpers                                                                           */
 /* ---------------------------------------------------------------------------------------- */
 
+/* A lane's page index pi and slot in it, moved on by 32 tokens (dq = 32 / tpp, dr = 32 % tpp):
+ * straight-line, so that the unrolled loops' loads of several tokens can be issued together. */
+__device__ __forceinline__ void next_token(int32_t &pi, int32_t &slot, int32_t dq, int32_t dr, int32_t tpp)
+{
+    slot += dr;
+    pi += dq;
+    const bool wrap = slot >= tpp;
+    slot -= wrap ? tpp : 0;
+    pi += wrap;
+}
+
 /* attention.h's mkv_observers. */
 __device__ __forceinline__ int32_t observers(int32_t pos, int32_t plen, int32_t N, int32_t obs)
 {
@@ -571,9 +582,9 @@ decide_kernel(const __grid_constant__ slot_args sa, const __grid_constant__ comp
         int32_t c = -1, bh = -1, bl = -1;
         float sc = 0.0f;
         /* unrolled: independent loads of several tokens in flight per lane; token k's page
-         * and slot follow from the previous k's by adding 32 (no division per token) */
+         * and slot follow from the previous k's (next_token: no division per token) */
         {
-            const int32_t tpp = a.lay_hi.tokens;
+            const int32_t tpp = a.lay_hi.tokens, dq = 32 / tpp, dr = 32 - dq * tpp;
             int32_t pi = lane / tpp, slot = lane - pi * tpp;
 #pragma unroll 4
             for (int32_t k = lane; k < nh; k += 32) {
@@ -583,7 +594,7 @@ decide_kernel(const __grid_constant__ slot_args sa, const __grid_constant__ comp
                 if (pos == cand_pos) c = k, sc = sig;
                 const u64 key = tok_key(sig, pos);
                 if (pos < limit && key < best_hi) best_hi = key, bh = k;
-                for (slot += 32; slot >= tpp; slot -= tpp) pi++;
+                next_token(pi, slot, dq, dr, tpp);
             }
         }
         /* the low section matters only when t_c itself is demoted (th_l <= sig < th_h) */
@@ -601,7 +612,7 @@ decide_kernel(const __grid_constant__ slot_args sa, const __grid_constant__ comp
             need_low = has_c && !(sc_all >= th_h0) && sc_all >= th_l0;
         }
         if (need_low) {
-            const int32_t tpp = a.lay_lo.tokens;
+            const int32_t tpp = a.lay_lo.tokens, dq = 32 / tpp, dr = 32 - dq * tpp;
             int32_t pi = lane / tpp, slot = lane - pi * tpp;
 #pragma unroll 4
             for (int32_t k = lane; k < nl; k += 32) {
@@ -610,7 +621,7 @@ decide_kernel(const __grid_constant__ slot_args sa, const __grid_constant__ comp
                 const float sig = token_sig(pg, &a.lay_lo, slot, plen, N, a.obs, &pos);
                 const u64 key = tok_key(sig, pos);
                 if (key < best_lo) best_lo = key, bl = k;
-                for (slot += 32; slot >= tpp; slot -= tpp) pi++;
+                next_token(pi, slot, dq, dr, tpp);
             }
         }
         /* the owners of the candidate and of each minimum tell the warp */
