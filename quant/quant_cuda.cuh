@@ -76,12 +76,17 @@ static __device__ __forceinline__ uint32_t get_bytes(const uint8_t *p, int n)
     return v;
 }
 
-/* Byte offset within a page of byte j of a vector's packed codes (format.h's chunk order). */
+/* log2 of a power of two (format.h's chunk bytes and group elements all are): a shift
+ * instead of an integer division by a runtime value (about twenty instructions each). */
+static __device__ __forceinline__ int32_t log2_p2(int32_t p) { return __ffs(p) - 1; }
+
+/* Byte offset within a page of byte j >= 0 of a vector's packed codes (format.h's chunk
+ * order; chunk_bytes = min(16, vec_bytes), a power of two). */
 static __device__ __forceinline__ int64_t packed_byte(const mkv_page_layout_t *lay, int which,
                                                int32_t slot, int32_t j)
 {
     const int32_t cb = which ? lay->value.chunk_bytes : lay->key.chunk_bytes;
-    return mkv_code_offset(lay, which, slot, j / cb) + j % cb;
+    return mkv_code_offset(lay, which, slot, j >> log2_p2(cb)) + (j & (cb - 1));
 }
 
 /* mkv_quant_write_vector by one warp: x[d] (shared, already sanitised) into the key or value
@@ -144,8 +149,8 @@ static __device__ void write_vector(uint8_t *page, const mkv_page_layout_t *lay,
                 else q[i0 + e] = (uint8_t)code;
             }
         }
-        if (i0 % n == 0) /* the group's first lane writes its metadata: {scale, zero}, one word */
-            *(uint32_t *)(page + mkv_meta_offset(lay, which, slot, i0 / n)) =
+        if ((i0 & (n - 1)) == 0) /* the group's first lane writes its metadata: {scale, zero}, one word */
+            *(uint32_t *)(page + mkv_meta_offset(lay, which, slot, i0 >> log2_p2(n))) =
                 (uint32_t)scale_h | (uint32_t)zero_h << 16;
     }
     if (direct) { /* little-endian: code e at bit e * bits of the lane's bytes, as below */
@@ -187,7 +192,8 @@ static __device__ void read_vector(const uint8_t *page, const mkv_page_layout_t 
             const uint32_t mask = (1u << v->bits) - 1u;
             const uint32_t code = (page[packed_byte(lay, which, slot, bit / 8)] >> (bit % 8)) & mask;
             /* {scale, zero}: one aligned word (segments start on 16-byte boundaries) */
-            const uint32_t meta = *(const uint32_t *)(page + mkv_meta_offset(lay, which, slot, i / v->group_elems));
+            const uint32_t meta =
+                *(const uint32_t *)(page + mkv_meta_offset(lay, which, slot, i >> log2_p2(v->group_elems)));
             const float s = mkv_f16_to_f32((uint16_t)meta), z = mkv_f16_to_f32((uint16_t)(meta >> 16));
             e = __fadd_rn(__fmul_rn((float)code, s), z); /* the product is exact */
         }
