@@ -174,6 +174,35 @@ __device__ __forceinline__ uint8_t *page_of(uint8_t *pool, int64_t page_bytes, c
 __device__ void copy_token(uint8_t *dst, int32_t ds, const uint8_t *src, int32_t ss,
                            const mkv_page_layout_t *lay, int lane)
 {
+    const mkv_vec_layout_t *k = &lay->key, *v = &lay->value;
+    if (k->chunk_bytes == 16 && v->chunk_bytes == 16 && k->n_chunks <= 32 && v->n_chunks <= 32) {
+        /* Every word the token has, one lane each (groups <= 16), loaded before any is stored:
+         * one round trip instead of one per segment (the stores could alias the loads as far
+         * as the compiler knows, so the loop below waits for each segment in turn). */
+        uint4 kc = make_uint4(0, 0, 0, 0), vc = make_uint4(0, 0, 0, 0);
+        uint32_t km = 0, vm = 0, sc = 0, ps = 0;
+        const bool has_kc = lane < k->n_chunks, has_vc = lane < v->n_chunks;
+        const bool has_km = k->bits != 16 && lane < k->groups, has_vm = v->bits != 16 && lane < v->groups;
+        if (has_kc) kc = *(const uint4 *)(src + mkv_code_offset(lay, 0, ss, lane));
+        if (has_vc) vc = *(const uint4 *)(src + mkv_code_offset(lay, 1, ss, lane));
+        if (has_km) km = *(const uint32_t *)(src + mkv_meta_offset(lay, 0, ss, lane));
+        if (has_vm) vm = *(const uint32_t *)(src + mkv_meta_offset(lay, 1, ss, lane));
+        if (lane == 0) {
+            sc = *(const uint32_t *)(src + mkv_score_offset(lay, ss));
+            ps = *(const uint32_t *)(src + mkv_pos_offset(lay, ss));
+        }
+        __syncwarp(); /* every lane's loads issued and their values held before any store */
+        if (has_kc) *(uint4 *)(dst + mkv_code_offset(lay, 0, ds, lane)) = kc;
+        if (has_vc) *(uint4 *)(dst + mkv_code_offset(lay, 1, ds, lane)) = vc;
+        if (has_km) *(uint32_t *)(dst + mkv_meta_offset(lay, 0, ds, lane)) = km;
+        if (has_vm) *(uint32_t *)(dst + mkv_meta_offset(lay, 1, ds, lane)) = vm;
+        if (lane == 0) {
+            *(uint32_t *)(dst + mkv_score_offset(lay, ds)) = sc;
+            *(uint32_t *)(dst + mkv_pos_offset(lay, ds)) = ps;
+        }
+        __syncwarp();
+        return;
+    }
     /* Segments start on 16-byte boundaries and pages are multiples of 16 bytes: whole 16-byte
      * chunks copy as one vector, metadata, score and position as words. */
     for (int which = 0; which < 2; which++) {
@@ -692,7 +721,7 @@ decide_kernel(const __grid_constant__ slot_args sa, const __grid_constant__ comp
 /* One warp per head-region, before the resize (every page still held): the leaving high token
  * is staged (unless pruned) and swap-removed; a demoted candidate that replaces a pruned low
  * victim goes straight into the victim's slot. */
-static __global__ void __launch_bounds__(KC_WARPS * 32)
+static __global__ void __launch_bounds__(KC_WARPS * 32, 8) /* 64 registers, no spills (72 and spills unbounded) */
 move_kernel(const __grid_constant__ slot_args sa, const __grid_constant__ compress_args a)
 {
     __shared__ float xs[KC_WARPS][QC_MAX_D];
