@@ -132,6 +132,11 @@ struct kernel_shape {
     static constexpr int SMEM = MKV_TC_WARPS * WARP_BYTES + (int)sizeof(block_shared);
     static constexpr bool ONE = std::is_same<HI, LO>::value;
     static constexpr int MIN_BLOCKS = SH::NT >= 4 || HI::KG > 1 || SLO::NT >= 4 || LO::KG > 1 ? 3 : 0;
+    /* The fused kernel alone, left unbounded at d 128 with quantized keys, is given 128
+     * registers and spills (K8V4 with the default groups: 40 / 52 bytes), so it keeps 3 blocks
+     * per SM there too; 16-bit keys spill under that bound, and at d 64 it would cost some
+     * kernels their fourth block (scripts/decode_regs.sh). */
+    static constexpr int FUSED_MIN_BLOCKS = D == 128 && (HI::KB < 16 || LO::KB < 16) ? 3 : MIN_BLOCKS;
 };
 
 /* q of head-region rs (its G heads' D floats) on its way to L2, before the loads it waits
@@ -163,21 +168,23 @@ __device__ __forceinline__ void run_section_item(const tc_args &a, uint8_t *smem
         run_item<LO::KB, LO::VB, D, LO::KG, LO::VG, FUSED, RG>(a, smem, ip);
 }
 
-template <int D, class HI, class LO>
-__global__ void __launch_bounds__(MKV_TC_WARPS * 32, kernel_shape<D, HI, LO>::MIN_BLOCKS) decode_kernel(const tc_args a)
+/* FUSED (a.fused): the persistent kernel of a fused write-back; otherwise the separate pass's
+ * kernel, a kernel of its own so that its code and registers carry none of the fused path's. */
+template <int D, class HI, class LO, bool FUSED>
+__global__ void __launch_bounds__(MKV_TC_WARPS * 32, FUSED ? kernel_shape<D, HI, LO>::FUSED_MIN_BLOCKS : kernel_shape<D, HI, LO>::MIN_BLOCKS) decode_kernel(const tc_args a)
 {
     using K = kernel_shape<D, HI, LO>;
     extern __shared__ __align__(16) uint8_t smem[];
-    block_shared &bs = *reinterpret_cast<block_shared *>(smem + MKV_TC_WARPS * K::WARP_BYTES);
-    const int32_t tid = threadIdx.x;
-    using RF = region_finish<D, MKV_TC_WARPS * K::WARP_BYTES>;
 
-    if (!a.fused) {
+    if constexpr (!FUSED) {
         prefetch_q<D>(a, (int64_t)blockIdx.z * a.H + blockIdx.y);
         const block_pos b = locate(a, blockIdx.x, blockIdx.y, blockIdx.z);
         if (b.work) run_section_item<D, HI, LO, false>(a, smem, b.ip);
         return;
     }
+    block_shared &bs = *reinterpret_cast<block_shared *>(smem + MKV_TC_WARPS * K::WARP_BYTES);
+    const int32_t tid = threadIdx.x;
+    using RF = region_finish<D, MKV_TC_WARPS * K::WARP_BYTES>;
 
     int32_t *const next_id = a.counters + a.n_rs, *const sq_head = next_id + 1;
     int32_t *const sq_tail = next_id + 2, *const finished = next_id + 3, *const jobs = next_id + 4;
@@ -319,8 +326,8 @@ namespace mkv_tc {
 /* The shared-memory opt-in above 48 KB and the occupancy it gives, once per device and
  * variant (both are per-device function state; asking every call cost host time per layer).
  * Returns blocks per multiprocessor, 0 when the opt-in failed. */
-template <int D, class HI, class LO>
-int variant_setup(void)
+template <int D, class HI, class LO, bool FUSED>
+int kernel_setup(void)
 {
     static std::atomic<int> cache[MKV_MAX_DEVICES]; /* 0: not yet; -1: failed; else blocks */
     constexpr int smem = kernel_shape<D, HI, LO>::SMEM;
@@ -333,9 +340,9 @@ int variant_setup(void)
         if (c != 0) return c > 0 ? c : 0;
     }
     int n = 0;
-    if (cudaFuncSetAttribute(decode_kernel<D, HI, LO>, cudaFuncAttributeMaxDynamicSharedMemorySize, smem) !=
+    if (cudaFuncSetAttribute(decode_kernel<D, HI, LO, FUSED>, cudaFuncAttributeMaxDynamicSharedMemorySize, smem) !=
             cudaSuccess ||
-        cudaOccupancyMaxActiveBlocksPerMultiprocessor(&n, decode_kernel<D, HI, LO>, MKV_TC_WARPS * 32, smem) !=
+        cudaOccupancyMaxActiveBlocksPerMultiprocessor(&n, decode_kernel<D, HI, LO, FUSED>, MKV_TC_WARPS * 32, smem) !=
             cudaSuccess) {
         (void)cudaGetLastError();
         n = 0;
@@ -344,11 +351,24 @@ int variant_setup(void)
     return n;
 }
 
+/* The fused kernel's resident blocks per multiprocessor (its persistent grid's size). */
+template <int D, class HI, class LO>
+int variant_setup(void)
+{
+    return kernel_setup<D, HI, LO, true>();
+}
+
 template <int D, class HI, class LO>
 cudaError_t launch_variant(const tc_args &a, dim3 grid, cudaStream_t stream)
 {
-    if (variant_setup<D, HI, LO>() <= 0) return cudaErrorInvalidValue;
-    decode_kernel<D, HI, LO><<<grid, MKV_TC_WARPS * 32, kernel_shape<D, HI, LO>::SMEM, stream>>>(a);
+    constexpr int smem = kernel_shape<D, HI, LO>::SMEM;
+    if (a.fused) {
+        if (kernel_setup<D, HI, LO, true>() <= 0) return cudaErrorInvalidValue;
+        decode_kernel<D, HI, LO, true><<<grid, MKV_TC_WARPS * 32, smem, stream>>>(a);
+    } else {
+        if (kernel_setup<D, HI, LO, false>() <= 0) return cudaErrorInvalidValue;
+        decode_kernel<D, HI, LO, false><<<grid, MKV_TC_WARPS * 32, smem, stream>>>(a);
+    }
     return cudaGetLastError();
 }
 
