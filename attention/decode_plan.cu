@@ -135,10 +135,10 @@ static bool same_format(const mkv_page_layout_t &x, const mkv_page_layout_t &y)
 
 /* Whether a tensor-core call may write its scores back inside the decode kernel: one launch
  * for both sections (one, the kernel for that, exists), and asked for (FUSED), or under AUTO
- * where it is faster (mkv_decode_tuning's fuse_*): small calls, where one launch instead of
- * two matters; for one format also long regions, and K16V16 in large calls. Shorter regions
- * in larger quantized calls, and two-format calls beyond the small ones, measured faster with
- * the separate pass. */
+ * where it is faster (mkv_decode_tuning's fuse_*): small calls of long regions (any format),
+ * one format's long regions in any call, K16V16 in large calls, large calls of single-block
+ * regions. Shorter regions in larger quantized calls, and two-format calls but small ones of
+ * long regions, measured faster with the separate pass. */
 static bool tc_may_fuse(const mkv_cuda_decode_t *a, const tc_kernel &one)
 {
     using T = mkv_decode_tuning;
@@ -151,8 +151,8 @@ static bool tc_may_fuse(const mkv_cuda_decode_t *a, const tc_kernel &one)
     const mkv_page_layout_t &l = a->lay_hi;
     const int64_t token_heads = (int64_t)a->n_seq * a->n_heads * a->max_tokens;
     const bool small = token_heads <= T::fuse_max_small_token_heads;
-    if (!same_format(a->lay_hi, a->lay_lo))
-        return small && a->max_tokens >= T::fuse_small_two_format_min_region_tokens;
+    /* Two formats: only small calls of long regions, as for one format (decode_tuning.h). */
+    if (!same_format(a->lay_hi, a->lay_lo)) return small && a->max_tokens >= T::fuse_small_min_region_tokens;
     /* Large calls whose regions each fit one decode block (at most MKV_TC_WARPS items of the
      * default size): the fused kernel's single-block regions need no merge across blocks and
      * run their own score jobs. */

@@ -43,24 +43,29 @@ struct mkv_decode_tuning {
      * (docs/results/bench_attention_h200_scores_{separate,fused}.json): fused wins for calls
      * small enough that one launch instead of two matters, for long regions in every format,
      * and for K16V16 in large calls; it loses for short regions in large quantized calls.
-     * Two-format calls (a K8V4 high and a K4V2 low section, one launch) fuse only when small:
-     * on an H200 with the default groups, fused won at batch 1 (26 against 31 us at 1 x 1k,
-     * 77 against 100 at 1 x 32k) and 16 x 1k, and lost at 16 x 4k to 64 x 32k (e.g. 1,210
-     * against 1,015 us at 64 x 32k) and at 256 x 1k, 4k and 32k (4,637 against 4,290); it won
-     * at 256 x 16k alone (2,437 against 3,092). */
+     * Two-format calls (a K8V4 high and a K4V2 low section, one launch) are fused as one
+     * format's small calls are, only where their regions reach fuse_small_min_region_tokens:
+     * once the separate pass had a kernel of its own (decode_kernel's FUSED), an H100 measured
+     * it faster below (the mix, separate against fused: 1 x 1k 16.1 against 22.0 us, 1 x 2k
+     * 18.9 against 22.1, 1 x 4k 21.2 against 22.4, 1 x 8k 24.2 against 26.7, 1 x 16k (11.5k
+     * tokens stored) 32.5 against 35.6, 4 x 4k 26.7 against 29.6, 16 x 4k 73.5 against 97.2,
+     * 32 x 2k 69.2 against 108.1) and slower from there (1 x 32k, 22.9k stored: 47.2 against
+     * 41.8). (Before, with one kernel for both passes, an H200 had measured fused faster at
+     * batch 1: 26 against 31 us at 1 x 1k.) */
     static constexpr int64_t fuse_max_small_token_heads = (int64_t)1 << 18; /* n_seq H max_tokens */
     /* ... but only for regions of at least this many tokens (one format; two formats): with
      * this build's separate pass (finalize loads its tokens early) and fused kernel (one
      * memset, single-block regions), an H100 measured the separate pass faster on small calls
      * of short regions: 1 x 1k K16V16 16.2 against 20.8 us, K4V2 16.8 against 21.5, the mix
      * 20.1 against 21.7; 16 x 1k K4V2 30.3 against 38.9; 1 x 4k K16V16 21.4 against 25.9,
-     * 1 x 8k 28.9 against 32.5, K4V2 27.1 against 29.4; and the fused kernel faster for the
-     * mix from 2k (1 x 2k 22.0 against 22.2, 1 x 4k 22.1 against 24.5, 1 x 8k 26.5 against
-     * 28.0) and for one format from 16k (K16V16 1 x 16k 38.5 against 55.4 without scores),
-     * where fuse_min_region_tokens takes over: one-format small calls are fused only there
-     * (4 x 8k went the other way, K16V16 68.4 fused against 71.0, K4V2 44.2 against 46.8). */
+     * 1 x 8k 28.9 against 32.5, K4V2 27.1 against 29.4; and the fused kernel faster for one
+     * format from 16k (K16V16 1 x 16k 38.5 against 55.4 without scores), where
+     * fuse_min_region_tokens takes over: one-format small calls are fused only there (4 x 8k
+     * went the other way, K16V16 68.4 fused against 71.0, K4V2 44.2 against 46.8). After the
+     * kernels' split the H100 still measured one format fused faster from 16k (K16V16 1 x 16k
+     * 42.3 against 46.9, 1 x 32k 64.1 against 79.9; K8V4 1 x 32k 42.4 against 56.3; K4V2
+     * 256 x 32k 3,999 against 4,362) but for K4V2 16 x 16k (197.6 against 182.5). */
     static constexpr int32_t fuse_small_min_region_tokens = 16384;
-    static constexpr int32_t fuse_small_two_format_min_region_tokens = 2048;
     static constexpr int32_t fuse_min_region_tokens = 16384;                /* max_tokens */
     static constexpr int64_t fuse_min_k16v16_token_heads = (int64_t)1 << 21;
     /* One-format calls of at least this many token-heads whose regions fit one decode block
