@@ -654,6 +654,18 @@ extern "C" size_t mkv_cuda_decode_workspace_size(int32_t n_seq, int32_t n_heads,
     return tc > generic ? tc : generic;
 }
 
+extern "C" size_t mkv_cuda_decode_workspace_bound(int32_t n_seq, int32_t n_heads, int32_t group_size,
+                                                  int32_t head_dim, int32_t max_tokens)
+{
+    if (!mkv_tc_plan::sizes_ok(n_seq, n_heads, group_size, head_dim, max_tokens, 0)) return 0;
+    size_t most = 0;
+    for (int32_t m = 1; m <= max_tokens; m++) {
+        const size_t b = mkv_cuda_decode_workspace_size(n_seq, n_heads, group_size, head_dim, m, 0);
+        if (b > most) most = b;
+    }
+    return most;
+}
+
 extern "C" mkv_status_t mkv_cuda_decode(const mkv_cuda_decode_t *a, void *stream, char *err)
 {
     if (!a) return bad(err, "null arguments");

@@ -113,6 +113,15 @@ int mkv_cuda_decode_compact_logits(const mkv_cuda_decode_t *a);
 size_t mkv_cuda_decode_workspace_size(int32_t n_seq, int32_t n_heads, int32_t group_size,
                                       int32_t head_dim, int32_t max_tokens, int32_t split_tokens);
 
+/* The most mkv_cuda_decode_workspace_size asks for n_seq sequences and any max_tokens from 1
+ * to max_tokens (split_tokens 0). The size is not monotonic in max_tokens (the item size steps
+ * at powers of two: at 8 sequences, regions of 8,065 tokens need half as much again as
+ * regions of 8,192), so an engine that allocates once for calls of every length up to a
+ * bound (a captured step replayed as its sequences grow) allocates this. One size
+ * computation per length: about a microsecond each. 0 on sizes out of range. */
+size_t mkv_cuda_decode_workspace_bound(int32_t n_seq, int32_t n_heads, int32_t group_size,
+                                       int32_t head_dim, int32_t max_tokens);
+
 mkv_status_t mkv_cuda_decode(const mkv_cuda_decode_t *a, void *stream, char *err);
 
 #ifdef __cplusplus

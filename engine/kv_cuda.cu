@@ -81,6 +81,7 @@ typedef struct cuda_kv {
     int64_t *regions;       /* [S][H] */
     void *dec_ws;
     size_t dec_ws_bytes;
+    size_t dec_ws_capture;  /* asynchronous steps: what a captured step of any length may need */
     /* compress */
     int32_t *act, *cand, *victim; /* [S * L * H] decisions in call order */
     int32_t *tgt_hi, *tgt_lo;     /* [S * L * H] */
@@ -943,9 +944,10 @@ static mkv_status_t cuda_create(mkv_cache_t *c, mkv_kv_t *base)
     DMALLOC(kv->d_decoded, S * kv->L * 4);
     DMALLOC(kv->d_compressed, S * 4);
     if (c->async) { /* the decode workspace of a captured step, now: a capture cannot allocate */
-        const size_t g = mkv_cuda_decode_workspace_size((int32_t)S, (int32_t)H, (int32_t)G, (int32_t)d, kv->max_len, 0);
+        const size_t g = mkv_cuda_decode_workspace_bound((int32_t)S, (int32_t)H, (int32_t)G, (int32_t)d, kv->max_len);
         DMALLOC(kv->dec_ws, g + g / 4);
         kv->dec_ws_bytes = g + g / 4;
+        kv->dec_ws_capture = g;
     }
 #undef DMALLOC
     if (cudaMemset(kv->d_ws_k, 0, (size_t)S * sizeof(uint16_t *)) != cudaSuccess ||
@@ -1242,11 +1244,8 @@ static mkv_status_t cuda_decode(mkv_cache_t *c, mkv_kv_t *base, int32_t n_slots,
             if (c->st.seq_len[slots[j]] > max_tokens) max_tokens = c->st.seq_len[slots[j]];
     }
     size_t need = mkv_cuda_decode_workspace_size(ws_seqs, (int32_t)H, (int32_t)G, (int32_t)d, max_tokens, 0);
-    if (c->async) { /* room for a captured step too, so that a capture never allocates */
-        const size_t g = mkv_cuda_decode_workspace_size((int32_t)kv->S, (int32_t)H, (int32_t)G, (int32_t)d,
-                                                        kv->max_len, 0);
-        if (g > need) need = g;
-    }
+    if (c->async && kv->dec_ws_capture > need) /* room for a captured step too: a capture never allocates */
+        need = kv->dec_ws_capture;
     if (need > kv->dec_ws_bytes) { /* grows rarely: to the longest context seen */
         CUDA_TRY(cudaStreamSynchronize(stream));
         cudaFree(kv->dec_ws);

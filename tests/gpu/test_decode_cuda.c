@@ -901,6 +901,29 @@ Test(decode_cuda, no_scores, .timeout = 300)
     stats_expect(&ck[1], "no_scores");
 }
 
+/* mkv_cuda_decode_workspace_bound covers every length up to its bound (what the CUDA KV
+ * backend allocates once for captured steps) and is the size of one of them. Host arithmetic
+ * only: runs without a device. */
+Test(decode_cuda, workspace_bound)
+{
+    static const int32_t seqs[] = {1, 8, 16, 64}, lens[] = {1, 3000, 8192};
+    for (int i = 0; i < 4; i++)
+        for (int k = 0; k < 3; k++) {
+            const size_t bound = mkv_cuda_decode_workspace_bound(seqs[i], 8, 4, 128, lens[k]);
+            size_t most = 0;
+            for (int32_t m = 1; m <= lens[k]; m++) {
+                const size_t w = mkv_cuda_decode_workspace_size(seqs[i], 8, 4, 128, m, 0);
+                cr_assert_leq(w, bound, "n_seq %d: %zu bytes at %d tokens above the bound %zu for %d", seqs[i], w,
+                              m, bound, lens[k]);
+                most = w > most ? w : most;
+            }
+            cr_assert_eq(bound, most, "n_seq %d, up to %d tokens: bound %zu, largest size %zu", seqs[i], lens[k],
+                         bound, most);
+        }
+    cr_assert_eq(mkv_cuda_decode_workspace_bound(1, 8, 4, 128, 0), 0);
+    cr_assert_eq(mkv_cuda_decode_workspace_bound(1, 8, 0, 128, 100), 0);
+}
+
 /* Argument checks only: no pointer is dereferenced, so this runs without a device too. */
 Test(decode_cuda, bad_arguments)
 {
