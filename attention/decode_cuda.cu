@@ -681,6 +681,7 @@ extern "C" mkv_status_t mkv_cuda_decode(const mkv_cuda_decode_t *a, void *stream
                         "head_dim %d (16, 32, 64, 128 or 256), max_tokens %d or split_tokens "
                         "%d (>= 0) out of range", a->n_seq, a->n_heads, a->group_size,
                    a->head_dim, a->max_tokens, a->split_tokens);
+    if (a->mean_tokens < 0) return bad(err, "mean_tokens %d must be >= 0", a->mean_tokens);
     if (a->page_bytes < MKV_SEGMENT_ALIGN || a->page_bytes % MKV_SEGMENT_ALIGN != 0 ||
         (uintptr_t)a->pool % MKV_SEGMENT_ALIGN != 0)
         return bad(err, "page_bytes %lld must be a positive multiple of 16 and the pool 16-byte "

@@ -46,7 +46,17 @@ typedef struct mkv_cuda_decode {
                                  and no logits are kept (an engine that never compresses:
                                  the full-precision baseline); `scores` then only says where
                                  the items are merged (fused: inside the decode kernel) */
+    int32_t mean_tokens;      /* 0, or a hint: the expected mean of n_hi + n_lo over the call's
+                                 regions. max_tokens bounds the longest region (in serving, the
+                                 longest sequence plus a graph's horizon: about twice the mean
+                                 stored one), and the tensor-core path sizes its items from
+                                 this instead, held to [max_tokens / MKV_DECODE_MEAN_FLOOR,
+                                 max_tokens]. Any value gives the same results, and
+                                 mkv_cuda_decode_workspace_size covers every value. */
 } mkv_cuda_decode_t;
+
+/* The least mean_tokens a plan takes, as a fraction of max_tokens: 1 / this. */
+#define MKV_DECODE_MEAN_FLOOR 4
 
 /* Which kernels a call uses. AUTO takes the tensor-core kernels where they apply (head_dim 64
  * or 128, G <= 8, one quantization group a side or the default groups, both formats
@@ -108,8 +118,13 @@ int mkv_cuda_decode_fuses_scores(const mkv_cuda_decode_t *a);
  * (mkv_cuda_decode_logits_t above). */
 int mkv_cuda_decode_compact_logits(const mkv_cuda_decode_t *a);
 
+/* The item size a call with these arguments (pointers unused) plans on the tensor-core path,
+ * and the workspace bytes that plan uses; 0 where the call takes the generic kernels. */
+int32_t mkv_cuda_decode_item_tokens(const mkv_cuda_decode_t *a);
+size_t mkv_cuda_decode_plan_bytes(const mkv_cuda_decode_t *a);
+
 /* Workspace for a call with these sizes (partial results of split sequences, logits for the
- * score write-back). */
+ * score write-back), whatever its formats, kernel choices and mean_tokens. */
 size_t mkv_cuda_decode_workspace_size(int32_t n_seq, int32_t n_heads, int32_t group_size,
                                       int32_t head_dim, int32_t max_tokens, int32_t split_tokens);
 

@@ -55,12 +55,19 @@ int32_t device_attr(cudaDeviceAttr attr, int32_t fallback)
     return n;
 }
 
+int32_t item_basis(int32_t max_tokens, int32_t mean_tokens)
+{
+    if (mean_tokens <= 0 || mean_tokens >= max_tokens) return max_tokens;
+    const int32_t floor = (int32_t)(((int64_t)max_tokens + MKV_DECODE_MEAN_FLOOR - 1) / MKV_DECODE_MEAN_FLOOR);
+    return mean_tokens > floor ? mean_tokens : floor;
+}
+
 /* cap_blocks: 0, the default item size; 1 to mkv_decode_tuning::l2_cap_max_blocks, items small
  * enough for the logits of the items in flight (cap_blocks resident blocks per multiprocessor)
  * to fill at most about half of L2 (plan_for). fused: room for the fused kernel's counters and
- * log-sum-exps. */
+ * log-sum-exps. mean_tokens: the default item size's basis (item_basis). */
 tc_plan plan_tc(int32_t n_seq, int32_t H, int32_t G, int32_t d, int32_t max_tokens,
-                       int32_t split_tokens, bool fused, int32_t cap_blocks, int32_t max_item)
+                       int32_t split_tokens, bool fused, int32_t cap_blocks, int32_t max_item, int32_t mean_tokens)
 {
     using T = mkv_decode_tuning;
     tc_plan w;
@@ -69,7 +76,7 @@ tc_plan plan_tc(int32_t n_seq, int32_t H, int32_t G, int32_t d, int32_t max_toke
     if (split_tokens > 0) {
         w.item_tokens = (int32_t)mkv_align_up64(split_tokens, MKV_TC_MIN_ITEM);
     } else {
-        w.item_tokens = mkv_tc_item_tokens(n_seq, H, max_tokens, sms);
+        w.item_tokens = mkv_tc_item_tokens(n_seq, H, item_basis(max_tokens, mean_tokens), sms);
         if (w.item_tokens > max_item) w.item_tokens = max_item;
         /* cap_blocks > 0: halved while the logits of the items in flight would fill more than
          * l2_logits_num / l2_logits_den of L2, as long as a section keeps at most
@@ -204,9 +211,10 @@ static tc_plan plan_for(const mkv_cuda_decode_t *a, bool fused, int32_t blocks)
         cap = blocks >= 1 && blocks <= T::l2_cap_max_blocks ? blocks : +T::l2_cap_max_blocks;
     else if (compact)
         max_item = T::compact_max_item;
-    if (!same_format(a->lay_hi, a->lay_lo)) max_item = std::min(max_item, two_format_max_item(a->max_tokens));
+    if (!same_format(a->lay_hi, a->lay_lo))
+        max_item = std::min(max_item, two_format_max_item(item_basis(a->max_tokens, a->mean_tokens)));
     tc_plan w = plan_tc(a->n_seq, a->n_heads, a->group_size, a->head_dim, a->max_tokens,
-                        a->split_tokens, fused, cap, max_item);
+                        a->split_tokens, fused, cap, max_item, a->mean_tokens);
     w.compact = compact;
     return w;
 }
@@ -242,29 +250,35 @@ static bool query_plan(const mkv_cuda_decode_t *a, tc_plan *w, bool *fused)
     return true;
 }
 
-/* Separate, or fused with any item cap, compact logits' cap, or a two-format call's shorter
- * items. */
+/* Any plan of these sizes: separate, or fused with any item cap, compact logits' cap, or a
+ * two-format call's shorter items; and each of those for any mean_tokens hint. The item size
+ * falls at most by half when its basis does (mkv_tc_item_tokens, two_format_max_item), so
+ * bases halving from max_tokens to the floor meet every item size a hint can give. */
 size_t workspace_bytes(int32_t n_seq, int32_t n_heads, int32_t group_size, int32_t head_dim, int32_t max_tokens,
                        int32_t split_tokens)
 {
-    /* Any tensor-core plan: separate, or fused with any item cap. */
-    size_t tc = plan_tc(n_seq, n_heads, group_size, head_dim, max_tokens, split_tokens, false, 0).bytes;
-    for (int32_t cap = 0; cap <= mkv_decode_tuning::l2_cap_max_blocks; cap++) {
-        const size_t f = plan_tc(n_seq, n_heads, group_size, head_dim, max_tokens, split_tokens, true, cap).bytes;
-        if (f > tc) tc = f;
+    using T = mkv_decode_tuning;
+    size_t most = 0;
+    const auto take = [&](const tc_plan &w) { most = std::max(most, w.bytes); };
+    const int32_t floor = item_basis(max_tokens, 1);
+    for (int32_t basis = max_tokens;; basis = std::max(basis / 2, floor)) {
+        const int32_t mean = basis; /* item_basis(max_tokens, mean) == basis */
+        take(plan_tc(n_seq, n_heads, group_size, head_dim, max_tokens, split_tokens, false, 0, MKV_TC_MAX_ITEM,
+                     mean));
+        for (int32_t cap = 0; cap <= T::l2_cap_max_blocks; cap++)
+            take(plan_tc(n_seq, n_heads, group_size, head_dim, max_tokens, split_tokens, true, cap, MKV_TC_MAX_ITEM,
+                         mean));
+        take(plan_tc(n_seq, n_heads, group_size, head_dim, max_tokens, split_tokens, true, 0, T::compact_max_item,
+                     mean));
+        /* Two-format calls: shorter items, more partial results. */
+        const int32_t two = two_format_max_item(basis);
+        for (int32_t cap = 0; cap <= T::l2_cap_max_blocks; cap++)
+            for (int fused = 0; fused < 2; fused++)
+                take(plan_tc(n_seq, n_heads, group_size, head_dim, max_tokens, split_tokens, fused, fused ? cap : 0,
+                             two, mean));
+        if (basis <= floor || split_tokens > 0) break;
     }
-    const size_t f2 = plan_tc(n_seq, n_heads, group_size, head_dim, max_tokens, split_tokens, true, 0,
-                              mkv_decode_tuning::compact_max_item).bytes;
-    if (f2 > tc) tc = f2;
-    /* Two-format calls: shorter items, more partial results. */
-    const int32_t two = two_format_max_item(max_tokens);
-    for (int32_t cap = 0; cap <= mkv_decode_tuning::l2_cap_max_blocks; cap++)
-        for (int fused = 0; fused < 2; fused++) {
-            const size_t f = plan_tc(n_seq, n_heads, group_size, head_dim, max_tokens, split_tokens, fused,
-                                     fused ? cap : 0, two).bytes;
-            if (f > tc) tc = f;
-        }
-    return tc;
+    return most;
 }
 
 } // namespace mkv_tc_plan
@@ -299,6 +313,20 @@ extern "C" double mkv_cuda_dram_bytes_per_sm_cycle(void)
     const double b = sms > 0 && sm_khz > 0 ? 2.0 * mem_khz * bus_bits / 8.0 / (sms * sm_khz) : 0.0;
     if (b > 0.0 && dev >= 0 && dev < MKV_MAX_DEVICES) cache[dev].store(b, std::memory_order_relaxed);
     return b;
+}
+
+extern "C" int32_t mkv_cuda_decode_item_tokens(const mkv_cuda_decode_t *a)
+{
+    mkv_tc_plan::tc_plan w;
+    bool fused;
+    return mkv_tc_plan::query_plan(a, &w, &fused) ? w.item_tokens : 0;
+}
+
+extern "C" size_t mkv_cuda_decode_plan_bytes(const mkv_cuda_decode_t *a)
+{
+    mkv_tc_plan::tc_plan w;
+    bool fused;
+    return mkv_tc_plan::query_plan(a, &w, &fused) ? w.bytes : 0;
 }
 
 extern "C" int mkv_cuda_decode_fuses_scores(const mkv_cuda_decode_t *a)

@@ -37,7 +37,11 @@ int32_t device_attr(cudaDeviceAttr attr, int32_t fallback);
 
 /* The layout of a call (cap_blocks, fused, max_item: plan_for's). */
 tc_plan plan_tc(int32_t n_seq, int32_t H, int32_t G, int32_t d, int32_t max_tokens, int32_t split_tokens,
-                bool fused, int32_t cap_blocks, int32_t max_item = MKV_TC_MAX_ITEM);
+                bool fused, int32_t cap_blocks, int32_t max_item = MKV_TC_MAX_ITEM, int32_t mean_tokens = 0);
+
+/* The region length items are sized from: mean_tokens held to [max_tokens /
+ * MKV_DECODE_MEAN_FLOOR, max_tokens] (rounded up), or max_tokens where it is 0. */
+int32_t item_basis(int32_t max_tokens, int32_t mean_tokens);
 
 /* The kernel of one layout ({NULL, NULL}: none instantiated), and the one covering both
  * sections of a call in one launch. */

@@ -82,6 +82,8 @@ typedef struct cuda_kv {
     void *dec_ws;
     size_t dec_ws_bytes;
     size_t dec_ws_capture;  /* asynchronous steps: what a captured step of any length may need */
+    int32_t ws_seqs_last, ws_max_last; /* the last size query's arguments (0: none) ... */
+    size_t ws_need_last;               /* ... and its answer: layers ask the same, one after another */
     /* compress */
     int32_t *act, *cand, *victim; /* [S * L * H] decisions in call order */
     int32_t *tgt_hi, *tgt_lo;     /* [S * L * H] */
@@ -1224,6 +1226,7 @@ static mkv_status_t cuda_decode(mkv_cache_t *c, mkv_kv_t *base, int32_t n_slots,
      * plan fits the regions as they are. Asynchronous steps keep the workspace sized for every
      * slot at max_seq_len as well. */
     int32_t max_tokens = 1, ws_seqs = n_slots;
+    int64_t len_sum = 0;
     cudaStreamCaptureStatus capture = cudaStreamCaptureStatusNone;
     if (c->async && cudaStreamIsCapturing(stream, &capture) != cudaSuccess) {
         (void)cudaGetLastError();
@@ -1243,7 +1246,16 @@ static mkv_status_t cuda_decode(mkv_cache_t *c, mkv_kv_t *base, int32_t n_slots,
         for (int32_t j = 0; j < n_slots; j++)
             if (c->st.seq_len[slots[j]] > max_tokens) max_tokens = c->st.seq_len[slots[j]];
     }
-    size_t need = mkv_cuda_decode_workspace_size(ws_seqs, (int32_t)H, (int32_t)G, (int32_t)d, max_tokens, 0);
+    /* The plan's hint: the mean region, from the sequences' lengths and the share of tokens the
+     * cache kept at the last stats (a captured step keeps it as its sequences grow). */
+    for (int32_t j = 0; j < n_slots; j++) len_sum += c->st.seq_len[slots[j]];
+    const double mean = n_slots > 0 ? (double)len_sum / n_slots * c->kept_fraction : 0.0;
+    const int32_t mean_tokens = mean >= 1.0 && mean < (double)max_tokens ? (int32_t)mean : 0;
+    if (ws_seqs != kv->ws_seqs_last || max_tokens != kv->ws_max_last) {
+        kv->ws_need_last = mkv_cuda_decode_workspace_size(ws_seqs, (int32_t)H, (int32_t)G, (int32_t)d, max_tokens, 0);
+        kv->ws_seqs_last = ws_seqs, kv->ws_max_last = max_tokens;
+    }
+    size_t need = kv->ws_need_last;
     if (c->async && kv->dec_ws_capture > need) /* room for a captured step too: a capture never allocates */
         need = kv->dec_ws_capture;
     if (need > kv->dec_ws_bytes) { /* grows rarely: to the longest context seen */
@@ -1287,6 +1299,7 @@ static mkv_status_t cuda_decode(mkv_cache_t *c, mkv_kv_t *base, int32_t n_slots,
     da.regions = kv->regions;
     da.n_seq = n_slots, da.n_heads = (int32_t)H, da.group_size = (int32_t)G, da.head_dim = (int32_t)d;
     da.max_tokens = max_tokens;
+    da.mean_tokens = mean_tokens;
     da.q = q32;
     if (dtype == MKV_DTYPE_F32) da.out = (float *)out;
     else da.out16 = (uint16_t *)out, da.out_bf16 = dtype == MKV_DTYPE_BF16; /* written as dtype */

@@ -86,6 +86,7 @@ mkv_status_t mkv_cache_create(const mkv_cache_config_t *config, mkv_cache_t **ou
     c->parallel_min_regions = MKV_PARALLEL_MIN_REGIONS;
     c->par_parts = 1; /* the calling thread until mkv_cache_set_parallel */
     c->async = cfg.backend == MKV_BACKEND_CUDA && (cfg.flags & MKV_CACHE_ASYNC_STEPS);
+    c->kept_fraction = 1.0;
     MKV_TRY(mkv_mm_state_init(&c->st, &geom, err));
     MKV_TRY(work_init(&c->work, &geom, cfg.n_threads, err));
     c->prompt_len = calloc((size_t)geom.max_seqs, sizeof *c->prompt_len);
@@ -343,6 +344,8 @@ mkv_status_t mkv_cache_stats(const mkv_cache_t *cache, mkv_cache_stats_t *out)
     out->pages_hi = sums[2];
     out->pages_lo = sums[3];
     out->tokens_pruned = out->tokens_seen - out->tokens_hi - out->tokens_lo;
+    if (out->tokens_seen > 0) /* a hint only: the handle's const is about the cache's contents */
+        ((mkv_cache_t *)cache)->kept_fraction = (double)(out->tokens_hi + out->tokens_lo) / (double)out->tokens_seen;
     out->bytes_in_use = (out->pages_hi + out->pages_lo) * cache->cfg.page_bytes;
     out->bytes_fp16 = out->tokens_seen * 2 * cache->cfg.head_dim * 2;
     return MKV_STATUS_OK;

@@ -97,6 +97,9 @@ struct mkv_cache {
     char deferred_msg[MKV_ERR_LEN];
     void (*kv_refresh)(mkv_cache_t *c); /* the KV layer's per-slot state from the device */
     int32_t capture_horizon;  /* mkv_cache_set_capture_horizon; 0: plan captures for max_seq_len */
+    double kept_fraction;     /* (tokens_hi + tokens_lo) / tokens_seen at the last mkv_cache_stats
+                                 (1 before any): a KV backend's estimate of a region's stored
+                                 tokens from its sequence's length (the decode plan's hint) */
     char err[MKV_ERR_LEN];
 };
 

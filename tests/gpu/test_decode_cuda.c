@@ -105,6 +105,7 @@ typedef struct batch {
     int32_t scores; /* mkv_cuda_decode_scores_t of the GPU calls */
     int32_t logits; /* mkv_cuda_decode_logits_t of the GPU calls */
     int32_t no_scores; /* the GPU calls write no scores back: the pool must come back unchanged */
+    int32_t mean_tokens; /* the GPU calls' hint (0: none) */
 } batch_t;
 
 static void shuffle(int32_t *a, int64_t n, uint64_t *r)
@@ -291,7 +292,9 @@ static void batch_gpu(batch_t *b, int32_t kernel, int32_t split, float *got_out,
         .head_dim = c->d, .max_tokens = b->max_tokens, .q = b->d_q, .out = b->d_out,
         .softmax_scale = (float)(1.0 / sqrt((double)c->d)), .split_tokens = split,
         .workspace = d_ws, .kernel = kernel, .scores = b->scores, .logits = b->logits,
-        .no_scores = b->no_scores};
+        .no_scores = b->no_scores, .mean_tokens = b->mean_tokens};
+    const size_t used = mkv_cuda_decode_plan_bytes(&a);
+    cr_assert_leq(used, ws, "%s split=%d: the plan uses %zu bytes of a %zu-byte workspace", b->ctx, split, used, ws);
     char err[ERR_LEN] = "";
     const mkv_status_t st = mkv_cuda_decode(&a, NULL, err);
     cr_assert_eq(st, MKV_STATUS_OK, "%s split=%d: %s (%s)", b->ctx, split, mkv_status_string(st),
@@ -862,6 +865,42 @@ Test(decode_cuda, two_format_kernel, .timeout = 300)
     for (int i = 0; i < 2; i++) stats_expect(&ckc[i], "two_format_kernel");
 }
 
+/* Calls planned from a mean_tokens hint (items sized for shorter regions than max_tokens, which
+ * is several times the longest here) against the reference: the two-format kernel and K16V16,
+ * fused and separate, with and without scores. */
+Test(decode_cuda, mean_tokens_hint, .timeout = 300)
+{
+    GPU_REQUIRE();
+    stats_t ck[2] = {{.what = "out (hint)"}, {.what = "score (hint)"}};
+    static const mkv_format_t fmts[][2] = {{MKV_FORMAT_K8V4, MKV_FORMAT_K4V2}, {MKV_FORMAT_K16V16, MKV_FORMAT_K16V16}};
+    static const int32_t lens[] = {1, 63, 700, 2050, 4097};
+    uint64_t r = 0x5ee1;
+    for (int ci = 0; ci < 4; ci++) {
+        const int32_t H = 3, n_seq = 4;
+        int32_t len[4 * 3 * 2];
+        for (int i = 0; i < n_seq * H; i++) {
+            const int32_t n = lens[(i + ci) % 5], hi = test_rand_range(&r, 0, n);
+            len[2 * i] = hi, len[2 * i + 1] = n - hi;
+        }
+        spec_t c = {.hi = fmts[ci % 2][0], .lo = fmts[ci % 2][1], .d = 128, .G = 4, .groups = {0, 0, 0, 0},
+                    .tpp = 32, .n_seq = n_seq, .H = H, .len = len, .seed = test_rand_next(&r)};
+        batch_t b;
+        batch_build(&b, &c);
+        b.max_tokens = 4 * b.max_n + test_rand_range(&r, 0, 100);
+        b.no_scores = ci >= 2;
+        const int32_t none[] = {0};
+        for (int s = MKV_DECODE_SCORES_SEPARATE; s <= MKV_DECODE_SCORES_FUSED; s++)
+            for (int h = 0; h < 3; h++) {
+                b.scores = s;
+                b.mean_tokens = h == 0 ? 1 : h == 1 ? b.max_n / 3 + 1 : b.max_n;
+                batch_check_splits(&b, MKV_DECODE_KERNEL_TENSOR, none, 1, &ck[0], &ck[1], NULL, NULL);
+            }
+        batch_free(&b);
+    }
+    stats_expect(&ck[0], "mean_tokens_hint");
+    stats_expect(&ck[1], "mean_tokens_hint");
+}
+
 /* Calls without the score write-back (no_scores: an engine that never compresses): the same
  * outputs as the reference, and the pool, score slots included, exactly as it was; the
  * tensor-core kernels fused and separate, one and two formats, and the generic kernels. */
@@ -924,6 +963,55 @@ Test(decode_cuda, workspace_bound)
     cr_assert_eq(mkv_cuda_decode_workspace_bound(1, 8, 0, 128, 100), 0);
 }
 
+/* The mean_tokens hint: items sized from it (shorter where the regions are shorter than
+ * max_tokens says), every plan within mkv_cuda_decode_workspace_size for any hint, and at a
+ * serving shape (81 sequences of Llama-3-8B heads, the longest 6,000 tokens, the mean stored
+ * 2,900) the mix's items halved. Host arithmetic only: runs without a device. */
+Test(decode_cuda, mean_tokens_plans)
+{
+    static const mkv_format_t pairs[][2] = {{MKV_FORMAT_K8V4, MKV_FORMAT_K4V2},
+                                            {MKV_FORMAT_K16V16, MKV_FORMAT_K16V16},
+                                            {MKV_FORMAT_K4V2, MKV_FORMAT_K4V2}};
+    char err[ERR_LEN];
+    uint64_t r = 0x3ea7;
+    for (int p = 0; p < 3; p++) {
+        int64_t page_bytes;
+        mkv_page_layout_t hi, lo;
+        cr_assert_eq(mkv_page_bytes_for(pairs[p][0], 128, 0, 0, 32, &page_bytes), MKV_STATUS_OK);
+        cr_assert_eq(mkv_page_layout(pairs[p][0], 128, 0, 0, page_bytes, &hi, err), MKV_STATUS_OK, "%s", err);
+        cr_assert_eq(mkv_page_layout(pairs[p][1], 128, 0, 0, page_bytes, &lo, err), MKV_STATUS_OK, "%s", err);
+        for (int rep = 0; rep < 60; rep++) {
+            mkv_cuda_decode_t a = {.page_bytes = page_bytes, .lay_hi = hi, .lay_lo = lo,
+                                   .n_seq = test_rand_range(&r, 1, 200), .n_heads = 8, .group_size = 4,
+                                   .head_dim = 128, .max_tokens = test_rand_range(&r, 1, 33000),
+                                   .scores = test_rand_range(&r, 0, 2), .no_scores = rep % 5 == 0};
+            const size_t ws = mkv_cuda_decode_workspace_size(a.n_seq, 8, 4, 128, a.max_tokens, 0);
+            const int32_t plain = mkv_cuda_decode_item_tokens(&a);
+            cr_assert_gt(plain, 0, "%s: not a tensor-core call", mkv_format_name(pairs[p][0]));
+            for (int k = 0; k < 8; k++) {
+                a.mean_tokens = k == 0 ? 1 : test_rand_range(&r, 1, a.max_tokens + 100);
+                const size_t used = mkv_cuda_decode_plan_bytes(&a);
+                cr_assert(used > 0 && used <= ws, "%s + %s, n_seq %d, max %d, mean %d: plan %zu bytes, workspace %zu",
+                          mkv_format_name(pairs[p][0]), mkv_format_name(pairs[p][1]), a.n_seq, a.max_tokens,
+                          a.mean_tokens, used, ws);
+                cr_assert_leq(mkv_cuda_decode_item_tokens(&a), plain, "a hint below max_tokens lengthened the items");
+            }
+        }
+    }
+    int64_t page_bytes;
+    mkv_page_layout_t hi, lo;
+    cr_assert_eq(mkv_page_bytes_for(MKV_FORMAT_K8V4, 128, 0, 0, 32, &page_bytes), MKV_STATUS_OK);
+    cr_assert_eq(mkv_page_layout(MKV_FORMAT_K8V4, 128, 0, 0, page_bytes, &hi, err), MKV_STATUS_OK, "%s", err);
+    cr_assert_eq(mkv_page_layout(MKV_FORMAT_K4V2, 128, 0, 0, page_bytes, &lo, err), MKV_STATUS_OK, "%s", err);
+    mkv_cuda_decode_t a = {.page_bytes = page_bytes, .lay_hi = hi, .lay_lo = lo, .n_seq = 81, .n_heads = 8,
+                           .group_size = 4, .head_dim = 128, .max_tokens = 6000};
+    const int32_t plain = mkv_cuda_decode_item_tokens(&a);
+    a.mean_tokens = 2900;
+    const int32_t hinted = mkv_cuda_decode_item_tokens(&a);
+    cr_assert_eq(hinted * 2, plain, "81 x 6,000 (mean 2,900): items of %d tokens with the hint, %d without", hinted,
+                 plain);
+}
+
 /* Argument checks only: no pointer is dereferenced, so this runs without a device too. */
 Test(decode_cuda, bad_arguments)
 {
@@ -979,6 +1067,7 @@ Test(decode_cuda, bad_arguments)
     bad[n++].logits = 3;
     bad[n++].logits = -1;
     bad[n++].no_scores = 2;
+    bad[n++].mean_tokens = -1;
     cr_assert_leq(n, 40);
     for (int i = 0; i < n; i++) {
         err[0] = '\0';
