@@ -626,7 +626,8 @@ static mkv_status_t launch_tc(const mkv_cuda_decode_t *a, cudaStream_t stream, c
             const dim3 gp((unsigned)(resident > 0 && resident < f.total_ids ? resident : f.total_ids));
             return launched("tensor-core decode kernel (fused scores)", err, one.launch(f, gp, stream));
         }
-        const dim3 g2((unsigned)f.grid_x, grid.y, grid.z);
+        /* the separate pass packs a region's items, high then low, into full blocks */
+        const dim3 g2((unsigned)((w.sec_items + 1 + MKV_TC_WARPS - 1) / MKV_TC_WARPS), grid.y, grid.z);
         if ((st = launched("tensor-core decode kernel", err, one.launch(f, g2, stream))) != MKV_STATUS_OK)
             return st;
     } else {

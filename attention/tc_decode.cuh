@@ -48,7 +48,7 @@ struct block_pos {
     int32_t bta, btb; /* the block's tokens [bta, btb) of its section */
 };
 
-__device__ __forceinline__ block_pos locate(const tc_args &a, int32_t bx, int32_t hh, int32_t j)
+__device__ __forceinline__ block_pos locate(const tc_args &a, int32_t bx, int32_t hh, int32_t j, bool packed = false)
 {
     block_pos b;
     const int32_t warp = threadIdx.x >> 5, W = MKV_TC_WARPS;
@@ -68,6 +68,24 @@ __device__ __forceinline__ block_pos locate(const tc_args &a, int32_t bx, int32_
     const int32_t bh = (b.items_hi + W - 1) / W; /* the high section's blocks */
     b.arrivals = bh + (b.n_items - b.items_hi + W - 1) / W;
     int32_t sec;
+    if (packed) {
+        /* The separate pass's one launch: block x takes items W x .. W x + W - 1 of the region's
+         * items, high then low, so that a block holds items of both sections where the high
+         * one ends (a warp's format is its own) and a region's blocks are full but its last. */
+        const int32_t k = bx * W + warp;
+        sec = k >= b.items_hi;
+        const int32_t item = k - sec * b.items_hi;
+        ip.sec = sec;
+        ip.sec_n = sec ? n - hi : hi;
+        ip.ta = item * I;
+        ip.tb = min(ip.ta + I, ip.sec_n);
+        ip.slot_id = k;
+        b.work = k < b.n_items; /* warp-uniform */
+        b.any = bx * W < b.n_items;
+        b.part = block_part{0, 0, 0};
+        b.bta = b.btb = 0;
+        return b;
+    }
     if (a.sec_mask == 3) {
         sec = bx >= bh;
         bx -= sec * bh;
@@ -157,15 +175,19 @@ __device__ __forceinline__ int32_t part_stride(int32_t sec)
     return K::ONE || sec == 0 ? K::SH::WARP_BYTES : K::SLO::WARP_BYTES;
 }
 
-/* The warp's item in its section's format. */
+/* The warp's item in its section's format. The separate pass's blocks mix sections (locate's
+ * packed), so its warps' staging areas are all the larger format's size apart; the fused
+ * kernel's blocks run one section, each warp's area its format's size (block_merge reads the
+ * partial results at that stride). */
 template <int D, class HI, class LO, bool FUSED>
 __device__ __forceinline__ void run_section_item(const tc_args &a, uint8_t *smem, const item_pos &ip)
 {
-    constexpr int RG = kernel_shape<D, HI, LO>::RG;
-    if (kernel_shape<D, HI, LO>::ONE || ip.sec == 0)
-        run_item<HI::KB, HI::VB, D, HI::KG, HI::VG, FUSED, RG>(a, smem, ip);
+    using K = kernel_shape<D, HI, LO>;
+    constexpr int RG = K::RG;
+    if (K::ONE || ip.sec == 0)
+        run_item<HI::KB, HI::VB, D, HI::KG, HI::VG, FUSED, RG, FUSED ? K::SH::WARP_BYTES : K::WARP_BYTES>(a, smem, ip);
     else
-        run_item<LO::KB, LO::VB, D, LO::KG, LO::VG, FUSED, RG>(a, smem, ip);
+        run_item<LO::KB, LO::VB, D, LO::KG, LO::VG, FUSED, RG, FUSED ? K::SLO::WARP_BYTES : K::WARP_BYTES>(a, smem, ip);
 }
 
 /* FUSED (a.fused): the persistent kernel of a fused write-back; otherwise the separate pass's
@@ -178,7 +200,7 @@ __global__ void __launch_bounds__(MKV_TC_WARPS * 32, FUSED ? kernel_shape<D, HI,
 
     if constexpr (!FUSED) {
         prefetch_q<D>(a, (int64_t)blockIdx.z * a.H + blockIdx.y);
-        const block_pos b = locate(a, blockIdx.x, blockIdx.y, blockIdx.z);
+        const block_pos b = locate(a, blockIdx.x, blockIdx.y, blockIdx.z, a.sec_mask == 3);
         if (b.work) run_section_item<D, HI, LO, false>(a, smem, b.ip);
         return;
     }

@@ -20,7 +20,7 @@ namespace mkv_tc {
 /* One warp's item: the logits of its tokens (to the workspace), and its unnormalised partial
  * output, running max and sum (to its part slot, or fused to the warp's staging area for
  * block_merge). */
-template <int KB, int VB, int D, int KG, int VG, bool FUSED, int RG>
+template <int KB, int VB, int D, int KG, int VG, bool FUSED, int RG, int WSTRIDE>
 __device__ __forceinline__ void run_item(const tc_args &a, uint8_t *smem, const item_pos &ip)
 {
     using SL = stage_layout<KB, VB, D, KG, VG>;
@@ -61,9 +61,10 @@ __device__ __forceinline__ void run_item(const tc_args &a, uint8_t *smem, const 
     const bool store_lg = lg_lane && !compact && a.keep_logits;
     float *lg = compact ? reinterpret_cast<float *>(a.lg_a + tc * a.lg_n + lin + gr) : a.logits + (lin + gr) * G + 2 * tc;
 
-    /* The warp's staging area: [stage][subtile][BYTES_PER_SUBTILE]. */
-    const uint32_t warp_smem = (uint32_t)__cvta_generic_to_shared(smem) + warp * SL::WARP_BYTES;
-    const uint8_t *warp_gen = smem + warp * SL::WARP_BYTES;
+    /* The warp's staging area: [stage][subtile][BYTES_PER_SUBTILE], WSTRIDE bytes apart. */
+    static_assert(WSTRIDE >= SL::WARP_BYTES, "a warp's staging area fits its stride");
+    const uint32_t warp_smem = (uint32_t)__cvta_generic_to_shared(smem) + warp * WSTRIDE;
+    const uint8_t *warp_gen = smem + warp * WSTRIDE;
     /* The copy: lane (tl, half) moves token tl's units of chunks 2k + half (keys, then values)
      * and, where the format has them, its key (half 0) or value (half 1) metadata. Offsets are
      * 32-bit: the tensor-core path takes pages under 2 GiB. */

@@ -156,6 +156,8 @@ int main(int argc, char **argv)
     int logits = MKV_DECODE_LOGITS_AUTO;
     bool write_flush = false; /* --flush write: the L2 flushed by a memset (figures before 2026-11-26) */
     bool no_scores = false;   /* --no-scores: no score write-back (the full-precision baseline's call) */
+    double spread = 0.0;      /* --spread: sequences' lengths spread below the length */
+    bool hint = false;        /* --hint: the mean region as mean_tokens */
     const char *only = NULL;
     for (int i = 1; i < argc; i++) {
         if (!strcmp(argv[i], "--json") && i + 1 < argc) json_path = argv[++i];
@@ -184,6 +186,13 @@ int main(int argc, char **argv)
         else if (!strcmp(argv[i], "--flush") && i + 1 < argc && (!strcmp(argv[i + 1], "read") || !strcmp(argv[i + 1], "write")))
             write_flush = !strcmp(argv[++i], "write");
         else if (!strcmp(argv[i], "--no-scores")) no_scores = true;
+        else if (!strcmp(argv[i], "--spread") && i + 1 < argc) {
+            spread = atof(argv[++i]);
+            if (!(spread >= 0.0 && spread < 1.0)) {
+                fprintf(stderr, "bench_attention: --spread takes a fraction in [0, 1)\n");
+                return 2;
+            }
+        } else if (!strcmp(argv[i], "--hint")) hint = true;
         else if (!strcmp(argv[i], "--quick")) {
             batches = {1, 64};
             lengths = {1024, 8192};
@@ -193,7 +202,7 @@ int main(int argc, char **argv)
                     "                       [--kernel auto|generic|tensor|tensor-per-section] [--batch B] [--length N]\n"
                     "                       [--format NAME] [--scores auto|separate|fused]\n"
                     "                       [--split N] [--logits auto|fp32|compact] [--group-size N]\n"
-                    "                       [--flush read|write] [--no-scores]\n"
+                    "                       [--flush read|write] [--no-scores] [--spread F] [--hint]\n"
                     "Decode attention time over batch x length grids (32 query / 8 KV heads, d 128)\n"
                     "for K16V16, K8V8, K8V4, K4V2 and a 20/50/30 high/low/pruned mix, against the\n"
                     "device copy rate. --scores: the score write-back as its own pass (separate),\n"
@@ -207,7 +216,11 @@ int main(int argc, char **argv)
                     "(read, the default: the L2 then holds clean lines, as after a layer's GEMMs)\n"
                     "or by a 256 MiB memset (write: dirty lines the call writes back as it reads).\n"
                     "--no-scores: calls without the score write-back (mkv_cuda_decode_t::no_scores,\n"
-                    "what an engine that never compresses runs); the bytes then exclude the scores.\n");
+                    "what an engine that never compresses runs); the bytes then exclude the scores.\n"
+                    "--spread F: sequence j holds 1 - F u_j of the length's tokens (u_j uniform in\n"
+                    "[0, 1), fixed seed), as a server's batch of requests at different lengths, while\n"
+                    "max_tokens stays the length; the bytes are the tokens held. --hint: pass the\n"
+                    "mean region (mkv_cuda_decode_t::mean_tokens), as the CUDA KV backend does.\n");
             return strcmp(argv[i], "-h") && strcmp(argv[i], "--help") ? 2 : 0;
         }
     }
@@ -321,10 +334,10 @@ int main(int argc, char **argv)
         fprintf(jf, "{\"schema\": \"mixkv-bench-attention\", \"schema_version\": 1, \"device\": \"%s\", "
                     "\"copy_rate_gbs\": %.1f, \"heads\": %d, \"group_size\": %d, \"head_dim\": %d, "
                     "\"kernel\": \"%s\", \"scores\": \"%s\", \"logits\": \"%s\", \"quant_group_elems\": %d, "
-                    "\"dram_bytes_per_sm_cycle\": %.2f, \"flush\": \"%s\", \"no_scores\": %s, \"results\": [",
+                    "\"dram_bytes_per_sm_cycle\": %.2f, \"flush\": \"%s\", \"no_scores\": %s, \"spread\": %.3f, \"hint\": %s, \"results\": [",
                 prop.name, copy_rate / 1e9, H, G, d,
                 k_kernel_names[kernel], k_scores_names[scores], k_logits_names[logits], group, bpc,
-                write_flush ? "write" : "read", no_scores ? "true" : "false");
+                write_flush ? "write" : "read", no_scores ? "true" : "false", spread, hint ? "true" : "false");
     printf("quantization groups: %s; L2 flushed by %s 256 MiB; %s\n",
            group ? "elements per group as given" : "library defaults", write_flush ? "writing" : "reading",
            no_scores ? "no score write-back" : "scores written back");
@@ -349,7 +362,18 @@ int main(int argc, char **argv)
                 fill_kernel<<<4096, 256, 0, stream>>>(pool, pages * page_bytes, 12345u);
                 rows_kernel<<<(int)((regions + 255) / 256), 256, 0, stream>>>(table, regions, T, sh.k_hi, sh.k_lo);
                 q_kernel<<<64, 256, 0, stream>>>(q, (int64_t)batch * H * G * d, 777u);
+                /* --spread: sequence j (all its KV heads) holds a fraction 1 - spread u_j of the
+                 * point's tokens, u_j uniform in [0, 1) from a fixed seed, as a server's batch
+                 * of requests at different lengths; max_tokens stays the longest possible. */
                 std::vector<int32_t> hv(regions, n_hi), lv(regions, n_lo);
+                double stored = 0.0;
+                uint64_t lcg = 0x9e3779b97f4a7c15ull;
+                for (int64_t r = 0; r < regions; r++) {
+                    if (r % H == 0) lcg = lcg * 6364136223846793005ull + 1442695040888963407ull;
+                    const double f = 1.0 - spread * (double)(lcg >> 11) / 9007199254740992.0;
+                    hv[r] = (int32_t)(n_hi * f), lv[r] = (int32_t)(n_lo * f);
+                    stored += hv[r] + lv[r];
+                }
                 std::vector<int64_t> rv(regions);
                 for (int64_t r = 0; r < regions; r++) rv[r] = r;
                 CK(cudaMemcpy(nh, hv.data(), (size_t)regions * 4, cudaMemcpyHostToDevice));
@@ -371,6 +395,7 @@ int main(int argc, char **argv)
                 a.group_size = G;
                 a.head_dim = d;
                 a.max_tokens = n_hi + n_lo;
+                a.mean_tokens = hint ? (int32_t)(stored / (double)regions) : 0;
                 a.q = q;
                 a.out = out;
                 a.softmax_scale = 0.088388f;
@@ -399,7 +424,8 @@ int main(int argc, char **argv)
                 const double sb = no_scores ? 0.0 : 8.0;
                 const double per_hi = (double)(lh.bytes[0] + lh.bytes[1] + lh.bytes[2] + lh.bytes[3]) / lh.tokens;
                 const double per_lo = (double)(ll.bytes[0] + ll.bytes[1] + ll.bytes[2] + ll.bytes[3]) / ll.tokens;
-                const double bytes = (double)regions * (n_hi * (per_hi + sb) + n_lo * (per_lo + sb));
+                double bytes = 0.0;
+                for (int64_t r = 0; r < regions; r++) bytes += hv[r] * (per_hi + sb) + lv[r] * (per_lo + sb);
                 const double sec = median(t), rate = bytes / sec;
                 if (!strcmp(v.name, "K16V16")) fp16_time = sec;
                 printf("%-12s %6d %7d %10.1f %12.3e %9.0f %9.1f%% %8.2fx\n", v.name, batch, len, sec * 1e6,
