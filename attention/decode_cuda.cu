@@ -600,7 +600,16 @@ static mkv_status_t launch_tc(const mkv_cuda_decode_t *a, cudaStream_t stream, c
     f.keep_logits = !a->no_scores;
     f.compact = 0, f.lg_n = 0, f.lg_a = nullptr, f.lg_b = nullptr, f.lg_r = nullptr;
     f.total_ids = (int32_t)w.total_ids;
-    const dim3 grid((unsigned)f.blocks_per_sec, (unsigned)a->n_heads, (unsigned)a->n_seq);
+    /* The separate and finalize passes' grids put the blocks' index last where grid z holds
+     * them (tc_args::x_last): every region's first blocks start before any region's later,
+     * often empty, ones. */
+    const auto order = [&](unsigned blocks, bool x_last) {
+        return x_last ? dim3((unsigned)a->n_heads, (unsigned)a->n_seq, blocks)
+                      : dim3(blocks, (unsigned)a->n_heads, (unsigned)a->n_seq);
+    };
+    const bool x_last = w.sec_items + 1 <= 65535;
+    f.x_last = x_last;
+    const dim3 grid = order((unsigned)f.blocks_per_sec, x_last);
     mkv_status_t st;
     if (one.launch != nullptr) { /* one launch covers both sections */
         f.sec_mask = 3;
@@ -627,7 +636,7 @@ static mkv_status_t launch_tc(const mkv_cuda_decode_t *a, cudaStream_t stream, c
             return launched("tensor-core decode kernel (fused scores)", err, one.launch(f, gp, stream));
         }
         /* the separate pass packs a region's items, high then low, into full blocks */
-        const dim3 g2((unsigned)((w.sec_items + 1 + MKV_TC_WARPS - 1) / MKV_TC_WARPS), grid.y, grid.z);
+        const dim3 g2 = order((unsigned)((w.sec_items + 1 + MKV_TC_WARPS - 1) / MKV_TC_WARPS), x_last);
         if ((st = launched("tensor-core decode kernel", err, one.launch(f, g2, stream))) != MKV_STATUS_OK)
             return st;
     } else {

@@ -65,6 +65,10 @@ struct tc_args {
      * along grid x per region: blocks_per_sec for one section; blocks_per_sec + 1 for both,
      * the high section's blocks first, then the low one's, then none (locate). */
     int32_t sec_mask, blocks_per_sec, grid_x;
+    /* Grid order of the separate pass and the finalize pass: 0, (blocks, H, n_seq); 1,
+     * (H, n_seq, blocks), so that every region's first blocks are dispatched before any
+     * region's later (often empty) ones. Needs blocks <= 65535 (grid z). */
+    int32_t x_last;
     /* Fused score write-back (one launch covering both sections only; a persistent grid):
      * counters [n_rs + 4 + total_ids], all zeroed by one memset before the launch: per region
      * arrivals; next decode id, score jobs taken, published, ids done; then the score jobs

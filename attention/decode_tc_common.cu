@@ -107,14 +107,16 @@ struct score_rows {
     }
 };
 
-/* Block x = 0: out = merged items; block x >= 1: scores of tokens [(x - 1) B, x B), B =
+/* Block index bx (grid x, or z with tc_args::x_last) 0: out = merged items; bx >= 1: scores
+ * of tokens [(bx - 1) B, bx B), B =
  * FIN_THREADS U, U per thread, FIN_THREADS apart (coalesced). Each block first finds the final max M
  * and sum S of every query head from the items. NV (G = 4 or 8: 1 or 2): the score blocks load
  * their tokens' logits and page ids before that (score_rows); 0 (any G, U = FIN_TOKENS): after. */
 template <int NV, int U>
 static __global__ void __launch_bounds__(FIN_THREADS) finalize_kernel(const tc_args a, int32_t d)
 {
-    const int32_t h = blockIdx.y, j = blockIdx.z, tid = threadIdx.x;
+    const int32_t bx = a.x_last ? blockIdx.z : blockIdx.x, h = a.x_last ? blockIdx.x : blockIdx.y;
+    const int32_t j = a.x_last ? blockIdx.y : blockIdx.z, tid = threadIdx.x;
     const int64_t rs = (int64_t)j * a.H + h;
     const int64_t region = a.regions[rs];
     const int64_t nh = max(a.n_hi[region], 0), nl = max(a.n_lo[region], 0);
@@ -123,13 +125,13 @@ static __global__ void __launch_bounds__(FIN_THREADS) finalize_kernel(const tc_a
     const int32_t hi = (int32_t)min(nh, (int64_t)n);
     const int32_t I = a.item_tokens;
     const int32_t items_hi = (hi + I - 1) / I, items_lo = (n - hi + I - 1) / I;
-    const int32_t first = blockIdx.x == 0 ? 0 : (blockIdx.x - 1) * FIN_THREADS * U;
+    const int32_t first = bx == 0 ? 0 : (bx - 1) * FIN_THREADS * U;
     if (first >= n) return;
     const int32_t G = a.G;
     const int64_t part = rs * 2 * a.sec_items; /* item slots of this head-region */
     mkv_tc::section_tokens secs[2];
     score_rows<NV == 0 ? 1 : NV, U> rows;
-    if (NV > 0 && blockIdx.x > 0) {
+    if (NV > 0 && bx > 0) {
         secs[0] = mkv_tc::section_of_region(a, rs, region, 0, hi, n, items_hi);
         secs[1] = mkv_tc::section_of_region(a, rs, region, 1, hi, n, items_hi);
         rows.load(secs, hi, n, first);
@@ -146,7 +148,7 @@ static __global__ void __launch_bounds__(FIN_THREADS) finalize_kernel(const tc_a
     }
     __syncthreads();
 
-    if (blockIdx.x == 0) {
+    if (bx == 0) {
         mkv_tc::merge_out(a, part, items_hi + items_lo, rs, d, M_s, S_s, tid, FIN_THREADS);
         return;
     }
@@ -169,11 +171,13 @@ cudaError_t mkv_tc_finalize(const tc_args &a, int32_t d, int32_t n_seq, cudaStre
     const int32_t per_block = FIN_THREADS * (wide ? 2 * FIN_TOKENS : FIN_TOKENS);
     /* Without a score write-back only the merge blocks (x = 0) run. */
     const unsigned bx = a.keep_logits ? 1u + (unsigned)((a.max_tokens + per_block - 1) / per_block) : 1u;
-    const dim3 grid(bx, (unsigned)a.H, (unsigned)n_seq);
-    if (!rows) finalize_kernel<0, FIN_TOKENS><<<grid, FIN_THREADS, 0, stream>>>(a, d);
-    else if (a.G == 4 && wide) finalize_kernel<1, 2 * FIN_TOKENS><<<grid, FIN_THREADS, 0, stream>>>(a, d);
-    else if (a.G == 4) finalize_kernel<1, FIN_TOKENS><<<grid, FIN_THREADS, 0, stream>>>(a, d);
-    else if (wide) finalize_kernel<2, 2 * FIN_TOKENS><<<grid, FIN_THREADS, 0, stream>>>(a, d);
-    else finalize_kernel<2, FIN_TOKENS><<<grid, FIN_THREADS, 0, stream>>>(a, d);
+    tc_args f = a; /* the blocks' index last (as the decode pass) where grid z holds them */
+    f.x_last = a.x_last && bx <= 65535u;
+    const dim3 grid = f.x_last ? dim3((unsigned)a.H, (unsigned)n_seq, bx) : dim3(bx, (unsigned)a.H, (unsigned)n_seq);
+    if (!rows) finalize_kernel<0, FIN_TOKENS><<<grid, FIN_THREADS, 0, stream>>>(f, d);
+    else if (a.G == 4 && wide) finalize_kernel<1, 2 * FIN_TOKENS><<<grid, FIN_THREADS, 0, stream>>>(f, d);
+    else if (a.G == 4) finalize_kernel<1, FIN_TOKENS><<<grid, FIN_THREADS, 0, stream>>>(f, d);
+    else if (wide) finalize_kernel<2, 2 * FIN_TOKENS><<<grid, FIN_THREADS, 0, stream>>>(f, d);
+    else finalize_kernel<2, FIN_TOKENS><<<grid, FIN_THREADS, 0, stream>>>(f, d);
     return cudaGetLastError();
 }

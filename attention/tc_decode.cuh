@@ -199,8 +199,10 @@ __global__ void __launch_bounds__(MKV_TC_WARPS * 32, FUSED ? kernel_shape<D, HI,
     extern __shared__ __align__(16) uint8_t smem[];
 
     if constexpr (!FUSED) {
-        prefetch_q<D>(a, (int64_t)blockIdx.z * a.H + blockIdx.y);
-        const block_pos b = locate(a, blockIdx.x, blockIdx.y, blockIdx.z, a.sec_mask == 3);
+        const int32_t bx = a.x_last ? blockIdx.z : blockIdx.x, hh = a.x_last ? blockIdx.x : blockIdx.y;
+        const int32_t j = a.x_last ? blockIdx.y : blockIdx.z;
+        prefetch_q<D>(a, (int64_t)j * a.H + hh);
+        const block_pos b = locate(a, bx, hh, j, a.sec_mask == 3);
         if (b.work) run_section_item<D, HI, LO, false>(a, smem, b.ip);
         return;
     }
