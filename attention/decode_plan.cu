@@ -155,10 +155,11 @@ static bool tc_may_fuse(const mkv_cuda_decode_t *a, const tc_kernel &one)
     const int64_t token_heads = (int64_t)a->n_seq * a->n_heads * a->max_tokens;
     const bool small = token_heads <= T::fuse_max_small_token_heads;
     /* Without a score write-back the fused kernel only merges (in the region's last block):
-     * one launch, and it measured as fast or faster at every K16V16 shape of the grid (H100,
-     * docs/decode-kernel.md); two-format calls keep their rule below (the fused mix without
-     * scores: 81 x 6000, spread 0.7, 242.6 against 209.8 us separate). */
-    if (a->no_scores && same_format(a->lay_hi, a->lay_lo)) return true;
+     * one launch, as fast or faster from 2^17 token-heads up; the smallest calls are faster
+     * without its counters and queue (decode_tuning.h). Two-format calls keep their rule
+     * below (the fused mix without scores: 81 x 6000, spread 0.7, 242.6 against 209.8 us
+     * separate). */
+    if (a->no_scores && same_format(a->lay_hi, a->lay_lo)) return token_heads > T::fuse_no_scores_min_token_heads;
     /* Two formats: only small calls of long regions, as for one format (decode_tuning.h). */
     if (!same_format(a->lay_hi, a->lay_lo)) return small && a->max_tokens >= T::fuse_small_min_region_tokens;
     /* Large calls whose regions each fit one decode block (at most MKV_TC_WARPS items of the

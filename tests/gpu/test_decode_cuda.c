@@ -1012,6 +1012,32 @@ Test(decode_cuda, mean_tokens_plans)
                  plain);
 }
 
+/* AUTO's choice for one-format calls without scores (decode_tuning.h,
+ * fuse_no_scores_min_token_heads): the separate pass up to 2^16 token-heads, the fused kernel
+ * above. Host arithmetic only (no occupancy query needs a device: 0 blocks then). */
+Test(decode_cuda, no_scores_fuse_rule)
+{
+    int64_t page_bytes;
+    mkv_page_layout_t l;
+    char err[ERR_LEN];
+    cr_assert_eq(mkv_page_bytes_for(MKV_FORMAT_K16V16, 128, 0, 0, 16, &page_bytes), MKV_STATUS_OK);
+    cr_assert_eq(mkv_page_layout(MKV_FORMAT_K16V16, 128, 0, 0, page_bytes, &l, err), MKV_STATUS_OK, "%s", err);
+    static const struct {
+        int32_t n_seq, max_tokens, fused;
+    } cases[] = {{1, 1024, 0}, {4, 1024, 0}, {1, 4096, 0}, {2, 4096, 0}, {2, 4097, 1},
+                 {4, 4096, 1}, {1, 16384, 1}, {64, 4096, 1}, {16, 1024, 1}};
+    for (size_t i = 0; i < sizeof cases / sizeof cases[0]; i++) {
+        mkv_cuda_decode_t a = {.page_bytes = page_bytes, .lay_hi = l, .lay_lo = l, .n_seq = cases[i].n_seq,
+                               .n_heads = 8, .group_size = 4, .head_dim = 128, .max_tokens = cases[i].max_tokens,
+                               .no_scores = 1};
+        cr_assert_eq(mkv_cuda_decode_fuses_scores(&a), cases[i].fused, "K16V16 %d x %d without scores: fused %d",
+                     cases[i].n_seq, cases[i].max_tokens, mkv_cuda_decode_fuses_scores(&a));
+        a.scores = MKV_DECODE_SCORES_FUSED; /* asked for: always */
+        cr_assert(mkv_cuda_decode_fuses_scores(&a), "K16V16 %d x %d: FUSED not honoured", cases[i].n_seq,
+                  cases[i].max_tokens);
+    }
+}
+
 /* Argument checks only: no pointer is dereferenced, so this runs without a device too. */
 Test(decode_cuda, bad_arguments)
 {
