@@ -184,10 +184,17 @@ __device__ __forceinline__ void run_section_item(const tc_args &a, uint8_t *smem
 {
     using K = kernel_shape<D, HI, LO>;
     constexpr int RG = K::RG;
+    /* 4-bit keys through the fp16 mma (key_halves), but where that made ptxas spill (at d 128,
+     * scripts/decode_regs.sh): the fused two-format kernel, and either kernel of one key
+     * group a side but the separate pass's one-format one. */
+    constexpr bool HALVES_HI = K::ONE ? !FUSED || HI::KG > 1 : !FUSED && HI::KG > 1;
+    constexpr bool HALVES_LO = K::ONE ? !FUSED || LO::KG > 1 : !FUSED && LO::KG > 1;
     if (K::ONE || ip.sec == 0)
-        run_item<HI::KB, HI::VB, D, HI::KG, HI::VG, FUSED, RG, FUSED ? K::SH::WARP_BYTES : K::WARP_BYTES>(a, smem, ip);
+        run_item<HI::KB, HI::VB, D, HI::KG, HI::VG, FUSED, RG, FUSED ? K::SH::WARP_BYTES : K::WARP_BYTES, HALVES_HI>(
+            a, smem, ip);
     else
-        run_item<LO::KB, LO::VB, D, LO::KG, LO::VG, FUSED, RG, FUSED ? K::SLO::WARP_BYTES : K::WARP_BYTES>(a, smem, ip);
+        run_item<LO::KB, LO::VB, D, LO::KG, LO::VG, FUSED, RG, FUSED ? K::SLO::WARP_BYTES : K::WARP_BYTES, HALVES_LO>(
+            a, smem, ip);
 }
 
 /* FUSED (a.fused): the persistent kernel of a fused write-back; otherwise the separate pass's

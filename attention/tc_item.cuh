@@ -20,7 +20,7 @@ namespace mkv_tc {
 /* One warp's item: the logits of its tokens (to the workspace), and its unnormalised partial
  * output, running max and sum (to its part slot, or fused to the warp's staging area for
  * block_merge). */
-template <int KB, int VB, int D, int KG, int VG, bool FUSED, int RG, int WSTRIDE>
+template <int KB, int VB, int D, int KG, int VG, bool FUSED, int RG, int WSTRIDE, bool HALVES>
 __device__ __forceinline__ void run_item(const tc_args &a, uint8_t *smem, const item_pos &ip)
 {
     using SL = stage_layout<KB, VB, D, KG, VG>;
@@ -44,9 +44,9 @@ __device__ __forceinline__ void run_item(const tc_args &a, uint8_t *smem, const 
     const int G = a.G;
     const int32_t sec_n = ip.sec_n;
 
-    item_q<KB, D, KG> Q;
-    load_q<KB, D, KG>(a, rs, gr, tc, Q);
-    static_assert(item_q<KB, D, KG>::KQ == KQ, "one notion of quantized keys");
+    item_q<KB, D, KG, HALVES> Q;
+    load_q(a, rs, gr, tc, Q);
+    static_assert(item_q<KB, D, KG, HALVES>::KQ == KQ, "one notion of quantized keys");
 
     softmax_state<MTILES> sm;
     sm.init();

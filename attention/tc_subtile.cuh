@@ -4,10 +4,13 @@
  * time, with two mma products:
  *
  *   logits: S[token][head] = K[token][:] . Q[head][:]. Quantized keys: m16n8k32 u8 x s8 with
- *           the codes as they are (8-bit) or masked into bytes (4- and 2-bit), and q scaled to
- *           integers and cut into three signed 8-bit digits (three exact s32 chains). 16-bit
- *           keys: m16n8k16 with q split into fp16 hi + lo. Then logit = scale * (s * S + z *
- *           sum(q)) per token in fp32: fp32-grade logits, so that the scores meet 1e-5.
+ *           the codes as they are (8-bit) or masked into bytes (2-bit, and 4-bit where the
+ *           kernel would spill otherwise), and q scaled to integers and cut into three signed
+ *           8-bit digits (three exact s32 chains); 4-bit keys: the codes masked into exact fp16
+ *           subnormals (key_halves, five instructions a word of eight) through m16n8k16 with q
+ *           split into fp16 hi + lo, one fp32 chain per group. 16-bit keys: m16n8k16 with q
+ *           split into fp16 hi + lo. Then logit = scale * (s * S + z * sum(q)) per token in
+ *           fp32: fp32-grade logits, so that the scores meet 1e-5.
  *   output: O^T[elem][head] += V^T[elem][token] . P^T[token][head], m16n8k16. A = quantized
  *           value codes as exact fp16 subnormals (one AND per pair of tokens: a code keeps its
  *           bit position, the factor 2^(bits * position) and 2^-24 are undone per output row),
@@ -16,8 +19,8 @@
  *           raised so that these weights stay below 2^14.5. The zeros add z * sum(p) per head.
  *
  * Several quantization groups a side (template parameters KG, VG; groups_supported): keys take
- * one integer chain per group, each k-step inside one group; values carry their scale on the
- * codes instead of on the probabilities, and the zeros take a second mma (unpack_values_scaled).
+ * one chain per group, each k-step inside one group; values carry their scale on the codes
+ * instead of on the probabilities, and the zeros take a second mma (unpack_values_scaled).
  *
  * Element order inside a thread's run is permuted (the dot products do not care; q and the
  * output use the same maps). Tokens past the item's end are masked: zero codes, zero metadata
@@ -58,14 +61,18 @@ __device__ __forceinline__ uint32_t y_code(float y) { return __float_as_uint(fma
 
 /* q of a warp's item in the form its key format's mma takes, and the logits' per-head
  * factors (run_item): thread (gr, tc) holds head gr's run tc. */
-template <int KB, int D, int KG>
+template <int KB, int D, int KG, bool HALVES>
 struct item_q {
     static constexpr bool KQ = KB < 16;
-    static constexpr int KRUN = D / 4;                     /* key elements per thread and token */
-    static constexpr int QWORDS = KQ ? KRUN / 4 : KRUN / 2; /* per hi / lo or per digit */
-    uint32_t qw[KQ ? 3 : 2][QWORDS];
-    float fac[2];      /* head 2tc + i: scale * log2(e) * 2^-E */
-    float qsum[KG][2]; /* head 2tc + i: q (as the keys' mma sees it) summed over key group g */
+    /* 4-bit keys through the fp16 mma (key_halves) where HALVES: q as fp16 hi + lo, like
+     * 16-bit keys, instead of three 8-bit digits. */
+    static constexpr bool KH = HALVES && KB == 4 && D >= 64;
+    static constexpr int KRUN = D / 4;                             /* key elements per thread and token */
+    static constexpr int QWORDS = KQ && !KH ? KRUN / 4 : KRUN / 2; /* per hi / lo or per digit */
+    uint32_t qw[KQ && !KH ? 3 : 2][QWORDS];
+    float fac[2];      /* head 2tc + i: scale * log2(e) * 2^-E (2^24 more where KH) */
+    float qsum[KG][2]; /* head 2tc + i: q (as the keys' mma sees it) summed over key group g
+                          (2^-24 of it where KH) */
 };
 
 /* q of head gr: run tc (one key group), or (KG > 1) the thread's share of each 32-element
@@ -74,11 +81,11 @@ struct item_q {
  * (max |q| in [2^14, 2^15)) and split into fp16 hi + lo. Quantized keys: q scaled to
  * integers (max |q| in [2^21, 2^22)) and cut into three signed 8-bit digits,
  * q = d0 + 256 d1 + 65536 d2, in key_byte_elem order; qsum[g] = sum of q over group g. */
-template <int KB, int D, int KG>
-__device__ __forceinline__ void load_q(const tc_args &a, int64_t rs, int32_t gr, int32_t tc, item_q<KB, D, KG> &Q)
+template <int KB, int D, int KG, bool HALVES>
+__device__ __forceinline__ void load_q(const tc_args &a, int64_t rs, int32_t gr, int32_t tc, item_q<KB, D, KG, HALVES> &Q)
 {
-    constexpr bool KQ = KB < 16;
-    constexpr int KRUN = D / 4, QWORDS = item_q<KB, D, KG>::QWORDS;
+    constexpr bool KQ = KB < 16, KH = item_q<KB, D, KG, HALVES>::KH;
+    constexpr int KRUN = D / 4, QWORDS = item_q<KB, D, KG, HALVES>::QWORDS;
     constexpr int KSPG = D / 32 / KG; /* k-steps per key group (KG > 1) */
     const int G = a.G;
     float qv[KRUN];
@@ -101,14 +108,37 @@ __device__ __forceinline__ void load_q(const tc_args &a, int64_t rs, int32_t gr,
     mx = fmaxf(mx, __shfl_xor_sync(0xffffffffu, mx, 2));
     int ex = 0;
     if (mx > 0.0f) frexpf(mx, &ex);
-    const int E = mx > 0.0f ? (KQ ? 22 : 15) - ex : 0;
+    const int E = mx > 0.0f ? (KQ && !KH ? 22 : 15) - ex : 0;
     /* x 2^E as two exact multiplies by powers of two (|E| <= 252, each half within a
      * float's exponent range): ldexpf costs several instructions per element. */
     const float p2a = __int_as_float((127 + E / 2) << 23), p2b = __int_as_float((127 + E - E / 2) << 23);
-    float s = 0.0f;
-    int is[KG] = {};
-    if constexpr (KQ) {
-        int qi[KRUN];
+    float qs[KG]; /* q summed over each key group, as the logits take it */
+    if constexpr (KH) {
+        /* Word j of the thread's key codes holds its elements 8j to 8j + 7 (one per nibble);
+         * key_halves makes it the pairs (0, 4), 16 (1, 5), (2, 6), 16 (3, 7), so q's pair 4j + k
+         * is the same elements, the nibbles at bits 4 to 7 divided by their factor 16. */
+        float gs[KG] = {};
+#pragma unroll
+        for (int u = 0; u < KRUN; u++) {
+            qv[u] = qv[u] * p2a * p2b;
+            gs[KG == 1 ? 0 : u / 8 / KSPG] += qv[u];
+        }
+#pragma unroll
+        for (int pp = 0; pp < QWORDS; pp++) {
+            const int k = pp % 4, ea = 8 * (pp / 4) + k; /* nibbles k and k + 4 of word pp / 4 */
+            const float f = k % 2 ? 0.0625f : 1.0f;
+            const float x = qv[ea] * f, y = qv[ea + 4] * f;
+            Q.qw[0][pp] = pack_h2(x, y);
+            Q.qw[1][pp] = pack_h2(x - lo_f(Q.qw[0][pp]), y - hi_f(Q.qw[0][pp]));
+        }
+#pragma unroll
+        for (int g = 0; g < KG; g++) {
+            gs[g] += __shfl_xor_sync(0xffffffffu, gs[g], 1);
+            gs[g] += __shfl_xor_sync(0xffffffffu, gs[g], 2);
+            qs[g] = gs[g] * 5.9604644775390625e-8f; /* 2^-24: the codes' scale in key_halves */
+        }
+    } else if constexpr (KQ) {
+        int qi[KRUN], is[KG] = {};
 #pragma unroll
         for (int u = 0; u < KRUN; u++) {
             qi[u] = __float2int_rn(qv[u] * p2a * p2b);
@@ -134,9 +164,10 @@ __device__ __forceinline__ void load_q(const tc_args &a, int64_t rs, int32_t gr,
         for (int g = 0; g < KG; g++) {
             is[g] += __shfl_xor_sync(0xffffffffu, is[g], 1);
             is[g] += __shfl_xor_sync(0xffffffffu, is[g], 2);
+            qs[g] = (float)is[g];
         }
-        s = (float)is[0];
     } else {
+        float s = 0.0f;
 #pragma unroll
         for (int u = 0; u < KRUN; u++) {
             qv[u] = qv[u] * p2a * p2b;
@@ -144,6 +175,7 @@ __device__ __forceinline__ void load_q(const tc_args &a, int64_t rs, int32_t gr,
         }
         s += __shfl_xor_sync(0xffffffffu, s, 1);
         s += __shfl_xor_sync(0xffffffffu, s, 2);
+        qs[0] = s;
 #pragma unroll
         for (int pp = 0; pp < QWORDS; pp++) {
             const float x = qv[2 * pp], y = qv[2 * pp + 1];
@@ -152,13 +184,12 @@ __device__ __forceinline__ void load_q(const tc_args &a, int64_t rs, int32_t gr,
         }
     }
     /* Logits in log2 units: l2 = scale * log2(e) * 2^-E * (s * S + z * sum q). */
-    const float f = gr < G ? ldexpf(a.softmax_scale * 1.4426950408889634f, -E) : 0.0f;
+    const float f = gr < G ? ldexpf(a.softmax_scale * 1.4426950408889634f, (KH ? 24 : 0) - E) : 0.0f;
 #pragma unroll
     for (int i = 0; i < 2; i++) {
         Q.fac[i] = __shfl_sync(0xffffffffu, f, 4 * (2 * tc + i));
-        Q.qsum[0][i] = __shfl_sync(0xffffffffu, s, 4 * (2 * tc + i));
 #pragma unroll
-        for (int g = 1; g < KG; g++) Q.qsum[g][i] = __shfl_sync(0xffffffffu, (float)is[g], 4 * (2 * tc + i));
+        for (int g = 0; g < KG; g++) Q.qsum[g][i] = __shfl_sync(0xffffffffu, qs[g], 4 * (2 * tc + i));
     }
 }
 
@@ -332,8 +363,8 @@ __device__ __forceinline__ void write_partial(const tc_args &a, uint8_t *smem, c
         for (int t = 0; t < MTILES; t++) {
             float2 r = make_float2(sm.o[t][i], sm.o[t][2 + i]);
             if constexpr (VQ && VG > 1) {
-                r.x += sm.zsum[i];
-                r.y += sm.zsum[i];
+                r.x = fmaf(r.x, 1.0f / value_factor<VB>(2 * t), sm.zsum[i]);
+                r.y = fmaf(r.y, 1.0f / value_factor<VB>(2 * t + 1), sm.zsum[i]);
             } else if constexpr (VQ) {
                 r.x = fmaf(r.x, 16777216.0f / value_factor<VB>(2 * t), sm.zsum[i]);
                 r.y = fmaf(r.y, 16777216.0f / value_factor<VB>(2 * t + 1), sm.zsum[i]);
@@ -347,8 +378,8 @@ __device__ __forceinline__ void write_partial(const tc_args &a, uint8_t *smem, c
 /* The logits l[r][i] of a staged subtile's tokens gr + 8r (rows) for heads 2tc + i
  * (columns), -inf past its cnt tokens, stored to the workspace; its value metadata vm. lg: the lane's
  * logits of the subtile in the workspace (fp32 logits; stored where store). */
-template <class SL, int KB, int D, int KG, int VG>
-__device__ __forceinline__ void subtile_logits(const uint8_t *sub, int32_t cnt, const item_q<KB, D, KG> &Q, int32_t gr,
+template <class SL, int KB, int D, int KG, int VG, bool HALVES>
+__device__ __forceinline__ void subtile_logits(const uint8_t *sub, int32_t cnt, const item_q<KB, D, KG, HALVES> &Q, int32_t gr,
                                                int32_t tc, float (&l)[2][2], uint32_t (&vm)[2], float *lg, int G,
                                                bool store)
 {
@@ -381,7 +412,62 @@ __device__ __forceinline__ void subtile_logits(const uint8_t *sub, int32_t cnt, 
     const uint32_t(&kw0)[SL::KW] = kw[0];
     const uint32_t(&kw1)[SL::KW] = kw[1];
     float c[4];
-    if constexpr (KQ && KG > 1) {
+    constexpr bool KH = item_q<KB, D, KG, HALVES>::KH;
+    if constexpr (KH) {
+        /* 4-bit keys through the fp16 mma (key_halves), q as hi + lo: word j of the thread's
+         * codes (token gr, gr + 8) is k-steps 2j and 2j + 1; one fp32 chain per key group (two
+         * for one group), then c = sum over groups of s_g S_g + z_g sum(q over g), S_g 2^24 and
+         * the sums of q 2^-24 (load_q). */
+        constexpr int KWORDS = D / 32; /* words of codes per thread and token */
+        uint32_t w0[KWORDS], w1[KWORDS];
+        if constexpr (KG > 1) {
+            /* word tc of each 16-byte chunk (ldmatrix: matrices (chunk 2j, tokens 0-7),
+             * (2j, 8-15), (2j + 1, 0-7), (2j + 1, 8-15)) */
+            const uint32_t sub_s = (uint32_t)__cvta_generic_to_shared(sub);
+#pragma unroll
+            for (int j = 0; j < KWORDS / 2; j++) {
+                uint32_t kr[4];
+                ldsm_x4(sub_s + SL::key_at(2 * j + (lane >> 4), (lane & 7) + (lane & 8)), kr);
+                w0[2 * j] = kr[0], w1[2 * j] = kr[1], w0[2 * j + 1] = kr[2], w1[2 * j + 1] = kr[3];
+            }
+        } else {
+#pragma unroll
+            for (int j = 0; j < KWORDS; j++) w0[j] = kw0[j], w1[j] = kw1[j];
+        }
+        constexpr int NCH = KG > 1 ? KG : 2, WPC = KWORDS / NCH; /* chains, words per chain */
+        float cc[NCH][4];
+#pragma unroll
+        for (int ch = 0; ch < NCH; ch++) {
+            cc[ch][0] = cc[ch][1] = cc[ch][2] = cc[ch][3] = 0.0f;
+#pragma unroll
+            for (int jj = 0; jj < WPC; jj++) {
+                const int j = KG > 1 ? ch * WPC + jj : 2 * jj + ch;
+                uint32_t h0[4], h1[4];
+                key_halves(w0[j], h0);
+                key_halves(w1[j], h1);
+#pragma unroll
+                for (int hl = 0; hl < 2; hl++) {
+                    mma(cc[ch], h0[0], h1[0], h0[1], h1[1], Q.qw[hl][4 * j], Q.qw[hl][4 * j + 1]);
+                    mma(cc[ch], h0[2], h1[2], h0[3], h1[3], Q.qw[hl][4 * j + 2], Q.qw[hl][4 * j + 3]);
+                }
+            }
+        }
+        if constexpr (KG > 1) {
+            c[0] = c[1] = c[2] = c[3] = 0.0f;
+#pragma unroll
+            for (int g = 0; g < KG; g++)
+#pragma unroll
+                for (int r = 0; r < 2; r++) {
+                    const uint32_t mk = *reinterpret_cast<const uint32_t *>(sub + SL::META + g * 64 + (gr + 8 * r) * 4);
+#pragma unroll
+                    for (int i = 0; i < 2; i++)
+                        c[2 * r + i] = fmaf(lo_f(mk), cc[g][2 * r + i], fmaf(hi_f(mk), Q.qsum[g][i], c[2 * r + i]));
+                }
+        } else {
+#pragma unroll
+            for (int i = 0; i < 4; i++) c[i] = cc[0][i] + cc[1][i];
+        }
+    } else if constexpr (KQ && KG > 1) {
         /* Groups of 32 elements or more: k-step s takes elements [32 s, 32 s + 32), all in
          * group s / KSPG, from word tc of each chunk (ldmatrix: matrices (chunk 2j, tokens
          * 0-7), (2j, 8-15), (2j + 1, 0-7), (2j + 1, 8-15)); one exact integer chain per digit

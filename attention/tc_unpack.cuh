@@ -1,8 +1,9 @@
 /*
  * tc_unpack.cuh — how a token's staged key and value runs become mma operands in the
  * tensor-core decode kernel (tc_subtile.cuh): keys as bytes of exact codes for the 8-bit integer
- * mma, values as fp16 pairs of two tokens (exact subnormal codes, or codes times their scale
- * where values have several groups), and the fp16 pair helpers they use.
+ * mma or (4-bit) as fp16 pairs of exact subnormal codes, values as fp16 pairs of two tokens
+ * (exact subnormal codes, or codes times their scale where values have several groups), and
+ * the fp16 pair helpers they use.
  */
 #ifndef MKV_ATTENTION_TC_UNPACK_CUH
 #define MKV_ATTENTION_TC_UNPACK_CUH
@@ -64,6 +65,18 @@ __device__ __forceinline__ void unpack_key_bytes(const uint32_t (&w)[WORDS], uin
     }
 }
 
+/* A word of 4-bit key codes (nibble n: the word's element n) as four fp16 pairs of exact
+ * subnormals for the fp16 mma, c 2^-24 times f: (n0, n4), 16 (n1, n5), (n2, n6), 16 (n3, n7).
+ * Codes stay in the low 10 bits of each half (the subnormal mantissa); q divides by f. */
+__device__ __forceinline__ void key_halves(uint32_t w, uint32_t (&h)[4])
+{
+    const uint32_t t = w >> 8;
+    h[0] = w & 0x000F000Fu;
+    h[1] = w & 0x00F000F0u;
+    h[2] = t & 0x000F000Fu;
+    h[3] = t & 0x00F000F0u;
+}
+
 /* ---------------------------------------------------------------------------------------- */
 /* Values: two tokens' runs as fp16 pairs (token a, token b), one pair per run element       */
 /* ---------------------------------------------------------------------------------------- */
@@ -99,6 +112,14 @@ __device__ __forceinline__ void unpack_values(const uint32_t (&a)[WORDS], const 
     }
 }
 
+/* x & m as one instruction that the compiler does not fold into its operands' expressions. */
+__device__ __forceinline__ uint32_t and_b32(uint32_t x, uint32_t m)
+{
+    uint32_t r;
+    asm("and.b32 %0, %1, %2;" : "=r"(r) : "r"(x), "r"(m));
+    return r;
+}
+
 /* 2^-e as an fp16 pair (0 <= e <= 14: normal). */
 __device__ __forceinline__ uint32_t h2_pow2_neg(int e) { return (uint32_t)((15 - e) << 10) * 0x00010001u; }
 
@@ -106,28 +127,25 @@ __device__ __forceinline__ uint32_t h2_pow2_neg(int e) { return (uint32_t)((15 -
  * come from eight lanes' runs, which lie in different groups, and B is shared by the rows), so
  * it rides on the codes. A lane's run lies in one group (VG <= 8), so its pairs of tokens
  * (a, b) share one pair of scales s = (s_a, s_b) 2^-k; each code becomes a normal fp16
- * 1024 + f(u) code (an OR of the exponent, exact), and one fma with s / f(u) and -1024 s / f(u)
- * gives code * s 2^-k, rounded once (the product is exact inside the fma). s 2^-k <= 32 keeps
- * 1024 s 2^-k in range (k: the softmax step's shift). */
+ * 1024 + f(u) code (an OR of the exponent, exact: f(u) code < 256), and one fma with s and
+ * -1024 s gives f(u) code s 2^-k, rounded once (the product is exact inside the fma); the
+ * factor f(u) is undone per output row at the end, as for one group. s 2^-k <= 32 keeps
+ * 1024 s 2^-k and f(u) code s 2^-k (at most 7,680) in range (k: the softmax step's shift). */
 template <int VB, int WORDS, int RUN>
 __device__ __forceinline__ void unpack_values_scaled(const uint32_t (&a)[WORDS], const uint32_t (&b)[WORDS],
                                                      uint32_t s, uint32_t (&vp)[RUN])
 {
     static_assert(VB < 16, "quantized values");
     constexpr int EPB = 8 / VB; /* codes per byte */
-    uint32_t sk[EPB], nk[EPB];
-#pragma unroll
-    for (int k = 0; k < EPB; k++) {
-        sk[k] = k ? hmul2(s, h2_pow2_neg(VB * k)) : s;
-        nk[k] = hmul2(sk[k], 0xE400E400u); /* -1024 */
-    }
+    const uint32_t ns = hmul2(s, 0xE400E400u); /* -1024 s */
+    /* The exponent ORed into the byte pair once: (y | E) & (m | E) = (y & m) | E, one AND a code. */
+    constexpr uint32_t E = 0x64006400u;
 #pragma unroll
     for (int q = 0; q < RUN / EPB; q++) {
-        const uint32_t y = __byte_perm(a[q / 4], b[q / 4], (q % 4) | ((4 + q % 4) << 8));
+        const uint32_t y = __byte_perm(a[q / 4], b[q / 4], (q % 4) | ((4 + q % 4) << 8)) | E;
 #pragma unroll
         for (int k = 0; k < EPB; k++)
-            vp[q * EPB + k] = hfma2((y & (((1u << VB) - 1u) << (VB * k)) * 0x00010001u) | 0x64006400u,
-                                    sk[k], nk[k]);
+            vp[q * EPB + k] = hfma2(and_b32(y, ((((1u << VB) - 1u) << (VB * k)) * 0x00010001u) | E), s, ns);
     }
 }
 
