@@ -84,6 +84,10 @@ typedef struct spec {
     float vamp;                /* value amplitude (0: 1); large ones give scales above 64 */
     int zero_scores;           /* scores start at 0 (else uniform in [0, 3)), so that the check
                                   is on each probability alone */
+    int qwide;                 /* q's magnitudes log-uniform over 20 binades below 3 (some 0),
+                                  and keys far from zero with a small spread, so that the
+                                  zeros' term and the codes' nearly cancel (else q uniform in
+                                  [-3, 3], keys within about [-3, 3]) */
 } spec_t;
 
 typedef struct batch {
@@ -210,7 +214,8 @@ static void batch_build(batch_t *b, const spec_t *c)
         for (int32_t e = 0; e < pages_for(b->n_lo[row], tl); e++) tr[b->T - 1 - e] = perm[next++];
         for (int32_t t = 0; t < b->n_hi[row] + b->n_lo[row]; t++) {
             /* A per-token offset and spread, so that groups differ in range. */
-            const float ko = frand(&r, -1, 1), ka = frand(&r, 0.2, 2);
+            const float ko = c->qwide ? frand(&r, -6, 6) : frand(&r, -1, 1);
+            const float ka = c->qwide ? frand(&r, 0.05, 0.5) : frand(&r, 0.2, 2);
             const float vm = c->vamp > 0 ? c->vamp : 1.0f;
             const float vo = vm * frand(&r, -1, 1), va = vm * frand(&r, 0.2, 2);
             for (int32_t e = 0; e < d; e++) k[e] = ko + ka * frand(&r, -1, 1);
@@ -223,7 +228,15 @@ static void batch_build(batch_t *b, const spec_t *c)
                          0);
         }
     }
-    for (size_t i = 0; i < nq; i++) b->q[i] = frand(&r, -3, 3);
+    for (size_t i = 0; i < nq; i++) {
+        if (!c->qwide) {
+            b->q[i] = frand(&r, -3, 3);
+        } else {
+            const uint64_t x = test_rand_next(&r);
+            const float m = (x & 15) == 0 ? 0.0f : 3.0f * exp2f(-20.0f * frand(&r, 0, 1));
+            b->q[i] = x & 16 ? -m : m;
+        }
+    }
     free(k), free(v), free(rperm), free(perm);
 
     /* The reference, on a copy of the pool. */
@@ -863,6 +876,47 @@ Test(decode_cuda, two_format_kernel, .timeout = 300)
             }
     for (int i = 0; i < 6; i++) stats_expect(&ck[i], "two_format_kernel");
     for (int i = 0; i < 2; i++) stats_expect(&ckc[i], "two_format_kernel");
+}
+
+/* q of a wide dynamic range (20 binades) against keys far from zero (zeros' and codes' terms
+ * nearly cancel): the formats whose keys take the fp16 mma as subnormals (4-bit: one format,
+ * default groups and one group, and the two-format kernel, whose fused pass keeps the integer
+ * path) beside 16-bit keys, fused and separate, each probability against the reference. */
+Test(decode_cuda, wide_range_q, .timeout = 300)
+{
+    GPU_REQUIRE();
+    static const mkv_format_t pairs[][2] = {{MKV_FORMAT_K4V2, MKV_FORMAT_K4V2}, {MKV_FORMAT_K8V4, MKV_FORMAT_K4V2},
+                                            {MKV_FORMAT_K4V4, MKV_FORMAT_K4V4}, {MKV_FORMAT_K4V8, MKV_FORMAT_K4V8},
+                                            {MKV_FORMAT_K16V16, MKV_FORMAT_K16V16}};
+    static const int32_t lens[] = {1, 65, 700, 1500, 4097};
+    stats_t ck[4] = {{.what = "out (fused)"}, {.what = "score (fused)"},
+                     {.what = "out (separate)"}, {.what = "score (separate)"}};
+    uint64_t r = 0x91de;
+    int n_case = 0;
+    for (int pi = 0; pi < 5; pi++)
+        for (int di = 0; di < 2; di++)
+            for (int dg = 0; dg < 2; dg++, n_case++) {
+                const int32_t H = 2, n_seq = 3, eg = dg ? 0 : 256;
+                int32_t len[3 * 2 * 2];
+                for (int i = 0; i < n_seq * H; i++) {
+                    const int32_t n = lens[(i + n_case) % 5], hi = test_rand_range(&r, 0, n);
+                    len[2 * i] = hi, len[2 * i + 1] = n - hi;
+                }
+                spec_t c = {.hi = pairs[pi][0], .lo = pairs[pi][1], .d = di ? 128 : 64,
+                            .G = n_case % 2 ? 8 : 4, .groups = {eg, eg, eg, eg}, .tpp = 16 + 5 * (n_case % 3),
+                            .n_seq = n_seq, .H = H, .len = len, .seed = test_rand_next(&r),
+                            .zero_scores = 1, .qwide = 1};
+                batch_t b;
+                batch_build(&b, &c);
+                const int32_t splits[] = {0, 64};
+                b.scores = MKV_DECODE_SCORES_FUSED;
+                b.logits = MKV_DECODE_LOGITS_FP32;
+                batch_check_splits(&b, MKV_DECODE_KERNEL_TENSOR, splits, 2, &ck[0], &ck[1], NULL, NULL);
+                b.scores = MKV_DECODE_SCORES_SEPARATE;
+                batch_check_splits(&b, MKV_DECODE_KERNEL_TENSOR, splits, 2, &ck[2], &ck[3], NULL, NULL);
+                batch_free(&b);
+            }
+    for (int i = 0; i < 4; i++) stats_expect(&ck[i], "wide_range_q");
 }
 
 /* Calls planned from a mean_tokens hint (items sized for shorter regions than max_tokens, which
