@@ -10,7 +10,9 @@
  *   tc_ptx.cuh      the PTX wrappers (mma, ldmatrix, cp.async, cache policies, ordering)
  *   tc_unpack.cuh   key and value runs into mma operands
  *   tc_staging.cuh  the shared-memory layout of staged subtiles, the walk over an item
- *   tc_subtile.cuh  an item's steps: q, a subtile's logits, the softmax step, values, result
+ *   tc_query.cuh    q of an item in its key format's operand form
+ *   tc_softmax.cuh  the online softmax's state and step, compact logits, the item's result
+ *   tc_subtile.cuh  a subtile's logits and values (the two mma products)
  *   tc_item.cuh     run_item: one warp's item, its copy pipeline and the loop over the steps
  *   tc_merge.cuh    merge and score helpers shared with the finalize kernel
  *   tc_finish.cuh   the fused kernel's merge and score write-back jobs

@@ -2,9 +2,10 @@
  * tc_item.cuh — one warp's item in the tensor-core decode kernel (run_item): the walk over its
  * tokens 16 at a time (a subtile), staged in shared memory by cp.async two or three stages
  * ahead (the whole warp copies the subtile's page segments in 16-byte units; every sector is
- * read once), and the loop of named steps over them (tc_subtile.cuh): load_q once, then per
- * subtile subtile_logits, per softmax step softmax_step (and store_compact_step in fused calls
- * with compact logits), per subtile subtile_values, and write_partial at the end. Part of the
+ * read once), and the loop of named steps over them: load_q once (tc_query.cuh), then per
+ * subtile subtile_logits (tc_subtile.cuh), per softmax step softmax_step (and
+ * store_compact_step in fused calls with compact logits; tc_softmax.cuh), per subtile
+ * subtile_values, and write_partial (tc_softmax.cuh) at the end. Part of the
  * kernel template (tc_decode.cuh); the staging layout is tc_staging.cuh's.
  */
 #ifndef MKV_ATTENTION_TC_ITEM_CUH
