@@ -1,7 +1,7 @@
 /*
  * decode_tc.h — internal interface of the tensor-core decode kernels (CUDA only; the public
  * entry point is mkv_cuda_decode in decode_cuda.h, which chooses between these and the generic
- * kernels of decode_cuda.cu). Design and numerics: docs/decode-kernel.md, "The tensor-core
+ * kernels of decode_generic.cu). Design and numerics: docs/decode-kernel.md, "The tensor-core
  * kernels".
  *
  * One kernel per (key bits, value bits, head_dim), each in its own generated translation unit

@@ -1,7 +1,7 @@
 /*
  * decode_tuning.h — every threshold that mkv_cuda_decode's AUTO choices (and the tensor-core
  * kernel's compile-time stage shape) were tuned with, in one table, each with where it came
- * from. CUDA/C++ only (decode_cuda.cu, decode_tc_common.cu, tc_staging.cuh).
+ * from. CUDA/C++ only (decode_plan.cu, decode_generic.cu, decode_tc_common.cu, tc_staging.cuh).
  *
  * These values were set by timing bench_attention (32 query / 8 KV heads, d 128, default pages;
  * figures and commands in docs/results.md) on one H100 80GB HBM3 and one H200. They are right
@@ -120,7 +120,7 @@ struct mkv_decode_tuning {
     static constexpr int stage2_max_subtile_bytes = 3328;
     static constexpr int stage3_max_bytes = 6144;
 
-    /* ---- Splits of the generic fp32 kernels (decode_cuda.cu, auto_split) ----
+    /* ---- Splits of the generic fp32 kernels (decode_generic.cu, auto_split) ----
      * Sequences up to split_small tokens are not split; longer ones take split_small tokens per
      * block, or split_large once the call has split_large_min_blocks blocks (two waves of 132
      * SMs). Set when these were the only kernels; not re-tuned since. */
