@@ -33,10 +33,11 @@ struct item_q {
 
 /* q of head gr: run tc (one key group), or (KG > 1) the thread's share of each 32-element
  * k-step (elements 32 s + 4 tc and 32 s + 16 + 4 tc, four each, for 8-bit keys; 32 s + 8 tc,
- * eight, for 4-bit ones), so that a k-step lies in one group. 16-bit keys: q scaled by 2^E
- * (max |q| in [2^14, 2^15)) and split into fp16 hi + lo. Quantized keys: q scaled to
- * integers (max |q| in [2^21, 2^22)) and cut into three signed 8-bit digits,
- * q = d0 + 256 d1 + 65536 d2, in key_byte_elem order; qsum[g] = sum of q over group g. */
+ * eight, for 4-bit ones), so that a k-step lies in one group. 16-bit keys, and 4-bit keys
+ * through the fp16 mma (KH): q scaled by 2^E (max |q| in [2^14, 2^15)) and split into fp16
+ * hi + lo. Other quantized keys: q scaled to integers (max |q| in [2^21, 2^22)) and cut into
+ * three signed 8-bit digits, q = d0 + 256 d1 + 65536 d2, in key_byte_elem order; qsum[g] =
+ * sum of q over group g. */
 template <int KB, int D, int KG, bool HALVES>
 __device__ __forceinline__ void load_q(const tc_args &a, int64_t rs, int32_t gr, int32_t tc, item_q<KB, D, KG, HALVES> &Q)
 {
