@@ -80,10 +80,11 @@ struct score_rows {
             if (k >= n) break;
             const int sec = k >= hi;
             const int32_t kk = k - (sec ? hi : 0);
-            const float4 *row = reinterpret_cast<const float4 *>(s[sec].lg + (int64_t)kk * (4 * NV));
+            const mkv_tc::section_tokens t = mkv_tc::pick_section(s, sec);
+            const float4 *row = reinterpret_cast<const float4 *>(t.lg + (int64_t)kk * (4 * NV));
 #pragma unroll
             for (int j = 0; j < NV; j++) v[u][j] = __ldcs(row + j);
-            page[u] = __ldg(s[sec].row + kk / s[sec].tpp * s[sec].step);
+            page[u] = __ldg(t.row + kk / t.tpp * t.step);
         }
     }
 
@@ -102,7 +103,8 @@ struct score_rows {
             for (int j = 0; j < NV; j++)
                 x = fmaxf(x, fmaxf(fmaxf(v[u][j].x - lse[4 * j], v[u][j].y - lse[4 * j + 1]),
                                    fmaxf(v[u][j].z - lse[4 * j + 2], v[u][j].w - lse[4 * j + 3])));
-            mkv_tc::red_add(mkv_tc::score_slot(s[sec], page[u], kk % s[sec].tpp), mkv_tc::ex2(x));
+            const mkv_tc::section_tokens t = mkv_tc::pick_section(s, sec);
+            mkv_tc::red_add(mkv_tc::score_slot(t, page[u], kk % t.tpp), mkv_tc::ex2(x));
         }
     }
 };

@@ -132,6 +132,23 @@ struct section_tokens {
     int32_t step, n, tpp, G;
 };
 
+/* Section sec of two, its fields selected rather than indexed: a runtime index into a local
+ * array of structs puts the array on the stack (the finalize kernel's score blocks had 128
+ * bytes of stack, every thread storing both sections and loading a token's fields back). */
+__device__ __forceinline__ section_tokens pick_section(const section_tokens (&s)[2], bool sec)
+{
+    section_tokens r;
+    r.lg = sec ? s[1].lg : s[0].lg;
+    r.lin0 = sec ? s[1].lin0 : s[0].lin0;
+    r.row = sec ? s[1].row : s[0].row;
+    r.pool = s[0].pool, r.page_bytes = s[0].page_bytes, r.G = s[0].G;
+    r.off_score = sec ? s[1].off_score : s[0].off_score;
+    r.step = sec ? s[1].step : s[0].step;
+    r.n = sec ? s[1].n : s[0].n;
+    r.tpp = sec ? s[1].tpp : s[0].tpp;
+    return r;
+}
+
 /* The score slot at slot of page id page of a section. */
 __device__ __forceinline__ float *score_slot(const section_tokens &s, int32_t page, int32_t slot)
 {
