@@ -70,7 +70,7 @@ int32_t mkv_tc_item_tokens(int32_t n_seq, int32_t H, int32_t max_tokens, int32_t
 template <int NV, int U>
 struct score_rows {
     float4 v[U][NV];
-    int32_t page[U];
+    int32_t page[U], slot[U];
 
     __device__ __forceinline__ void load(const mkv_tc::section_tokens (&s)[2], int32_t hi, int32_t n, int32_t first)
     {
@@ -84,7 +84,9 @@ struct score_rows {
             const float4 *row = reinterpret_cast<const float4 *>(t.lg + (int64_t)kk * (4 * NV));
 #pragma unroll
             for (int j = 0; j < NV; j++) v[u][j] = __ldcs(row + j);
-            page[u] = __ldg(t.row + kk / t.tpp * t.step);
+            const mkv_tc::page_slot ps = mkv_tc::page_of(t, kk);
+            page[u] = __ldg(t.row + ps.i * t.step);
+            slot[u] = ps.slot;
         }
     }
 
@@ -97,17 +99,73 @@ struct score_rows {
             const int32_t k = first + (int32_t)threadIdx.x + u * FIN_THREADS;
             if (k >= n) break;
             const int sec = k >= hi;
-            const int32_t kk = k - (sec ? hi : 0);
             float x = -INFINITY;
 #pragma unroll
             for (int j = 0; j < NV; j++)
                 x = fmaxf(x, fmaxf(fmaxf(v[u][j].x - lse[4 * j], v[u][j].y - lse[4 * j + 1]),
                                    fmaxf(v[u][j].z - lse[4 * j + 2], v[u][j].w - lse[4 * j + 3])));
             const mkv_tc::section_tokens t = mkv_tc::pick_section(s, sec);
-            mkv_tc::red_add(mkv_tc::score_slot(t, page[u], kk % t.tpp), mkv_tc::ex2(x));
+            mkv_tc::red_add(mkv_tc::score_slot(t, page[u], slot[u]), mkv_tc::ex2(x));
         }
     }
 };
+
+/* Item weights staged per round of merge_out: a round's items' 2^(m - M) per head. */
+#define MKV_TC_MERGE_ROUND 64
+
+/* out of head-region rs = its n_items parts' partial outputs (from part), each weighted by
+ * 2^(m - M), over S; block-wide (all NTH threads call it: it holds barriers). The G x d outputs as float4s: thread t takes float4 t % n4 of the items
+ * congruent to t / n4 modulo NTH / n4 (several loads in flight per thread, where one thread
+ * per output element had walked every item with scalar loads), the item lanes then summed
+ * through shared memory. The weights are computed once per item and head into W, a round of
+ * MKV_TC_MERGE_ROUND items at a time. */
+template <int NTH>
+static __device__ __forceinline__ void merge_out(const tc_args &a, int64_t part, int32_t n_items, int64_t rs,
+                                          int32_t d, const float *M, const float *S,
+                                          float (&W)[MKV_TC_MERGE_ROUND][MKV_TC_MAX_G], float4 (&R)[NTH])
+{
+    static_assert(MKV_TC_MAX_G * 128 / 4 <= NTH, "a thread per float4 of the G x d outputs (d <= 128)");
+    const int32_t G = a.G, n4 = G * d / 4, tid = threadIdx.x;
+    const int32_t lanes = NTH / n4 > 0 ? NTH / n4 : 1; /* item lanes */
+    const int32_t p = tid / n4, e4 = tid - p * n4, g = 4 * e4 / d;
+    const bool mine = p < lanes;
+    const float4 *po = reinterpret_cast<const float4 *>(a.part_o + part * G * d) + e4;
+    float4 o = make_float4(0.0f, 0.0f, 0.0f, 0.0f);
+    for (int32_t s0 = 0; s0 < n_items; s0 += MKV_TC_MERGE_ROUND) {
+        const int32_t nr = min(MKV_TC_MERGE_ROUND, n_items - s0);
+        __syncthreads(); /* the previous round's W is read */
+        for (int32_t i = tid; i < nr * G; i += NTH) {
+            const int32_t s = i / G, h = i - s * G;
+            W[s][h] = exp2f(__ldcg(a.part_ml + ((part + s0 + s) * G + h) * 2) - M[h]);
+        }
+        __syncthreads();
+        if (!mine) continue;
+#pragma unroll 4
+        for (int32_t s = p; s < nr; s += lanes) {
+            const float4 x = __ldcg(po + (int64_t)(s0 + s) * n4);
+            const float w = W[s][g];
+            o.x = fmaf(x.x, w, o.x), o.y = fmaf(x.y, w, o.y), o.z = fmaf(x.z, w, o.z), o.w = fmaf(x.w, w, o.w);
+        }
+    }
+    if (lanes > 1) {
+        R[tid] = o;
+        __syncthreads();
+        if (p != 0) return;
+        for (int32_t q = 1; q < lanes; q++) {
+            const float4 x = R[q * n4 + e4];
+            o.x += x.x, o.y += x.y, o.z += x.z, o.w += x.w;
+        }
+    } else if (!mine) {
+        return;
+    }
+    const float r[4] = {o.x / S[g], o.y / S[g], o.z / S[g], o.w / S[g]};
+    const int64_t at = rs * G * d + 4 * e4;
+#pragma unroll
+    for (int k = 0; k < 4; k++) {
+        if (a.out16) a.out16[at + k] = a.out_bf16 ? mkv_f32_to_bf16(r[k]) : mkv_f32_to_f16(r[k]);
+        else a.out[at + k] = r[k];
+    }
+}
 
 /* Block index bx (grid x, or z with tc_args::x_last) 0: out = merged items; bx >= 1: scores
  * of tokens [(bx - 1) B, bx B), B =
@@ -151,7 +209,9 @@ static __global__ void __launch_bounds__(FIN_THREADS) finalize_kernel(const tc_a
     __syncthreads();
 
     if (bx == 0) {
-        mkv_tc::merge_out(a, part, items_hi + items_lo, rs, d, M_s, S_s, tid, FIN_THREADS);
+        __shared__ float W_s[MKV_TC_MERGE_ROUND][MKV_TC_MAX_G];
+        __shared__ float4 R_s[FIN_THREADS];
+        merge_out<FIN_THREADS>(a, part, items_hi + items_lo, rs, d, M_s, S_s, W_s, R_s);
         return;
     }
 

@@ -130,7 +130,23 @@ struct section_tokens {
     const uint8_t *pool;
     int64_t page_bytes, off_score;
     int32_t step, n, tpp, G;
+    float inv_tpp; /* 1 / tpp, rounded */
 };
+
+/* Where a section's token k (k >= 0) sits: its page's index i in the section and its slot. */
+struct page_slot {
+    int32_t i, slot;
+};
+
+/* k < 2^22 (every section but of pages of millions of tokens): floor((k + 1/2) / tpp) in fp32,
+ * exact there (its distance to an integer, at least 1 / (2 tpp), exceeds the rounding), four
+ * instructions where k / tpp and k % tpp as signed integers took two divisions with their
+ * sign fix-ups, about 40. */
+__device__ __forceinline__ page_slot page_of(const section_tokens &s, int32_t k)
+{
+    const int32_t q = k < (1 << 22) ? __float2int_rz(((float)k + 0.5f) * s.inv_tpp) : k / s.tpp;
+    return page_slot{q, k - q * s.tpp};
+}
 
 /* Section sec of two, its fields selected rather than indexed: a runtime index into a local
  * array of structs puts the array on the stack (the finalize kernel's score blocks had 128
@@ -146,6 +162,7 @@ __device__ __forceinline__ section_tokens pick_section(const section_tokens (&s)
     r.step = sec ? s[1].step : s[0].step;
     r.n = sec ? s[1].n : s[0].n;
     r.tpp = sec ? s[1].tpp : s[0].tpp;
+    r.inv_tpp = sec ? s[1].inv_tpp : s[0].inv_tpp;
     return r;
 }
 
@@ -180,6 +197,7 @@ __device__ __forceinline__ section_tokens section_of_region(const tc_args &a, in
     s.step = sec ? -1 : 1;
     s.n = sec ? n - hi : hi;
     s.tpp = a.sec[sec].tpp;
+    s.inv_tpp = 1.0f / (float)s.tpp;
     s.off_score = a.sec[sec].off_score;
     s.pool = a.pool, s.page_bytes = a.page_bytes, s.G = a.G;
     return s;
@@ -193,40 +211,21 @@ __device__ __forceinline__ void score_tokens(const section_tokens &s, int32_t fi
                                              const float *lse)
 {
     float pmax[U];
-    int32_t page[U];
+    int32_t page[U], slot[U];
 #pragma unroll
     for (int u = 0; u < U; u++) {
         const int32_t k = first + u * stride;
         if (k < 0 || k >= s.n) continue;
         pmax[u] = token_prob(s.lg + (int64_t)k * s.G, s.G, lse);
-        page[u] = __ldg(s.row + k / s.tpp * s.step);
+        const page_slot ps = page_of(s, k);
+        page[u] = __ldg(s.row + ps.i * s.step);
+        slot[u] = ps.slot;
     }
 #pragma unroll
     for (int u = 0; u < U; u++) {
         const int32_t k = first + u * stride;
         if (k < 0 || k >= s.n) continue;
-        red_add(score_slot(s, page[u], k % s.tpp), pmax[u]);
-    }
-}
-
-/* out of head-region rs = its n_items parts' partial outputs (from part), each weighted by
- * 2^(m - M), over S; elements i0, i0 + stride, ... of the G x d. */
-__device__ __forceinline__ void merge_out(const tc_args &a, int64_t part, int32_t n_items,
-                                          int64_t rs, int32_t d, const float *M, const float *S,
-                                          int32_t i0, int32_t stride)
-{
-    const int32_t G = a.G;
-    for (int32_t i = i0; i < G * d; i += stride) {
-        const int32_t g = i / d, e = i - g * d;
-        float o = 0.0f;
-#pragma unroll 4
-        for (int32_t s = 0; s < n_items; s++) {
-            const float w = exp2f(__ldcg(a.part_ml + ((part + s) * G + g) * 2) - M[g]);
-            o = fmaf(__ldcg(a.part_o + ((part + s) * G + g) * d + e), w, o);
-        }
-        const float r = o / S[g];
-        if (a.out16) a.out16[(rs * G + g) * d + e] = a.out_bf16 ? mkv_f32_to_bf16(r) : mkv_f32_to_f16(r);
-        else a.out[(rs * G + g) * d + e] = r;
+        red_add(score_slot(s, page[u], slot[u]), pmax[u]);
     }
 }
 
