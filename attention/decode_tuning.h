@@ -115,9 +115,15 @@ struct mkv_decode_tuning {
      * Subtiles per stage: four up to stage4_max_subtile_bytes per subtile, two up to
      * stage2_max_subtile_bytes, else one (fewer waits and warp barriers per token for small
      * subtiles; tuned on an H200 at 256 x 32k, K8V4 and K4V2). Two stages instead of three
-     * where a stage exceeds stage3_max_bytes, so that 12 warps' staging fits an SM. */
+     * where a stage exceeds stage3_max_bytes, so that 12 warps' staging fits an SM.
+     * stage2_max_subtile_bytes was 3,328, just under K8V4's subtile with the default groups at
+     * d 128 (3,648: 1 key and 8 value groups), which then ran one-subtile stages and softmax
+     * steps; at 3,712 it runs two (registers 150 to 156, the two-format kernel 167 to 165, no
+     * spills; H100, 20 calls, one call, us: K8V4 64 x 16k 803.9 to 766.0, 256 x 32k 5,972 to
+     * 5,755, 64 x 4k 235.4 to 229.8, 1 x 16k 38.0 to 35.3; the mix 81 x 6,000 spread 198.5 to
+     * 195.6, 64 x 16k 521.0 to 515.5, 256 x 32k 3,792 to 3,738, 256 x 4k 567.3 to 559.1). */
     static constexpr int stage4_max_subtile_bytes = 1792;
-    static constexpr int stage2_max_subtile_bytes = 3328;
+    static constexpr int stage2_max_subtile_bytes = 3712;
     static constexpr int stage3_max_bytes = 6144;
 
     /* ---- Splits of the generic fp32 kernels (decode_generic.cu, auto_split) ----
