@@ -72,15 +72,20 @@ struct score_rows {
     float4 v[U][NV];
     int32_t page[U], slot[U];
 
-    __device__ __forceinline__ void load(const mkv_tc::section_tokens (&s)[2], int32_t hi, int32_t n, int32_t first)
+    /* ONE: every token of the block lies in section s[0], whose token 0 is the region's token
+     * base (0 or hi): no per-token choice of section (most blocks; a block straddles the
+     * sections only where the high one ends). Else base is hi, the high section s[0] and the
+     * low one s[1]. */
+    template <bool ONE>
+    __device__ __forceinline__ void load(const mkv_tc::section_tokens (&s)[2], int32_t base, int32_t n, int32_t first)
     {
 #pragma unroll
         for (int u = 0; u < U; u++) {
             const int32_t k = first + (int32_t)threadIdx.x + u * FIN_THREADS;
             if (k >= n) break;
-            const int sec = k >= hi;
-            const int32_t kk = k - (sec ? hi : 0);
-            const mkv_tc::section_tokens t = mkv_tc::pick_section(s, sec);
+            const bool sec = !ONE && k >= base;
+            const int32_t kk = k - (ONE || sec ? base : 0);
+            const mkv_tc::section_tokens t = ONE ? s[0] : mkv_tc::pick_section(s, sec);
             const float4 *row = reinterpret_cast<const float4 *>(t.lg + (int64_t)kk * (4 * NV));
 #pragma unroll
             for (int j = 0; j < NV; j++) v[u][j] = __ldcs(row + j);
@@ -91,20 +96,20 @@ struct score_rows {
     }
 
     /* Each token's probability, the maximum over the group of 2^(l - lse_g), to its slot. */
-    __device__ __forceinline__ void add(const mkv_tc::section_tokens (&s)[2], int32_t hi, int32_t n, int32_t first,
+    template <bool ONE>
+    __device__ __forceinline__ void add(const mkv_tc::section_tokens (&s)[2], int32_t base, int32_t n, int32_t first,
                                         const float *lse) const
     {
 #pragma unroll
         for (int u = 0; u < U; u++) {
             const int32_t k = first + (int32_t)threadIdx.x + u * FIN_THREADS;
             if (k >= n) break;
-            const int sec = k >= hi;
             float x = -INFINITY;
 #pragma unroll
             for (int j = 0; j < NV; j++)
                 x = fmaxf(x, fmaxf(fmaxf(v[u][j].x - lse[4 * j], v[u][j].y - lse[4 * j + 1]),
                                    fmaxf(v[u][j].z - lse[4 * j + 2], v[u][j].w - lse[4 * j + 3])));
-            const mkv_tc::section_tokens t = mkv_tc::pick_section(s, sec);
+            const mkv_tc::section_tokens t = ONE ? s[0] : mkv_tc::pick_section(s, !ONE && k >= base);
             mkv_tc::red_add(mkv_tc::score_slot(t, page[u], slot[u]), mkv_tc::ex2(x));
         }
     }
@@ -191,10 +196,17 @@ static __global__ void __launch_bounds__(FIN_THREADS) finalize_kernel(const tc_a
     const int64_t part = rs * 2 * a.sec_items; /* item slots of this head-region */
     mkv_tc::section_tokens secs[2];
     score_rows<NV == 0 ? 1 : NV, U> rows;
+    /* A block in one section (one), and its section's first token in the region (base). */
+    const bool one = first >= hi || min(first + FIN_THREADS * U, n) <= hi;
+    const int32_t base = one && first < hi ? 0 : hi;
     if (NV > 0 && bx > 0) {
-        secs[0] = mkv_tc::section_of_region(a, rs, region, 0, hi, n, items_hi);
-        secs[1] = mkv_tc::section_of_region(a, rs, region, 1, hi, n, items_hi);
-        rows.load(secs, hi, n, first);
+        secs[0] = mkv_tc::section_of_region(a, rs, region, one ? first >= hi : 0, hi, n, items_hi);
+        if (one) {
+            rows.template load<true>(secs, base, n, first);
+        } else {
+            secs[1] = mkv_tc::section_of_region(a, rs, region, 1, hi, n, items_hi);
+            rows.template load<false>(secs, base, n, first);
+        }
     }
 
     /* Warp g finds head g's M and S, its lanes taking every 32nd item slot (the low items'
@@ -217,7 +229,8 @@ static __global__ void __launch_bounds__(FIN_THREADS) finalize_kernel(const tc_a
 
     if constexpr (NV > 0) {
         static_assert(4 * NV <= MKV_TC_MAX_G, "rows of at most MKV_TC_MAX_G logits");
-        rows.add(secs, hi, n, first, LSE_s);
+        if (one) rows.template add<true>(secs, base, n, first, LSE_s);
+        else rows.template add<false>(secs, base, n, first, LSE_s);
     } else {
         /* The tokens of the block in each section (first is past hi in the low one: none). */
         for (int32_t sec = 0; sec < 2; sec++) {

@@ -141,10 +141,13 @@ struct page_slot {
 /* k < 2^22 (every section but of pages of millions of tokens): floor((k + 1/2) / tpp) in fp32,
  * exact there (its distance to an integer, at least 1 / (2 tpp), exceeds the rounding), four
  * instructions where k / tpp and k % tpp as signed integers took two divisions with their
- * sign fix-ups, about 40. */
+ * sign fix-ups, about 40. The division beyond, out of line: inlined, its code kept the finalize's
+ * generic score loop (any G) from being unrolled, which put its page ids on the stack. */
+static __device__ __noinline__ int32_t page_of_long(int32_t k, int32_t tpp) { return k / tpp; }
+
 __device__ __forceinline__ page_slot page_of(const section_tokens &s, int32_t k)
 {
-    const int32_t q = k < (1 << 22) ? __float2int_rz(((float)k + 0.5f) * s.inv_tpp) : k / s.tpp;
+    const int32_t q = k < (1 << 22) ? __float2int_rz(((float)k + 0.5f) * s.inv_tpp) : page_of_long(k, s.tpp);
     return page_slot{q, k - q * s.tpp};
 }
 
@@ -211,21 +214,19 @@ __device__ __forceinline__ void score_tokens(const section_tokens &s, int32_t fi
                                              const float *lse)
 {
     float pmax[U];
-    int32_t page[U], slot[U];
+    int32_t page[U];
 #pragma unroll
     for (int u = 0; u < U; u++) {
         const int32_t k = first + u * stride;
         if (k < 0 || k >= s.n) continue;
         pmax[u] = token_prob(s.lg + (int64_t)k * s.G, s.G, lse);
-        const page_slot ps = page_of(s, k);
-        page[u] = __ldg(s.row + ps.i * s.step);
-        slot[u] = ps.slot;
+        page[u] = __ldg(s.row + page_of(s, k).i * s.step);
     }
 #pragma unroll
     for (int u = 0; u < U; u++) {
         const int32_t k = first + u * stride;
         if (k < 0 || k >= s.n) continue;
-        red_add(score_slot(s, page[u], slot[u]), pmax[u]);
+        red_add(score_slot(s, page[u], page_of(s, k).slot), pmax[u]);
     }
 }
 
