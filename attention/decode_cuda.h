@@ -33,7 +33,7 @@ typedef struct mkv_cuda_decode {
     float *out;               /* device [n_seq][H * G][d] */
     float softmax_scale;
     int32_t split_tokens;     /* tokens per thread block (per warp item on the tensor-core
-                                 path, rounded up to a multiple of 64); 0: chosen */
+                                 path, rounded up to a multiple of 32); 0: chosen */
     void *workspace;          /* device, mkv_cuda_decode_workspace_size bytes */
     int32_t kernel;           /* mkv_cuda_decode_kernel_t */
     int32_t scores;           /* mkv_cuda_decode_scores_t (tensor-core path) */

@@ -83,7 +83,7 @@ tc_plan plan_tc(int32_t n_seq, int32_t H, int32_t G, int32_t d, int32_t max_toke
          * l2_cap_max_items items. */
         const int64_t l2 = device_attr(cudaDevAttrL2CacheSize, T::fallback_l2_bytes);
         const int64_t warps = (int64_t)sms * cap_blocks * MKV_TC_WARPS;
-        while (cap_blocks > 0 && w.item_tokens > MKV_TC_MIN_ITEM &&
+        while (cap_blocks > 0 && w.item_tokens > T::l2_cap_min_item &&
                warps * w.item_tokens * G * 4 > l2 * T::l2_logits_num / T::l2_logits_den &&
                ((int64_t)max_tokens + w.item_tokens / 2 - 1) / (w.item_tokens / 2) <= T::l2_cap_max_items)
             w.item_tokens /= 2;

@@ -30,7 +30,7 @@
 
 #define MKV_TC_WARPS 4         /* warps (items) per block */
 #define MKV_TC_MAX_G 8         /* query heads per group: the n = 8 side of an m16n8k16 mma */
-#define MKV_TC_MIN_ITEM 64     /* item sizes are powers of two in [64, 4096] */
+#define MKV_TC_MIN_ITEM 32     /* item sizes are powers of two in [32, 4096] */
 #define MKV_TC_MAX_ITEM 4096
 
 /* Where a section's segments sit in its pages (metadata group g of slot t at off_*_meta +

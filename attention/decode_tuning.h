@@ -7,7 +7,7 @@
  * figures and commands in docs/results.md) on one H100 80GB HBM3 and one H200. They are right
  * for those GPUs and a starting point elsewhere: a new GPU should be re-measured with
  * `bench_attention --scores separate|fused`, `--logits fp32|compact` and `--split N` before
- * trusting them. The structural limits (item sizes in [64, 4096], G <= 8, warps per block) are
+ * trusting them. The structural limits (item sizes in [32, 4096], G <= 8, warps per block) are
  * not tuning and live in decode_tc.h.
  *
  * Static constexpr members, so that host code and the kernels' constant expressions read the
@@ -100,6 +100,8 @@ struct mkv_decode_tuning {
     static constexpr int32_t l2_cap_min_key_bits = 8;
     static constexpr int32_t l2_logits_num = 9, l2_logits_den = 16;
     static constexpr int32_t l2_cap_max_items = 256;
+    /* ... and items of at least this many tokens (the cap's floor before 32-token items). */
+    static constexpr int32_t l2_cap_min_item = 64;
     /* Resident blocks per SM assumed for the cap when the occupancy query fails: the most any
      * instantiated kernel keeps, so the cap is never too loose. */
     static constexpr int32_t l2_cap_max_blocks = 4;

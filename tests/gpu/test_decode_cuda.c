@@ -517,17 +517,17 @@ Test(decode_cuda, long_sequences_with_splits, .timeout = 600)
 {
     GPU_REQUIRE();
     static const int32_t lens[] = {1, 777, 4097, 32768};
-    static const int32_t splits[] = {64, 0};
+    static const int32_t splits[] = {64, 32, 0}; /* 32: the shortest items (decision 70) */
     /* (the third: G 8, whose separate pass loads 8 logits a token early, score_rows) */
     static const mkv_format_t pairs[][2] = {{MKV_FORMAT_K8V4, MKV_FORMAT_K4V2},
                                             {MKV_FORMAT_K16V16, MKV_FORMAT_K16V16},
                                             {MKV_FORMAT_K8V4, MKV_FORMAT_K4V2}};
     stats_t ck_out = {.what = "out"}, ck_score = {.what = "score"};
-    stats_t ck_vs_out = {.what = "out split 0 vs 64"};
-    stats_t ck_vs_score = {.what = "score split 0 vs 64"};
+    stats_t ck_vs_out = {.what = "out splits 32 and 0 vs 64"};
+    stats_t ck_vs_score = {.what = "score splits 32 and 0 vs 64"};
     stats_t ck_out_g = {.what = "out (generic)"}, ck_score_g = {.what = "score (generic)"};
-    stats_t ck_vs_out_g = {.what = "out split 0 vs 64 (generic)"};
-    stats_t ck_vs_score_g = {.what = "score split 0 vs 64 (generic)"};
+    stats_t ck_vs_out_g = {.what = "out splits 32 and 0 vs 64 (generic)"};
+    stats_t ck_vs_score_g = {.what = "score splits 32 and 0 vs 64 (generic)"};
     uint64_t r = 0x10ad;
     for (int pr = 0; pr < 3; pr++) {
         const int32_t H = 3;
@@ -542,9 +542,9 @@ Test(decode_cuda, long_sequences_with_splits, .timeout = 600)
         batch_t b;
         batch_build(&b, &c);
         cr_assert(batch_uses_tensor(&b, MKV_DECODE_KERNEL_AUTO));
-        batch_check_splits(&b, MKV_DECODE_KERNEL_AUTO, splits, 2, &ck_out, &ck_score, &ck_vs_out,
+        batch_check_splits(&b, MKV_DECODE_KERNEL_AUTO, splits, 3, &ck_out, &ck_score, &ck_vs_out,
                            &ck_vs_score);
-        batch_check_splits(&b, MKV_DECODE_KERNEL_GENERIC, splits, 2, &ck_out_g, &ck_score_g,
+        batch_check_splits(&b, MKV_DECODE_KERNEL_GENERIC, splits, 3, &ck_out_g, &ck_score_g,
                            &ck_vs_out_g, &ck_vs_score_g);
         batch_free(&b);
     }
