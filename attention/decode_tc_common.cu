@@ -50,7 +50,9 @@ int32_t mkv_tc_item_tokens(int32_t n_seq, int32_t H, int32_t max_tokens, int32_t
     using T = mkv_decode_tuning;
     const int64_t total = (int64_t)n_seq * H * max_tokens;
     const int64_t target = (int64_t)(sm_count > 0 ? sm_count : T::fallback_sms) * T::items_per_sm;
-    int32_t item = MKV_TC_MIN_ITEM;
+    const int64_t sms = sm_count > 0 ? sm_count : T::fallback_sms;
+    /* The shortest items only where they all run in one wave (decision 70). */
+    int32_t item = total / MKV_TC_MIN_ITEM <= sms * T::shortest_items_per_sm ? MKV_TC_MIN_ITEM : 2 * MKV_TC_MIN_ITEM;
     while (item < T::long_region_min_item && (int64_t)2 * item * T::min_region_items <= max_tokens) item *= 2;
     while (item < MKV_TC_MAX_ITEM && total / item > target) item *= 2;
     return item;

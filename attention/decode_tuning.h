@@ -33,6 +33,13 @@ struct mkv_decode_tuning {
      * 32 items a region). */
     static constexpr int32_t min_region_items = 32;
     static constexpr int32_t long_region_min_item = 256;
+    /* Items of MKV_TC_MIN_ITEM (32) tokens only where the call's items at that size number at
+     * most this many per multiprocessor (one wave of 3 blocks of 4 warps), 64 tokens or more
+     * elsewhere: at batch 1 the shorter chain is the call's critical path, but where the items
+     * fill several waves their fixed costs add up (H100, 20 calls, 32 against 64 tokens:
+     * 1 x 1k K16V16 13.2 against 14.65 us, the mix 14.15 against 15.85; the mix 16 x 1k 24.8
+     * against 22.6, K16V16 without scores 43.0 against 39.8). */
+    static constexpr int32_t shortest_items_per_sm = 12;
     /* Multiprocessors assumed when the device cannot be asked (an H100 SXM's count). */
     static constexpr int32_t fallback_sms = 132;
     /* L2 bytes assumed when the device cannot be asked (the H100's and H200's 50 MB). */
