@@ -113,6 +113,14 @@ static mkv_status_t launch_tc(const mkv_cuda_decode_t *a, cudaStream_t stream, c
     f.fused = 0, f.discard = 0;
     f.keep_logits = !a->no_scores;
     f.compact = 0, f.lg_n = 0, f.lg_a = nullptr, f.lg_b = nullptr, f.lg_r = nullptr;
+    if (w.compact) { /* in place of the fp32 logits, fused or separate */
+        const tc_compact_layout cl = mkv_tc_compact_layout((size_t)w.lg_n_tok, f.G);
+        f.compact = 1;
+        f.lg_n = w.lg_n_tok;
+        f.lg_a = reinterpret_cast<uint32_t *>(f.logits);
+        f.lg_b = reinterpret_cast<uint8_t *>(f.logits) + cl.off_b;
+        f.lg_r = reinterpret_cast<float *>(reinterpret_cast<uint8_t *>(f.logits) + cl.off_r);
+    }
     f.total_ids = (int32_t)w.total_ids;
     /* The separate and finalize passes' grids put the blocks' index last where grid z holds
      * them (tc_args::x_last): every region's first blocks start before any region's later,
@@ -131,14 +139,6 @@ static mkv_status_t launch_tc(const mkv_cuda_decode_t *a, cudaStream_t stream, c
         if (fused) {
             f.fused = 1;
             f.discard = (uintptr_t)f.logits % 128 == 0;
-            if (w.compact) {
-                const tc_compact_layout cl = mkv_tc_compact_layout((size_t)w.lg_n_tok, f.G);
-                f.compact = 1;
-                f.lg_n = w.lg_n_tok;
-                f.lg_a = reinterpret_cast<uint32_t *>(f.logits);
-                f.lg_b = reinterpret_cast<uint8_t *>(f.logits) + cl.off_b;
-                f.lg_r = reinterpret_cast<float *>(reinterpret_cast<uint8_t *>(f.logits) + cl.off_r);
-            }
             /* Counters and score-job entries (if any: entries hold a decode id + 1, 0 until
              * published) to zero in one memset; a persistent grid of what the GPU holds. */
             const size_t words = (size_t)f.n_rs + 4 + (f.keep_logits ? (size_t)f.total_ids : 0);

@@ -86,8 +86,8 @@ typedef enum mkv_cuda_decode_scores {
     MKV_DECODE_SCORES_FUSED = 2,
 } mkv_cuda_decode_scores_t;
 
-/* How a fused score write-back keeps the logits from the decode to the score jobs (through
- * the workspace, so mostly through DRAM). FP32: 4 bytes per token and query head. COMPACT,
+/* How a score write-back keeps the logits from the decode to the score jobs, fused or in the
+ * separate finalize pass (through the workspace, so mostly through DRAM). FP32: 4 bytes per token and query head. COMPACT,
  * where G >= 2 and both layouts hold a multiple of 16 tokens per page (else FP32): 20-bit
  * fixed-point probabilities relative to each softmax step's maximum, 10.25 bytes per token at
  * G = 4 instead of 16, for ~65 more instructions per 16 tokens and warp; each probability
@@ -114,8 +114,8 @@ int mkv_cuda_decode_uses_tensor(const mkv_page_layout_t *lay_hi, const mkv_page_
  * decode kernel (mkv_cuda_decode_scores_t above). */
 int mkv_cuda_decode_fuses_scores(const mkv_cuda_decode_t *a);
 
-/* Whether such a call keeps its logits for the fused write-back in the compact 20-bit form
- * (mkv_cuda_decode_logits_t above). */
+/* Whether such a call keeps its logits for the score write-back (fused or separate) in the
+ * compact 20-bit form (mkv_cuda_decode_logits_t above). */
 int mkv_cuda_decode_compact_logits(const mkv_cuda_decode_t *a);
 
 /* The item size a call with these arguments (pointers unused) plans on the tensor-core path,

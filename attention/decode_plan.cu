@@ -96,7 +96,7 @@ tc_plan plan_tc(int32_t n_seq, int32_t H, int32_t G, int32_t d, int32_t max_toke
     const size_t n_tok = rs * ((size_t)w.sec_items + 1) * (size_t)w.item_tokens;
     w.lg_n_tok = (int64_t)n_tok;
     size_t lg_bytes = n_tok * (size_t)G * sizeof(float);
-    const size_t compact_bytes = fused ? mkv_tc_compact_layout(n_tok, G).bytes : 0;
+    const size_t compact_bytes = G >= 2 ? mkv_tc_compact_layout(n_tok, G).bytes : 0;
     if (compact_bytes > lg_bytes) lg_bytes = compact_bytes;
     off += mkv_align_up64((int64_t)lg_bytes, WS_ALIGN);
     w.off_part_o = off;
@@ -174,7 +174,7 @@ static bool tc_may_fuse(const mkv_cuda_decode_t *a, const tc_kernel &one)
            (l.key.bits == 16 && l.value.bits == 16 && token_heads >= T::fuse_min_k16v16_token_heads);
 }
 
-/* Compact logits for a fused call (decode_tc.h, mkv_cuda_decode_logits_t): where every
+/* Compact logits for a call with scores, fused or separate (decode_tc.h, mkv_cuda_decode_logits_t): where every
  * softmax step covers a fixed number of tokens (pages of whole 16-token subtiles) and they are
  * smaller (G >= 2); under AUTO, on GPUs where the kernel waits on DRAM rather than on issue. */
 static bool tc_compact(const mkv_cuda_decode_t *a)
@@ -207,11 +207,11 @@ static tc_plan plan_for(const mkv_cuda_decode_t *a, bool fused, int32_t blocks)
      * compact_max_item tokens with compact logits (mkv_decode_tuning). */
     using T = mkv_decode_tuning;
     int32_t cap = 0, max_item = MKV_TC_MAX_ITEM;
-    const bool compact = fused && !a->no_scores && tc_compact(a);
+    const bool compact = !a->no_scores && tc_compact(a);
     /* (no logits to keep in L2 without a score write-back) */
     if (fused && !a->no_scores && a->lay_hi.key.bits >= T::l2_cap_min_key_bits)
         cap = blocks >= 1 && blocks <= T::l2_cap_max_blocks ? blocks : +T::l2_cap_max_blocks;
-    else if (compact)
+    else if (fused && compact)
         max_item = T::compact_max_item;
     if (!same_format(a->lay_hi, a->lay_lo))
         max_item = std::min(max_item, two_format_max_item(item_basis(a->max_tokens, a->mean_tokens)));
@@ -342,5 +342,5 @@ extern "C" int mkv_cuda_decode_compact_logits(const mkv_cuda_decode_t *a)
 {
     mkv_tc_plan::tc_plan w;
     bool fused;
-    return mkv_tc_plan::query_plan(a, &w, &fused) && fused && w.compact;
+    return mkv_tc_plan::query_plan(a, &w, &fused) && w.compact;
 }

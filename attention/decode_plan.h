@@ -21,7 +21,7 @@ namespace mkv_tc_plan {
 
 struct tc_plan {
     int32_t item_tokens, sec_items;
-    bool compact;     /* compact logits (fused calls only; plan_for) */
+    bool compact;     /* compact logits (calls with scores, fused or separate; plan_for) */
     int64_t lg_n_tok; /* token slots of the logits: regions x (sec_items + 1) x item_tokens */
     int64_t total_ids; /* decode blocks of a one-launch call: (blocks per section + 1) * regions */
     size_t off_logits, off_part_o, off_part_ml, off_counters, off_lse, bytes;

@@ -82,13 +82,15 @@ struct tc_args {
     int32_t total_ids;
     int32_t *counters;
     float *lse;
-    /* Compact logits (fused calls only, where G >= 2 and both sections' pages hold a multiple
-     * of 16 tokens, so that every subtile but an item's last is 16 tokens and a softmax step of
-     * the kernel covers a fixed STEP tokens), in place of logits: token x's probability
-     * relative to its step's maximum logit R, y = 2^(l - R) in [0, 1], as 20-bit fixed point
-     * (code = round(y MKV_TC_YSCALE)), two heads per pair j < (G + 1) / 2, pair-major:
-     * lg_a[j][x] the codes' low 16 bits (head 2j in the low half), lg_b[j][x] their high 4
-     * bits (head 2j in the low nibble), lg_r[j][x / STEP][2] the steps' R. x = item slot *
+    /* Compact logits (fused calls and the separate pass, where G >= 2 and both sections'
+     * pages hold a multiple of 16 tokens, so that every subtile but an item's last is 16 tokens
+     * and a softmax step of the kernel covers a fixed STEP tokens), in place of logits: token
+     * x's probability relative to its step's maximum logit R, y = 2^(l - R) in [0, 1], as
+     * 20-bit fixed point (code = round(y MKV_TC_YSCALE)), two heads per pair j < (G + 1) / 2,
+     * pair-major: lg_a[j][x] the codes' low 16 bits (head 2j in the low half), lg_b[j][x] their
+     * high 4 bits (head 2j in the low nibble), lg_r[j][x / RG][2] the steps' R on a grid of RG
+     * tokens (every slot of a step holds its R; RG: the step in a fused one-format kernel, the
+     * shorter step in the two-format one, 16 in the separate pass). x = item slot *
      * item_tokens + token in the item, lg_n = slots * item_tokens (every region's). */
     int32_t compact;
     int64_t lg_n;

@@ -185,7 +185,10 @@ template <int D, class HI, class LO, bool FUSED>
 __device__ __forceinline__ void run_section_item(const tc_args &a, uint8_t *smem, const item_pos &ip)
 {
     using K = kernel_shape<D, HI, LO>;
-    constexpr int RG = K::RG;
+    /* The grid of the compact logits' step maxima: the fused score jobs know their section's
+     * step (K::RG divides both); the separate pass's finalize kernel is format-blind and
+     * reads them 16 tokens apart. */
+    constexpr int RG = FUSED ? K::RG : 16;
     /* 4-bit keys through the fp16 mma (key_halves), but where that made ptxas spill (at d 128,
      * scripts/decode_regs.sh): the fused two-format kernel, and either kernel of one key
      * group a side but the separate pass's one-format one. */

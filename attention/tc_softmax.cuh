@@ -124,11 +124,18 @@ __device__ __forceinline__ void store_compact_step(const tc_args &a, float *&lg,
     uint32_t *const la = reinterpret_cast<uint32_t *>(lg);
     const int64_t w = la - a.lg_a; /* tc lg_n + x */
     if (gr == 0) {
-        /* [tc][x / RG][2]: the step's maximum at its first token's slot of the
-         * kernel's grid (RG = STEP but in a two-format kernel, decode_kernel) */
+        /* [tc][x / RG][2]: the step's maximum at each of its grid slots that holds tokens
+         * (RG = STEP in a fused one-format kernel: one slot; the two-format kernel's finer grid
+         * and the separate pass's 16-token one, run_section_item: one per RG tokens, so that a
+         * reader finds a token's at x / RG without knowing the step). Only slots of the
+         * step's non-empty subtiles: an item's last step may reach past its slot row. */
         float *R = a.lg_r + w / RG * 2;
-        if (2 * tc < G) R[0] = mxr[0];
-        if (2 * tc + 1 < G) R[1] = mxr[1];
+#pragma unroll
+        for (int q = 0; q < 16 * PAIR / RG; q++) {
+            if (cnt[q * RG / 16] == 0) break;
+            if (2 * tc < G) R[2 * q] = mxr[0];
+            if (2 * tc + 1 < G) R[2 * q + 1] = mxr[1];
+        }
     }
     uint8_t *const lb = a.lg_b + w;
     const float e0 = P_FROM_Y ? ex2(mxr[0] - sm.m[0]) : 0.0f, e1 = P_FROM_Y ? ex2(mxr[1] - sm.m[1]) : 0.0f;

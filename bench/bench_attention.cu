@@ -208,7 +208,7 @@ int main(int argc, char **argv)
                     "device copy rate. --scores: the score write-back as its own pass (separate),\n"
                     "inside the decode kernel (fused), or as the library chooses (auto, the\n"
                     "default). --split N: tokens per item (per block on the generic kernels),\n"
-                    "0 (the default) to let the library choose. --logits: how a fused write-back\n"
+                    "0 (the default) to let the library choose. --logits: how the score write-back\n"
                     "keeps the logits (mkv_cuda_decode_logits_t; auto, the default, by GPU).\n"
                     "--group-size N: elements per quantization group on every side (16 to 256;\n"
                     "256: one group a vector), 0 (the default) for the library's defaults.\n"

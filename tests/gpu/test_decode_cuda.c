@@ -748,9 +748,10 @@ Test(decode_cuda, tensor_every_format, .timeout = 300)
  * sizes from 64. Fp32 logits (compact 0): G 1 to 8, pages of 5 to 21 tokens, and the separate
  * pass too (ck[2], ck[3]). Compact logits (compact 1): G 2, 3, 4 and 8, pages of 16, 32 and
  * 48 tokens (two formats: the first multiple of 16 whose page holds a multiple of 16 low
- * tokens too), scores starting at zero, so that each probability is checked alone. ck: out and
- * score stats of the fused pass, then the separate. Two formats: the separate pass also with
- * one launch per section (ck[4], ck[5]). */
+ * tokens too), scores starting at zero, so that each probability is checked alone; the
+ * separate pass then keeps compact logits too (its finalize kernel reads them four tokens at a
+ * time). ck: out and score stats of the fused pass, then the separate. Two formats: the
+ * separate pass also with one launch per section (ck[4], ck[5]). */
 static const mkv_format_t k_fused_fmts[] = {MKV_FORMAT_K16V16, MKV_FORMAT_K8V8, MKV_FORMAT_K8V4,
                                             MKV_FORMAT_K4V4,   MKV_FORMAT_K8V2, MKV_FORMAT_K4V2,
                                             MKV_FORMAT_K4V8,   MKV_FORMAT_K2V4};
@@ -792,36 +793,40 @@ static void fused_case(int fi, int lo, int di, int compact, int default_groups, 
                   splits[k]);
         cr_assert_eq(mkv_cuda_decode_compact_logits(&a), compact, "%s split=%d: compact logits %d",
                      b.ctx, splits[k], !compact);
+        mkv_cuda_decode_t sep = a;
+        sep.scores = MKV_DECODE_SCORES_SEPARATE;
+        cr_assert(!mkv_cuda_decode_fuses_scores(&sep), "%s split=%d: separate call fused", b.ctx, splits[k]);
+        cr_assert_eq(mkv_cuda_decode_compact_logits(&sep), compact, "%s split=%d: separate, compact logits %d",
+                     b.ctx, splits[k], !compact);
         if (lo != fi) { /* one launch per section: never fused */
             mkv_cuda_decode_t per = a;
             per.kernel = MKV_DECODE_KERNEL_TENSOR_PER_SECTION;
             cr_assert(!mkv_cuda_decode_fuses_scores(&per), "%s: per-section call fused", b.ctx);
+            cr_assert_eq(mkv_cuda_decode_compact_logits(&per), compact, "%s: per-section, compact logits %d",
+                         b.ctx, !compact);
         }
     }
     batch_check_splits(&b, MKV_DECODE_KERNEL_TENSOR, splits, 3, &ck[0], &ck[1], NULL, NULL);
-    if (!compact) {
-        b.scores = MKV_DECODE_SCORES_SEPARATE;
-        batch_check_splits(&b, MKV_DECODE_KERNEL_TENSOR, splits, 3, &ck[2], &ck[3], NULL, NULL);
-        if (lo != fi)
-            batch_check_splits(&b, MKV_DECODE_KERNEL_TENSOR_PER_SECTION, splits, 3, &ck[4], &ck[5],
-                               NULL, NULL);
-    }
+    b.scores = MKV_DECODE_SCORES_SEPARATE;
+    batch_check_splits(&b, MKV_DECODE_KERNEL_TENSOR, splits, 3, &ck[2], &ck[3], NULL, NULL);
+    if (lo != fi)
+        batch_check_splits(&b, MKV_DECODE_KERNEL_TENSOR_PER_SECTION, splits, 3, &ck[4], &ck[5], NULL, NULL);
     batch_free(&b);
 }
 
-/* The fused write-back with compact logits (20-bit probabilities relative to each softmax
- * step's maximum; pages of a multiple of 16 tokens, G >= 2) against the reference (fused_case).
- * Scores within the same tolerance as fp32 logits (their absolute error from the codes is at
- * most 2^-21). */
+/* The fused write-back and the separate pass with compact logits (20-bit probabilities
+ * relative to each softmax step's maximum; pages of a multiple of 16 tokens, G >= 2) against
+ * the reference (fused_case). Scores within the same tolerance as fp32 logits (their absolute
+ * error from the codes is at most 2^-21). */
 Test(decode_cuda, fused_scores_compact, .timeout = 300)
 {
     GPU_REQUIRE();
-    stats_t ck[2] = {{.what = "out (compact)"}, {.what = "score (compact)"}};
+    stats_t ck[4] = {{.what = "out (compact)"}, {.what = "score (compact)"},
+                     {.what = "out (compact, separate)"}, {.what = "score (compact, separate)"}};
     uint64_t r = 0xc0dec;
     for (int fi = 0; fi < 8; fi++)
         for (int di = 0; di < 2; di++) fused_case(fi, fi, di, 1, 0, &r, ck);
-    stats_expect(&ck[0], "fused_scores_compact");
-    stats_expect(&ck[1], "fused_scores_compact");
+    for (int i = 0; i < 4; i++) stats_expect(&ck[i], "fused_scores_compact");
 }
 
 /* The score write-back inside the decode kernel (one format in both sections; a persistent grid
@@ -845,7 +850,9 @@ Test(decode_cuda, fused_scores_default_groups, .timeout = 300)
     GPU_REQUIRE();
     stats_t ck[4] = {{.what = "out (fused, default groups)"}, {.what = "score (fused, default groups)"},
                      {.what = "out (separate, default groups)"}, {.what = "score (separate, default groups)"}};
-    stats_t ckc[2] = {{.what = "out (compact, default groups)"}, {.what = "score (compact, default groups)"}};
+    stats_t ckc[4] = {{.what = "out (compact, default groups)"}, {.what = "score (compact, default groups)"},
+                      {.what = "out (compact, separate, default groups)"},
+                      {.what = "score (compact, separate, default groups)"}};
     uint64_t r = 0xf06d;
     for (int fi = 0; fi < 7; fi++)
         for (int di = 0; di < 2; di++) {
@@ -853,7 +860,7 @@ Test(decode_cuda, fused_scores_default_groups, .timeout = 300)
             fused_case(fi, fi, di, 1, 1, &r, ckc);
         }
     for (int i = 0; i < 4; i++) stats_expect(&ck[i], "fused_scores_default_groups");
-    for (int i = 0; i < 2; i++) stats_expect(&ckc[i], "fused_scores_default_groups");
+    for (int i = 0; i < 4; i++) stats_expect(&ckc[i], "fused_scores_default_groups");
 }
 
 /* The two-format kernel (a K8V4 high section and a K4V2 low one in one launch, CMake's default
@@ -866,7 +873,9 @@ Test(decode_cuda, two_format_kernel, .timeout = 300)
     stats_t ck[6] = {{.what = "out (fused)"},    {.what = "score (fused)"},
                      {.what = "out (separate)"}, {.what = "score (separate)"},
                      {.what = "out (per section)"}, {.what = "score (per section)"}};
-    stats_t ckc[2] = {{.what = "out (compact)"}, {.what = "score (compact)"}};
+    stats_t ckc[6] = {{.what = "out (compact)"}, {.what = "score (compact)"},
+                      {.what = "out (compact, separate)"}, {.what = "score (compact, separate)"},
+                      {.what = "out (compact, per section)"}, {.what = "score (compact, per section)"}};
     uint64_t r = 0x2f0a;
     for (int rep = 0; rep < 2; rep++)
         for (int di = 0; di < 2; di++)
@@ -875,7 +884,7 @@ Test(decode_cuda, two_format_kernel, .timeout = 300)
                 fused_case(2, 5, di, 1, dg, &r, ckc);
             }
     for (int i = 0; i < 6; i++) stats_expect(&ck[i], "two_format_kernel");
-    for (int i = 0; i < 2; i++) stats_expect(&ckc[i], "two_format_kernel");
+    for (int i = 0; i < 6; i++) stats_expect(&ckc[i], "two_format_kernel");
 }
 
 /* q of a wide dynamic range (20 binades) against keys far from zero (zeros' and codes' terms
