@@ -131,7 +131,8 @@ static mkv_status_t launch_tc(const mkv_cuda_decode_t *a, cudaStream_t stream, c
     };
     const bool x_last = w.sec_items + 1 <= 65535;
     f.x_last = x_last;
-    const dim3 grid = order((unsigned)f.blocks_per_sec, x_last);
+    /* the separate pass's blocks of one section (two launches) */
+    const dim3 grid = order((unsigned)((w.sec_items + MKV_TC_SEP_WARPS - 1) / MKV_TC_SEP_WARPS), x_last);
     mkv_status_t st;
     if (one.launch != nullptr) { /* one launch covers both sections */
         f.sec_mask = 3;
@@ -150,7 +151,7 @@ static mkv_status_t launch_tc(const mkv_cuda_decode_t *a, cudaStream_t stream, c
             return mkv_decode_launched("tensor-core decode kernel (fused scores)", err, one.launch(f, gp, stream));
         }
         /* the separate pass packs a region's items, high then low, into full blocks */
-        const dim3 g2 = order((unsigned)((w.sec_items + 1 + MKV_TC_WARPS - 1) / MKV_TC_WARPS), x_last);
+        const dim3 g2 = order((unsigned)((w.sec_items + 1 + MKV_TC_SEP_WARPS - 1) / MKV_TC_SEP_WARPS), x_last);
         if ((st = mkv_decode_launched("tensor-core decode kernel", err, one.launch(f, g2, stream))) != MKV_STATUS_OK)
             return st;
     } else {

@@ -88,7 +88,7 @@ typedef enum mkv_cuda_decode_scores {
 
 /* How a score write-back keeps the logits from the decode to the score jobs, fused or in the
  * separate finalize pass (through the workspace, so mostly through DRAM). FP32: 4 bytes per token and query head. COMPACT,
- * where G >= 2 and both layouts hold a multiple of 16 tokens per page (else FP32): 20-bit
+ * where G >= 2 (else FP32): 20-bit
  * fixed-point probabilities relative to each softmax step's maximum, 10.25 bytes per token at
  * G = 4 instead of 16, for ~65 more instructions per 16 tokens and warp; each probability
  * added to a score then carries an absolute error of at most 2^-21 more. AUTO: COMPACT on GPUs

@@ -174,14 +174,12 @@ static bool tc_may_fuse(const mkv_cuda_decode_t *a, const tc_kernel &one)
            (l.key.bits == 16 && l.value.bits == 16 && token_heads >= T::fuse_min_k16v16_token_heads);
 }
 
-/* Compact logits for a call with scores, fused or separate (decode_tc.h, mkv_cuda_decode_logits_t): where every
- * softmax step covers a fixed number of tokens (pages of whole 16-token subtiles) and they are
- * smaller (G >= 2); under AUTO, on GPUs where the kernel waits on DRAM rather than on issue. */
+/* Compact logits for a call with scores, fused or separate (decode_tc.h,
+ * mkv_cuda_decode_logits_t): where they are smaller (G >= 2); under AUTO, on GPUs where the
+ * kernel waits on DRAM rather than on issue. */
 static bool tc_compact(const mkv_cuda_decode_t *a)
 {
-    if (a->logits == MKV_DECODE_LOGITS_FP32 || a->group_size < 2 || a->lay_hi.tokens % 16 != 0 ||
-        a->lay_lo.tokens % 16 != 0)
-        return false;
+    if (a->logits == MKV_DECODE_LOGITS_FP32 || a->group_size < 2) return false;
     if (a->logits == MKV_DECODE_LOGITS_COMPACT) return true;
     const double b = mkv_cuda_dram_bytes_per_sm_cycle();
     return b > 0.0 && b < mkv_decode_tuning::compact_max_dram_bytes_per_sm_cycle;

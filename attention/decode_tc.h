@@ -29,6 +29,9 @@
 #include <stdint.h>
 
 #define MKV_TC_WARPS 4         /* warps (items) per block */
+#ifndef MKV_TC_SEP_WARPS
+#define MKV_TC_SEP_WARPS 4     /* warps (items) per block of the separate pass */
+#endif
 #define MKV_TC_MAX_G 8         /* query heads per group: the n = 8 side of an m16n8k16 mma */
 #define MKV_TC_MIN_ITEM 32     /* item sizes are powers of two in [32, 4096] */
 #define MKV_TC_MAX_ITEM 4096
@@ -82,15 +85,14 @@ struct tc_args {
     int32_t total_ids;
     int32_t *counters;
     float *lse;
-    /* Compact logits (fused calls and the separate pass, where G >= 2 and both sections'
-     * pages hold a multiple of 16 tokens, so that every subtile but an item's last is 16 tokens
-     * and a softmax step of the kernel covers a fixed STEP tokens), in place of logits: token
+    /* Compact logits (fused calls and the separate pass, where G >= 2; every subtile but an
+     * item's last is 16 tokens, so a softmax step covers a fixed STEP tokens), in place of
+     * logits: token
      * x's probability relative to its step's maximum logit R, y = 2^(l - R) in [0, 1], as
      * 20-bit fixed point (code = round(y MKV_TC_YSCALE)), two heads per pair j < (G + 1) / 2,
      * pair-major: lg_a[j][x] the codes' low 16 bits (head 2j in the low half), lg_b[j][x] their
-     * high 4 bits (head 2j in the low nibble), lg_r[j][x / RG][2] the steps' R on a grid of RG
-     * tokens (every slot of a step holds its R; RG: the step in a fused one-format kernel, the
-     * shorter step in the two-format one, 16 in the separate pass). x = item slot *
+     * high 4 bits (head 2j in the low nibble), lg_r[j][x / MKV_TC_R_GRID][2] the steps' R
+     * (every 16-token slot of a step holds its R). x = item slot *
      * item_tokens + token in the item, lg_n = slots * item_tokens (every region's). */
     int32_t compact;
     int64_t lg_n;
@@ -99,13 +101,17 @@ struct tc_args {
     float *lg_r;
 };
 
+/* Tokens per slot of the compact logits' step maxima (lg_r): every 16-token slot of a softmax
+ * step holds the step's R, so that a reader finds a token's at x / 16 whatever the step. */
+#define MKV_TC_R_GRID 16
+
 /* The compact logits' fixed-point scale: y = code / MKV_TC_YSCALE (2^20 - 2, so that y up to
  * 1 plus the rounding of 2^x still rounds below 2^20). */
 #define MKV_TC_YSCALE 1048574.0f
 
 /* Where the compact logits of n_tok token slots at group size G sit from lg_a: lg_b and lg_r
- * at byte offsets off_b and off_r (each array 256-byte aligned), bytes in all (the steps' maxima
- * sized for the shortest step, 16 tokens). */
+ * at byte offsets off_b and off_r (each array 256-byte aligned), bytes in all (a step maximum
+ * per MKV_TC_R_GRID tokens). */
 struct tc_compact_layout {
     size_t off_b, off_r, bytes;
 };

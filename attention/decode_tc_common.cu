@@ -130,10 +130,9 @@ struct score_rows {
 
 /* The compact logits (tc_args::compact) of a score block's tokens, four consecutive tokens of a
  * section a unit (a quad: one 16-byte load of each pair's codes, one word of its nibbles, one
- * step maximum, one 16-byte score reduction where score_v4; pages hold a multiple of 16
- * tokens, so a quad lies in one page and one 16-token grid slot of the maxima, which the
- * separate pass stores for every 16 tokens, run_section_item), loaded before the block knows
- * the heads' lse as score_rows's rows are. Units: the high section's quads, then the low
+ * step maximum, as a quad lies in one 16-token slot of the maxima, MKV_TC_R_GRID; one 16-byte
+ * score reduction where score_v4, whose pages of a multiple of 4 tokens keep a quad in one
+ * page), loaded before the block knows the heads' lse as score_rows's rows are. Units: the high section's quads, then the low
  * one's; the last quad of a section may hold fewer than four tokens (its loads stay inside the
  * item's slot row, a multiple of 32 tokens; what lies past the section is not used). */
 template <int G2, int U>
@@ -166,7 +165,7 @@ struct score_quads {
             for (int j = 0; j < G2; j++) {
                 w[u][j] = __ldcs(reinterpret_cast<const uint4 *>(a.lg_a + j * a.lg_n + x));
                 b[u][j] = __ldcs(reinterpret_cast<const uint32_t *>(a.lg_b + j * a.lg_n + x));
-                r[u][j] = __ldg(reinterpret_cast<const float2 *>(a.lg_r) + (j * a.lg_n + x) / 16);
+                r[u][j] = __ldg(reinterpret_cast<const float2 *>(a.lg_r) + (j * a.lg_n + x) / MKV_TC_R_GRID);
             }
             const mkv_tc::page_slot ps = mkv_tc::page_of(t, kk);
             page[u] = __ldg(t.row + ps.i * t.step);
@@ -180,7 +179,6 @@ struct score_quads {
                                         int32_t n, int32_t first, const float *lse) const
     {
         const int32_t G = a.G;
-        const bool v4 = mkv_tc::score_v4(s[0]); /* pool and layouts: the same in both sections */
 #pragma unroll
         for (int u = 0; u < U; u++) {
             const int32_t q = first + (int32_t)threadIdx.x + u * FIN_THREADS;
@@ -203,13 +201,19 @@ struct score_quads {
                     p[k] = fmaxf(p[k], fmaxf((float)c0 * f0, (float)c1 * f1));
                 }
             }
-            float *const at = mkv_tc::score_slot(t, page[u], slot[u]);
-            if (v4 && lim == 4) {
-                mkv_tc::red_add4(at, p[0], p[1], p[2], p[3]);
-            } else {
+            if (lim == 4 && mkv_tc::score_v4(t)) { /* the section's own pages (sizes differ) */
+                mkv_tc::red_add4(mkv_tc::score_slot(t, page[u], slot[u]), p[0], p[1], p[2], p[3]);
+            } else { /* a section's last quad, or pages of tpp % 4 != 0 (a quad may cross one) */
 #pragma unroll
-                for (int k = 0; k < 4; k++)
-                    if (k < lim) mkv_tc::red_add(at + k, p[k]);
+                for (int k = 0; k < 4; k++) {
+                    if (k >= lim) break;
+                    if (slot[u] + k < t.tpp) {
+                        mkv_tc::red_add(mkv_tc::score_slot(t, page[u], slot[u] + k), p[k]);
+                    } else {
+                        const mkv_tc::page_slot ps = mkv_tc::page_of(t, kk + k);
+                        mkv_tc::red_add(mkv_tc::score_slot(t, __ldg(t.row + ps.i * t.step), ps.slot), p[k]);
+                    }
+                }
             }
         }
     }

@@ -50,16 +50,17 @@ struct block_pos {
     int32_t bta, btb; /* the block's tokens [bta, btb) of its section */
 };
 
+template <int W>
 __device__ __forceinline__ block_pos locate(const tc_args &a, int32_t bx, int32_t hh, int32_t j, bool packed = false)
 {
     block_pos b;
-    const int32_t warp = threadIdx.x >> 5, W = MKV_TC_WARPS;
+    const int32_t warp = threadIdx.x >> 5;
     item_pos &ip = b.ip;
     ip.rs = (int64_t)j * a.H + hh; /* (sequence, KV head) */
     ip.region = a.regions[ip.rs];
     /* The region's page ids start (high section) and end (low section) on their way to L2
      * while its token counts load. */
-    if ((threadIdx.x & 31) == 0 && threadIdx.x < 64)
+    if (threadIdx.x < 2)
         prefetch_l2(a.table + ip.region * a.T + (threadIdx.x ? a.T - 1 : 0));
     const int64_t nh = max(a.n_hi[ip.region], 0), nl = max(a.n_lo[ip.region], 0);
     const int32_t n = (int32_t)min(nh + nl, (int64_t)a.max_tokens);
@@ -137,19 +138,17 @@ struct tc_fmt {
 };
 
 /* What a kernel for the high section's format HI and the low one's LO (the same type for a
- * one-format kernel) needs from both: the larger staging area, the finer step of the compact
- * logits' maxima (RG), and 3 blocks per SM (168 registers) where either format has four-subtile
+ * one-format kernel) needs from both: the larger staging area, and 3 blocks per SM (168
+ * registers) where either format has four-subtile
  * stages or several key groups (without the bound the compiler takes more registers and the
  * kernel keeps 2 blocks per SM). */
 template <int D, class HI, class LO>
 struct kernel_shape {
     using SH = stage_layout<HI::KB, HI::VB, D, HI::KG, HI::VG>;
     using SLO = stage_layout<LO::KB, LO::VB, D, LO::KG, LO::VG>;
-    static constexpr int STEP_HI = 16 * step_subtiles<HI::KB, HI::VB, D, HI::KG, HI::VG>();
-    static constexpr int STEP_LO = 16 * step_subtiles<LO::KB, LO::VB, D, LO::KG, LO::VG>();
-    static constexpr int RG = STEP_HI < STEP_LO ? STEP_HI : STEP_LO;
     static constexpr int WARP_BYTES = SH::WARP_BYTES > SLO::WARP_BYTES ? SH::WARP_BYTES : SLO::WARP_BYTES;
     static constexpr int SMEM = MKV_TC_WARPS * WARP_BYTES + (int)sizeof(block_shared);
+    static constexpr int SMEM_SEP = MKV_TC_SEP_WARPS * WARP_BYTES; /* the separate pass's blocks */
     static constexpr bool ONE = std::is_same<HI, LO>::value;
     static constexpr int MIN_BLOCKS = SH::NT >= 4 || HI::KG > 1 || SLO::NT >= 4 || LO::KG > 1 ? 3 : 0;
     /* The fused kernel alone, left unbounded at d 128 with quantized keys, is given 128
@@ -185,27 +184,26 @@ template <int D, class HI, class LO, bool FUSED>
 __device__ __forceinline__ void run_section_item(const tc_args &a, uint8_t *smem, const item_pos &ip)
 {
     using K = kernel_shape<D, HI, LO>;
-    /* The grid of the compact logits' step maxima: the fused score jobs know their section's
-     * step (K::RG divides both); the separate pass's finalize kernel is format-blind and
-     * reads them 16 tokens apart. */
-    constexpr int RG = FUSED ? K::RG : 16;
     /* 4-bit keys through the fp16 mma (key_halves), but where that made ptxas spill (at d 128,
      * scripts/decode_regs.sh): the fused two-format kernel, and either kernel of one key
      * group a side but the separate pass's one-format one. */
     constexpr bool HALVES_HI = K::ONE ? !FUSED || HI::KG > 1 : !FUSED && HI::KG > 1;
     constexpr bool HALVES_LO = K::ONE ? !FUSED || LO::KG > 1 : !FUSED && LO::KG > 1;
     if (K::ONE || ip.sec == 0)
-        run_item<HI::KB, HI::VB, D, HI::KG, HI::VG, FUSED, RG, FUSED ? K::SH::WARP_BYTES : K::WARP_BYTES, HALVES_HI>(
+        run_item<HI::KB, HI::VB, D, HI::KG, HI::VG, FUSED, FUSED ? K::SH::WARP_BYTES : K::WARP_BYTES, HALVES_HI>(
             a, smem, ip);
     else
-        run_item<LO::KB, LO::VB, D, LO::KG, LO::VG, FUSED, RG, FUSED ? K::SLO::WARP_BYTES : K::WARP_BYTES, HALVES_LO>(
+        run_item<LO::KB, LO::VB, D, LO::KG, LO::VG, FUSED, FUSED ? K::SLO::WARP_BYTES : K::WARP_BYTES, HALVES_LO>(
             a, smem, ip);
 }
 
 /* FUSED (a.fused): the persistent kernel of a fused write-back; otherwise the separate pass's
  * kernel, a kernel of its own so that its code and registers carry none of the fused path's. */
 template <int D, class HI, class LO, bool FUSED>
-__global__ void __launch_bounds__(MKV_TC_WARPS * 32, FUSED ? kernel_shape<D, HI, LO>::FUSED_MIN_BLOCKS : kernel_shape<D, HI, LO>::MIN_BLOCKS) decode_kernel(const tc_args a)
+__global__ void __launch_bounds__(FUSED ? MKV_TC_WARPS * 32 : MKV_TC_SEP_WARPS * 32,
+                                  FUSED ? kernel_shape<D, HI, LO>::FUSED_MIN_BLOCKS
+                                        : kernel_shape<D, HI, LO>::MIN_BLOCKS * MKV_TC_WARPS / MKV_TC_SEP_WARPS)
+    decode_kernel(const tc_args a)
 {
     using K = kernel_shape<D, HI, LO>;
     extern __shared__ __align__(16) uint8_t smem[];
@@ -214,7 +212,7 @@ __global__ void __launch_bounds__(MKV_TC_WARPS * 32, FUSED ? kernel_shape<D, HI,
         const int32_t bx = a.x_last ? blockIdx.z : blockIdx.x, hh = a.x_last ? blockIdx.x : blockIdx.y;
         const int32_t j = a.x_last ? blockIdx.y : blockIdx.z;
         prefetch_q<D>(a, (int64_t)j * a.H + hh);
-        const block_pos b = locate(a, bx, hh, j, a.sec_mask == 3);
+        const block_pos b = locate<MKV_TC_SEP_WARPS>(a, bx, hh, j, a.sec_mask == 3);
         if (b.work) run_section_item<D, HI, LO, false>(a, smem, b.ip);
         return;
     }
@@ -280,13 +278,12 @@ __global__ void __launch_bounds__(MKV_TC_WARPS * 32, FUSED ? kernel_shape<D, HI,
         if (cmd == DECODE) prefetch_q<D>(a, r); /* r = sequence x H + KV head */
 
         if (cmd == SCORE) {
-            const block_pos b = locate(a, bx, r % a.H, r / a.H);
+            const block_pos b = locate<MKV_TC_WARPS>(a, bx, r % a.H, r / a.H);
             if (tid < a.G) bs.lse[tid] = __ldcg(a.lse + b.ip.rs * a.G + tid);
             __syncthreads();
             const section_tokens s = section_of_region(a, b.ip.rs, b.ip.region, b.ip.sec, b.hi, b.n, b.items_hi);
             if (!a.compact) RF::scores(a, smem, s, b.bta, b.btb, bs.lse);
-            else if (K::ONE || b.ip.sec == 0) RF::template scores_compact<K::STEP_HI, K::RG>(a, smem, s, b.bta, b.btb, bs.lse);
-            else RF::template scores_compact<K::STEP_LO, K::RG>(a, smem, s, b.bta, b.btb, bs.lse);
+            else RF::scores_compact(a, smem, s, b.bta, b.btb, bs.lse);
             __syncthreads(); /* bs.lse is rewritten in the next round */
             continue;
         }
@@ -294,7 +291,7 @@ __global__ void __launch_bounds__(MKV_TC_WARPS * 32, FUSED ? kernel_shape<D, HI,
         /* DECODE */
         bool any;
         {
-            const block_pos b = locate(a, bx, r % a.H, r / a.H);
+            const block_pos b = locate<MKV_TC_WARPS>(a, bx, r % a.H, r / a.H);
             if (tid == 0) {
                 bs.reg = {b.ip.rs, b.ip.region, b.hi, b.n, b.items_hi, b.n_items, b.arrivals, r * gx};
                 bs.part = {b.part.slot, b.part.n_work, part_stride<D, HI, LO>(b.ip.sec)};
@@ -366,7 +363,8 @@ template <int D, class HI, class LO, bool FUSED>
 int kernel_setup(void)
 {
     static std::atomic<int> cache[MKV_MAX_DEVICES]; /* 0: not yet; -1: failed; else blocks */
-    constexpr int smem = kernel_shape<D, HI, LO>::SMEM;
+    constexpr int smem = FUSED ? kernel_shape<D, HI, LO>::SMEM : kernel_shape<D, HI, LO>::SMEM_SEP;
+    constexpr int threads = (FUSED ? MKV_TC_WARPS : MKV_TC_SEP_WARPS) * 32;
     int dev = 0;
     if (cudaGetDevice(&dev) != cudaSuccess || dev < 0 || dev >= MKV_MAX_DEVICES) {
         (void)cudaGetLastError();
@@ -378,7 +376,7 @@ int kernel_setup(void)
     int n = 0;
     if (cudaFuncSetAttribute(decode_kernel<D, HI, LO, FUSED>, cudaFuncAttributeMaxDynamicSharedMemorySize, smem) !=
             cudaSuccess ||
-        cudaOccupancyMaxActiveBlocksPerMultiprocessor(&n, decode_kernel<D, HI, LO, FUSED>, MKV_TC_WARPS * 32, smem) !=
+        cudaOccupancyMaxActiveBlocksPerMultiprocessor(&n, decode_kernel<D, HI, LO, FUSED>, threads, smem) !=
             cudaSuccess) {
         (void)cudaGetLastError();
         n = 0;
@@ -397,13 +395,13 @@ int variant_setup(void)
 template <int D, class HI, class LO>
 cudaError_t launch_variant(const tc_args &a, dim3 grid, cudaStream_t stream)
 {
-    constexpr int smem = kernel_shape<D, HI, LO>::SMEM;
+    using K = kernel_shape<D, HI, LO>;
     if (a.fused) {
         if (kernel_setup<D, HI, LO, true>() <= 0) return cudaErrorInvalidValue;
-        decode_kernel<D, HI, LO, true><<<grid, MKV_TC_WARPS * 32, smem, stream>>>(a);
+        decode_kernel<D, HI, LO, true><<<grid, MKV_TC_WARPS * 32, K::SMEM, stream>>>(a);
     } else {
         if (kernel_setup<D, HI, LO, false>() <= 0) return cudaErrorInvalidValue;
-        decode_kernel<D, HI, LO, false><<<grid, MKV_TC_WARPS * 32, smem, stream>>>(a);
+        decode_kernel<D, HI, LO, false><<<grid, MKV_TC_SEP_WARPS * 32, K::SMEM_SEP, stream>>>(a);
     }
     return cudaGetLastError();
 }

@@ -197,25 +197,22 @@ struct region_finish {
 
     /* scores for compact logits (a.compact): per chunk, each pair's run of codes, of low nibbles
      * and of step maxima (pair-major in the workspace, so G2 runs of each); a token's
-     * probability is the maximum over the group of y 2^(R - lse_g). STEP: the section's
-     * tokens per softmax step; RG: the grid of the maxima (run_item), a divisor of STEP. */
-    template <int32_t STEP, int32_t RG>
-    static __device__ __forceinline__ void scores_compact(const tc_args &a, uint8_t *smem,
-                                                          const section_tokens &s, int32_t t0,
-                                                          int32_t t1, const float *lse)
+     * probability is the maximum over the group of y 2^(R - lse_g), R its 16-token slot's
+     * (MKV_TC_R_GRID). */
+    static __device__ __forceinline__ void scores_compact(const tc_args &a, uint8_t *smem, const section_tokens &s,
+                                                          int32_t t0, int32_t t1, const float *lse)
     {
-        static_assert(STEP % RG == 0 && 64 % STEP == 0, "steps of 16, 32 or 64 tokens on a grid dividing them");
+        constexpr int32_t RG = MKV_TC_R_GRID;
         const int32_t tid = threadIdx.x, G = a.G, G2 = (G + 1) / 2;
         if (t1 <= t0) return;
-        /* Tokens per chunk: a multiple of 64 (whole steps, 16-byte aligned runs), its pages
-         * within IDS. Per 64 tokens: G2 x (256 bytes of codes, 64 of nibbles, 512 / RG of
-         * maxima). */
+        /* Tokens per chunk: a multiple of 64 (16-byte aligned runs), its pages within IDS. Per
+         * 64 tokens: G2 x (256 bytes of codes, 64 of nibbles, 512 / RG of maxima). */
         const int32_t per64 = G2 * (320 + 512 / RG);
         const int32_t chunk = min(HALF / per64 * 64, (IDS - 2) * s.tpp) & ~63;
         const int32_t n_chunks = (t1 - t0 + chunk - 1) / chunk;
         const int64_t n = a.lg_n;
         /* Buffer b at b * (AREA / 2): page ids, then codes [G2][chunk], nibbles [G2][chunk],
-         * maxima [G2][chunk / RG][2] (a step's at its first token's grid slot). */
+         * maxima [G2][chunk / RG][2]. */
         const int32_t o_b = IDS * 4 + G2 * chunk * 4, o_r = o_b + G2 * chunk;
         auto issue = [&](int32_t c, uint32_t at) {
             const int32_t k0 = t0 + c * chunk, k1 = min(k0 + chunk, t1), nk = k1 - k0;
@@ -251,8 +248,9 @@ struct region_finish {
                 cr[i] = h < G ? ex2(cr[i] - lse[h]) * (1.0f / MKV_TC_YSCALE) : 0.0f;
             }
             __syncthreads();
-            /* Four tokens per thread (one step, one page: pages hold a multiple of 16 tokens):
-             * 16 bytes of codes and 4 of nibbles per pair, and one 16-byte reduction. */
+            /* Four tokens per thread (one 16-token slot: chunks start at multiples of 64): 16
+             * bytes of codes and 4 of nibbles per pair, and one 16-byte reduction where the four
+             * share a page (add_four). */
             for (int32_t k = k0 + 4 * tid; k < k1; k += 4 * NTH) {
                 const int32_t i = k - k0;
                 float p[4] = {0.0f, 0.0f, 0.0f, 0.0f};
@@ -260,7 +258,7 @@ struct region_finish {
                 for (int32_t j = 0; j < PAIRS; j++) {
                     const uint4 w4 = *reinterpret_cast<const uint4 *>(ca + (j * chunk + i) * 4);
                     const uint32_t b = *reinterpret_cast<const uint32_t *>(cb + j * chunk + i);
-                    const float2 f = *reinterpret_cast<const float2 *>(cr + (j * spc + i / STEP * (STEP / RG)) * 2);
+                    const float2 f = *reinterpret_cast<const float2 *>(cr + (j * spc + i / RG) * 2);
                     const uint32_t w[4] = {w4.x, w4.y, w4.z, w4.w};
 #pragma unroll
                     for (int t = 0; t < 4; t++) {

@@ -21,14 +21,13 @@ namespace mkv_tc {
 /* One warp's item: the logits of its tokens (to the workspace), and its unnormalised partial
  * output, running max and sum (to its part slot, or fused to the warp's staging area for
  * block_merge). */
-template <int KB, int VB, int D, int KG, int VG, bool FUSED, int RG, int WSTRIDE, bool HALVES>
+template <int KB, int VB, int D, int KG, int VG, bool FUSED, int WSTRIDE, bool HALVES>
 __device__ __forceinline__ void run_item(const tc_args &a, uint8_t *smem, const item_pos &ip)
 {
     using SL = stage_layout<KB, VB, D, KG, VG>;
     constexpr int NT = SL::NT, S = SL::STAGES;
     /* Subtiles per softmax step (step_subtiles), tokens per step of the compact logits. */
     constexpr int PAIR = step_subtiles<KB, VB, D, KG, VG>();
-    static_assert(16 * PAIR % RG == 0, "the maxima's grid divides the step");
     /* Compact logits: the weights from the codes' y (p = y 2^(R - m)) where a step holds two or
      * more subtiles; with one (K16V16, K8V8) the second copy of the values' code that this needs
      * made K16V16 spill, and they keep p = 2^(l - m). */
@@ -74,25 +73,30 @@ __device__ __forceinline__ void run_item(const tc_args &a, uint8_t *smem, const 
     const int32_t moff = half ? (int32_t)L.off_value_meta : (int32_t)L.off_key_meta;
     const bool meta_lane = half ? VQ : KQ;
 
+    const float inv_tpp = 1.0f / (float)L.tpp;
     walker P = {ta, ta / L.tpp, ta % L.tpp}; /* producer: what to load next */
-    walker C = P;                            /* consumer: what to compute next */
-    int32_t cur_pidx = -1;
-    const uint8_t *page = a.pool;
+    int32_t ct = ta;                         /* consumer: the next token to compute */
     /* Page ids 32 at a time: lane i holds the id of page win + i of the section (one load per
-     * 32 pages, then a shuffle per page, instead of a dependent load per page). */
+     * 32 pages, then a shuffle per token's page, instead of a dependent load per page). */
     const int32_t sec_pages = (sec_n + L.tpp - 1) / L.tpp;
     int32_t win = INT32_MIN / 2, win_id = -1;
 
-    /* page = the producer's current page (P.pidx). Warp-uniform. */
-    auto find_page = [&]() {
-        if (P.pidx == cur_pidx) return;
-        cur_pidx = P.pidx;
-        if ((uint32_t)(cur_pidx - win) >= 32u) {
-            win = cur_pidx;
+    /* The window over the pages of the producer's next n >= 1 tokens (at most 32 pages: n <=
+     * 32), loaded afresh where it does not hold them all. Warp-uniform. */
+    auto window = [&](int32_t n) {
+        const int32_t last = P.pidx + __float2int_rz(((float)(P.slot + n - 1) + 0.5f) * inv_tpp);
+        if ((uint32_t)(P.pidx - win) >= 32u || (uint32_t)(last - win) >= 32u) {
+            win = P.pidx;
             const int32_t e = win + lane;
             win_id = e < sec_pages ? __ldg(row + (sec ? a.T - 1 - e : e)) : 0;
         }
-        const int32_t pid = __shfl_sync(0xffffffffu, win_id, cur_pidx - win);
+    };
+    /* The page and slot of the producer's token off (0 <= off < 32) further on, for this lane
+     * (every lane calls it: a shuffle from the window). */
+    auto lane_at = [&](int32_t off, const uint8_t *&page, int32_t &slot) {
+        const int32_t x = P.slot + off, q = __float2int_rz(((float)x + 0.5f) * inv_tpp);
+        slot = x - q * L.tpp;
+        const int32_t pid = __shfl_sync(0xffffffffu, win_id, P.pidx + q - win);
         // NOTE: int32 page id, widen before the multiply (pools exceed 2 GiB).
         page = a.pool + (int64_t)pid * a.page_bytes;
     };
@@ -100,25 +104,26 @@ __device__ __forceinline__ void run_item(const tc_args &a, uint8_t *smem, const 
     /* Issues the cp.async of one stage (NT subtiles) and commits it (possibly empty). */
     auto produce = [&](int32_t stage) {
         if constexpr (SL::WHOLE) {
-            /* Runs: up to 32 tokens, to the end of the page, of the item or of the stage's
-             * subtiles, whichever comes first; a run of len tokens fills the next ceil(len / 16)
-             * subtiles (16 tokens of one page each, as the consumer walks them). Lane i copies
-             * run token i whole: its chunks and its key and value metadata, from one page address
-             * (the lanes' copies per subtile, two chunks each, had spent most of their
-             * instructions on addresses). Each copy's address is formed inside its asm: computed
-             * up front, the eight made K4V2's kernel spill. */
+            /* Runs: up to 32 tokens, of the item or of the stage's subtiles, whichever ends
+             * first; a run of len tokens fills the next ceil(len / 16) subtiles. Lane i copies
+             * run token i whole: its chunks and its key and value metadata, from its page (the
+             * lanes' copies per subtile, two chunks each, had spent most of their instructions
+             * on addresses). Each copy's address is formed inside its asm: computed up front,
+             * the eight made K4V2's kernel spill. */
             int32_t u0 = 0; /* the run's first subtile */
 #pragma unroll
-            for (int run = 0; run < NT; run++) { /* a stage holds at most NT runs */
+            for (int run = 0; run < (NT + 1) / 2; run++) { /* a stage holds at most ceil(NT / 2) runs */
                 if (u0 >= NT) break;
-                const int32_t len = min(min(tb - P.t, L.tpp - P.slot), min(NT - u0, 2) * 16);
+                const int32_t len = min(tb - P.t, min(NT - u0, 2) * 16);
                 if (len <= 0) break; /* warp-uniform: nothing left to load */
-                find_page();
+                window(len);
                 /* Tokens past the run's end in its last subtile copy nothing (source size 0,
-                 * zeros written) from an in-page address: the run's first slot. */
+                 * zeros written) from an in-page address: the run's first token's. */
+                const bool ok = lane < len;
+                const uint8_t *page;
+                int32_t slot;
+                lane_at(ok ? lane : 0, page, slot);
                 if (lane < ((len + 15) & ~15)) {
-                    const bool ok = lane < len;
-                    const int32_t slot = P.slot + (ok ? lane : 0);
                     const uint8_t *tok = page + slot * 16;
                     const uint32_t dst = warp_smem + (stage * NT + u0 + (lane >> 4)) * SL::BYTES_PER_SUBTILE;
 #pragma unroll
@@ -136,20 +141,22 @@ __device__ __forceinline__ void run_item(const tc_args &a, uint8_t *smem, const 
                         cp_async_page<4, FUSED>(dst + SL::VMETA + g * 64 + tl * 4,
                                                 page + ((int32_t)L.off_value_meta + (g * L.tpp + slot) * 4), ok);
                 }
-                P.advance(len, L.tpp);
+                P.advance(len, L.tpp, inv_tpp);
                 u0 += (len + 15) >> 4;
             }
         } else {
 #pragma unroll
             for (int st = 0; st < NT; st++) {
-                const int32_t cnt = P.count(tb, L.tpp);
+                const int32_t cnt = subtile_count(P.t, tb);
                 if (cnt == 0) break; /* warp-uniform: nothing left to load */
-                find_page();
+                window(cnt);
                 const uint32_t dst = warp_smem + (stage * NT + st) * SL::BYTES_PER_SUBTILE;
                 /* Tokens past the subtile's end copy nothing (source size 0, zeros written) from an
-                 * in-page address: the subtile's first slot. */
+                 * in-page address: the subtile's first token's. */
                 const bool ok = tl < cnt;
-                const int32_t slot = P.slot + (ok ? tl : 0);
+                const uint8_t *page;
+                int32_t slot;
+                lane_at(ok ? tl : 0, page, slot);
                 const uint8_t *tok = page + slot * 16;
 #pragma unroll
                 for (int k = 0; k < SL::ROUNDS; k++) {
@@ -170,7 +177,7 @@ __device__ __forceinline__ void run_item(const tc_args &a, uint8_t *smem, const 
                             if (g < (half ? VG : KG))
                                 cp_async_page<4, FUSED>(mdst + g * 64, page + (moff + (g * L.tpp + slot) * 4), ok);
                     }
-                P.advance(cnt, L.tpp);
+                P.advance(cnt, L.tpp, inv_tpp);
             }
         }
         cp_async_commit();
@@ -182,7 +189,7 @@ __device__ __forceinline__ void run_item(const tc_args &a, uint8_t *smem, const 
     for (int s = 0; s < S - 1; s++) produce(s);
 
     int32_t ps = S - 1, cs = 0; /* the stages being filled and computed */
-    while (C.t < tb) {
+    while (ct < tb) {
         /* Lanes read each other's copies: every lane is done with the stage refilled next
          * (read in the previous round) before any lane copies into it, and every lane's copies
          * of stage cs have landed before any lane reads them. */
@@ -201,8 +208,8 @@ __device__ __forceinline__ void run_item(const tc_args &a, uint8_t *smem, const 
             uint32_t vm[PAIR][2];
 #pragma unroll
             for (int u = 0; u < PAIR; u++) {
-                cnt[u] = C.count(tb, L.tpp);
-                C.advance(cnt[u], L.tpp);
+                cnt[u] = subtile_count(ct, tb);
+                ct += cnt[u];
                 if (u == 0 && cnt[0] == 0) break; /* warp-uniform: the item is done */
                 if (cnt[u] == 0) { /* an empty second subtile: nothing staged to read */
                     l[u][0][0] = l[u][0][1] = l[u][1][0] = l[u][1][1] = -INFINITY;
@@ -216,7 +223,7 @@ __device__ __forceinline__ void run_item(const tc_args &a, uint8_t *smem, const 
             if (cnt[0] == 0) break;
             float mxr[2]; /* the step's maximum logit per head column */
             softmax_step<VQ, VG, PAIR>(sm, l, vm, mxr);
-            if (compact) store_compact_step<PAIR, RG, P_FROM_Y>(a, lg, l, cnt, mxr, sm, gr, tc, lg_lane);
+            if (compact) store_compact_step<PAIR, P_FROM_Y>(a, lg, l, cnt, mxr, sm, gr, tc, lg_lane);
             /* Compact logits with P_FROM_Y: l now holds the weights themselves. */
             if (P_FROM_Y && compact) {
 #pragma unroll

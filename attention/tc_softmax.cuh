@@ -114,7 +114,7 @@ __device__ __forceinline__ void softmax_step(softmax_state<MTILES> &sm, const fl
  * it as it is). Subtile u's tokens start 16 u on (all subtiles of a step but the item's last
  * are 16 tokens). Pair-major arrays: the offsets are immediates. lg: the lane's word of lg_a
  * (token gr, pair tc), advanced past the step. */
-template <int PAIR, int RG, bool P_FROM_Y, int MTILES>
+template <int PAIR, bool P_FROM_Y, int MTILES>
 __device__ __forceinline__ void store_compact_step(const tc_args &a, float *&lg, float (&l)[PAIR][2][2],
                                                    const int32_t (&cnt)[PAIR], const float (&mxr)[2],
                                                    const softmax_state<MTILES> &sm, int32_t gr, int32_t tc,
@@ -124,17 +124,16 @@ __device__ __forceinline__ void store_compact_step(const tc_args &a, float *&lg,
     uint32_t *const la = reinterpret_cast<uint32_t *>(lg);
     const int64_t w = la - a.lg_a; /* tc lg_n + x */
     if (gr == 0) {
-        /* [tc][x / RG][2]: the step's maximum at each of its grid slots that holds tokens
-         * (RG = STEP in a fused one-format kernel: one slot; the two-format kernel's finer grid
-         * and the separate pass's 16-token one, run_section_item: one per RG tokens, so that a
-         * reader finds a token's at x / RG without knowing the step). Only slots of the
-         * step's non-empty subtiles: an item's last step may reach past its slot row. */
-        float *R = a.lg_r + w / RG * 2;
+        /* [tc][x / MKV_TC_R_GRID][2]: the step's maximum at each of its 16-token slots that holds
+         * tokens (an item's last step may reach past its slot row), so that a reader finds a
+         * token's at x / 16 without knowing the step. */
+        static_assert(MKV_TC_R_GRID == 16, "a slot per subtile");
+        float *R = a.lg_r + w / MKV_TC_R_GRID * 2;
 #pragma unroll
-        for (int q = 0; q < 16 * PAIR / RG; q++) {
-            if (cnt[q * RG / 16] == 0) break;
-            if (2 * tc < G) R[2 * q] = mxr[0];
-            if (2 * tc + 1 < G) R[2 * q + 1] = mxr[1];
+        for (int u = 0; u < PAIR; u++) {
+            if (cnt[u] == 0) break;
+            if (2 * tc < G) R[2 * u] = mxr[0];
+            if (2 * tc + 1 < G) R[2 * u + 1] = mxr[1];
         }
     }
     uint8_t *const lb = a.lg_b + w;

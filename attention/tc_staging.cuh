@@ -118,21 +118,24 @@ __device__ __forceinline__ void load_run(const uint8_t *sub, At at, int R, int t
     }
 }
 
-/* The warp's walk over its item, one subtile at a time: a subtile is up to 16 consecutive
- * tokens of one page (it ends at the page's end or the item's), so that a thread's token is
- * just slot + offset. Warp-uniform. */
+/* The copy's walk over the warp's item: the next token to load (section token t, page index
+ * pidx in the section's row, slot in that page). A subtile is 16 consecutive tokens of the
+ * item, or what is left of it, whatever pages they lie in: pages of any size (unified pages
+ * hold 35 K8V4 or 54 K4V2 tokens where they hold 16 fp16 ones) cost no partial subtiles, each
+ * lane finding its own token's page (lane_at). Warp-uniform. */
 struct walker {
-    int32_t t, pidx, slot; /* section token, page index in the row, slot in the page */
-    __device__ __forceinline__ int32_t count(int32_t tb, int32_t tpp) const
+    int32_t t, pidx, slot;
+    /* n tokens on; slot + n < 2^22: the page step from one fp32 multiply by inv_tpp = 1 / tpp,
+     * exact there (page_of, tc_merge.cuh) */
+    __device__ __forceinline__ void advance(int32_t n, int32_t tpp, float inv_tpp)
     {
-        return max(0, min(16, min(tpp - slot, tb - t)));
-    }
-    __device__ __forceinline__ void advance(int32_t n, int32_t tpp)
-    {
-        t += n, slot += n;
-        if (slot == tpp) slot = 0, pidx++;
+        const int32_t x = slot + n, q = __float2int_rz(((float)x + 0.5f) * inv_tpp);
+        t += n, pidx += q, slot = x - q * tpp;
     }
 };
+
+/* The tokens of the item's next subtile from section token t: 16, or what is left before tb. */
+__device__ __forceinline__ int32_t subtile_count(int32_t t, int32_t tb) { return max(0, min(16, tb - t)); }
 
 /* Where a warp's item sits: the section's tokens [ta, tb) of head-region rs, item slot slot_id
  * (the row of its partial result and of its logits in the workspace). */

@@ -746,15 +746,17 @@ Test(decode_cuda, tensor_every_format, .timeout = 300)
 /* One case of the fused write-back tests: formats fmts[fi] in the high section and fmts[lo]
  * in the low one (lo = fi: one format), d 64 or 128 (di), regions from 1 to 9000 tokens, item
  * sizes from 64. Fp32 logits (compact 0): G 1 to 8, pages of 5 to 21 tokens, and the separate
- * pass too (ck[2], ck[3]). Compact logits (compact 1): G 2, 3, 4 and 8, pages of 16, 32 and
- * 48 tokens (two formats: the first multiple of 16 whose page holds a multiple of 16 low
- * tokens too), scores starting at zero, so that each probability is checked alone; the
+ * pass too (ck[2], ck[3]). Compact logits (compact 1): G 2, 3, 4 and 8, pages of 16, 35 and 9
+ * tokens (subtiles and quads of the score pass across pages), scores starting at zero, so that
+ * each probability is checked alone; the
  * separate pass then keeps compact logits too (its finalize kernel reads them four tokens at a
  * time). ck: out and score stats of the fused pass, then the separate. Two formats: the
  * separate pass also with one launch per section (ck[4], ck[5]). */
 static const mkv_format_t k_fused_fmts[] = {MKV_FORMAT_K16V16, MKV_FORMAT_K8V8, MKV_FORMAT_K8V4,
                                             MKV_FORMAT_K4V4,   MKV_FORMAT_K8V2, MKV_FORMAT_K4V2,
                                             MKV_FORMAT_K4V8,   MKV_FORMAT_K2V4};
+
+static const int32_t k_compact_tpp[] = {16, 35, 9};
 
 static void fused_case(int fi, int lo, int di, int compact, int default_groups, uint64_t *r, stats_t *ck)
 {
@@ -770,13 +772,9 @@ static void fused_case(int fi, int lo, int di, int compact, int default_groups, 
     spec_t c = {.hi = fmts[fi], .lo = fmts[lo], .d = di ? 128 : 64,
                 .G = compact ? Gs[(fi + di) % 4] : 1 << ((fi + di) % 4),
                 .groups = {eg, eg, eg, eg},
-                .tpp = compact ? 16 * (1 + (fi + 2 * di) % 3) : 5 + 9 * di + fi,
+                .tpp = compact ? k_compact_tpp[(fi + 2 * di) % 3] : 5 + 9 * di + fi,
                 .n_seq = n_seq, .H = H, .len = len, .seed = test_rand_next(r),
                 .vamp = fi % 3 == 1 ? 150.0f : 0.0f, .zero_scores = compact};
-    while (compact && tokens_per_page(&c, 1) % 16 != 0) {
-        c.tpp += 16;
-        cr_assert_lt(c.tpp, 4096, "no page of whole 16-token subtiles for both formats");
-    }
     batch_t b;
     batch_build(&b, &c);
     b.scores = MKV_DECODE_SCORES_FUSED;
