@@ -87,15 +87,16 @@ typedef enum mkv_cuda_decode_scores {
 } mkv_cuda_decode_scores_t;
 
 /* How a score write-back keeps the logits from the decode to the score jobs, fused or in the
- * separate finalize pass (through the workspace, so mostly through DRAM). FP32: 4 bytes per token and query head. COMPACT,
- * where G >= 2 (else FP32): 20-bit
- * fixed-point probabilities relative to each softmax step's maximum, 10.25 bytes per token at
- * G = 4 instead of 16, for ~65 more instructions per 16 tokens and warp; each probability
- * added to a score then carries an absolute error of at most 2^-21 more. AUTO: COMPACT on GPUs
- * whose DRAM is slow for their multiprocessors (fewer peak DRAM bytes per SM cycle than
- * mkv_decode_tuning::compact_max_dram_bytes_per_sm_cycle; mkv_cuda_dram_bytes_per_sm_cycle),
- * where the kernel waits on DRAM and fewer logit bytes pay; FP32 on faster ones, where it
- * waits on instruction issue and the extra instructions cost more than they save. */
+ * separate finalize pass (through the workspace, so mostly through DRAM). FP32: 4 bytes per
+ * token and query head. COMPACT, where G >= 2 (else FP32): 20-bit fixed-point probabilities
+ * relative to each softmax step's maximum, about 11 bytes per token at G = 4 instead of 16,
+ * for ~65 more instructions per 16 tokens and warp; each probability added to a score then
+ * carries an absolute error of at most 2^-21 more. AUTO: FP32 in the separate pass; fused,
+ * COMPACT on GPUs whose DRAM is slow for their multiprocessors (fewer peak DRAM bytes per SM
+ * cycle than mkv_decode_tuning::compact_max_dram_bytes_per_sm_cycle;
+ * mkv_cuda_dram_bytes_per_sm_cycle), where the kernel waits on DRAM and fewer logit bytes pay;
+ * FP32 on faster ones, where it waits on instruction issue and the extra instructions cost
+ * more than they save. */
 typedef enum mkv_cuda_decode_logits {
     MKV_DECODE_LOGITS_AUTO = 0,
     MKV_DECODE_LOGITS_FP32 = 1,

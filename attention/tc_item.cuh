@@ -73,7 +73,6 @@ __device__ __forceinline__ void run_item(const tc_args &a, uint8_t *smem, const 
     const int32_t moff = half ? (int32_t)L.off_value_meta : (int32_t)L.off_key_meta;
     const bool meta_lane = half ? VQ : KQ;
 
-    const float inv_tpp = 1.0f / (float)L.tpp;
     walker P = {ta, ta / L.tpp, ta % L.tpp}; /* producer: what to load next */
     int32_t ct = ta;                         /* consumer: the next token to compute */
     /* Page ids 32 at a time: lane i holds the id of page win + i of the section (one load per
@@ -84,7 +83,7 @@ __device__ __forceinline__ void run_item(const tc_args &a, uint8_t *smem, const 
     /* The window over the pages of the producer's next n >= 1 tokens (at most 32 pages: n <=
      * 32), loaded afresh where it does not hold them all. Warp-uniform. */
     auto window = [&](int32_t n) {
-        const int32_t last = P.pidx + __float2int_rz(((float)(P.slot + n - 1) + 0.5f) * inv_tpp);
+        const int32_t last = P.pidx + page_step_of(P.slot + n - 1, L.tpp).q;
         if ((uint32_t)(P.pidx - win) >= 32u || (uint32_t)(last - win) >= 32u) {
             win = P.pidx;
             const int32_t e = win + lane;
@@ -94,9 +93,9 @@ __device__ __forceinline__ void run_item(const tc_args &a, uint8_t *smem, const 
     /* The page and slot of the producer's token off (0 <= off < 32) further on, for this lane
      * (every lane calls it: a shuffle from the window). */
     auto lane_at = [&](int32_t off, const uint8_t *&page, int32_t &slot) {
-        const int32_t x = P.slot + off, q = __float2int_rz(((float)x + 0.5f) * inv_tpp);
-        slot = x - q * L.tpp;
-        const int32_t pid = __shfl_sync(0xffffffffu, win_id, P.pidx + q - win);
+        const page_step p = page_step_of(P.slot + off, L.tpp);
+        slot = p.slot;
+        const int32_t pid = __shfl_sync(0xffffffffu, win_id, P.pidx + p.q - win);
         // NOTE: int32 page id, widen before the multiply (pools exceed 2 GiB).
         page = a.pool + (int64_t)pid * a.page_bytes;
     };
@@ -141,7 +140,7 @@ __device__ __forceinline__ void run_item(const tc_args &a, uint8_t *smem, const 
                         cp_async_page<4, FUSED>(dst + SL::VMETA + g * 64 + tl * 4,
                                                 page + ((int32_t)L.off_value_meta + (g * L.tpp + slot) * 4), ok);
                 }
-                P.advance(len, L.tpp, inv_tpp);
+                P.advance(len, L.tpp);
                 u0 += (len + 15) >> 4;
             }
         } else {
@@ -177,7 +176,7 @@ __device__ __forceinline__ void run_item(const tc_args &a, uint8_t *smem, const 
                             if (g < (half ? VG : KG))
                                 cp_async_page<4, FUSED>(mdst + g * 64, page + (moff + (g * L.tpp + slot) * 4), ok);
                     }
-                P.advance(cnt, L.tpp, inv_tpp);
+                P.advance(cnt, L.tpp);
             }
         }
         cp_async_commit();

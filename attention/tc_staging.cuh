@@ -118,6 +118,20 @@ __device__ __forceinline__ void load_run(const uint8_t *sub, At at, int R, int t
     }
 }
 
+/* x = q tpp + slot for a slot x < tpp + 32 past a page's start: a subtraction per page
+ * crossed (none or one for pages of 32 tokens or more), where a division or a multiply by
+ * 1 / tpp held a register more in every kernel's copy loop (K16V16's fused kernel spilled). */
+struct page_step {
+    int32_t q, slot;
+};
+
+__device__ __forceinline__ page_step page_step_of(int32_t x, int32_t tpp)
+{
+    int32_t q = 0;
+    while (x >= tpp) x -= tpp, q++;
+    return page_step{q, x};
+}
+
 /* The copy's walk over the warp's item: the next token to load (section token t, page index
  * pidx in the section's row, slot in that page). A subtile is 16 consecutive tokens of the
  * item, or what is left of it, whatever pages they lie in: pages of any size (unified pages
@@ -125,12 +139,12 @@ __device__ __forceinline__ void load_run(const uint8_t *sub, At at, int R, int t
  * lane finding its own token's page (lane_at). Warp-uniform. */
 struct walker {
     int32_t t, pidx, slot;
-    /* n tokens on; slot + n < 2^22: the page step from one fp32 multiply by inv_tpp = 1 / tpp,
-     * exact there (page_of, tc_merge.cuh) */
-    __device__ __forceinline__ void advance(int32_t n, int32_t tpp, float inv_tpp)
+    /* n (<= 32) tokens on */
+    __device__ __forceinline__ void advance(int32_t n, int32_t tpp)
     {
-        const int32_t x = slot + n, q = __float2int_rz(((float)x + 0.5f) * inv_tpp);
-        t += n, pidx += q, slot = x - q * tpp;
+        t += n;
+        const page_step p = page_step_of(slot + n, tpp);
+        pidx += p.q, slot = p.slot;
     }
 };
 
