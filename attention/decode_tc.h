@@ -29,8 +29,14 @@
 #include <stdint.h>
 
 #define MKV_TC_WARPS 4         /* warps (items) per block */
+/* Warps (items) per block of the separate pass, 1, 2 or 4; overridable at build time
+ * (-DMKV_TC_SEP_WARPS=1 in CMAKE_CUDA_FLAGS) for experiments: fewer measured faster on some
+ * shapes and slower on others (docs/decode-kernel.md, "Measured and not adopted"). */
 #ifndef MKV_TC_SEP_WARPS
-#define MKV_TC_SEP_WARPS 4     /* warps (items) per block of the separate pass */
+#define MKV_TC_SEP_WARPS 4
+#endif
+#if MKV_TC_SEP_WARPS != 1 && MKV_TC_SEP_WARPS != 2 && MKV_TC_SEP_WARPS != 4
+#error "MKV_TC_SEP_WARPS is 1, 2 or 4"
 #endif
 #define MKV_TC_MAX_G 8         /* query heads per group: the n = 8 side of an m16n8k16 mma */
 #define MKV_TC_MIN_ITEM 32     /* item sizes are powers of two in [32, 4096] */
