@@ -1073,6 +1073,34 @@ Test(decode_cuda, mean_tokens_plans)
                  plain);
 }
 
+/* The logit form the separate pass plans (decision 71): compact where forced, for any G >= 2,
+ * on pages that hold no multiple of 16 tokens (serve-bench's pages of 16 fp16 tokens hold 35
+ * K8V4 and 54 K4V2 tokens); fp32 where forced, for G = 1, without scores, and under AUTO
+ * (which keeps compact logits for fused calls). Host arithmetic only: runs without a device. */
+Test(decode_cuda, separate_logits_plan)
+{
+    char err[ERR_LEN];
+    int64_t page_bytes;
+    mkv_page_layout_t hi, lo;
+    cr_assert_eq(mkv_page_bytes_for(MKV_FORMAT_K16V16, 128, 0, 0, 16, &page_bytes), MKV_STATUS_OK);
+    cr_assert_eq(mkv_page_layout(MKV_FORMAT_K8V4, 128, 0, 0, page_bytes, &hi, err), MKV_STATUS_OK, "%s", err);
+    cr_assert_eq(mkv_page_layout(MKV_FORMAT_K4V2, 128, 0, 0, page_bytes, &lo, err), MKV_STATUS_OK, "%s", err);
+    cr_assert(hi.tokens % 16 != 0 && lo.tokens % 16 != 0, "pages of %d and %d tokens", hi.tokens, lo.tokens);
+    static const int32_t Gs[] = {1, 2, 3, 4, 8};
+    for (int gi = 0; gi < 5; gi++)
+        for (int form = MKV_DECODE_LOGITS_AUTO; form <= MKV_DECODE_LOGITS_COMPACT; form++)
+            for (int ns = 0; ns < 2; ns++) {
+                const mkv_cuda_decode_t a = {.page_bytes = page_bytes, .lay_hi = hi, .lay_lo = lo, .n_seq = 81,
+                                             .n_heads = 8, .group_size = Gs[gi], .head_dim = 128,
+                                             .max_tokens = 6000, .scores = MKV_DECODE_SCORES_SEPARATE,
+                                             .logits = form, .no_scores = ns};
+                const int want = form == MKV_DECODE_LOGITS_COMPACT && Gs[gi] >= 2 && !ns;
+                cr_assert(!mkv_cuda_decode_fuses_scores(&a), "G %d: a separate call fused", Gs[gi]);
+                cr_assert_eq(mkv_cuda_decode_compact_logits(&a), want, "G %d, logits %d, no_scores %d: compact %d",
+                             Gs[gi], form, ns, !want);
+            }
+}
+
 /* AUTO's choice for one-format calls without scores (decode_tuning.h,
  * fuse_no_scores_min_token_heads): the separate pass up to 2^16 token-heads, the fused kernel
  * above. Host arithmetic only (no occupancy query needs a device: 0 blocks then). */
