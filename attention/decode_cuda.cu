@@ -3,8 +3,8 @@
  * decode_cuda.h; reference: mkv_attn_decode_region in decode_ref.c, which the GPU tests in
  * tests/gpu/test_decode_cuda.c compare against): the entry points, the checks of a call's
  * arguments, and the launch of the tensor-core kernels (planned in decode_plan.cu, kernels in
- * tc_decode.cuh and decode_tc_common.cu); calls they do not cover take the generic fp32
- * kernels (decode_generic.cu).
+ * tc_decode.cuh, the separate pass's finalize in decode_tc_finalize.cu); calls they do not
+ * cover take the generic fp32 kernels (decode_generic.cu).
  */
 #include "attention/decode_cuda.h"
 

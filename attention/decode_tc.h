@@ -152,7 +152,7 @@ tc_kernel mkv_tc_lookup(int32_t key_bits, int32_t value_bits, int32_t head_dim, 
 tc_kernel mkv_tc_lookup_mix(int32_t hk, int32_t hv, int32_t hkg, int32_t hvg, int32_t lk, int32_t lv,
                             int32_t lkg, int32_t lvg, int32_t head_dim);
 
-/* Merge and score write-back after the item kernels; head_dim d. */
+/* Merge and score write-back after the item kernels; head_dim d (decode_tc_finalize.cu). */
 cudaError_t mkv_tc_finalize(const tc_args &a, int32_t d, int32_t n_seq, cudaStream_t stream);
 
 /* Tokens per item for a call of this size on a GPU of sm_count multiprocessors (enough items

@@ -1,7 +1,8 @@
 /*
  * decode_tuning.h — every threshold that mkv_cuda_decode's AUTO choices (and the tensor-core
  * kernel's compile-time stage shape) were tuned with, in one table, each with where it came
- * from. CUDA/C++ only (decode_plan.cu, decode_generic.cu, decode_tc_common.cu, tc_staging.cuh).
+ * from. CUDA/C++ only (decode_plan.cu, decode_generic.cu, decode_tc_common.cu, decode_tc_finalize.cu,
+ * tc_staging.cuh).
  *
  * These values were set by timing bench_attention (32 query / 8 KV heads, d 128, default pages;
  * figures and commands in docs/results.md) on one H100 80GB HBM3 and one H200. They are right

@@ -1,7 +1,7 @@
 /*
  * tc_merge.cuh — the merge of a head-region's items and the score write-back's per-token
  * steps, shared by the fused kernel (tc_finish.cuh) and the finalize kernel of the separate
- * pass (decode_tc_common.cu): the final max and sum of a head over the items, a token's
+ * pass (decode_tc_finalize.cu): the final max and sum of a head over the items, a token's
  * probability from its logits, the section a write-back walks, and its score slots.
  */
 #ifndef MKV_ATTENTION_TC_MERGE_CUH

@@ -4,7 +4,7 @@
  * and logarithm, cp.async with its groups and L2 cache policies, stores and reductions under
  * cache hints, and the loads and stores with memory ordering of the fused kernel's job queue.
  * Part of the kernel template (tc_decode.cuh); tc_merge.cuh and the finalize kernel
- * (decode_tc_common.cu) use ex2 and red_add too.
+ * (decode_tc_finalize.cu) use ex2 and red_add too.
  */
 #ifndef MKV_ATTENTION_TC_PTX_CUH
 #define MKV_ATTENTION_TC_PTX_CUH

@@ -1,0 +1,340 @@
+/*
+ * decode_tc_finalize.cu — the separate score pass's finalize kernel (decode_tc.h,
+ * mkv_tc_finalize): per head-region, one block merges the items' partial results into out
+ * (merge_out), the others add each token's probability to its score slot, from fp32 logit rows
+ * (score_rows) or compact logits four tokens at a time (score_quads). Design:
+ * docs/decode-kernel.md, "Score write-back, separate pass".
+ */
+#include "attention/decode_tc.h"
+#include "attention/tc_merge.cuh"
+
+#include <math.h>
+
+#include <type_traits>
+
+#define FIN_THREADS 256
+#define FIN_TOKENS 8 /* tokens per thread in the score blocks, independent of each other */
+/* With rows loaded early (score_rows), regions of at least this many tokens take twice as many
+ * per thread (H100, mix 20/50/30 and K4V2, A/B: 256 x 32k 3,833 against 3,756 us, 256 x 16k
+ * 1,962 against 1,947; but 64 x 1k K4V2 81 against 92 and 256 x 4k mix 614 against 629). */
+#define FIN_LONG_REGION 16384
+
+/* The logits and page ids of a score block's tokens k = first + tid + u FIN_THREADS (the
+ * region's tokens, high then low), loaded before the block knows the heads' lse, so that these
+ * loads overlap the items' maxima and sums being read (NV float4s per token: rows of G = 4 NV
+ * logits, 16-byte aligned). */
+template <int NV, int U>
+struct score_rows {
+    static constexpr int32_t PER_BLOCK = FIN_THREADS * U; /* units (tokens) per score block */
+    float4 v[U][NV];
+    int32_t page[U], slot[U];
+
+    /* A unit is a token: the high section's first, the region's n in all. */
+    static __device__ __forceinline__ int32_t units(int32_t hi, int32_t n, int32_t *hi_units)
+    {
+        *hi_units = hi;
+        return n;
+    }
+
+    /* ONE: every token of the block lies in section s[0], whose token 0 is the region's token
+     * base (0 or hi): no per-token choice of section (most blocks; a block straddles the
+     * sections only where the high one ends). Else base is hi, the high section s[0] and the
+     * low one s[1]. */
+    template <bool ONE>
+    __device__ __forceinline__ void load(const tc_args &, const mkv_tc::section_tokens (&s)[2], int32_t base,
+                                         int32_t n, int32_t first)
+    {
+#pragma unroll
+        for (int u = 0; u < U; u++) {
+            const int32_t k = first + (int32_t)threadIdx.x + u * FIN_THREADS;
+            if (k >= n) break;
+            const bool sec = !ONE && k >= base;
+            const int32_t kk = k - (ONE || sec ? base : 0);
+            const mkv_tc::section_tokens t = ONE ? s[0] : mkv_tc::pick_section(s, sec);
+            const float4 *row = reinterpret_cast<const float4 *>(t.lg + (int64_t)kk * (4 * NV));
+#pragma unroll
+            for (int j = 0; j < NV; j++) v[u][j] = __ldcs(row + j);
+            const mkv_tc::page_slot ps = mkv_tc::page_of(t, kk);
+            page[u] = __ldg(t.row + ps.i * t.step);
+            slot[u] = ps.slot;
+        }
+    }
+
+    /* Each token's probability, the maximum over the group of 2^(l - lse_g), to its slot. */
+    template <bool ONE>
+    __device__ __forceinline__ void add(const tc_args &, const mkv_tc::section_tokens (&s)[2], int32_t base,
+                                        int32_t n, int32_t first, const float *lse) const
+    {
+#pragma unroll
+        for (int u = 0; u < U; u++) {
+            const int32_t k = first + (int32_t)threadIdx.x + u * FIN_THREADS;
+            if (k >= n) break;
+            float x = -INFINITY;
+#pragma unroll
+            for (int j = 0; j < NV; j++)
+                x = fmaxf(x, fmaxf(fmaxf(v[u][j].x - lse[4 * j], v[u][j].y - lse[4 * j + 1]),
+                                   fmaxf(v[u][j].z - lse[4 * j + 2], v[u][j].w - lse[4 * j + 3])));
+            const mkv_tc::section_tokens t = ONE ? s[0] : mkv_tc::pick_section(s, !ONE && k >= base);
+            mkv_tc::red_add(mkv_tc::score_slot(t, page[u], slot[u]), mkv_tc::ex2(x));
+        }
+    }
+};
+
+/* The compact logits (tc_args::compact) of a score block's tokens, four consecutive tokens of a
+ * section a unit (a quad: one 16-byte load of each pair's codes, one word of its nibbles, one
+ * step maximum, as a quad lies in one 16-token slot of the maxima, MKV_TC_R_GRID; one 16-byte
+ * score reduction where score_v4, whose pages of a multiple of 4 tokens keep a quad in one
+ * page), loaded before the block knows the heads' lse as score_rows's rows are. Units: the high section's quads, then the low
+ * one's; the last quad of a section may hold fewer than four tokens (its loads stay inside the
+ * item's slot row, a multiple of 32 tokens; what lies past the section is not used). */
+template <int G2, int U>
+struct score_quads {
+    static constexpr int32_t PER_BLOCK = FIN_THREADS * U;
+    uint4 w[U][G2];     /* codes' low 16 bits, heads 2j and 2j + 1, of the quad's four tokens */
+    uint32_t b[U][G2];  /* their high nibbles, a byte per token */
+    float2 r[U][G2];    /* the step maxima R of both heads */
+    int32_t page[U], slot[U];
+
+    static __device__ __forceinline__ int32_t units(int32_t hi, int32_t n, int32_t *hi_units)
+    {
+        *hi_units = (hi + 3) / 4;
+        return *hi_units + (n - hi + 3) / 4;
+    }
+
+    template <bool ONE>
+    __device__ __forceinline__ void load(const tc_args &a, const mkv_tc::section_tokens (&s)[2], int32_t base,
+                                         int32_t n, int32_t first)
+    {
+#pragma unroll
+        for (int u = 0; u < U; u++) {
+            const int32_t q = first + (int32_t)threadIdx.x + u * FIN_THREADS;
+            if (q >= n) break;
+            const bool sec = !ONE && q >= base;
+            const int32_t kk = 4 * (q - (ONE || sec ? base : 0));
+            const mkv_tc::section_tokens t = ONE ? s[0] : mkv_tc::pick_section(s, sec);
+            const int64_t x = t.lin0 + kk;
+#pragma unroll
+            for (int j = 0; j < G2; j++) {
+                w[u][j] = __ldcs(reinterpret_cast<const uint4 *>(a.lg_a + j * a.lg_n + x));
+                b[u][j] = __ldcs(reinterpret_cast<const uint32_t *>(a.lg_b + j * a.lg_n + x));
+                r[u][j] = __ldg(reinterpret_cast<const float2 *>(a.lg_r) + (j * a.lg_n + x) / MKV_TC_R_GRID);
+            }
+            const mkv_tc::page_slot ps = mkv_tc::page_of(t, kk);
+            page[u] = __ldg(t.row + ps.i * t.step);
+            slot[u] = ps.slot;
+        }
+    }
+
+    /* Each token's probability, the maximum over the group of y 2^(R - lse_g), to its slot. */
+    template <bool ONE>
+    __device__ __forceinline__ void add(const tc_args &a, const mkv_tc::section_tokens (&s)[2], int32_t base,
+                                        int32_t n, int32_t first, const float *lse) const
+    {
+        const int32_t G = a.G;
+#pragma unroll
+        for (int u = 0; u < U; u++) {
+            const int32_t q = first + (int32_t)threadIdx.x + u * FIN_THREADS;
+            if (q >= n) break;
+            const bool sec = !ONE && q >= base;
+            const mkv_tc::section_tokens t = ONE ? s[0] : mkv_tc::pick_section(s, sec);
+            const int32_t kk = 4 * (q - (ONE || sec ? base : 0)), lim = min(4, t.n - kk);
+            float p[4] = {0.0f, 0.0f, 0.0f, 0.0f};
+#pragma unroll
+            for (int j = 0; j < G2; j++) {
+                /* the codes' factors 2^(R - lse) / MKV_TC_YSCALE; 0 for an odd G's missing head */
+                const float f0 = mkv_tc::ex2(r[u][j].x - lse[2 * j]) * (1.0f / MKV_TC_YSCALE);
+                const float f1 = 2 * j + 1 < G ? mkv_tc::ex2(r[u][j].y - lse[2 * j + 1]) * (1.0f / MKV_TC_YSCALE) : 0.0f;
+                const uint32_t wt[4] = {w[u][j].x, w[u][j].y, w[u][j].z, w[u][j].w};
+#pragma unroll
+                for (int k = 0; k < 4; k++) {
+                    const uint32_t bt = b[u][j] >> (8 * k);
+                    const uint32_t c0 = (wt[k] & 0xFFFFu) | ((bt & 0xFu) << 16);
+                    const uint32_t c1 = (wt[k] >> 16) | ((bt & 0xF0u) << 12);
+                    p[k] = fmaxf(p[k], fmaxf((float)c0 * f0, (float)c1 * f1));
+                }
+            }
+            if (lim == 4 && mkv_tc::score_v4(t)) { /* the section's own pages (sizes differ) */
+                mkv_tc::red_add4(mkv_tc::score_slot(t, page[u], slot[u]), p[0], p[1], p[2], p[3]);
+            } else { /* a section's last quad, or pages of tpp % 4 != 0 (a quad may cross one) */
+#pragma unroll
+                for (int k = 0; k < 4; k++) {
+                    if (k >= lim) break;
+                    if (slot[u] + k < t.tpp) {
+                        mkv_tc::red_add(mkv_tc::score_slot(t, page[u], slot[u] + k), p[k]);
+                    } else {
+                        const mkv_tc::page_slot ps = mkv_tc::page_of(t, kk + k);
+                        mkv_tc::red_add(mkv_tc::score_slot(t, __ldg(t.row + ps.i * t.step), ps.slot), p[k]);
+                    }
+                }
+            }
+        }
+    }
+};
+
+/* Item weights staged per round of merge_out: a round's items' 2^(m - M) per head. */
+#define MKV_TC_MERGE_ROUND 64
+
+/* out of head-region rs = its n_items parts' partial outputs (from part), each weighted by
+ * 2^(m - M), over S; block-wide (all NTH threads call it: it holds barriers). The G x d outputs as float4s: thread t takes float4 t % n4 of the items
+ * congruent to t / n4 modulo NTH / n4 (several loads in flight per thread, where one thread
+ * per output element had walked every item with scalar loads), the item lanes then summed
+ * through shared memory. The weights are computed once per item and head into W, a round of
+ * MKV_TC_MERGE_ROUND items at a time. */
+template <int NTH>
+static __device__ __forceinline__ void merge_out(const tc_args &a, int64_t part, int32_t n_items, int64_t rs,
+                                          int32_t d, const float *M, const float *S,
+                                          float (&W)[MKV_TC_MERGE_ROUND][MKV_TC_MAX_G], float4 (&R)[NTH])
+{
+    static_assert(MKV_TC_MAX_G * 128 / 4 <= NTH, "a thread per float4 of the G x d outputs (d <= 128)");
+    const int32_t G = a.G, n4 = G * d / 4, tid = threadIdx.x;
+    const int32_t lanes = NTH / n4 > 0 ? NTH / n4 : 1; /* item lanes */
+    const int32_t p = tid / n4, e4 = tid - p * n4, g = 4 * e4 / d;
+    const bool mine = p < lanes;
+    const float4 *po = reinterpret_cast<const float4 *>(a.part_o + part * G * d) + e4;
+    float4 o = make_float4(0.0f, 0.0f, 0.0f, 0.0f);
+    for (int32_t s0 = 0; s0 < n_items; s0 += MKV_TC_MERGE_ROUND) {
+        const int32_t nr = min(MKV_TC_MERGE_ROUND, n_items - s0);
+        __syncthreads(); /* the previous round's W is read */
+        for (int32_t i = tid; i < nr * G; i += NTH) {
+            const int32_t s = i / G, h = i - s * G;
+            W[s][h] = exp2f(__ldcg(a.part_ml + ((part + s0 + s) * G + h) * 2) - M[h]);
+        }
+        __syncthreads();
+        if (!mine) continue;
+#pragma unroll 4
+        for (int32_t s = p; s < nr; s += lanes) {
+            const float4 x = __ldcg(po + (int64_t)(s0 + s) * n4);
+            const float w = W[s][g];
+            o.x = fmaf(x.x, w, o.x), o.y = fmaf(x.y, w, o.y), o.z = fmaf(x.z, w, o.z), o.w = fmaf(x.w, w, o.w);
+        }
+    }
+    if (lanes > 1) {
+        R[tid] = o;
+        __syncthreads();
+        if (p != 0) return;
+        for (int32_t q = 1; q < lanes; q++) {
+            const float4 x = R[q * n4 + e4];
+            o.x += x.x, o.y += x.y, o.z += x.z, o.w += x.w;
+        }
+    } else if (!mine) {
+        return;
+    }
+    const float r[4] = {o.x / S[g], o.y / S[g], o.z / S[g], o.w / S[g]};
+    const int64_t at = rs * G * d + 4 * e4;
+#pragma unroll
+    for (int k = 0; k < 4; k++) {
+        if (a.out16) a.out16[at + k] = a.out_bf16 ? mkv_f32_to_bf16(r[k]) : mkv_f32_to_f16(r[k]);
+        else a.out[at + k] = r[k];
+    }
+}
+
+/* Block index bx (grid x, or z with tc_args::x_last) 0: out = merged items; bx >= 1: scores
+ * of the region's units [(bx - 1) B, bx B) (SC::PER_BLOCK = B: FIN_THREADS threads, U units
+ * each, FIN_THREADS apart, coalesced), its tokens high then low (SC: score_rows, a token and its
+ * fp32 row a unit, G = 4 or 8; score_quads, four tokens of compact logits). Each block first
+ * finds the final max M and sum S of every query head from the items; the score blocks load
+ * their units' logits and page ids before that, so that those loads overlap the items' maxima
+ * and sums being read. SC void: fp32 logits of any G, FIN_TOKENS per thread, loaded after. */
+template <class SC>
+static __global__ void __launch_bounds__(FIN_THREADS) finalize_kernel(const tc_args a, int32_t d)
+{
+    constexpr bool ANY_G = std::is_void<SC>::value;
+    using ROWS = typename std::conditional<ANY_G, score_rows<1, 1>, SC>::type;
+    const int32_t bx = a.x_last ? blockIdx.z : blockIdx.x, h = a.x_last ? blockIdx.x : blockIdx.y;
+    const int32_t j = a.x_last ? blockIdx.y : blockIdx.z, tid = threadIdx.x;
+    const int64_t rs = (int64_t)j * a.H + h;
+    const int64_t region = a.regions[rs];
+    const int64_t nh = max(a.n_hi[region], 0), nl = max(a.n_lo[region], 0);
+    const int32_t n = (int32_t)min(nh + nl, (int64_t)a.max_tokens);
+    if (n == 0) return; /* out untouched, as in the reference */
+    const int32_t hi = (int32_t)min(nh, (int64_t)n);
+    const int32_t I = a.item_tokens;
+    const int32_t items_hi = (hi + I - 1) / I, items_lo = (n - hi + I - 1) / I;
+    /* the region's units, the high section's first */
+    int32_t uhi;
+    const int32_t un = ANY_G ? (uhi = hi, n) : ROWS::units(hi, n, &uhi);
+    const int32_t first = bx == 0 ? 0 : (bx - 1) * (ANY_G ? FIN_THREADS * FIN_TOKENS : ROWS::PER_BLOCK);
+    if (first >= un) return;
+    const int32_t G = a.G;
+    const int64_t part = rs * 2 * a.sec_items; /* item slots of this head-region */
+    mkv_tc::section_tokens secs[2];
+    ROWS rows;
+    /* A block in one section (one), and its section's first unit in the region (base). */
+    const bool one = first >= uhi || min(first + ROWS::PER_BLOCK, un) <= uhi;
+    const int32_t base = one && first < uhi ? 0 : uhi;
+    if (!ANY_G && bx > 0) {
+        secs[0] = mkv_tc::section_of_region(a, rs, region, one ? first >= uhi : 0, hi, n, items_hi);
+        if (one) {
+            rows.template load<true>(a, secs, base, un, first);
+        } else {
+            secs[1] = mkv_tc::section_of_region(a, rs, region, 1, hi, n, items_hi);
+            rows.template load<false>(a, secs, base, un, first);
+        }
+    }
+
+    /* Warp g finds head g's M and S, its lanes taking every 32nd item slot (the low items'
+     * slots follow the high ones'). */
+    static_assert(FIN_THREADS / 32 >= MKV_TC_MAX_G, "a warp per query head");
+    __shared__ float M_s[MKV_TC_MAX_G], S_s[MKV_TC_MAX_G], LSE_s[MKV_TC_MAX_G];
+    const int32_t warp = tid >> 5, lane = tid & 31, slots = items_hi + items_lo;
+    if (warp < G) {
+        const float2 ms = mkv_tc::head_ms(a, part, slots, warp);
+        if (lane == 0) M_s[warp] = ms.x, S_s[warp] = ms.y, LSE_s[warp] = ms.x + log2f(ms.y);
+    }
+    __syncthreads();
+
+    if (bx == 0) {
+        __shared__ float W_s[MKV_TC_MERGE_ROUND][MKV_TC_MAX_G];
+        __shared__ float4 R_s[FIN_THREADS];
+        merge_out<FIN_THREADS>(a, part, items_hi + items_lo, rs, d, M_s, S_s, W_s, R_s);
+        return;
+    }
+
+    if constexpr (!ANY_G) {
+        if (one) rows.template add<true>(a, secs, base, un, first, LSE_s);
+        else rows.template add<false>(a, secs, base, un, first, LSE_s);
+    } else {
+        /* The tokens of the block in each section (first is past hi in the low one: none). */
+        for (int32_t sec = 0; sec < 2; sec++) {
+            const mkv_tc::section_tokens s = mkv_tc::section_of_region(a, rs, region, sec, hi, n, items_hi);
+            mkv_tc::score_tokens<FIN_TOKENS>(s, first + tid - (sec ? hi : 0), FIN_THREADS, LSE_s);
+        }
+    }
+}
+
+cudaError_t mkv_tc_finalize(const tc_args &a, int32_t d, int32_t n_seq, cudaStream_t stream)
+{
+    /* A block's units: FIN_TOKENS tokens per thread, twice that on long regions; compact
+     * logits in quads (FIN_TOKENS / 4 of them per thread, or twice that). */
+    const bool rows = a.G == 4 || a.G == 8, wide = a.max_tokens >= FIN_LONG_REGION;
+    const int32_t per_thread = (a.compact || rows) && wide ? 2 * FIN_TOKENS : FIN_TOKENS;
+    /* units of a region: tokens, or quads (each section's last may be partial) */
+    const int64_t units = a.compact ? ((int64_t)a.max_tokens + 3) / 4 + 1 : a.max_tokens;
+    const int64_t per_block = FIN_THREADS * (a.compact ? per_thread / 4 : per_thread);
+    /* Without a score write-back only the merge blocks (x = 0) run. */
+    const unsigned bx = a.keep_logits ? 1u + (unsigned)((units + per_block - 1) / per_block) : 1u;
+    tc_args f = a; /* the blocks' index last (as the decode pass) where grid z holds them */
+    f.x_last = a.x_last && bx <= 65535u;
+    const dim3 grid = f.x_last ? dim3((unsigned)a.H, (unsigned)n_seq, bx) : dim3(bx, (unsigned)a.H, (unsigned)n_seq);
+    constexpr int T = FIN_TOKENS, Q = FIN_TOKENS / 4;
+    if (a.compact) { /* G >= 2 (mkv_tc_plan) */
+        const int32_t g2 = (a.G + 1) / 2;
+        if (g2 == 1) wide ? finalize_kernel<score_quads<1, 2 * Q>><<<grid, FIN_THREADS, 0, stream>>>(f, d)
+                          : finalize_kernel<score_quads<1, Q>><<<grid, FIN_THREADS, 0, stream>>>(f, d);
+        else if (g2 == 2) wide ? finalize_kernel<score_quads<2, 2 * Q>><<<grid, FIN_THREADS, 0, stream>>>(f, d)
+                               : finalize_kernel<score_quads<2, Q>><<<grid, FIN_THREADS, 0, stream>>>(f, d);
+        else if (g2 == 3) wide ? finalize_kernel<score_quads<3, 2 * Q>><<<grid, FIN_THREADS, 0, stream>>>(f, d)
+                               : finalize_kernel<score_quads<3, Q>><<<grid, FIN_THREADS, 0, stream>>>(f, d);
+        else wide ? finalize_kernel<score_quads<4, 2 * Q>><<<grid, FIN_THREADS, 0, stream>>>(f, d)
+                  : finalize_kernel<score_quads<4, Q>><<<grid, FIN_THREADS, 0, stream>>>(f, d);
+    } else if (!rows) {
+        finalize_kernel<void><<<grid, FIN_THREADS, 0, stream>>>(f, d);
+    } else if (a.G == 4) {
+        wide ? finalize_kernel<score_rows<1, 2 * T>><<<grid, FIN_THREADS, 0, stream>>>(f, d)
+             : finalize_kernel<score_rows<1, T>><<<grid, FIN_THREADS, 0, stream>>>(f, d);
+    } else {
+        wide ? finalize_kernel<score_rows<2, 2 * T>><<<grid, FIN_THREADS, 0, stream>>>(f, d)
+             : finalize_kernel<score_rows<2, T>><<<grid, FIN_THREADS, 0, stream>>>(f, d);
+    }
+    return cudaGetLastError();
+}
