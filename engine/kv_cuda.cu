@@ -173,19 +173,28 @@ __device__ __forceinline__ uint8_t *page_of(uint8_t *pool, int64_t page_bytes, c
     return pool + (int64_t)page * page_bytes;
 }
 
-/* mkv_page_copy_token by one warp (distinct slots, or distinct pages). */
-__device__ void copy_token(uint8_t *dst, int32_t ds, const uint8_t *src, int32_t ss,
-                           const mkv_page_layout_t *lay, int lane)
-{
-    const mkv_vec_layout_t *k = &lay->key, *v = &lay->value;
-    if (k->chunk_bytes == 16 && v->chunk_bytes == 16 && k->n_chunks <= 32 && v->n_chunks <= 32) {
-        /* Every word the token has, one lane each (groups <= 16), loaded before any is stored:
-         * one round trip instead of one per segment (the stores could alias the loads as far
-         * as the compiler knows, so the loop below waits for each segment in turn). */
-        uint4 kc = make_uint4(0, 0, 0, 0), vc = make_uint4(0, 0, 0, 0);
-        uint32_t km = 0, vm = 0, sc = 0, ps = 0;
-        const bool has_kc = lane < k->n_chunks, has_vc = lane < v->n_chunks;
-        const bool has_km = k->bits != 16 && lane < k->groups, has_vm = v->bits != 16 && lane < v->groups;
+/* One token's words in a warp, one lane each (groups <= 16): what copy_token moves on its fast
+ * path, loaded all at once (one round trip) and stored apart from the load, so that a caller
+ * can have two tokens in flight before it stores either. */
+struct token_words {
+    uint4 kc, vc;
+    uint32_t km, vm, sc, ps;
+    bool has_kc, has_vc, has_km, has_vm;
+
+    /* The fast path applies: 16-byte chunks, at most one chunk and one group a lane. */
+    static __device__ __forceinline__ bool fits(const mkv_page_layout_t *lay)
+    {
+        const mkv_vec_layout_t *k = &lay->key, *v = &lay->value;
+        return k->chunk_bytes == 16 && v->chunk_bytes == 16 && k->n_chunks <= 32 && v->n_chunks <= 32;
+    }
+
+    __device__ __forceinline__ void load(const uint8_t *src, int32_t ss, const mkv_page_layout_t *lay, int lane)
+    {
+        const mkv_vec_layout_t *k = &lay->key, *v = &lay->value;
+        kc = vc = make_uint4(0, 0, 0, 0);
+        km = vm = sc = ps = 0;
+        has_kc = lane < k->n_chunks, has_vc = lane < v->n_chunks;
+        has_km = k->bits != 16 && lane < k->groups, has_vm = v->bits != 16 && lane < v->groups;
         if (has_kc) kc = *(const uint4 *)(src + mkv_code_offset(lay, 0, ss, lane));
         if (has_vc) vc = *(const uint4 *)(src + mkv_code_offset(lay, 1, ss, lane));
         if (has_km) km = *(const uint32_t *)(src + mkv_meta_offset(lay, 0, ss, lane));
@@ -194,7 +203,10 @@ __device__ void copy_token(uint8_t *dst, int32_t ds, const uint8_t *src, int32_t
             sc = *(const uint32_t *)(src + mkv_score_offset(lay, ss));
             ps = *(const uint32_t *)(src + mkv_pos_offset(lay, ss));
         }
-        __syncwarp(); /* every lane's loads issued and their values held before any store */
+    }
+
+    __device__ __forceinline__ void store(uint8_t *dst, int32_t ds, const mkv_page_layout_t *lay, int lane) const
+    {
         if (has_kc) *(uint4 *)(dst + mkv_code_offset(lay, 0, ds, lane)) = kc;
         if (has_vc) *(uint4 *)(dst + mkv_code_offset(lay, 1, ds, lane)) = vc;
         if (has_km) *(uint32_t *)(dst + mkv_meta_offset(lay, 0, ds, lane)) = km;
@@ -203,6 +215,21 @@ __device__ void copy_token(uint8_t *dst, int32_t ds, const uint8_t *src, int32_t
             *(uint32_t *)(dst + mkv_score_offset(lay, ds)) = sc;
             *(uint32_t *)(dst + mkv_pos_offset(lay, ds)) = ps;
         }
+    }
+};
+
+/* mkv_page_copy_token by one warp (distinct slots, or distinct pages). */
+__device__ void copy_token(uint8_t *dst, int32_t ds, const uint8_t *src, int32_t ss,
+                           const mkv_page_layout_t *lay, int lane)
+{
+    if (token_words::fits(lay)) {
+        /* every word loaded before any is stored: one round trip instead of one per segment
+         * (the stores could alias the loads as far as the compiler knows, so the loop below
+         * waits for each segment in turn) */
+        token_words w;
+        w.load(src, ss, lay, lane);
+        __syncwarp(); /* every lane's loads issued and their values held before any store */
+        w.store(dst, ds, lay, lane);
         __syncwarp();
         return;
     }
@@ -577,6 +604,42 @@ struct compress_args {
     int32_t L;
 };
 
+/* Every token k < n of a section (sec 1: the low one, its rows from the end) by one warp, as
+ * (k, pos, score sum) to f, each lane's tokens in increasing k. SCAN_U tokens a lane at a
+ * time, with all their page ids and then all their words loaded before any is used: one
+ * token's chain (page id, then its words, then the division) a lane at a time left the
+ * kernel waiting on memory (ncu, serve-bench's steps: 1.6 TB/s, 13 of 18 cycles per
+ * instruction stalled on loads). */
+#define SCAN_U 8
+template <typename F>
+__device__ __forceinline__ void scan_section(const compress_args &a, const mkv_page_layout_t *lay,
+                                             const int32_t *row, int sec, int32_t n, int lane, F &&f)
+{
+    const int32_t tpp = lay->tokens, dq = 32 / tpp, dr = 32 - dq * tpp;
+    int32_t pi = lane / tpp, slot = lane - pi * tpp;
+    for (int32_t k0 = lane; k0 < n; k0 += 32 * SCAN_U) {
+        int32_t page[SCAN_U], sl[SCAN_U], pos[SCAN_U];
+        float sum[SCAN_U];
+#pragma unroll
+        for (int u = 0; u < SCAN_U; u++) {
+            sl[u] = slot;
+            page[u] = k0 + 32 * u < n ? row[sec ? a.T - 1 - pi : pi] : 0;
+            next_token(pi, slot, dq, dr, tpp);
+        }
+#pragma unroll
+        for (int u = 0; u < SCAN_U; u++) {
+            /* aligned words: pages are multiples of 16 bytes and segments start on 16-byte
+             * boundaries */
+            const uint8_t *pg = a.pool + (int64_t)page[u] * a.page_bytes;
+            pos[u] = k0 + 32 * u < n ? *(const int32_t *)(pg + mkv_pos_offset(lay, sl[u])) : 0;
+            sum[u] = k0 + 32 * u < n ? *(const float *)(pg + mkv_score_offset(lay, sl[u])) : 0.0f;
+        }
+#pragma unroll
+        for (int u = 0; u < SCAN_U; u++)
+            if (k0 + 32 * u < n) f(k0 + 32 * u, pos[u], sum[u]);
+    }
+}
+
 static __device__ __forceinline__ int32_t leaving_high(int32_t act, int32_t cand, int32_t victim)
 {
     switch (act) {
@@ -608,54 +671,39 @@ decide_kernel(const __grid_constant__ slot_args sa, const __grid_constant__ comp
     const int32_t *row = a.table + r * a.T;
     int32_t act = MKV_ACT_NONE, cand = -1, victim = -1;
     const bool failed = *a.fail != 0; /* the resize that follows will change nothing either */
-    if (!failed && N > a.window) {
+    const bool mix = a.mix_high > 0.0f || a.mix_low > 0.0f;
+    int32_t want_h = 0, want_l = 0;
+    if (mix) mix_targets(N - a.window, a.mix_high, a.mix_low, &want_h, &want_l);
+    if (!failed && N > a.window && mix && nh - a.window <= want_h) {
+        act = MKV_ACT_KEEP; /* policy.c's decide_mix: the high section is not over its share, t_c
+                             * stays (no scan: it would only find t_c) */
+    } else if (!failed && N > a.window) {
         const int32_t cand_pos = N - 1 - a.window, limit = N - a.window;
         u64 best_hi = ~0ull, best_lo = ~0ull;
         int32_t c = -1, bh = -1, bl = -1;
         float sc = 0.0f;
-        /* unrolled: independent loads of several tokens in flight per lane; token k's page
-         * and slot follow from the previous k's (next_token: no division per token) */
-        {
-            const int32_t tpp = a.lay_hi.tokens, dq = 32 / tpp, dr = 32 - dq * tpp;
-            int32_t pi = lane / tpp, slot = lane - pi * tpp;
-#pragma unroll 4
-            for (int32_t k = lane; k < nh; k += 32) {
-                int32_t pos;
-                const uint8_t *pg = a.pool + (int64_t)row[pi] * a.page_bytes;
-                const float sig = token_sig(pg, &a.lay_hi, slot, plen, N, a.obs, &pos);
-                if (pos == cand_pos) c = k, sc = sig;
-                const u64 key = tok_key(sig, pos);
-                if (pos < limit && key < best_hi) best_hi = key, bh = k;
-                next_token(pi, slot, dq, dr, tpp);
-            }
-        }
+        scan_section(a, &a.lay_hi, row, 0, nh, lane, [&](int32_t k, int32_t pos, float sum) {
+            const float sig = __fdiv_rn(sum, (float)observers(pos, plen, N, a.obs));
+            if (pos == cand_pos) c = k, sc = sig;
+            const u64 key = tok_key(sig, pos);
+            if (pos < limit && key < best_hi) best_hi = key, bh = k;
+        });
         /* the low section matters only when t_c itself is demoted (th_l <= sig < th_h) */
         const uint32_t has_c = __ballot_sync(FULL_MASK, c >= 0);
         const float sc_all = has_c ? __shfl_sync(FULL_MASK, sc, __ffs(has_c) - 1) : 0.0f;
         const float th_h0 = __fdiv_rn(a.alpha_h, (float)N), th_l0 = __fdiv_rn(a.alpha_l, (float)N);
-        const bool mix = a.mix_high > 0.0f || a.mix_low > 0.0f;
-        int32_t want_h = 0, want_l = 0;
         bool need_low;
         if (mix) { /* policy.c's decide_mix needs the low section only when t_c leaves a full one */
-            mix_targets(N - a.window, a.mix_high, a.mix_low, &want_h, &want_l);
             const u64 mh = warp_min_u64(best_hi);
             need_low = has_c && nh - a.window > want_h && nl + 1 > want_l && mh == tok_key(sc_all, cand_pos);
         } else {
             need_low = has_c && !(sc_all >= th_h0) && sc_all >= th_l0;
         }
-        if (need_low) {
-            const int32_t tpp = a.lay_lo.tokens, dq = 32 / tpp, dr = 32 - dq * tpp;
-            int32_t pi = lane / tpp, slot = lane - pi * tpp;
-#pragma unroll 4
-            for (int32_t k = lane; k < nl; k += 32) {
-                int32_t pos;
-                const uint8_t *pg = a.pool + (int64_t)row[a.T - 1 - pi] * a.page_bytes; /* low rows from the end */
-                const float sig = token_sig(pg, &a.lay_lo, slot, plen, N, a.obs, &pos);
-                const u64 key = tok_key(sig, pos);
+        if (need_low)
+            scan_section(a, &a.lay_lo, row, 1, nl, lane, [&](int32_t k, int32_t pos, float sum) {
+                const u64 key = tok_key(__fdiv_rn(sum, (float)observers(pos, plen, N, a.obs)), pos);
                 if (key < best_lo) best_lo = key, bl = k;
-                next_token(pi, slot, dq, dr, tpp);
-            }
-        }
+            });
         /* the owners of the candidate and of each minimum tell the warp */
         const u64 min_hi = warp_min_u64(best_hi), min_lo = warp_min_u64(best_lo);
         const uint32_t own_hi = __ballot_sync(FULL_MASK, best_hi == min_hi && bh >= 0);
@@ -744,10 +792,19 @@ move_kernel(const __grid_constant__ slot_args sa, const __grid_constant__ compre
     uint8_t *lp = page_of(a.pool, a.page_bytes, row, a.T, 0, leaving, tpp, &ls);
     uint8_t *sp = a.stage + (i / tpp) * a.page_bytes;
     const int32_t ss = (int32_t)(i % tpp);
-    if (act != MKV_ACT_PRUNE_VICTIM && act != MKV_ACT_PRUNE_CAND) copy_token(sp, ss, lp, ls, &a.lay_hi, lane);
-    if (leaving != nh - 1) {
-        const uint8_t *ep = page_of(a.pool, a.page_bytes, row, a.T, 0, nh - 1, tpp, &es);
-        copy_token(lp, ls, ep, es, &a.lay_hi, lane);
+    const bool stage = act != MKV_ACT_PRUNE_VICTIM && act != MKV_ACT_PRUNE_CAND, swap = leaving != nh - 1;
+    const uint8_t *ep = swap ? page_of(a.pool, a.page_bytes, row, a.T, 0, nh - 1, tpp, &es) : NULL;
+    if (token_words::fits(&a.lay_hi)) { /* both tokens in flight before either is stored */
+        token_words lw, ew;
+        if (stage) lw.load(lp, ls, &a.lay_hi, lane);
+        if (swap) ew.load(ep, es, &a.lay_hi, lane);
+        __syncwarp();
+        if (stage) lw.store(sp, ss, &a.lay_hi, lane);
+        if (swap) ew.store(lp, ls, &a.lay_hi, lane);
+        __syncwarp();
+    } else {
+        if (stage) copy_token(sp, ss, lp, ls, &a.lay_hi, lane);
+        if (swap) copy_token(lp, ls, ep, es, &a.lay_hi, lane);
     }
     if (act == MKV_ACT_DEMOTE_CAND_PRUNE_LOW) {
         int32_t vs;
