@@ -277,6 +277,53 @@ void mkv_tools_forward_free(mkv_tools_forward_t *f)
     memset(f, 0, sizeof *f);
 }
 
+const char *mkv_policy_opts_mode(const mkv_policy_t *p)
+{
+    return p->mix_high > 0.0f || p->mix_low > 0.0f ? "fixed mix" : "thresholds";
+}
+
+void mkv_policy_opts_describe(const mkv_policy_t *p, char *buf, size_t n)
+{
+    if (p->mix_high > 0.0f || p->mix_low > 0.0f) {
+        const double pruned = 100.0 * (1.0 - (double)p->mix_high - (double)p->mix_low);
+        snprintf(buf, n, "fixed mix %.4g%% high / %.4g%% low / %.4g%% pruned by significance rank, window %d, %s / %s",
+                 100.0 * p->mix_high, 100.0 * p->mix_low, pruned < 0.0 ? 0.0 : pruned, p->window,
+                 mkv_format_name(p->hi), mkv_format_name(p->lo));
+    } else {
+        snprintf(buf, n, "thresholds alpha_h %g / alpha_l %g, window %d, %s / %s", p->alpha_h, p->alpha_l, p->window,
+                 mkv_format_name(p->hi), mkv_format_name(p->lo));
+    }
+}
+
+cJSON *mkv_policy_opts_json(const mkv_policy_t *p, const mkv_cache_t *cache)
+{
+    cJSON *pol = cJSON_CreateObject();
+    cJSON_AddStringToObject(pol, "mode", p->mix_high > 0.0f || p->mix_low > 0.0f ? "fixed_mix" : "thresholds");
+    mkv_cache_info_t info;
+    if (cache && mkv_cache_info(cache, &info) == MKV_STATUS_OK) {
+        cJSON_AddNumberToObject(pol, "hi_key_group", info.config.hi_key_group);
+        cJSON_AddNumberToObject(pol, "hi_value_group", info.config.hi_value_group);
+        cJSON_AddNumberToObject(pol, "lo_key_group", info.config.lo_key_group);
+        cJSON_AddNumberToObject(pol, "lo_value_group", info.config.lo_value_group);
+    } else {
+        cJSON_AddNumberToObject(pol, "hi_key_group", p->hi_key_group);
+        cJSON_AddNumberToObject(pol, "hi_value_group", p->hi_value_group);
+        cJSON_AddNumberToObject(pol, "lo_key_group", p->lo_key_group);
+        cJSON_AddNumberToObject(pol, "lo_value_group", p->lo_value_group);
+    }
+    cJSON_AddStringToObject(pol, "hi_format", mkv_format_name(p->hi));
+    cJSON_AddStringToObject(pol, "lo_format", mkv_format_name(p->lo));
+    cJSON_AddNumberToObject(pol, "alpha_h", p->alpha_h);
+    cJSON_AddNumberToObject(pol, "alpha_l", p->alpha_l);
+    cJSON_AddNumberToObject(pol, "window", p->window);
+    cJSON_AddNumberToObject(pol, "obs_window", p->obs_window);
+    if (p->mix_high > 0.0f || p->mix_low > 0.0f) {
+        cJSON_AddNumberToObject(pol, "mix_high", p->mix_high);
+        cJSON_AddNumberToObject(pol, "mix_low", p->mix_low);
+    }
+    return pol;
+}
+
 mkv_cache_t *mkv_tools_make_cache(const char *cmd, const mkv_model_t *model, mkv_backend_t backend,
                                   int fp16, const mkv_policy_t *p, int32_t max_seqs,
                                   int32_t max_seq_len, double pool_scale)

@@ -12,6 +12,9 @@
 #include "runner/tokenizer.h"
 #include "mixkv.h"
 
+#include <cjson/cJSON.h>
+#include <stddef.h>
+
 /* The policy: calib/policy.h's value (tools once had their own copy of the struct; the old
  * names stay as aliases). */
 typedef mkv_policy_t mkv_policy_opts_t;
@@ -80,6 +83,18 @@ void mkv_tools_forward_free(mkv_tools_forward_t *f);
 mkv_cache_t *mkv_tools_make_cache(const char *cmd, const mkv_model_t *model, mkv_backend_t backend,
                                   int fp16, const mkv_policy_t *p, int32_t max_seqs,
                                   int32_t max_seq_len, double pool_scale);
+
+/* How a policy chooses (for a tool's output): "fixed mix" (mix_high or mix_low set: fractions
+ * kept high and low by significance rank) or "thresholds" (alpha_h, alpha_l). */
+const char *mkv_policy_opts_mode(const mkv_policy_t *p);
+
+/* One line of text: the mode with its fractions or thresholds, the window and the formats
+ * ("fixed mix 20% high / 50% low / 30% pruned by significance rank, window 64, K8V4 / K4V2"). */
+void mkv_policy_opts_describe(const mkv_policy_t *p, char *buf, size_t n);
+
+/* The policy as a JSON object (mode, formats, alphas, windows, mix, groups). With a cache, the
+ * group sizes it resolved (elements per group), else the options' (0: the library's default). */
+cJSON *mkv_policy_opts_json(const mkv_policy_t *p, const mkv_cache_t *cache);
 
 /* Whether text encoded for this model starts with BOS: the tokenizer's own setting where it
  * has one (GGUF's add_bos_token), else yes. */

@@ -192,30 +192,6 @@ static const mkv_policy_opts_t *mode_policy(const ppl_opts_t *o, int k)
     return k <= 1 ? &o->policy : &o->also[k - 2];
 }
 
-/* A mode's policy, with the group sizes its cache resolved (elements per group). */
-static cJSON *policy_json(const mkv_policy_opts_t *p, const mkv_cache_t *cache)
-{
-    cJSON *pol = cJSON_CreateObject();
-    mkv_cache_info_t info;
-    if (mkv_cache_info(cache, &info) == MKV_STATUS_OK) {
-        cJSON_AddNumberToObject(pol, "hi_key_group", info.config.hi_key_group);
-        cJSON_AddNumberToObject(pol, "hi_value_group", info.config.hi_value_group);
-        cJSON_AddNumberToObject(pol, "lo_key_group", info.config.lo_key_group);
-        cJSON_AddNumberToObject(pol, "lo_value_group", info.config.lo_value_group);
-    }
-    cJSON_AddStringToObject(pol, "hi_format", mkv_format_name(p->hi));
-    cJSON_AddStringToObject(pol, "lo_format", mkv_format_name(p->lo));
-    cJSON_AddNumberToObject(pol, "alpha_h", p->alpha_h);
-    cJSON_AddNumberToObject(pol, "alpha_l", p->alpha_l);
-    cJSON_AddNumberToObject(pol, "window", p->window);
-    cJSON_AddNumberToObject(pol, "obs_window", p->obs_window);
-    if (p->mix_high > 0.0f || p->mix_low > 0.0f) {
-        cJSON_AddNumberToObject(pol, "mix_high", p->mix_high);
-        cJSON_AddNumberToObject(pol, "mix_low", p->mix_low);
-    }
-    return pol;
-}
-
 /* Perplexity of a sum of NLLs over n predictions; NAN (printed "n/a", JSON null) when n is 0. */
 static double ppl(double nll, int64_t n) { return n > 0 ? exp(nll / (double)n) : NAN; }
 static double ratio(double a, double b) { return b > 0 ? a / b : NAN; }
@@ -421,11 +397,11 @@ int mkv_perplexity_main(int argc, char **argv)
         cJSON_AddNumberToObject(root, "window", o.window);
         cJSON_AddNumberToObject(root, "prompt_len", o.prompt_len);
         cJSON_AddNumberToObject(root, "windows", r.windows);
-        cJSON_AddItemToObject(root, "mixkv_policy", policy_json(&o.policy, caches[1]));
+        cJSON_AddItemToObject(root, "mixkv_policy", mkv_policy_opts_json(&o.policy, caches[1]));
         cJSON *modes = cJSON_AddArrayToObject(root, "modes");
         for (int k = 0; k < n_modes; k++) {
             cJSON *mj = mode_json(mode_names[k], &r.mode[k], r.windows, k == 0);
-            if (k > 0) cJSON_AddItemToObject(mj, "policy", policy_json(mode_policy(&o, k), caches[k]));
+            if (k > 0) cJSON_AddItemToObject(mj, "policy", mkv_policy_opts_json(mode_policy(&o, k), caches[k]));
             cJSON_AddItemToArray(modes, mj);
         }
         add_num(root, "greedy_agreement", ratio((double)r.mode[1].agree, (double)r.mode[1].predictions));

@@ -820,6 +820,12 @@ int mkv_serve_bench_main(int argc, char **argv)
             o.prompt.hi, o.output.lo, o.output.hi, o.kv_mib, tp ? " over the GPUs" : "", o.max_batch);
     if (tp) fprintf(out, "tensor parallelism: %d GPUs, %d of %d KV heads and %.3g MiB of KV each\n", o.tp,
                     mc.n_kv_heads / o.tp, mc.n_kv_heads, o.kv_mib / o.tp);
+    if (o.run_fp16) fprintf(out, "fp16: K16V16, nothing compressed, no scores (the FP16 paged baseline)\n");
+    if (o.run_mixkv) {
+        char pol[256];
+        mkv_policy_opts_describe(&o.policy, pol, sizeof pol);
+        fprintf(out, "mixkv: %s\n", pol);
+    }
     for (int ri = 0; ri < o.n_rates; ri++) {
         const double rate = o.rates[ri];
         uint64_t arng = (uint64_t)o.seed ^ 0xa5a5a5a5ull;
@@ -875,6 +881,7 @@ int mkv_serve_bench_main(int argc, char **argv)
         cJSON_AddNumberToObject(root, "tp", o.tp);
         cJSON_AddNumberToObject(root, "graph_horizon", o.graphs);
         mkv_cli_json_add_i64(root, "seed", o.seed);
+        if (o.run_mixkv) cJSON_AddItemToObject(root, "mixkv_policy", mkv_policy_opts_json(&o.policy, NULL));
         cJSON *runs = cJSON_AddArrayToObject(root, "runs");
         for (int ri = 0; ri < o.n_rates; ri++) {
             cJSON *run = cJSON_CreateObject();

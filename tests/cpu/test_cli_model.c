@@ -203,6 +203,13 @@ Test(cli_serve_bench, both_engines_same_memory)
     cJSON *root = cJSON_Parse(buf);
     cr_assert_not_null(root, "%s", buf);
     cr_assert_str_eq(cJSON_GetObjectItem(root, "schema")->valuestring, "mixkv-serve-bench");
+    /* which policy mixkv ran, in the table's header and in the JSON */
+    cr_assert(strstr(g_out, "mixkv: thresholds alpha_h 1 / alpha_l 0.02, window 64, K8V4 / K4V2"), "%s", g_out);
+    cr_assert(strstr(g_out, "fp16: K16V16, nothing compressed"), "%s", g_out);
+    const cJSON *pol = cJSON_GetObjectItem(root, "mixkv_policy");
+    cr_assert_not_null(pol, "%s", buf);
+    cr_assert_str_eq(cJSON_GetObjectItem(pol, "mode")->valuestring, "thresholds");
+    cr_assert_null(cJSON_GetObjectItem(pol, "mix_high"));
     const cJSON *runs = cJSON_GetObjectItem(root, "runs");
     cr_assert_eq(cJSON_GetArraySize(runs), 2);
     cr_assert_str_eq(cJSON_GetObjectItem(cJSON_GetArrayItem(runs, 1), "arrivals")->valuestring, "poisson");
@@ -241,6 +248,7 @@ Test(cli_serve_bench, both_engines_same_memory)
     cJSON *lj = cJSON_Parse(g_out);
     cr_assert_not_null(lj, "%s", g_out);
     cr_assert_eq(cJSON_GetObjectItem(lj, "requests")->valueint, 2);
+    cr_assert_null(cJSON_GetObjectItem(lj, "mixkv_policy"), "the baseline alone has no policy");
     const cJSON *le = cJSON_GetArrayItem(cJSON_GetObjectItem(cJSON_GetArrayItem(cJSON_GetObjectItem(lj, "runs"), 0),
                                                              "engines"), 0);
     cr_assert_eq(cJSON_GetObjectItem(le, "output_tokens")->valueint, 30, "20 + 10 tokens");
@@ -251,6 +259,21 @@ Test(cli_serve_bench, both_engines_same_memory)
     cr_assert_eq(run(g_out, sizeof g_out, "'%s' serve-bench --model '%s' --lengths '%s' 2>&1", MIXKV_CLI_PATH,
                      MODEL_DIR, lens), 2, "%s", g_out);
     cr_assert(strstr(g_out, "line 2"), "%s", g_out);
+    /* the fixed mix says so, with its fractions */
+    lf = fopen(lens, "w");
+    fputs("30 20\n", lf);
+    fclose(lf);
+    cr_assert_eq(run(g_out, sizeof g_out, "'%s' serve-bench --model '%s' --lengths '%s' --engines mixkv --mix 0.25,0.5 "
+                     "--quiet --json - 2>&1", MIXKV_CLI_PATH, MODEL_DIR, lens), 0, "%s", g_out);
+    cr_assert(strstr(g_out, "mixkv: fixed mix 25% high / 50% low / 25% pruned by significance rank"), "%s", g_out);
+    cJSON *mj = cJSON_Parse(strchr(g_out, '{'));
+    cr_assert_not_null(mj, "%s", g_out);
+    const cJSON *mp = cJSON_GetObjectItem(mj, "mixkv_policy");
+    cr_assert_not_null(mp, "%s", g_out);
+    cr_assert_str_eq(cJSON_GetObjectItem(mp, "mode")->valuestring, "fixed_mix");
+    cr_assert_float_eq(cJSON_GetObjectItem(mp, "mix_high")->valuedouble, 0.25, 1e-6);
+    cr_assert_float_eq(cJSON_GetObjectItem(mp, "mix_low")->valuedouble, 0.5, 1e-6);
+    cJSON_Delete(mj);
     unlink(lens);
     cr_assert_eq(run(g_out, sizeof g_out, "'%s' serve-bench --output-len 5:2 --model x 2>&1", MIXKV_CLI_PATH), 2,
                  "%s", g_out);
