@@ -609,8 +609,9 @@ struct compress_args {
  * time, with all their page ids and then all their words loaded before any is used: one
  * token's chain (page id, then its words, then the division) a lane at a time left the
  * kernel waiting on memory (ncu, serve-bench's steps: 1.6 TB/s, 13 of 18 cycles per
- * instruction stalled on loads). */
-#define SCAN_U 8
+ * instruction stalled on loads). 4 tokens: 54 registers; ncu at step 700 of serve-bench's long
+ * generations (H100): 102.2 us against 108.6 with 8 (72 registers) and 152.9 with 16 (118). */
+#define SCAN_U 4
 template <typename F>
 __device__ __forceinline__ void scan_section(const compress_args &a, const mkv_page_layout_t *lay,
                                              const int32_t *row, int sec, int32_t n, int lane, F &&f)
