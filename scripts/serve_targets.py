@@ -16,6 +16,11 @@ it is met:
   --phases F [F ...]   serve-bench runs with `--phases`: mixkv's cache step calls under 2% of
                        its time.
 
+Each ratio also says how the run's lengths compare with the issue's workload (long
+generations: prompts 1K to 2K, outputs 4K to 8K; long prompts: prompts 4K to 16K, outputs 256
+to 1K): as stated, or inside it but not all of it, or outside it. That does not change the
+verdict; a run that covers only part of the workload is not the issue's whole claim.
+
 Both engines of a ratio must come from one file (one device call). Exit status 0 when every
 target given is met, 1 when one is not, 2 on a bad file. Standard library only; nothing in
 the build or the tests needs it.
@@ -51,6 +56,24 @@ def verdict(ok):
     return "met" if ok else "NOT MET"
 
 
+# Issue 20's workloads: (prompt min, max), (output min, max) in tokens.
+WORKLOADS = {
+    "long generations": ((1024, 2048), (4096, 8192)),
+    "long prompts": ((4096, 16384), (256, 1024)),
+}
+
+
+def coverage(doc, what):
+    """How a run's lengths compare with the issue's workload of that name."""
+    (p0, p1), (o0, o1) = WORKLOADS[what]
+    pr, orr = (doc["prompt_len_min"], doc["prompt_len_max"]), (doc["output_len_min"], doc["output_len_max"])
+    if pr == (p0, p1) and orr == (o0, o1):
+        return "the issue's workload as stated"
+    inside = p0 <= pr[0] <= pr[1] <= p1 and o0 <= orr[0] <= orr[1] <= o1
+    return (f"{'inside' if inside else 'outside'} the issue's workload (prompts {p0}-{p1}, outputs {o0}-{o1}), "
+            f"not all of it")
+
+
 def ratio_target(path, want, what):
     doc, e = engines(path)
     if "fp16" not in e or "mixkv" not in e:
@@ -64,7 +87,7 @@ def ratio_target(path, want, what):
           f"mixkv {m['output_tokens_per_second']:.0f} / fp16 {f['output_tokens_per_second']:.0f} tok/s = "
           f"{r:.2f}x (target {want}x): {verdict(r >= want)}")
     print(f"  mean batch {m['mean_batch']:.1f} / {f['mean_batch']:.1f} = {m['mean_batch'] / f['mean_batch']:.2f}x, "
-          f"step {steps_m:.1f} / {steps_f:.1f} ms")
+          f"step {steps_m:.1f} / {steps_f:.1f} ms; lengths {coverage(doc, what)}")
     return r >= want
 
 
