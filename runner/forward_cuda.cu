@@ -25,6 +25,7 @@
 #include <cuda_runtime.h>
 
 #include <math.h>
+#include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
 
@@ -373,6 +374,18 @@ static mkv_status_t scratch(void **p, size_t bytes, char *err)
 }
 
 extern "C" int mkv_cuda_forward_available(void) { return 1; }
+
+extern "C" void mkv_cuda_device_name(char *buf, int n)
+{
+    int dev = 0;
+    cudaDeviceProp prop;
+    if (cudaGetDevice(&dev) != cudaSuccess || cudaGetDeviceProperties(&prop, dev) != cudaSuccess) {
+        (void)cudaGetLastError();
+        snprintf(buf, (size_t)n, "none");
+        return;
+    }
+    snprintf(buf, (size_t)n, "%s", prop.name);
+}
 
 /* Room for n weights of f->dtype on the device. */
 static mkv_status_t alloc_weights(mkv_cuda_forward_t *f, int64_t n, void **out, char *err)

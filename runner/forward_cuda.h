@@ -111,6 +111,9 @@ void mkv_cuda_forward_graph_stats(const mkv_cuda_forward_t *f, int64_t *captures
 
 /* Whether this build has the CUDA pass (0: mkv_cuda_forward_create returns UNSUPPORTED). */
 int mkv_cuda_forward_available(void);
+/* The current device's name ("NVIDIA H100 80GB HBM3") into buf; "none" without CUDA or a
+ * device. Results name the card they ran on with it. */
+void mkv_cuda_device_name(char *buf, int n);
 
 #ifdef __cplusplus
 }

@@ -8,9 +8,12 @@
 #include "runner/error.h"
 #include "runner/sampling_cuda.h"
 
+#include <stdio.h>
 #include <string.h>
 
 int mkv_cuda_forward_available(void) { return 0; }
+
+void mkv_cuda_device_name(char *buf, int n) { snprintf(buf, (size_t)n, "none"); }
 
 static mkv_status_t no_cuda(char *err)
 {

@@ -8,10 +8,10 @@ it is met:
                        within 1.25x of its roofline (the weights read once plus the stored KV
                        at the copy rate) at batch 64 x 4K, every other shape shown beside it;
                        the prefill's projection GEMMs at 60% or more of the square GEMM.
-  --long F             a `mixkv serve-bench --json` run of both engines on long generations
+  --long F [F]         a `mixkv serve-bench --json` run of both engines on long generations
                        (prompts 1K to 2K, outputs 4K and longer): mixkv at 2.5x the fp16
                        baseline's output tokens/s or more.
-  --long-prompt F      the same on long prompts (prompts 4K and longer, outputs up to 1K):
+  --long-prompt F [F]  the same on long prompts (prompts 4K and longer, outputs up to 1K):
                        1.5x or more.
   --phases F [F ...]   serve-bench runs with `--phases`: mixkv's cache step calls under 2% of
                        its time.
@@ -21,7 +21,10 @@ generations: prompts 1K to 2K, outputs 4K to 8K; long prompts: prompts 4K to 16K
 to 1K): as stated, or inside it but not all of it, or outside it. That does not change the
 verdict; a run that covers only part of the workload is not the issue's whole claim.
 
-Both engines of a ratio must come from one file (one device call). Exit status 0 when every
+Both engines of a ratio come from one file (one device call), or from two files, one engine
+each, whose workload (model, dtype, requests, lengths, seed, KV budget, batch cap, graphs) and
+device are the same: the fp16 baseline of a long run may not fit in one call beside mixkv.
+Run the two calls back to back on one warm machine. Exit status 0 when every
 target given is met, 1 when one is not, 2 on a bad file. Standard library only; nothing in
 the build or the tests needs it.
 """
@@ -74,15 +77,35 @@ def coverage(doc, what):
             f"not all of it")
 
 
-def ratio_target(path, want, what):
-    doc, e = engines(path)
+# What two files must share for their engines to be compared.
+SAME_RUN = ("model", "weights", "backend", "device", "dtype", "requests", "lengths_file", "prompt_len_min",
+            "prompt_len_max", "output_len_min", "output_len_max", "kv_mib", "max_batch", "tp", "graph_horizon",
+            "seed")
+
+
+def ratio_target(paths, want, what):
+    doc, e = engines(paths[0])
+    for p in paths[1:]:
+        other, e2 = engines(p)
+        diff = [k for k in SAME_RUN if doc.get(k) != other.get(k)]
+        if "device" not in doc:
+            diff.append("device (not recorded)")
+        if diff:
+            print(f"serve_targets: {paths[0]} and {p} differ in {', '.join(diff)}", file=sys.stderr)
+            sys.exit(2)
+        for k, v in e2.items():
+            if k in e:
+                print(f"serve_targets: {k} runs in both {paths[0]} and {p}", file=sys.stderr)
+                sys.exit(2)
+            e[k] = v
     if "fp16" not in e or "mixkv" not in e:
-        print(f"serve_targets: {path}: needs both engines of one call", file=sys.stderr)
+        print(f"serve_targets: {' '.join(paths)}: needs both engines", file=sys.stderr)
         sys.exit(2)
     f, m = e["fp16"], e["mixkv"]
     r = m["output_tokens_per_second"] / f["output_tokens_per_second"]
     steps_f, steps_m = f["seconds"] / f["steps"] * 1e3, m["seconds"] / m["steps"] * 1e3
-    print(f"{what} ({doc['requests']} requests, prompts {doc['prompt_len_min']}-{doc['prompt_len_max']}, "
+    on = f" on {doc['device']}" if "device" in doc else ""
+    print(f"{what}{on} ({doc['requests']} requests, prompts {doc['prompt_len_min']}-{doc['prompt_len_max']}, "
           f"outputs {doc['output_len_min']}-{doc['output_len_max']}, graphs {doc.get('graph_horizon', 0)}): "
           f"mixkv {m['output_tokens_per_second']:.0f} / fp16 {f['output_tokens_per_second']:.0f} tok/s = "
           f"{r:.2f}x (target {want}x): {verdict(r >= want)}")
@@ -94,8 +117,8 @@ def ratio_target(path, want, what):
 def main():
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--forward", nargs="+", default=[])
-    ap.add_argument("--long")
-    ap.add_argument("--long-prompt")
+    ap.add_argument("--long", nargs="+", metavar="F", help="one file of both engines, or two of one each")
+    ap.add_argument("--long-prompt", nargs="+", metavar="F")
     ap.add_argument("--phases", nargs="+", default=[])
     a = ap.parse_args()
     if not (a.forward or a.long or a.long_prompt or a.phases):

@@ -869,6 +869,11 @@ int mkv_serve_bench_main(int argc, char **argv)
         cJSON_AddStringToObject(root, "model", o.model ? o.model : o.dummy);
         cJSON_AddStringToObject(root, "weights", o.model ? "loaded" : "stand-ins");
         cJSON_AddStringToObject(root, "backend", mkv_backend_name(o.run.backend));
+        if (o.run.backend == MKV_BACKEND_CUDA) {
+            char dev[256];
+            mkv_cuda_device_name(dev, (int)sizeof dev);
+            cJSON_AddStringToObject(root, "device", dev);
+        }
         cJSON_AddStringToObject(root, "dtype", o.run.backend == MKV_BACKEND_CUDA ? mkv_dtype_name(o.run.dtype) : "f32");
         cJSON_AddNumberToObject(root, "requests", o.requests);
         if (o.lengths_path) cJSON_AddStringToObject(root, "lengths_file", o.lengths_path);
