@@ -108,14 +108,15 @@ struct shape {
 };
 
 /* The shape of variant v at batch x len (exits with the reason if its layout fails). */
-static shape shape_of(const variant &v, int batch, int len, int H, int G, int d, int split, int group)
+static shape shape_of(const variant &v, int batch, int len, int H, int G, int d, int split, int group,
+                      int page_tokens)
 {
     shape s;
     char err[512] = "bench_attention: no page size for this format";
-    /* Each variant's default page: 32 tokens of its high format, with group elements per
-     * quantization group on every side (0: the library's defaults per side). */
+    /* Each variant's page: page_tokens (default 32) tokens of its high format, with group
+     * elements per quantization group on every side (0: the library's defaults per side). */
     s.page_bytes = 0;
-    if (mkv_page_bytes_for(v.hi, d, group, group, 32, &s.page_bytes) != MKV_STATUS_OK ||
+    if (mkv_page_bytes_for(v.hi, d, group, group, page_tokens, &s.page_bytes) != MKV_STATUS_OK ||
         mkv_page_layout(v.hi, d, group, group, s.page_bytes, &s.lh, err) != MKV_STATUS_OK ||
         mkv_page_layout(v.lo, d, group, group, s.page_bytes, &s.ll, err) != MKV_STATUS_OK) {
         fprintf(stderr, "%s\n", err);
@@ -158,6 +159,7 @@ int main(int argc, char **argv)
     bool no_scores = false;   /* --no-scores: no score write-back (the full-precision baseline's call) */
     double spread = 0.0;      /* --spread: sequences' lengths spread below the length */
     bool hint = false;        /* --hint: the mean region as mean_tokens */
+    int page_tokens = 32;     /* --page-tokens: a page's tokens of the variant's high format */
     const char *only = NULL;
     for (int i = 1; i < argc; i++) {
         if (!strcmp(argv[i], "--json") && i + 1 < argc) json_path = argv[++i];
@@ -193,6 +195,13 @@ int main(int argc, char **argv)
                 return 2;
             }
         } else if (!strcmp(argv[i], "--hint")) hint = true;
+        else if (!strcmp(argv[i], "--page-tokens") && i + 1 < argc) {
+            page_tokens = atoi(argv[++i]);
+            if (page_tokens < 1 || page_tokens > 4096) {
+                fprintf(stderr, "bench_attention: --page-tokens takes 1 to 4096\n");
+                return 2;
+            }
+        }
         else if (!strcmp(argv[i], "--quick")) {
             batches = {1, 64};
             lengths = {1024, 8192};
@@ -203,6 +212,7 @@ int main(int argc, char **argv)
                     "                       [--format NAME] [--scores auto|separate|fused]\n"
                     "                       [--split N] [--logits auto|fp32|compact] [--group-size N]\n"
                     "                       [--flush read|write] [--no-scores] [--spread F] [--hint]\n"
+                    "                       [--page-tokens N]\n"
                     "Decode attention time over batch x length grids (32 query / 8 KV heads, d 128)\n"
                     "for K16V16, K8V8, K8V4, K4V2 and a 20/50/30 high/low/pruned mix, against the\n"
                     "device copy rate. --scores: the score write-back as its own pass (separate),\n"
@@ -220,7 +230,9 @@ int main(int argc, char **argv)
                     "--spread F: sequence j holds 1 - F u_j of the length's tokens (u_j uniform in\n"
                     "[0, 1), fixed seed), as a server's batch of requests at different lengths, while\n"
                     "max_tokens stays the length; the bytes are the tokens held. --hint: pass the\n"
-                    "mean region (mkv_cuda_decode_t::mean_tokens), as the CUDA KV backend does.\n");
+                    "mean region (mkv_cuda_decode_t::mean_tokens), as the CUDA KV backend does.\n"
+                    "--page-tokens N: pages of N tokens of each variant's high format (default 32;\n"
+                    "serve-bench's pages hold 16 fp16 tokens).\n");
             return strcmp(argv[i], "-h") && strcmp(argv[i], "--help") ? 2 : 0;
         }
     }
@@ -266,7 +278,7 @@ int main(int argc, char **argv)
         for (int len : lengths)
             for (const variant &v : variants) {
                 if (!listed(v)) continue;
-                const shape sh = shape_of(v, batch, len, H, G, d, split, group);
+                const shape sh = shape_of(v, batch, len, H, G, d, split, group, page_tokens);
                 if (pool_gib(sh) > max_gib) continue;
                 max_pool = std::max(max_pool, (size_t)(sh.pages * sh.page_bytes));
                 max_table = std::max(max_table, (size_t)(sh.regions * sh.T));
@@ -334,10 +346,12 @@ int main(int argc, char **argv)
         fprintf(jf, "{\"schema\": \"mixkv-bench-attention\", \"schema_version\": 1, \"device\": \"%s\", "
                     "\"copy_rate_gbs\": %.1f, \"heads\": %d, \"group_size\": %d, \"head_dim\": %d, "
                     "\"kernel\": \"%s\", \"scores\": \"%s\", \"logits\": \"%s\", \"quant_group_elems\": %d, "
-                    "\"dram_bytes_per_sm_cycle\": %.2f, \"flush\": \"%s\", \"no_scores\": %s, \"spread\": %.3f, \"hint\": %s, \"results\": [",
+                    "\"dram_bytes_per_sm_cycle\": %.2f, \"flush\": \"%s\", \"no_scores\": %s, \"spread\": %.3f, \"hint\": %s, "
+                    "\"page_tokens\": %d, \"results\": [",
                 prop.name, copy_rate / 1e9, H, G, d,
                 k_kernel_names[kernel], k_scores_names[scores], k_logits_names[logits], group, bpc,
-                write_flush ? "write" : "read", no_scores ? "true" : "false", spread, hint ? "true" : "false");
+                write_flush ? "write" : "read", no_scores ? "true" : "false", spread, hint ? "true" : "false",
+                page_tokens);
     printf("quantization groups: %s; L2 flushed by %s 256 MiB; %s\n",
            group ? "elements per group as given" : "library defaults", write_flush ? "writing" : "reading",
            no_scores ? "no score write-back" : "scores written back");
@@ -350,7 +364,7 @@ int main(int argc, char **argv)
             for (const variant &v : variants) {
                 if (!listed(v)) continue;
                 char err[512];
-                const shape sh = shape_of(v, batch, len, H, G, d, split, group);
+                const shape sh = shape_of(v, batch, len, H, G, d, split, group, page_tokens);
                 const mkv_page_layout_t &lh = sh.lh, &ll = sh.ll;
                 const int32_t n_hi = sh.n_hi, n_lo = sh.n_lo, T = sh.T;
                 const int64_t regions = sh.regions, pages = sh.pages, page_bytes = sh.page_bytes;
