@@ -122,6 +122,7 @@ static mkv_status_t launch_tc(const mkv_cuda_decode_t *a, cudaStream_t stream, c
         f.lg_r = reinterpret_cast<float *>(reinterpret_cast<uint8_t *>(f.logits) + cl.off_r);
     }
     f.total_ids = (int32_t)w.total_ids;
+    f.trace = mkv_tc_trace_buffer;
     /* The separate and finalize passes' grids put the blocks' index last where grid z holds
      * them (tc_args::x_last): every region's first blocks start before any region's later,
      * often empty, ones. */
@@ -141,10 +142,12 @@ static mkv_status_t launch_tc(const mkv_cuda_decode_t *a, cudaStream_t stream, c
             f.fused = 1;
             f.discard = (uintptr_t)f.logits % 128 == 0;
             /* Counters and score-job entries (if any: entries hold a decode id + 1, 0 until
-             * published) to zero in one memset; a persistent grid of what the GPU holds. */
+             * published) zeroed by a kernel ahead of the decode kernel, which starts before it
+             * ends (programmatic serialization; a memset would not let it); a persistent grid
+             * of what the GPU holds. */
             const size_t words = (size_t)f.n_rs + 4 + (f.keep_logits ? (size_t)f.total_ids : 0);
-            if ((st = mkv_decode_launched("cudaMemsetAsync (decode counters)", err,
-                               cudaMemsetAsync(f.counters, 0, words * sizeof(int32_t), stream))) != MKV_STATUS_OK)
+            if ((st = mkv_decode_launched("decode counters' zeroing kernel", err,
+                               mkv_tc_zero_counters(f.counters, words, stream))) != MKV_STATUS_OK)
                 return st;
             const int64_t resident = (int64_t)blocks * device_attr(cudaDevAttrMultiProcessorCount, 1);
             const dim3 gp((unsigned)(resident > 0 && resident < f.total_ids ? resident : f.total_ids));

@@ -105,7 +105,16 @@ struct tc_args {
     uint32_t *lg_a;
     uint8_t *lg_b;
     float *lg_r;
+    /* Timeline stamps (tc_trace.cuh; MKV_TC_TRACE builds only, else ignored): null for none. */
+    unsigned long long *trace;
 };
+
+/* The records a trace buffer holds (tc_trace.cuh): 4 + 4 MKV_TC_TRACE_CAP words. */
+#define MKV_TC_TRACE_CAP (1 << 20)
+
+/* The trace buffer every call's tc_args::trace takes (null: none); set by bench_attention
+ * --trace in MKV_TC_TRACE builds. */
+extern unsigned long long *mkv_tc_trace_buffer;
 
 /* Tokens per slot of the compact logits' step maxima (lg_r): every 16-token slot of a softmax
  * step holds the step's R, so that a reader finds a token's at x / 16 whatever the step. */
@@ -151,6 +160,24 @@ tc_kernel mkv_tc_lookup(int32_t key_bits, int32_t value_bits, int32_t head_dim, 
  * lists the instantiated pairs). */
 tc_kernel mkv_tc_lookup_mix(int32_t hk, int32_t hv, int32_t hkg, int32_t hvg, int32_t lk, int32_t lv,
                             int32_t lkg, int32_t lvg, int32_t head_dim);
+
+/* Launches kernel k with programmatic stream serialization: it may start before the kernel
+ * ahead of it in the stream has ended (tc_ptx.cuh, griddep_wait). */
+template <typename... P, typename... A>
+cudaError_t mkv_tc_launch_pdl(void (*k)(P...), dim3 grid, dim3 block, size_t smem, cudaStream_t stream, A... args)
+{
+    cudaLaunchConfig_t c = {};
+    c.gridDim = grid, c.blockDim = block, c.dynamicSmemBytes = smem, c.stream = stream;
+    cudaLaunchAttribute at[1];
+    at[0].id = cudaLaunchAttributeProgrammaticStreamSerialization;
+    at[0].val.programmaticStreamSerializationAllowed = 1;
+    c.attrs = at, c.numAttrs = 1;
+    return cudaLaunchKernelEx(&c, k, args...);
+}
+
+/* Zeroes the fused kernel's words counters (tc_args::counters) ahead of it, letting it start
+ * at once (it waits for this kernel before its first use of them; decode_tc_common.cu). */
+cudaError_t mkv_tc_zero_counters(int32_t *counters, size_t words, cudaStream_t stream);
 
 /* Merge and score write-back after the item kernels; head_dim d (decode_tc_finalize.cu). */
 cudaError_t mkv_tc_finalize(const tc_args &a, int32_t d, int32_t n_seq, cudaStream_t stream);

@@ -7,6 +7,7 @@
  */
 #include "attention/decode_tc.h"
 #include "attention/tc_merge.cuh"
+#include "attention/tc_trace.cuh"
 
 #include <math.h>
 
@@ -242,6 +243,7 @@ static __global__ void __launch_bounds__(FIN_THREADS) finalize_kernel(const tc_a
     using ROWS = typename std::conditional<ANY_G, score_rows<1, 1>, SC>::type;
     const int32_t bx = a.x_last ? blockIdx.z : blockIdx.x, h = a.x_last ? blockIdx.x : blockIdx.y;
     const int32_t j = a.x_last ? blockIdx.y : blockIdx.z, tid = threadIdx.x;
+    if (tid == 0) mkv_tc::trace_stamp(a, mkv_tc::TR_FIN_START, bx);
     const int64_t rs = (int64_t)j * a.H + h;
     const int64_t region = a.regions[rs];
     const int64_t nh = max(a.n_hi[region], 0), nl = max(a.n_lo[region], 0);
@@ -262,6 +264,9 @@ static __global__ void __launch_bounds__(FIN_THREADS) finalize_kernel(const tc_a
     /* A block in one section (one), and its section's first unit in the region (base). */
     const bool one = first >= uhi || min(first + ROWS::PER_BLOCK, un) <= uhi;
     const int32_t base = one && first < uhi ? 0 : uhi;
+    /* Launched with programmatic serialization: what the decode kernel wrote (logits, parts)
+     * is read only once it has ended. */
+    mkv_tc::griddep_wait();
     if (!ANY_G && bx > 0) {
         secs[0] = mkv_tc::section_of_region(a, rs, region, one ? first >= uhi : 0, hi, n, items_hi);
         if (one) {
@@ -287,6 +292,7 @@ static __global__ void __launch_bounds__(FIN_THREADS) finalize_kernel(const tc_a
         __shared__ float W_s[MKV_TC_MERGE_ROUND][MKV_TC_MAX_G];
         __shared__ float4 R_s[FIN_THREADS];
         merge_out<FIN_THREADS>(a, part, items_hi + items_lo, rs, d, M_s, S_s, W_s, R_s);
+        if (tid == 0) mkv_tc::trace_stamp(a, mkv_tc::TR_FIN_END, bx);
         return;
     }
 
@@ -317,24 +323,19 @@ cudaError_t mkv_tc_finalize(const tc_args &a, int32_t d, int32_t n_seq, cudaStre
     f.x_last = a.x_last && bx <= 65535u;
     const dim3 grid = f.x_last ? dim3((unsigned)a.H, (unsigned)n_seq, bx) : dim3(bx, (unsigned)a.H, (unsigned)n_seq);
     constexpr int T = FIN_TOKENS, Q = FIN_TOKENS / 4;
+    /* Programmatic serialization: the blocks start while the decode kernel ends (their first
+     * loads before griddep_wait). */
+    const auto launch = [&](void (*k)(tc_args, int32_t)) {
+        return mkv_tc_launch_pdl(k, grid, dim3(FIN_THREADS), 0, stream, f, d);
+    };
     if (a.compact) { /* G >= 2 (mkv_tc_plan) */
         const int32_t g2 = (a.G + 1) / 2;
-        if (g2 == 1) wide ? finalize_kernel<score_quads<1, 2 * Q>><<<grid, FIN_THREADS, 0, stream>>>(f, d)
-                          : finalize_kernel<score_quads<1, Q>><<<grid, FIN_THREADS, 0, stream>>>(f, d);
-        else if (g2 == 2) wide ? finalize_kernel<score_quads<2, 2 * Q>><<<grid, FIN_THREADS, 0, stream>>>(f, d)
-                               : finalize_kernel<score_quads<2, Q>><<<grid, FIN_THREADS, 0, stream>>>(f, d);
-        else if (g2 == 3) wide ? finalize_kernel<score_quads<3, 2 * Q>><<<grid, FIN_THREADS, 0, stream>>>(f, d)
-                               : finalize_kernel<score_quads<3, Q>><<<grid, FIN_THREADS, 0, stream>>>(f, d);
-        else wide ? finalize_kernel<score_quads<4, 2 * Q>><<<grid, FIN_THREADS, 0, stream>>>(f, d)
-                  : finalize_kernel<score_quads<4, Q>><<<grid, FIN_THREADS, 0, stream>>>(f, d);
-    } else if (!rows) {
-        finalize_kernel<void><<<grid, FIN_THREADS, 0, stream>>>(f, d);
-    } else if (a.G == 4) {
-        wide ? finalize_kernel<score_rows<1, 2 * T>><<<grid, FIN_THREADS, 0, stream>>>(f, d)
-             : finalize_kernel<score_rows<1, T>><<<grid, FIN_THREADS, 0, stream>>>(f, d);
-    } else {
-        wide ? finalize_kernel<score_rows<2, 2 * T>><<<grid, FIN_THREADS, 0, stream>>>(f, d)
-             : finalize_kernel<score_rows<2, T>><<<grid, FIN_THREADS, 0, stream>>>(f, d);
+        if (g2 == 1) return launch(wide ? finalize_kernel<score_quads<1, 2 * Q>> : finalize_kernel<score_quads<1, Q>>);
+        if (g2 == 2) return launch(wide ? finalize_kernel<score_quads<2, 2 * Q>> : finalize_kernel<score_quads<2, Q>>);
+        if (g2 == 3) return launch(wide ? finalize_kernel<score_quads<3, 2 * Q>> : finalize_kernel<score_quads<3, Q>>);
+        return launch(wide ? finalize_kernel<score_quads<4, 2 * Q>> : finalize_kernel<score_quads<4, Q>>);
     }
-    return cudaGetLastError();
+    if (!rows) return launch(finalize_kernel<void>);
+    if (a.G == 4) return launch(wide ? finalize_kernel<score_rows<1, 2 * T>> : finalize_kernel<score_rows<1, T>>);
+    return launch(wide ? finalize_kernel<score_rows<2, 2 * T>> : finalize_kernel<score_rows<2, T>>);
 }

@@ -25,6 +25,7 @@
 #include "attention/tc_item.cuh"
 #include "attention/tc_ptx.cuh"
 #include "attention/tc_staging.cuh"
+#include "attention/tc_trace.cuh"
 
 #ifndef MKV_MAX_DEVICES
 #define MKV_MAX_DEVICES 64 /* devices whose properties are cached */
@@ -211,6 +212,10 @@ __global__ void __launch_bounds__(FUSED ? MKV_TC_WARPS * 32 : MKV_TC_SEP_WARPS *
     if constexpr (!FUSED) {
         const int32_t bx = a.x_last ? blockIdx.z : blockIdx.x, hh = a.x_last ? blockIdx.x : blockIdx.y;
         const int32_t j = a.x_last ? blockIdx.y : blockIdx.z;
+        /* The finalize kernel (launched with programmatic serialization) may start once every
+         * block has: its first loads then overlap this kernel's end. */
+        griddep_launch_dependents();
+        if (threadIdx.x == 0) trace_stamp(a, TR_START, 0);
         prefetch_q<D>(a, (int64_t)j * a.H + hh);
         const block_pos b = locate<MKV_TC_SEP_WARPS>(a, bx, hh, j, a.sec_mask == 3);
         if (b.work) run_section_item<D, HI, LO, false>(a, smem, b.ip);
@@ -224,6 +229,10 @@ __global__ void __launch_bounds__(FUSED ? MKV_TC_WARPS * 32 : MKV_TC_SEP_WARPS *
     int32_t *const sq_tail = next_id + 2, *const finished = next_id + 3, *const jobs = next_id + 4;
     const int32_t gx = a.grid_x, total = a.total_ids;
     if (tid == 0) bs.owed = -1, bs.exhausted = 0, bs.nap = 256, bs.started = 0, bs.own_job = -1;
+    if (tid == 0) trace_stamp(a, TR_START, 0);
+    /* Thread 0's: whether it has waited for the counters' zeroing kernel (launched ahead of
+     * this one with programmatic serialization, launch_pdl: the first item runs meanwhile). */
+    bool zeroed = false;
     enum { EXIT, RETRY, DECODE, SCORE };
     for (;;) {
         if (tid == 0) {
@@ -239,8 +248,9 @@ __global__ void __launch_bounds__(FUSED ? MKV_TC_WARPS * 32 : MKV_TC_SEP_WARPS *
                 cmd = SCORE, arg = bs.own_job;
                 bs.own_job = -1;
             } else {
+                if (!zeroed) griddep_wait(), zeroed = true;
                 /* A ticket when jobs seem to be waiting; it may name a job published later. */
-                if (owed < 0 && ld_relaxed(sq_head) < ld_relaxed(sq_tail)) {
+                if (a.keep_logits && owed < 0 && ld_relaxed(sq_head) < ld_relaxed(sq_tail)) {
                     owed = atomicAdd(sq_head, 1);
                     if (owed >= total) owed = -1; /* past any job there can be */
                 }
@@ -248,8 +258,14 @@ __global__ void __launch_bounds__(FUSED ? MKV_TC_WARPS * 32 : MKV_TC_SEP_WARPS *
                     cmd = SCORE, owed = -1;
                 } else if (!exhausted) {
                     arg = (int32_t)gridDim.x + atomicAdd(next_id, 1);
-                    if (arg < total) cmd = DECODE;
-                    else exhausted = true;
+                    if (arg < total) {
+                        cmd = DECODE;
+                    } else {
+                        exhausted = true;
+                        /* Without a score write-back there are no jobs to wait for: the
+                         * region merges are the decode blocks' own. */
+                        if (!a.keep_logits) cmd = EXIT;
+                    }
                 } else if (ld_acquire(finished) == total) { /* every job is published */
                     const int32_t tail = ld_relaxed(sq_tail);
                     if (owed >= tail) owed = -1; /* a ticket past the last job */
@@ -272,6 +288,7 @@ __global__ void __launch_bounds__(FUSED ? MKV_TC_WARPS * 32 : MKV_TC_SEP_WARPS *
         __syncthreads();
         const int32_t cmd = bs.cmd, id = bs.arg;
         __syncthreads(); /* bs.cmd is rewritten in the next round */
+        if (tid == 0 && (cmd == DECODE || cmd == SCORE)) trace_stamp(a, TR_CMD, cmd == DECODE ? id : -2 - id);
         if (cmd == EXIT) break;
         if (cmd == RETRY) continue;
         const int32_t r = id / gx, bx = id - r * gx;
@@ -318,12 +335,15 @@ __global__ void __launch_bounds__(FUSED ? MKV_TC_WARPS * 32 : MKV_TC_SEP_WARPS *
                     if (tid == 0) bs.own_job = g.first_id;
                 }
             } else if (tid == 0) {
+                if (!zeroed) griddep_wait(), zeroed = true;
                 __threadfence();
                 bs.last = atomicAdd(a.counters + g.rs, 1) == g.arrivals - 1;
                 __threadfence(); /* acquire, for the last one */
+                trace_stamp(a, TR_ARRIVE, bs.last);
             }
             __syncthreads();
             if (!single && bs.last) {
+                RF::merge_first(a, smem, g); /* its copies overlap region_ms */
                 region_ms(a, g.rs, g.arrivals, bs);
                 if (a.keep_logits) {
                     /* The region's lse, visible before its score jobs are. */
@@ -336,14 +356,16 @@ __global__ void __launch_bounds__(FUSED ? MKV_TC_WARPS * 32 : MKV_TC_SEP_WARPS *
                         st_release(jobs + bs.arg + i, g.first_id + i + 1); /* its blocks: x < arrivals */
                 }
                 RF::merge(a, smem, g, bs.M, bs.S);
+                if (tid == 0) trace_stamp(a, TR_MERGED, 0);
             }
         }
         __syncthreads(); /* bs is reused */
-        if (tid == 0) {
+        if (tid == 0 && a.keep_logits) { /* ids done: when every score job is published */
             __threadfence();
             atomicAdd(finished, 1);
         }
     }
+    if (tid == 0) trace_stamp(a, TR_EXIT, 0);
 }
 
 } // namespace mkv_tc
@@ -396,9 +418,11 @@ template <int D, class HI, class LO>
 cudaError_t launch_variant(const tc_args &a, dim3 grid, cudaStream_t stream)
 {
     using K = kernel_shape<D, HI, LO>;
-    if (a.fused) {
+    if (a.fused) { /* after mkv_tc_zero_counters, which it overlaps */
         if (kernel_setup<D, HI, LO, true>() <= 0) return cudaErrorInvalidValue;
-        decode_kernel<D, HI, LO, true><<<grid, MKV_TC_WARPS * 32, K::SMEM, stream>>>(a);
+        const cudaError_t e =
+            mkv_tc_launch_pdl(decode_kernel<D, HI, LO, true>, grid, dim3(MKV_TC_WARPS * 32), K::SMEM, stream, a);
+        if (e != cudaSuccess) return e;
     } else {
         if (kernel_setup<D, HI, LO, false>() <= 0) return cudaErrorInvalidValue;
         decode_kernel<D, HI, LO, false><<<grid, MKV_TC_SEP_WARPS * 32, K::SMEM_SEP, stream>>>(a);

@@ -103,30 +103,48 @@ struct region_finish {
 
     /* out = the parts' partial outputs (a part per block of the region: g.arrivals), each
      * weighted by 2^(m - M) / S: chunks of whole parts (outputs, then max and sum), weights
-     * computed once per part and head. */
+     * computed once per part and head; the first chunk's copies issued by merge_first. */
+    /* Parts per chunk of merge, and the copies of parts [s0, s0 + cnt) into the area. */
+    static __device__ __forceinline__ int32_t merge_chunk(const tc_args &a)
+    {
+        return AREA / (a.G * D * 4 + a.G * 12); /* outputs, max and sum, weight */
+    }
+    static __device__ __forceinline__ void merge_issue(const tc_args &a, uint8_t *smem, const region_info &g,
+                                                       int32_t s0, int32_t cnt)
+    {
+        const int32_t tid = threadIdx.x, G = a.G, GD = G * D;
+        const uint32_t po_s = (uint32_t)__cvta_generic_to_shared(smem);
+        const uint32_t ml_s = po_s + cnt * GD * 4;
+        const int64_t part = g.rs * 2 * a.sec_items;
+        const uint8_t *src_o = reinterpret_cast<const uint8_t *>(a.part_o + (part + s0) * GD);
+        const uint8_t *src_ml = reinterpret_cast<const uint8_t *>(a.part_ml + (part + s0) * G * 2);
+        for (int32_t off = tid * 16; off < cnt * GD * 4; off += NTH * 16)
+            cp_async<16>(po_s + off, src_o + off, true);
+        for (int32_t off = tid * 8; off < cnt * G * 8; off += NTH * 8)
+            cp_async<8>(ml_s + off, src_ml + off, true);
+        cp_async_commit();
+    }
+
+    /* merge_first: its first chunk's copies (merge_issue), on their way while the caller finds
+     * M and S (region_ms). */
+    static __device__ __forceinline__ void merge_first(const tc_args &a, uint8_t *smem, const region_info &g)
+    {
+        merge_issue(a, smem, g, 0, min(merge_chunk(a), g.arrivals));
+    }
+
     static __device__ __forceinline__ void merge(const tc_args &a, uint8_t *smem, const region_info &g,
                                                  const float *M, const float *S)
     {
         const int32_t tid = threadIdx.x, G = a.G, GD = G * D;
-        const int32_t per_item = GD * 4 + G * 12; /* outputs, max and sum, weight */
-        const int32_t c = AREA / per_item;
+        const int32_t c = merge_chunk(a);
         float *po = reinterpret_cast<float *>(smem);
-        const uint32_t po_s = (uint32_t)__cvta_generic_to_shared(smem);
-        const int64_t part = g.rs * 2 * a.sec_items;
         float o[EMAX];
 #pragma unroll
         for (int j = 0; j < EMAX; j++) o[j] = 0.0f;
         for (int32_t s0 = 0; s0 < g.arrivals; s0 += c) {
             const int32_t cnt = min(c, g.arrivals - s0);
             float *ml = po + cnt * GD, *w = ml + cnt * G * 2;
-            const uint32_t ml_s = po_s + cnt * GD * 4;
-            const uint8_t *src_o = reinterpret_cast<const uint8_t *>(a.part_o + (part + s0) * GD);
-            const uint8_t *src_ml = reinterpret_cast<const uint8_t *>(a.part_ml + (part + s0) * G * 2);
-            for (int32_t off = tid * 16; off < cnt * GD * 4; off += NTH * 16)
-                cp_async<16>(po_s + off, src_o + off, true);
-            for (int32_t off = tid * 8; off < cnt * G * 8; off += NTH * 8)
-                cp_async<8>(ml_s + off, src_ml + off, true);
-            cp_async_commit();
+            if (s0 > 0) merge_issue(a, smem, g, s0, cnt); /* the first chunk's: merge_first */
             cp_async_wait<0>();
             __syncthreads();
             for (int32_t i = tid; i < cnt * G; i += NTH) w[i] = exp2f(ml[2 * i] - M[i % G]);

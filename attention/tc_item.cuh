@@ -15,6 +15,7 @@
 #include "attention/tc_ptx.cuh"
 #include "attention/tc_staging.cuh"
 #include "attention/tc_subtile.cuh"
+#include "attention/tc_trace.cuh"
 
 namespace mkv_tc {
 
@@ -197,6 +198,9 @@ __device__ __forceinline__ void run_item(const tc_args &a, uint8_t *smem, const 
         ps = ps + 1 == S ? 0 : ps + 1;
         cp_async_wait<S - 1>(); /* this lane's copies of stage cs have landed */
         __syncwarp();
+#ifdef MKV_TC_TRACE
+        if (lane == 0 && ct == ta) trace_stamp(a, TR_FIRST, ta);
+#endif
         const uint8_t *stage = warp_gen + cs * NT * SL::BYTES_PER_SUBTILE;
         cs = cs + 1 == S ? 0 : cs + 1;
 #pragma unroll
@@ -244,6 +248,7 @@ __device__ __forceinline__ void run_item(const tc_args &a, uint8_t *smem, const 
     cp_async_wait<0>();
 
     write_partial<VB, D, VG, FUSED, SL::WARP_BYTES>(a, smem, ip, sm, gr, tc);
+    if (lane == 0) trace_stamp(a, TR_ITEM, ta);
 }
 
 } // namespace mkv_tc

@@ -2,7 +2,8 @@
  * tc_ptx.cuh — the PTX the tensor-core decode kernels issue, each instruction behind a small
  * inline wrapper: the mma products and fragment moves, fp16x2 arithmetic, the MUFU exponent
  * and logarithm, cp.async with its groups and L2 cache policies, stores and reductions under
- * cache hints, and the loads and stores with memory ordering of the fused kernel's job queue.
+ * cache hints, the loads and stores with memory ordering of the fused kernel's job queue, and
+ * programmatic dependent launch.
  * Part of the kernel template (tc_decode.cuh); tc_merge.cuh and the finalize kernel
  * (decode_tc_finalize.cu) use ex2 and red_add too.
  */
@@ -247,6 +248,25 @@ __device__ __forceinline__ int32_t ld_acquire(const int32_t *p)
     int32_t v;
     asm volatile("ld.acquire.gpu.global.s32 %0, [%1];" : "=r"(v) : "l"(p) : "memory");
     return v;
+}
+
+/* Programmatic dependent launch (sm_90): a kernel launched with programmatic stream
+ * serialization (launch_pdl) may start before the kernel ahead of it in the stream has ended,
+ * once each of that kernel's blocks has run griddep_launch_dependents (or ended);
+ * griddep_wait then waits for that kernel's end and its memory. Both are no-ops in a kernel
+ * launched without the attribute. */
+__device__ __forceinline__ void griddep_wait(void)
+{
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
+    asm volatile("griddepcontrol.wait;" ::: "memory");
+#endif
+}
+
+__device__ __forceinline__ void griddep_launch_dependents(void)
+{
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
+    asm volatile("griddepcontrol.launch_dependents;" ::: "memory");
+#endif
 }
 
 } // namespace mkv_tc

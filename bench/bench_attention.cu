@@ -11,6 +11,9 @@
  * is the GPU tests' business (tests/gpu/test_decode_cuda.c).
  */
 #include "attention/decode_cuda.h"
+#ifdef MKV_TC_TRACE
+#include "attention/decode_tc.h"
+#endif
 #include "quant/format.h"
 
 #include <cuda_runtime.h>
@@ -53,6 +56,10 @@ static __global__ void fill_kernel(uint8_t *pool, int64_t bytes, uint32_t seed)
 /* Reads bytes of buf (a multiple of 16) and writes nothing unless the impossible happens:
  * evicts the L2 without leaving dirty lines behind (the read flush; a memset leaves the L2 full
  * of dirty lines, which the timed call then writes back to DRAM as it reads). */
+#ifdef MKV_TC_TRACE
+static __global__ void empty_kernel(void) {}
+#endif
+
 static __global__ void read_flush_kernel(const uint4 *buf, int64_t n16, uint32_t *sink)
 {
     uint32_t x = 0;
@@ -147,6 +154,22 @@ static int name_index(const char *s, const char *const *names, int n)
     return -1;
 }
 
+/* A comma-separated list of positive integers ("1,16,64") into out; false if malformed. */
+static bool int_list(const char *s, std::vector<int> &out)
+{
+    std::vector<int> v;
+    while (*s) {
+        char *end;
+        const long x = strtol(s, &end, 10);
+        if (end == s || x < 1 || x > (1L << 30) || (*end && *end != ',')) return false;
+        v.push_back((int)x);
+        s = *end ? end + 1 : end;
+    }
+    if (v.empty()) return false;
+    out = v;
+    return true;
+}
+
 int main(int argc, char **argv)
 {
     std::vector<int> batches = {1, 16, 64, 256}, lengths = {1024, 4096, 16384, 32768};
@@ -161,6 +184,7 @@ int main(int argc, char **argv)
     bool hint = false;        /* --hint: the mean region as mean_tokens */
     int page_tokens = 32;     /* --page-tokens: a page's tokens of the variant's high format */
     const char *only = NULL;
+    const char *trace_path = NULL; /* --trace: MKV_TC_TRACE builds, timeline stamps of one more call */
     for (int i = 1; i < argc; i++) {
         if (!strcmp(argv[i], "--json") && i + 1 < argc) json_path = argv[++i];
         else if (!strcmp(argv[i], "--reps") && i + 1 < argc) reps = atoi(argv[++i]);
@@ -180,8 +204,14 @@ int main(int argc, char **argv)
                 fprintf(stderr, "bench_attention: --scores auto, separate or fused\n");
                 return 2;
             }
-        } else if (!strcmp(argv[i], "--batch") && i + 1 < argc) batches = {atoi(argv[++i])};
-        else if (!strcmp(argv[i], "--length") && i + 1 < argc) lengths = {atoi(argv[++i])};
+        } else if ((!strcmp(argv[i], "--batch") || !strcmp(argv[i], "--length")) && i + 1 < argc) {
+            std::vector<int> &l = argv[i][2] == 'b' ? batches : lengths;
+            if (!int_list(argv[i + 1], l)) {
+                fprintf(stderr, "bench_attention: %s takes positive integers, comma-separated\n", argv[i]);
+                return 2;
+            }
+            i++;
+        }
         else if (!strcmp(argv[i], "--format") && i + 1 < argc) only = argv[++i];
         else if (!strcmp(argv[i], "--split") && i + 1 < argc) split = atoi(argv[++i]);
         else if (!strcmp(argv[i], "--group-size") && i + 1 < argc) group = atoi(argv[++i]);
@@ -202,17 +232,18 @@ int main(int argc, char **argv)
                 return 2;
             }
         }
+        else if (!strcmp(argv[i], "--trace") && i + 1 < argc) trace_path = argv[++i];
         else if (!strcmp(argv[i], "--quick")) {
             batches = {1, 64};
             lengths = {1024, 8192};
         } else {
             fprintf(stderr,
                     "usage: bench_attention [--reps N] [--json FILE] [--max-gib X] [--quick]\n"
-                    "                       [--kernel auto|generic|tensor|tensor-per-section] [--batch B] [--length N]\n"
+                    "                       [--kernel auto|generic|tensor|tensor-per-section] [--batch B,..] [--length N,..]\n"
                     "                       [--format NAME] [--scores auto|separate|fused]\n"
                     "                       [--split N] [--logits auto|fp32|compact] [--group-size N]\n"
                     "                       [--flush read|write] [--no-scores] [--spread F] [--hint]\n"
-                    "                       [--page-tokens N]\n"
+                    "                       [--page-tokens N] [--trace FILE]\n"
                     "Decode attention time over batch x length grids (32 query / 8 KV heads, d 128)\n"
                     "for K16V16, K8V8, K8V4, K4V2 and a 20/50/30 high/low/pruned mix, against the\n"
                     "device copy rate. --scores: the score write-back as its own pass (separate),\n"
@@ -232,10 +263,20 @@ int main(int argc, char **argv)
                     "max_tokens stays the length; the bytes are the tokens held. --hint: pass the\n"
                     "mean region (mkv_cuda_decode_t::mean_tokens), as the CUDA KV backend does.\n"
                     "--page-tokens N: pages of N tokens of each variant's high format (default 32;\n"
-                    "serve-bench's pages hold 16 fp16 tokens).\n");
+                    "serve-bench's pages hold 16 fp16 tokens).\n"
+                    "--trace FILE: after each point's timed calls, one more call with the tensor-core\n"
+                    "kernels' timeline stamps, written to FILE (builds with -DMKV_TC_TRACE only;\n"
+                    "scripts/trace_summary.py reads it).\n");
             return strcmp(argv[i], "-h") && strcmp(argv[i], "--help") ? 2 : 0;
         }
     }
+#ifndef MKV_TC_TRACE
+    if (trace_path) {
+        fprintf(stderr, "bench_attention: --trace needs a build with -DMKV_TC_TRACE in CMAKE_CUDA_FLAGS "
+                        "(docs/decode-kernel.md, \"Timeline stamps\")\n");
+        return 2;
+    }
+#endif
     const variant variants[] = {
         {"K16V16", MKV_FORMAT_K16V16, MKV_FORMAT_K16V16, 1.0, 0.0},
         {"K8V8", MKV_FORMAT_K8V8, MKV_FORMAT_K8V8, 1.0, 0.0},
@@ -357,6 +398,38 @@ int main(int argc, char **argv)
            no_scores ? "no score write-back" : "scores written back");
     printf("%-12s %6s %7s %10s %12s %9s %10s %9s\n", "format", "batch", "length", "time_us",
            "bytes_read", "GB/s", "of_copy", "vs_fp16");
+#ifdef MKV_TC_TRACE
+    /* Timeline stamps: the buffer, and the floors a call's event time stands on (an empty
+     * kernel; a small memset and an empty kernel), timed as the calls are. */
+    unsigned long long *trace_buf = NULL;
+    FILE *tf = NULL;
+    if (trace_path) {
+        CK(cudaMalloc((void **)&trace_buf, (4 + 4 * (size_t)MKV_TC_TRACE_CAP) * 8));
+        if (!(tf = fopen(trace_path, "w"))) {
+            fprintf(stderr, "bench_attention: cannot write %s\n", trace_path);
+            return 1;
+        }
+        double fl[2];
+        for (int m = 0; m < 2; m++) {
+            std::vector<double> t;
+            for (int r = 0; r < reps + 2; r++) {
+                flush_l2(r);
+                CK(cudaEventRecord(e0, stream));
+                if (m) CK(cudaMemsetAsync(trace_buf, 0, 4096, stream));
+                empty_kernel<<<n_sm, 128, 0, stream>>>();
+                CK(cudaEventRecord(e1, stream));
+                CK(cudaEventSynchronize(e1));
+                float ms;
+                CK(cudaEventElapsedTime(&ms, e0, e1));
+                if (r >= 2) t.push_back(ms * 1e-3);
+            }
+            fl[m] = median(t);
+        }
+        printf("floors: an empty kernel %.2f us, a 4 KB memset and an empty kernel %.2f us\n", fl[0] * 1e6,
+               fl[1] * 1e6);
+        fprintf(tf, "# floors empty_us %.3f memset_empty_us %.3f\n", fl[0] * 1e6, fl[1] * 1e6);
+    }
+#endif
     int first = 1;
     for (int batch : batches) {
         for (int len : lengths) {
@@ -433,6 +506,37 @@ int main(int argc, char **argv)
                     CK(cudaEventElapsedTime(&ms, e0, e1));
                     if (r >= 2) t.push_back(ms * 1e-3);
                 }
+#ifdef MKV_TC_TRACE
+                if (tf) { /* one more call, stamped */
+                    flush_l2(0);
+                    CK(cudaMemsetAsync(trace_buf, 0, 32, stream));
+                    mkv_tc_trace_buffer = trace_buf;
+                    CK(cudaEventRecord(e0, stream));
+                    const mkv_status_t st = mkv_cuda_decode(&a, stream, err);
+                    CK(cudaEventRecord(e1, stream));
+                    mkv_tc_trace_buffer = NULL;
+                    if (st != MKV_STATUS_OK) {
+                        fprintf(stderr, "bench_attention: %s\n", err);
+                        return 1;
+                    }
+                    CK(cudaEventSynchronize(e1));
+                    float ms;
+                    CK(cudaEventElapsedTime(&ms, e0, e1));
+                    unsigned long long cnt = 0;
+                    CK(cudaMemcpy(&cnt, trace_buf, 8, cudaMemcpyDeviceToHost));
+                    cnt = std::min(cnt, (unsigned long long)MKV_TC_TRACE_CAP);
+                    std::vector<unsigned long long> rec(4 * cnt);
+                    CK(cudaMemcpy(rec.data(), trace_buf + 4, rec.size() * 8, cudaMemcpyDeviceToHost));
+                    fprintf(tf, "# call %s %d %d event_us %.3f median_us %.3f records %llu\n", v.name, batch, len,
+                            ms * 1e3, median(t) * 1e6, cnt);
+                    for (unsigned long long k = 0; k < cnt; k++) {
+                        const unsigned long long *r = &rec[4 * k];
+                        fprintf(tf, "%llu %llu %llu %llu %llu %llu %d\n", r[0], r[1], r[2] & 255, (r[2] >> 8) & 255,
+                                (r[2] >> 16) & 255, r[3] & 0xffffffffull, (int)(int32_t)(r[3] >> 32));
+                    }
+                    fflush(tf);
+                }
+#endif
                 /* Bytes that must be read: codes and metadata of every stored token, plus the
                  * score (read and written) where it is written back. */
                 const double sb = no_scores ? 0.0 : 8.0;
@@ -466,6 +570,10 @@ int main(int argc, char **argv)
             }
         }
     }
+#ifdef MKV_TC_TRACE
+    if (tf) fclose(tf);
+    cudaFree(trace_buf);
+#endif
     if (jf) {
         fprintf(jf, "\n]}\n");
         if (jf != stdout) fclose(jf);

@@ -1,0 +1,51 @@
+/*
+ * tc_trace.cuh — timeline stamps of the tensor-core decode kernels, for diagnosis only: built
+ * into the kernels where MKV_TC_TRACE is defined (a build of its own, docs/decode-kernel.md,
+ * "Timeline stamps"), and nothing otherwise. A stamp appends the record {globaltimer, clock64,
+ * tag | SM << 8 | warp << 16, block, arg} to tc_args::trace (when non-null): trace[0] counts
+ * the records, record k is the four words trace[4 + 4 k ..] (MKV_TC_TRACE_CAP at most).
+ */
+#ifndef MKV_ATTENTION_TC_TRACE_CUH
+#define MKV_ATTENTION_TC_TRACE_CUH
+
+#include "attention/decode_tc.h"
+
+namespace mkv_tc {
+
+enum trace_tag {
+    TR_START = 1, /* a block begins (thread 0) */
+    TR_CMD,       /* a command taken (thread 0; arg: decode id, or -2 - score job) */
+    TR_FIRST,     /* a warp's first staged subtile has landed (lane 0; arg: item's first token) */
+    TR_ITEM,      /* a warp's item is done, its partial written (lane 0) */
+    TR_ARRIVE,    /* a block's arrival at its region (thread 0; arg: 1 for the last) */
+    TR_MERGED,    /* the region's last block has merged it into out (thread 0) */
+    TR_EXIT,      /* a block ends (thread 0) */
+    TR_FIN_START, /* a finalize block begins (thread 0) */
+    TR_FIN_END,   /* a finalize block ends (thread 0) */
+};
+
+__device__ __forceinline__ void trace_stamp(const tc_args &a, int tag, int32_t arg)
+{
+#ifdef MKV_TC_TRACE
+    if (!a.trace) return;
+    unsigned long long gt;
+    uint32_t sm;
+    asm volatile("mov.u64 %0, %%globaltimer;" : "=l"(gt));
+    asm volatile("mov.u32 %0, %%smid;" : "=r"(sm));
+    const unsigned long long clk = (unsigned long long)clock64();
+    const unsigned long long k = atomicAdd(a.trace, 1ull);
+    if (k >= MKV_TC_TRACE_CAP) return;
+    const unsigned long long block =
+        blockIdx.x + (unsigned long long)gridDim.x * (blockIdx.y + (unsigned long long)gridDim.y * blockIdx.z);
+    unsigned long long *r = a.trace + 4 + 4 * k;
+    r[0] = gt, r[1] = clk;
+    r[2] = (unsigned long long)tag | (unsigned long long)sm << 8 | (unsigned long long)(threadIdx.x >> 5) << 16;
+    r[3] = block | (unsigned long long)(uint32_t)arg << 32;
+#else
+    (void)a, (void)tag, (void)arg;
+#endif
+}
+
+} // namespace mkv_tc
+
+#endif /* MKV_ATTENTION_TC_TRACE_CUH */

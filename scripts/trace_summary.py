@@ -1,0 +1,107 @@
+#!/usr/bin/env python3
+"""Summarise bench_attention --trace output (timeline stamps of the tensor-core decode kernels,
+attention/tc_trace.cuh): per traced call, when blocks start, when warps' first subtiles land,
+when items end, when regions merge and blocks exit, relative to the first block's start (us),
+and how many warps stream (between their first subtile and their item's end) over time.
+
+usage: trace_summary.py TRACE_FILE [--buckets US]"""
+import argparse
+import statistics
+import sys
+
+TAGS = {1: "START", 2: "CMD", 3: "FIRST", 4: "ITEM", 5: "ARRIVE", 6: "MERGED", 7: "EXIT",
+        8: "FIN_START", 9: "FIN_END"}
+
+
+def pct(xs, p):
+    xs = sorted(xs)
+    return xs[min(len(xs) - 1, int(p * (len(xs) - 1) + 0.5))]
+
+
+def summarise(name, hdr, recs, bucket):
+    if not recs:
+        print(f"{name}: no records")
+        return
+    t0 = min(r[0] for r in recs)
+    print(f"== {name}  event {hdr.get('event_us', '?')} us, median of the timed calls {hdr.get('median_us', '?')} us, "
+          f"{len(recs)} records")
+    gts = sorted({r[0] for r in recs})
+    steps = [b - a for a, b in zip(gts, gts[1:]) if b > a]
+    if steps:
+        print(f"   globaltimer's smallest step {min(steps)} ns")
+    last = max(r[0] for r in recs)
+    print(f"   stamped span {1e-3 * (last - t0):.2f} us")
+    by = {}
+    for r in recs:
+        by.setdefault(r[2], []).append(1e-3 * (r[0] - t0))
+    print(f"   {'stamp':<10} {'count':>6} {'min':>8} {'p10':>8} {'p50':>8} {'p90':>8} {'max':>8}")
+    for tag in sorted(by):
+        xs = by[tag]
+        print(f"   {TAGS.get(tag, tag):<10} {len(xs):>6} {min(xs):8.2f} {pct(xs, .1):8.2f} {pct(xs, .5):8.2f} "
+              f"{pct(xs, .9):8.2f} {max(xs):8.2f}")
+    lasts = [1e-3 * (r[0] - t0) for r in recs if r[2] == 5 and r[6] == 1]
+    if lasts:
+        print(f"   last arrivals: {len(lasts)}, {min(lasts):.2f} .. {max(lasts):.2f} us")
+    # A warp streams from its first landed subtile to its item's end.
+    seq = {}
+    for r in sorted(recs, key=lambda r: r[0]):
+        if r[2] in (3, 4):
+            seq.setdefault((r[5], r[4]), []).append(r)
+    spans = []
+    for rs in seq.values():
+        open_t = None
+        for r in rs:
+            if r[2] == 3:
+                open_t = r[0]
+            elif open_t is not None:
+                spans.append((1e-3 * (open_t - t0), 1e-3 * (r[0] - t0)))
+                open_t = None
+    if spans:
+        d = [b - a for a, b in spans]
+        print(f"   items streamed: {len(spans)}, first subtile to end median {statistics.median(d):.2f} us "
+              f"(min {min(d):.2f}, max {max(d):.2f})")
+        end = max(b for _, b in spans)
+        n = int(end / bucket) + 1
+        act = [0.0] * n
+        for a, b in spans:
+            for k in range(int(a / bucket), int(b / bucket) + 1):
+                lo, hi = max(a, k * bucket), min(b, (k + 1) * bucket)
+                if hi > lo:
+                    act[k] += (hi - lo) / bucket
+        print(f"   warps streaming, mean per {bucket:g} us:")
+        line = []
+        for k in range(n):
+            line.append(f"{k * bucket:5.0f}:{act[k]:6.0f}")
+            if len(line) == 8:
+                print("     " + " ".join(line))
+                line = []
+        if line:
+            print("     " + " ".join(line))
+
+
+def main():
+    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    ap.add_argument("trace")
+    ap.add_argument("--buckets", type=float, default=2.0, help="us per bucket of the streaming warps' count")
+    args = ap.parse_args()
+    calls = []
+    with open(args.trace) as f:
+        for line in f:
+            if line.startswith("# floors"):
+                print(line[2:].strip())
+            elif line.startswith("# call"):
+                w = line.split()
+                hdr = {w[i]: w[i + 1] for i in range(5, len(w) - 1, 2)}
+                calls.append((f"{w[2]} {w[3]} x {w[4]}", hdr, []))
+            elif line.strip() and calls:
+                calls[-1][2].append(tuple(int(x) for x in line.split()))
+    if not calls:
+        print("no traced calls", file=sys.stderr)
+        return 1
+    for name, hdr, recs in calls:
+        summarise(name, hdr, recs, args.buckets)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
