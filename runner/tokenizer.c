@@ -436,7 +436,7 @@ static int run_decoders(const mkv_tokenizer_t *tok, sbuf_t *t, size_t *n, int st
                 t[i] = (sbuf_t){0};
             }
             if (stream ? sb_put(&r, bytes.p ? bytes.p : "", bytes.n) != 0
-                       : mkv_tok_utf8_lossy(bytes.p, bytes.n, &r) != 0)
+                       : mkv_tok_utf8_lossy(bytes.p ? bytes.p : "", bytes.n, &r) != 0)
                 goto bl_oom;
             free(bytes.p);
             t[0] = r;
