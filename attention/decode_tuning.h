@@ -41,6 +41,16 @@ struct mkv_decode_tuning {
      * 1 x 1k K16V16 13.2 against 14.65 us, the mix 14.15 against 15.85; the mix 16 x 1k 24.8
      * against 22.6, K16V16 without scores 43.0 against 39.8). */
     static constexpr int32_t shortest_items_per_sm = 12;
+    /* ... and, in small calls, items halved (down to 64 tokens) until the call has at least
+     * this many: enough warps streaming at once where long_region_min_item would leave a few
+     * hundred (H100, 20 calls, us, the items before this rule against halved; the mix's
+     * max_tokens are its 70% stored: K16V16 1 x 4k without scores 16.7 against 15.2 with 64
+     * tokens, with scores 17.2 against 15.4; 1 x 8k 24.0 against 19.2 with 128, with scores
+     * 25.2 against 19.9; the mix 1 x 16k 26.6 against 24.1 with 128, but 1 x 8k 19.1 against
+     * 19.6 with 64; 2 x 4k and 1 x 16k, already at 512 items, are best there or within 2%;
+     * 32-token items lose where 64 gave 512 items or fewer: K16V16 1 x 2k 13.4 against 13.6,
+     * the mix 1 x 4k 15.7 against 17.9). */
+    static constexpr int32_t small_call_min_items = 512;
     /* Multiprocessors assumed when the device cannot be asked (an H100 SXM's count). */
     static constexpr int32_t fallback_sms = 132;
     /* L2 bytes assumed when the device cannot be asked (the H100's and H200's 50 MB). */

@@ -63,6 +63,13 @@ __device__ __forceinline__ block_pos locate(const tc_args &a, int32_t bx, int32_
      * while its token counts load. */
     if (threadIdx.x < 2)
         prefetch_l2(a.table + ip.region * a.T + (threadIdx.x ? a.T - 1 : 0));
+    /* And, where the block is in the high section (bx below its blocks there; guessed before
+     * the counts that say so arrive), the page ids of each warp's item: a warp's first window
+     * then waits on L2 only. */
+    if ((threadIdx.x & 31) == 0) {
+        const int64_t pg = (int64_t)(bx * W + warp) * a.item_tokens / a.sec[0].tpp;
+        prefetch_l2(a.table + ip.region * a.T + (pg < a.T ? pg : a.T - 1));
+    }
     const int64_t nh = max(a.n_hi[ip.region], 0), nl = max(a.n_lo[ip.region], 0);
     const int32_t n = (int32_t)min(nh + nl, (int64_t)a.max_tokens);
     const int32_t hi = (int32_t)min(nh, (int64_t)n), I = a.item_tokens;

@@ -42,7 +42,7 @@ struct region_finish {
     static constexpr int32_t AREA = AREA_; /* the block's staging area */
     static constexpr int32_t IDS = 128;                      /* page ids per score chunk */
     static constexpr int32_t HALF = AREA / 2 - IDS * 4;      /* logits per score chunk */
-    static constexpr int32_t EMAX = (MKV_TC_MAX_G * D + NTH - 1) / NTH; /* outputs per thread */
+    static constexpr int32_t E4 = (MKV_TC_MAX_G * D / 4 + NTH - 1) / NTH; /* float4 outputs per thread */
     static_assert(HALF >= 4096, "room for a chunk of logits");
 
     /* The score jobs' double-buffered loop over n_chunks chunks: issue(c, at) starts chunk c's
@@ -135,12 +135,14 @@ struct region_finish {
     static __device__ __forceinline__ void merge(const tc_args &a, uint8_t *smem, const region_info &g,
                                                  const float *M, const float *S)
     {
-        const int32_t tid = threadIdx.x, G = a.G, GD = G * D;
+        const int32_t tid = threadIdx.x, G = a.G, GD = G * D, GD4 = GD / 4;
         const int32_t c = merge_chunk(a);
         float *po = reinterpret_cast<float *>(smem);
-        float o[EMAX];
+        /* Thread t's outputs: float4s t + j NTH, each part's weighted in order (fma chains of
+         * the four components side by side, the parts' loads unrolled ahead of them). */
+        float4 o[E4];
 #pragma unroll
-        for (int j = 0; j < EMAX; j++) o[j] = 0.0f;
+        for (int j = 0; j < E4; j++) o[j] = make_float4(0.0f, 0.0f, 0.0f, 0.0f);
         for (int32_t s0 = 0; s0 < g.arrivals; s0 += c) {
             const int32_t cnt = min(c, g.arrivals - s0);
             float *ml = po + cnt * GD, *w = ml + cnt * G * 2;
@@ -150,21 +152,35 @@ struct region_finish {
             for (int32_t i = tid; i < cnt * G; i += NTH) w[i] = exp2f(ml[2 * i] - M[i % G]);
             __syncthreads();
 #pragma unroll
-            for (int j = 0; j < EMAX; j++) {
-                const int32_t e = tid + j * NTH;
-                if (e >= GD) break;
-                const int32_t h = e / D;
-                for (int32_t s = 0; s < cnt; s++) o[j] = fmaf(po[s * GD + e], w[s * G + h], o[j]);
+            for (int j = 0; j < E4; j++) {
+                const int32_t e4 = tid + j * NTH;
+                if (e4 >= GD4) break;
+                const int32_t h = 4 * e4 / D;
+                const float4 *p4 = reinterpret_cast<const float4 *>(po) + e4;
+                float4 acc = o[j];
+#pragma unroll 4
+                for (int32_t s = 0; s < cnt; s++) {
+                    const float4 x = p4[s * GD4];
+                    const float f = w[s * G + h];
+                    acc.x = fmaf(x.x, f, acc.x), acc.y = fmaf(x.y, f, acc.y);
+                    acc.z = fmaf(x.z, f, acc.z), acc.w = fmaf(x.w, f, acc.w);
+                }
+                o[j] = acc;
             }
             __syncthreads(); /* the next chunk reuses the area */
         }
 #pragma unroll
-        for (int j = 0; j < EMAX; j++) {
-            const int32_t e = tid + j * NTH;
-            if (e >= GD) break;
-            const float r = o[j] / S[e / D];
-            if (a.out16) a.out16[g.rs * GD + e] = a.out_bf16 ? mkv_f32_to_bf16(r) : mkv_f32_to_f16(r);
-            else a.out[g.rs * GD + e] = r;
+        for (int j = 0; j < E4; j++) {
+            const int32_t e4 = tid + j * NTH;
+            if (e4 >= GD4) break;
+            const float sum = S[4 * e4 / D];
+            const float r[4] = {o[j].x / sum, o[j].y / sum, o[j].z / sum, o[j].w / sum};
+            const int64_t at = g.rs * GD + 4 * e4;
+#pragma unroll
+            for (int k = 0; k < 4; k++) {
+                if (a.out16) a.out16[at + k] = a.out_bf16 ? mkv_f32_to_bf16(r[k]) : mkv_f32_to_f16(r[k]);
+                else a.out[at + k] = r[k];
+            }
         }
     }
 
