@@ -76,7 +76,13 @@ tc_plan plan_tc(int32_t n_seq, int32_t H, int32_t G, int32_t d, int32_t max_toke
     if (split_tokens > 0) {
         w.item_tokens = (int32_t)mkv_align_up64(split_tokens, MKV_TC_MIN_ITEM);
     } else {
-        w.item_tokens = mkv_tc_item_tokens(n_seq, H, item_basis(max_tokens, mean_tokens), sms);
+        const int32_t basis = item_basis(max_tokens, mean_tokens);
+        w.item_tokens = mkv_tc_item_tokens(n_seq, H, basis, sms);
+        /* Fused calls of short regions: a quarter region (of the basis) an item, so that a
+         * region is one block, merged in shared memory without the arrival and the region
+         * merge. Judged on max_tokens, so that a hint never lengthens the items. */
+        if (fused && max_tokens <= MKV_TC_WARPS * T::single_block_max_item)
+            while ((int64_t)MKV_TC_WARPS * w.item_tokens < basis) w.item_tokens *= 2;
         if (w.item_tokens > max_item) w.item_tokens = max_item;
         /* cap_blocks > 0: halved while the logits of the items in flight would fill more than
          * l2_logits_num / l2_logits_den of L2, as long as a section keeps at most

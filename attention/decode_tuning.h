@@ -51,6 +51,11 @@ struct mkv_decode_tuning {
      * 32-token items lose where 64 gave 512 items or fewer: K16V16 1 x 2k 13.4 against 13.6,
      * the mix 1 x 4k 15.7 against 17.9). */
     static constexpr int32_t small_call_min_items = 512;
+    /* Fused calls whose regions hold at most MKV_TC_WARPS times this many tokens take items of
+     * a quarter region: one block a region, merged in shared memory (H100, K16V16 without
+     * scores, 20 calls, us, items of 64 tokens against 256: 16 x 1k 35.2 against 31.1, 64 x 1k
+     * 103.1 against 100.2; 256 x 1k already at 256). */
+    static constexpr int32_t single_block_max_item = 256;
     /* Multiprocessors assumed when the device cannot be asked (an H100 SXM's count). */
     static constexpr int32_t fallback_sms = 132;
     /* L2 bytes assumed when the device cannot be asked (the H100's and H200's 50 MB). */

@@ -324,9 +324,9 @@ __global__ void __launch_bounds__(FUSED ? MKV_TC_WARPS * 32 : MKV_TC_SEP_WARPS *
             if (b.work) run_section_item<D, HI, LO, true>(a, smem, b.ip);
         }
         if (any) {
-            /* Arrive (release: the barrier orders every thread's results before thread 0's
-             * fence, which is cumulative, and its increment; the pattern of a grid sync. One
-             * fence, not a MEMBAR.SC in each of the block's threads). */
+            /* Arrive (release and acquire in thread 0's one atomic, atom_add_acq_rel: the
+             * barrier orders every thread's results before it, and release is cumulative; the
+             * pattern of a grid sync, without a fence's round trip on either side). */
             __syncthreads();
             const region_info &g = bs.reg;
             /* A region of one block (short regions): its part is the region's result, written
@@ -343,9 +343,7 @@ __global__ void __launch_bounds__(FUSED ? MKV_TC_WARPS * 32 : MKV_TC_SEP_WARPS *
                 }
             } else if (tid == 0) {
                 if (!zeroed) griddep_wait(), zeroed = true;
-                __threadfence();
-                bs.last = atomicAdd(a.counters + g.rs, 1) == g.arrivals - 1;
-                __threadfence(); /* acquire, for the last one */
+                bs.last = atom_add_acq_rel(a.counters + g.rs, 1) == g.arrivals - 1;
                 trace_stamp(a, TR_ARRIVE, bs.last);
             }
             __syncthreads();

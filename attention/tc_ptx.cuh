@@ -250,6 +250,16 @@ __device__ __forceinline__ int32_t ld_acquire(const int32_t *p)
     return v;
 }
 
+/* An arrival: *p += 1 with release and acquire semantics at GPU scope (one instruction where
+ * a fence, the add and another fence had each waited on its own round trip); returns the old
+ * value. After a block barrier, thread 0's release covers the block's writes (cumulativity). */
+__device__ __forceinline__ int32_t atom_add_acq_rel(int32_t *p, int32_t v)
+{
+    int32_t old;
+    asm volatile("atom.acq_rel.gpu.global.add.s32 %0, [%1], %2;" : "=r"(old) : "l"(p), "r"(v) : "memory");
+    return old;
+}
+
 /* Programmatic dependent launch (sm_90): a kernel launched with programmatic stream
  * serialization (launch_pdl) may start before the kernel ahead of it in the stream has ended,
  * once each of that kernel's blocks has run griddep_launch_dependents (or ended);
