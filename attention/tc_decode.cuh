@@ -51,7 +51,7 @@ struct block_pos {
     int32_t bta, btb; /* the block's tokens [bta, btb) of its section */
 };
 
-template <int W>
+template <int W, bool ITEM_IDS = true>
 __device__ __forceinline__ block_pos locate(const tc_args &a, int32_t bx, int32_t hh, int32_t j, bool packed = false)
 {
     block_pos b;
@@ -63,10 +63,11 @@ __device__ __forceinline__ block_pos locate(const tc_args &a, int32_t bx, int32_
      * while its token counts load. */
     if (threadIdx.x < 2)
         prefetch_l2(a.table + ip.region * a.T + (threadIdx.x ? a.T - 1 : 0));
-    /* And, where the block is in the high section (bx below its blocks there; guessed before
-     * the counts that say so arrive), the page ids of each warp's item: a warp's first window
-     * then waits on L2 only. */
-    if ((threadIdx.x & 31) == 0) {
+    /* And (ITEM_IDS), where the block is in the high section (bx below its blocks there;
+     * guessed before the counts that say so arrive), the page ids of each warp's item: a
+     * warp's first window then waits on L2 only. Not in the two-format kernels, where this
+     * made ptxas spill (the fused one-group mix, scripts/decode_regs.sh). */
+    if (ITEM_IDS && (threadIdx.x & 31) == 0) {
         const int64_t pg = (int64_t)(bx * W + warp) * a.item_tokens / a.sec[0].tpp;
         prefetch_l2(a.table + ip.region * a.T + (pg < a.T ? pg : a.T - 1));
     }
@@ -224,7 +225,7 @@ __global__ void __launch_bounds__(FUSED ? MKV_TC_WARPS * 32 : MKV_TC_SEP_WARPS *
         griddep_launch_dependents();
         if (threadIdx.x == 0) trace_stamp(a, TR_START, 0);
         prefetch_q<D>(a, (int64_t)j * a.H + hh);
-        const block_pos b = locate<MKV_TC_SEP_WARPS>(a, bx, hh, j, a.sec_mask == 3);
+        const block_pos b = locate<MKV_TC_SEP_WARPS, K::ONE>(a, bx, hh, j, a.sec_mask == 3);
         if (b.work) run_section_item<D, HI, LO, false>(a, smem, b.ip);
         return;
     }
@@ -235,11 +236,8 @@ __global__ void __launch_bounds__(FUSED ? MKV_TC_WARPS * 32 : MKV_TC_SEP_WARPS *
     int32_t *const next_id = a.counters + a.n_rs, *const sq_head = next_id + 1;
     int32_t *const sq_tail = next_id + 2, *const finished = next_id + 3, *const jobs = next_id + 4;
     const int32_t gx = a.grid_x, total = a.total_ids;
-    if (tid == 0) bs.owed = -1, bs.exhausted = 0, bs.nap = 256, bs.started = 0, bs.own_job = -1;
+    if (tid == 0) bs.owed = -1, bs.exhausted = 0, bs.nap = 256, bs.started = 0, bs.own_job = -1, bs.zeroed = 0;
     if (tid == 0) trace_stamp(a, TR_START, 0);
-    /* Thread 0's: whether it has waited for the counters' zeroing kernel (launched ahead of
-     * this one with programmatic serialization, launch_pdl: the first item runs meanwhile). */
-    bool zeroed = false;
     enum { EXIT, RETRY, DECODE, SCORE };
     for (;;) {
         if (tid == 0) {
@@ -255,7 +253,7 @@ __global__ void __launch_bounds__(FUSED ? MKV_TC_WARPS * 32 : MKV_TC_SEP_WARPS *
                 cmd = SCORE, arg = bs.own_job;
                 bs.own_job = -1;
             } else {
-                if (!zeroed) griddep_wait(), zeroed = true;
+                if (!bs.zeroed) griddep_wait(), bs.zeroed = 1;
                 /* A ticket when jobs seem to be waiting; it may name a job published later. */
                 if (a.keep_logits && owed < 0 && ld_relaxed(sq_head) < ld_relaxed(sq_tail)) {
                     owed = atomicAdd(sq_head, 1);
@@ -302,7 +300,7 @@ __global__ void __launch_bounds__(FUSED ? MKV_TC_WARPS * 32 : MKV_TC_SEP_WARPS *
         if (cmd == DECODE) prefetch_q<D>(a, r); /* r = sequence x H + KV head */
 
         if (cmd == SCORE) {
-            const block_pos b = locate<MKV_TC_WARPS>(a, bx, r % a.H, r / a.H);
+            const block_pos b = locate<MKV_TC_WARPS, false>(a, bx, r % a.H, r / a.H);
             if (tid < a.G) bs.lse[tid] = __ldcg(a.lse + b.ip.rs * a.G + tid);
             __syncthreads();
             const section_tokens s = section_of_region(a, b.ip.rs, b.ip.region, b.ip.sec, b.hi, b.n, b.items_hi);
@@ -315,7 +313,7 @@ __global__ void __launch_bounds__(FUSED ? MKV_TC_WARPS * 32 : MKV_TC_SEP_WARPS *
         /* DECODE */
         bool any;
         {
-            const block_pos b = locate<MKV_TC_WARPS>(a, bx, r % a.H, r / a.H);
+            const block_pos b = locate<MKV_TC_WARPS, K::ONE>(a, bx, r % a.H, r / a.H);
             if (tid == 0) {
                 bs.reg = {b.ip.rs, b.ip.region, b.hi, b.n, b.items_hi, b.n_items, b.arrivals, r * gx};
                 bs.part = {b.part.slot, b.part.n_work, part_stride<D, HI, LO>(b.ip.sec)};
@@ -342,7 +340,7 @@ __global__ void __launch_bounds__(FUSED ? MKV_TC_WARPS * 32 : MKV_TC_SEP_WARPS *
                     if (tid == 0) bs.own_job = g.first_id;
                 }
             } else if (tid == 0) {
-                if (!zeroed) griddep_wait(), zeroed = true;
+                if (!bs.zeroed) griddep_wait(), bs.zeroed = 1;
                 bs.last = atom_add_acq_rel(a.counters + g.rs, 1) == g.arrivals - 1;
                 trace_stamp(a, TR_ARRIVE, bs.last);
             }

@@ -82,6 +82,10 @@ struct block_shared {
     int32_t own_job;         /* thread 0's: the score job (a decode id) of the single-block
                                 region the block just finished, run next by the block itself;
                                 -1: none */
+    int32_t zeroed;          /* thread 0's: whether it has waited for the counters' zeroing
+                                kernel (launched ahead with programmatic serialization: the
+                                first item runs meanwhile); here, not in a register, which
+                                made ptxas spill in the fused one-group mix */
     float M[MKV_TC_MAX_G], S[MKV_TC_MAX_G], lse[MKV_TC_MAX_G];
     float wf[MKV_TC_WARPS][MKV_TC_MAX_G]; /* block_merge's weights of the warps' items */
 };
