@@ -79,7 +79,7 @@ struct tc_args {
      * region's later (often empty) ones. Needs blocks <= 65535 (grid z). */
     int32_t x_last;
     /* Fused score write-back (one launch covering both sections only; a persistent grid):
-     * counters [n_rs + 4 + total_ids], all zeroed by one memset before the launch: per region
+     * counters [n_rs + 4 + total_ids], all zeroed by a kernel ahead of it (mkv_tc_zero_counters): per region
      * arrivals; next decode id, score jobs taken, published, ids done; then the score jobs
      * (an entry holds a decode block id + 1 once published). lse [n_rs][G], each region's
      * log2-sum-exp per head. discard: whether to drop read logits from L2 (the workspace is

@@ -92,12 +92,14 @@ struct mkv_decode_tuning {
     static constexpr int32_t fuse_min_region_tokens = 16384;                /* max_tokens */
     static constexpr int64_t fuse_min_k16v16_token_heads = (int64_t)1 << 21;
     /* One-format calls without scores fuse (the merge in the region's last block, one launch)
-     * above this many token-heads, and take the separate pass (no counters' memset, no job
+     * above this many token-heads, and take the separate pass (no counters to zero, no job
      * queue) at or below it. H100, K16V16 without scores, the grids in the blocks' index last
      * order, separate against fused, us: 1 x 1k 15.1 against 18.2, 4 x 1k 16.1 against 21.0,
      * 1 x 4k 19.5 against 21.4, 2 x 4k 20.8 against 26.6; from 2^17 fused is as fast or
      * faster: 4 x 4k 40.0 against 39.5, 8 x 2k 43.6 against 40.5, 16 x 1k 41.4 against 39.9,
-     * 1 x 16k 44.0 against 38.7, 64 x 4k 385.8 against 372.3. */
+     * 1 x 16k 44.0 against 38.7, 64 x 4k 385.8 against 372.3. With decision 73's overlapped
+     * zeroing and early exit the separate pass stayed faster below: 1 x 1k 11.8 against
+     * 13.2 us, 1 x 4k 16.6 against 18.4, 1 x 8k 23.7 against 25.2. */
     static constexpr int64_t fuse_no_scores_min_token_heads = (int64_t)1 << 16;
     /* One-format calls of at least this many token-heads whose regions fit one decode block
      * each are fused too (single-block regions merge in shared memory and run their own score
