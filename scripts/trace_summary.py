@@ -18,6 +18,50 @@ def pct(xs, p):
     return xs[min(len(xs) - 1, int(p * (len(xs) - 1) + 0.5))]
 
 
+def transitions(recs, t0):
+    """The fused kernel's block transitions (blocks with CMD stamps), per decode command of a
+    block: its id to its first landed subtile, its last item's end to its arrival, the arrival
+    to the region's merge (last blocks), the arrival or merge to the next command, and the
+    last item's end to the next command's first landed subtile (us; median, p90)."""
+    by = {}
+    for r in sorted(recs, key=lambda r: r[0]):
+        by.setdefault(r[5], []).append((r[2], 1e-3 * (r[0] - t0)))
+    gaps = {}
+
+    def add(k, v):
+        gaps.setdefault(k, []).append(v)
+
+    for ev in by.values():
+        cmd = last_item = arrive = merged = None
+        first_seen = True
+        for tag, t in ev:
+            if tag == 2:  # CMD
+                if arrive is not None:
+                    add("arrival or merge to next command", t - (merged if merged is not None else arrive))
+                cmd, arrive, merged, first_seen = t, None, None, False
+            elif tag == 3 and not first_seen and cmd is not None:  # FIRST
+                add("command to first subtile", t - cmd)
+                if last_item is not None:
+                    add("last item to next first subtile", t - last_item)
+                first_seen = True
+            elif tag == 4:  # ITEM
+                last_item = t
+            elif tag == 5 and last_item is not None:  # ARRIVE
+                arrive = t
+                add("last item to arrival", t - last_item)
+            elif tag == 6 and arrive is not None:  # MERGED
+                merged = t
+                add("arrival to region merged", t - arrive)
+    if not gaps:
+        return
+    print("   block transitions (fused kernel), us:")
+    for k in ("last item to arrival", "arrival to region merged", "arrival or merge to next command",
+              "command to first subtile", "last item to next first subtile"):
+        if k in gaps:
+            xs = gaps[k]
+            print(f"     {k:<34} {len(xs):>6}  median {statistics.median(xs):7.2f}  p90 {pct(xs, .9):7.2f}")
+
+
 def summarise(name, hdr, recs, bucket):
     if not recs:
         print(f"{name}: no records")
@@ -42,6 +86,7 @@ def summarise(name, hdr, recs, bucket):
     lasts = [1e-3 * (r[0] - t0) for r in recs if r[2] == 5 and r[6] == 1]
     if lasts:
         print(f"   last arrivals: {len(lasts)}, {min(lasts):.2f} .. {max(lasts):.2f} us")
+    transitions(recs, t0)
     # A warp streams from its first landed subtile to its item's end.
     seq = {}
     for r in sorted(recs, key=lambda r: r[0]):
