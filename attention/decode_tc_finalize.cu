@@ -197,7 +197,7 @@ static __device__ __forceinline__ void merge_out(const tc_args &a, int64_t part,
                                           int32_t k, int32_t mb)
 {
     static_assert(MKV_TC_MAX_G * 128 / 4 <= NTH, "a thread per float4 of the G x d outputs (d <= 128)");
-    constexpr int BATCH = MKV_TC_MERGE_BATCH; /* (a pragma's argument is not macro-expanded) */
+    constexpr int BATCH = MKV_TC_MERGE_BATCH;
     const int32_t G = a.G, n4 = G * d / 4, tid = threadIdx.x;
     const int32_t w4 = (n4 + mb - 1) / mb, e0 = k * w4, we = min(w4, n4 - e0); /* the slice */
     const int32_t lanes = NTH / w4 > 0 ? NTH / w4 : 1; /* item lanes */
@@ -214,11 +214,23 @@ static __device__ __forceinline__ void merge_out(const tc_args &a, int64_t part,
         }
         __syncthreads();
         if (!mine) continue;
-#pragma unroll BATCH
-        for (int32_t s = p; s < nr; s += lanes) {
-            const float4 x = __ldcg(po + (int64_t)(s0 + s) * n4);
-            const float w = W[s][g];
-            o.x = fmaf(x.x, w, o.x), o.y = fmaf(x.y, w, o.y), o.z = fmaf(x.z, w, o.z), o.w = fmaf(x.w, w, o.w);
+        /* BATCH items' loads issued before any is used, predicated: `#pragma unroll` left the
+         * trip count's remainder a chain of load, use, branch (SASS), a round trip per item.
+         * Items past nr add fmaf(0, 0, o) = o: the sums are the loop's, bit for bit. */
+        for (int32_t s1 = p; s1 < nr; s1 += BATCH * lanes) {
+            float4 x[BATCH];
+#pragma unroll
+            for (int b = 0; b < BATCH; b++) {
+                const int32_t s = s1 + b * lanes;
+                x[b] = s < nr ? __ldcg(po + (int64_t)(s0 + s) * n4) : make_float4(0.0f, 0.0f, 0.0f, 0.0f);
+            }
+#pragma unroll
+            for (int b = 0; b < BATCH; b++) {
+                const int32_t s = s1 + b * lanes;
+                const float w = s < nr ? W[s][g] : 0.0f;
+                o.x = fmaf(x[b].x, w, o.x), o.y = fmaf(x[b].y, w, o.y), o.z = fmaf(x[b].z, w, o.z);
+                o.w = fmaf(x[b].w, w, o.w);
+            }
         }
     }
     if (lanes > 1) {
