@@ -16,6 +16,12 @@ With --no-scores (a `bench_attention --no-scores --json` grid of the same call: 
 the score write-back, which SDPA does not do either), the SDPA target is judged on those
 K16V16 calls, like for like, and the copy-rate target for K16V16 is also shown for them.
 
+With --sdpa it also prints, per batch of three or more lengths of 4k and longer (shorter ones
+hold outliers, SDPA's 64 x 1k), a least-squares line through each kernel's times against the
+bytes it reads (time = fixed + bytes / rate): the rate at
+which it streams and the fixed cost of a call (launch, start, tail), ours beside SDPA's, so
+that a gap can be told as one of stream or of fixed cost.
+
 Both files should flush the L2 the same way (their `flush`; files without it flushed by
 writing). Exit status 0 when every target is met, 1 when one is not, 2 on a bad file.
 Standard library only; nothing in the build or the tests needs it.
@@ -92,6 +98,45 @@ def check(grid, sdpa, nosc=None):
     return rows
 
 
+def line(points):
+    """Least squares time_us = fixed + bytes / rate over (bytes, time_us): (rate in TB/s, fixed
+    in us), or None for fewer than two distinct sizes."""
+    n = len(points)
+    if n < 2:
+        return None
+    mx = sum(x for x, _ in points) / n
+    my = sum(y for _, y in points) / n
+    sxx = sum((x - mx) ** 2 for x, _ in points)
+    if sxx == 0:
+        return None
+    slope = sum((x - mx) * (y - my) for x, y in points) / sxx  # us per byte
+    if slope <= 0:
+        return None
+    return 1e-6 / slope, my - slope * mx  # bytes/us = 1e6 B/s; /1e12 -> TB/s
+
+
+def lines(grid, sdpa, nosc):
+    """Per batch with three or more lengths in both: K16V16's line (without scores where given)
+    and SDPA's."""
+    kb = nosc if nosc else grid
+    ours = {}
+    for r in kb["results"]:
+        if r["format"] == "K16V16" and r["length"] >= 4096:
+            ours.setdefault(r["batch"], []).append((r["bytes"], r["time_us"]))
+    theirs = {}
+    for r in sdpa["results"]:
+        if r["length"] >= 4096:
+            theirs.setdefault(r["batch"], []).append((r["bytes"], r["time_us"]))
+    out = []
+    for b in sorted(set(ours) & set(theirs)):
+        if len(ours[b]) < 3 or len(theirs[b]) < 3:
+            continue
+        lo, ls = line(ours[b]), line(theirs[b])
+        if lo and ls:
+            out.append((b, lo, ls))
+    return out
+
+
 def main():
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("grid", help="bench_attention --json output")
@@ -109,10 +154,18 @@ def main():
     for r in rows:
         print(f"{'met    ' if r['met'] else 'NOT MET'}  {r['target']}")
         print("         " + "; ".join(r["points"]))
+    fits = lines(grid, sdpa, nosc) if sdpa is not None else []
+    if fits:
+        print("stream rate and fixed cost (time = fixed + bytes / rate, least squares over lengths of 4k and up):")
+        for b, (ro, fo), (rs, fs) in fits:
+            print(f"         batch {b}: K16V16{' without scores' if nosc else ''} {ro:.3f} TB/s + {fo:.1f} us, "
+                  f"SDPA {rs:.3f} TB/s + {fs:.1f} us")
     if args.json:
         with open(args.json, "w") as f:
             json.dump({"schema": "mixkv-decode-targets", "schema_version": 1, "device": grid["device"],
-                       "targets": rows}, f, indent=1)
+                       "targets": rows,
+                       "lines": [{"batch": b, "k16v16_tbs": ro, "k16v16_fixed_us": fo, "sdpa_tbs": rs,
+                                  "sdpa_fixed_us": fs} for b, (ro, fo), (rs, fs) in fits]}, f, indent=1)
     return 0 if all(r["met"] for r in rows) else 1
 
 
