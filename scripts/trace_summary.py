@@ -62,6 +62,41 @@ def transitions(recs, t0):
             print(f"     {k:<34} {len(xs):>6}  median {statistics.median(xs):7.2f}  p90 {pct(xs, .9):7.2f}")
 
 
+def tail(recs, t0):
+    """The fused kernel's tail: from the last command taken (the queue is then empty) to the
+    last stamp, against what the items in flight had left (each item's progress taken as linear
+    from its first landed subtile to its end) at the steady rate of items done per us (between
+    the 20% and 80% points of the items' ends)."""
+    cmds = [1e-3 * (r[0] - t0) for r in recs if r[2] == 2]
+    if not cmds:
+        return
+    te, end = max(cmds), max(1e-3 * (r[0] - t0) for r in recs)
+    seq = {}
+    for r in sorted(recs, key=lambda r: r[0]):
+        if r[2] in (3, 4):
+            seq.setdefault((r[5], r[4]), []).append((r[2], 1e-3 * (r[0] - t0)))
+    left, ends = 0.0, []
+    for ev in seq.values():
+        o = None
+        for tag, t in ev:
+            if tag == 3:
+                o = t
+            elif o is not None:
+                ends.append(t)
+                if t > te and t > o:
+                    left += (t - max(te, o)) / (t - o)
+                o = None
+    if len(ends) < 10:
+        return
+    ends.sort()
+    a, b = ends[int(0.2 * len(ends))], ends[int(0.8 * len(ends))]
+    if b <= a:
+        return
+    rate = (int(0.8 * len(ends)) - int(0.2 * len(ends))) / (b - a)
+    print(f"   tail: queue empty at {te:.2f} us, {end - te:.2f} us to the last stamp; {left:.0f} items' worth "
+          f"left, {left / rate:.2f} us at the steady {rate:.1f} items/us")
+
+
 def summarise(name, hdr, recs, bucket):
     if not recs:
         print(f"{name}: no records")
@@ -87,6 +122,7 @@ def summarise(name, hdr, recs, bucket):
     if lasts:
         print(f"   last arrivals: {len(lasts)}, {min(lasts):.2f} .. {max(lasts):.2f} us")
     transitions(recs, t0)
+    tail(recs, t0)
     # A warp streams from its first landed subtile to its item's end.
     seq = {}
     for r in sorted(recs, key=lambda r: r[0]):
