@@ -122,6 +122,7 @@ static mkv_status_t launch_tc(const mkv_cuda_decode_t *a, cudaStream_t stream, c
         f.lg_r = reinterpret_cast<float *>(reinterpret_cast<uint8_t *>(f.logits) + cl.off_r);
     }
     f.total_ids = (int32_t)w.total_ids;
+    f.last_blocks_last = 0, f.tail_rs = f.n_rs, f.tail_gx = 1; /* (fused calls below) */
     f.trace = mkv_tc_trace_buffer;
     /* The separate and finalize passes' grids put the blocks' index last where grid z holds
      * them (tc_args::x_last): every region's first blocks start before any region's later,
@@ -150,6 +151,12 @@ static mkv_status_t launch_tc(const mkv_cuda_decode_t *a, cudaStream_t stream, c
                                mkv_tc_zero_counters(f.counters, words, stream))) != MKV_STATUS_OK)
                 return st;
             const int64_t resident = (int64_t)blocks * device_attr(cudaDevAttrMultiProcessorCount, 1);
+            f.last_blocks_last = w.last_blocks_last;
+            if (w.tail_regions > 0) { /* the queue's last regions: half-size items */
+                f.tail_rs = f.n_rs - w.tail_regions;
+                f.tail_gx = (2 * w.sec_items + MKV_TC_WARPS - 1) / MKV_TC_WARPS + 1;
+                f.total_ids = f.tail_rs * f.grid_x + w.tail_regions * f.tail_gx;
+            }
             const dim3 gp((unsigned)(resident > 0 && resident < f.total_ids ? resident : f.total_ids));
             return mkv_decode_launched("tensor-core decode kernel (fused scores)", err, one.launch(f, gp, stream));
         }

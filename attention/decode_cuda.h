@@ -119,6 +119,11 @@ int mkv_cuda_decode_fuses_scores(const mkv_cuda_decode_t *a);
  * compact 20-bit form (mkv_cuda_decode_logits_t above). */
 int mkv_cuda_decode_compact_logits(const mkv_cuda_decode_t *a);
 
+/* How many of such a call's regions (the last of its fused kernel's queue) take items of half
+ * the size, so that the call ends in short ones (decode_tuning.h, tail_min_waves); 0 for none.
+ * Depends on the current device (its multiprocessors and the kernel's occupancy). */
+int32_t mkv_cuda_decode_tail_regions(const mkv_cuda_decode_t *a);
+
 /* The item size a call with these arguments (pointers unused) plans on the tensor-core path,
  * and the workspace bytes that plan uses; 0 where the call takes the generic kernels. */
 int32_t mkv_cuda_decode_item_tokens(const mkv_cuda_decode_t *a);

@@ -71,7 +71,7 @@ tc_plan plan_tc(int32_t n_seq, int32_t H, int32_t G, int32_t d, int32_t max_toke
 {
     using T = mkv_decode_tuning;
     tc_plan w;
-    w.compact = false;
+    w.compact = false, w.last_blocks_last = false, w.tail_regions = 0;
     const int32_t sms = device_attr(cudaDevAttrMultiProcessorCount, T::fallback_sms);
     if (split_tokens > 0) {
         w.item_tokens = (int32_t)mkv_align_up64(split_tokens, MKV_TC_MIN_ITEM);
@@ -228,16 +228,46 @@ static tc_plan plan_for(const mkv_cuda_decode_t *a, bool fused, int32_t blocks)
     return w;
 }
 
+/* Whether a fused call queues each region's last block after all others
+ * (tc_args::last_blocks_last): one format, and without a score write-back, or with one for
+ * single-block regions of narrow keys (mkv_decode_tuning::last_blocks_last_max_key_bits). */
+static bool last_blocks_last(const mkv_cuda_decode_t *a, const tc_plan &w)
+{
+    return same_format(a->lay_hi, a->lay_lo) &&
+           (a->no_scores || (a->lay_hi.key.bits <= mkv_decode_tuning::last_blocks_last_max_key_bits &&
+                             w.sec_items <= MKV_TC_WARPS));
+}
+
+/* The regions of a fused call that end its queue in items of half the size (tc_args::tail_rs):
+ * the queue's order above, without a score write-back (whose logits' slots follow the item
+ * size), 16-bit keys, regions of several blocks, more than tail_min_waves waves of resident
+ * blocks: about a wave's worth of the last regions. 0 elsewhere (mkv_decode_tuning says what
+ * was measured). */
+static int32_t tail_regions(const mkv_cuda_decode_t *a, const tc_plan &w, int32_t blocks)
+{
+    const int64_t resident = (int64_t)blocks * device_attr(cudaDevAttrMultiProcessorCount, 0);
+    const int32_t blocks_per_sec = (w.sec_items + MKV_TC_WARPS - 1) / MKV_TC_WARPS;
+    if (!a->no_scores || !last_blocks_last(a, w) || a->lay_hi.key.bits != 16 || a->split_tokens != 0 ||
+        w.item_tokens < 2 * MKV_TC_MIN_ITEM || blocks_per_sec < 2 || resident <= 0 ||
+        w.total_ids <= mkv_decode_tuning::tail_min_waves * resident)
+        return 0;
+    const int64_t n_rs = (int64_t)a->n_seq * a->n_heads, grid_x = blocks_per_sec + 1;
+    return (int32_t)std::min(n_rs, (resident + grid_x - 1) / grid_x);
+}
+
 /* The plan of a tensor-core call, and whether it fuses the score write-back (where it may and
- * its block ids fit an int32); blocks: the one-launch kernel's resident blocks per
- * multiprocessor, asked only where it may fuse (0 otherwise). */
+ * its block ids fit an int32); blocks: the one-launch kernel's
+ * resident blocks per multiprocessor, asked only where it may fuse (0 otherwise). */
 tc_plan plan_call(const mkv_cuda_decode_t *a, const tc_kernel &one, bool *fused, int32_t *blocks)
 {
     *blocks = 0;
     if (tc_may_fuse(a, one)) {
         *blocks = one.blocks_per_sm();
-        const tc_plan w = plan_for(a, true, *blocks);
+        tc_plan w = plan_for(a, true, *blocks);
         if (w.total_ids < INT32_MAX / 2) {
+            /* (tail regions at most double the ids) */
+            w.last_blocks_last = last_blocks_last(a, w);
+            w.tail_regions = w.total_ids < INT32_MAX / 4 ? tail_regions(a, w, *blocks) : 0;
             *fused = true;
             return w;
         }
@@ -343,6 +373,13 @@ extern "C" int mkv_cuda_decode_fuses_scores(const mkv_cuda_decode_t *a)
     mkv_tc_plan::tc_plan w;
     bool fused;
     return mkv_tc_plan::query_plan(a, &w, &fused) && fused;
+}
+
+extern "C" int32_t mkv_cuda_decode_tail_regions(const mkv_cuda_decode_t *a)
+{
+    mkv_tc_plan::tc_plan w;
+    bool fused;
+    return mkv_tc_plan::query_plan(a, &w, &fused) && fused ? w.tail_regions : 0;
 }
 
 extern "C" int mkv_cuda_decode_compact_logits(const mkv_cuda_decode_t *a)

@@ -24,6 +24,11 @@ struct tc_plan {
     bool compact;     /* compact logits (calls with scores, fused or separate; plan_for) */
     int64_t lg_n_tok; /* token slots of the logits: regions x (sec_items + 1) x item_tokens */
     int64_t total_ids; /* decode blocks of a one-launch call: (blocks per section + 1) * regions */
+    /* Fused one-format calls: each region's last block queued after every other block
+     * (tc_args::last_blocks_last), and how many regions, the last in the queue, take items of
+     * item_tokens / 2 (0: none; plan_call). */
+    bool last_blocks_last;
+    int32_t tail_regions;
     size_t off_logits, off_part_o, off_part_ml, off_counters, off_lse, bytes;
 };
 

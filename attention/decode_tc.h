@@ -89,6 +89,15 @@ struct tc_args {
                             stored, no score jobs, the finalize pass only merges */
     int32_t n_rs; /* n_seq * H */
     int32_t total_ids;
+    /* The fused one-format kernel's queue order (last_blocks_last, queue_block): every region's
+     * blocks but its last first, then every region's last block (empty unless both its sections
+     * end in part blocks: a region of one section's always is), so that the ids most often empty
+     * are handed out as the queue runs dry, not between other blocks' work. Where it is set,
+     * regions tail_rs and up (the last in the queue; n_rs: none) take items of item_tokens / 2,
+     * tail_gx blocks each, so that the queue ends in short blocks (only without a score
+     * write-back, whose logits' slots follow the item size); their blocks' parts fit a region's
+     * 2 sec_items part slots (fused parts are a block's). */
+    int32_t last_blocks_last, tail_rs, tail_gx;
     int32_t *counters;
     float *lse;
     /* Compact logits (fused calls and the separate pass, where G >= 2; every subtile but an

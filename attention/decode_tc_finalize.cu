@@ -347,13 +347,9 @@ cudaError_t mkv_tc_finalize(const tc_args &a, int32_t d, int32_t n_seq, cudaStre
     const int64_t per_block = FIN_THREADS * (a.compact ? per_thread / 4 : per_thread);
     /* Score blocks first (none without a score write-back), then the merge blocks: the outputs
      * cut in a power of two of slices (at most MKV_TC_MERGE_MAX_BLOCKS) while each thread keeps
-     * at least MKV_TC_MERGE_BATCH of a region's items (sec_items a section): the unrolled
-     * loop's whole batches. With fewer (the mix 1 x 1k, 23 items, cut in two: about 6 a
-     * thread) the call measured slower, 13.2 against 12.5 us (H100), and K16V16's 32 items
-     * faster (12.1 to 11.6 us), which suggests the loop's remainder runs its loads one at a
-     * time. */
+     * at least mkv_decode_tuning::merge_min_items of a region's items (sec_items a section). */
     const int32_t nsb = a.keep_logits ? (int32_t)((units + per_block - 1) / per_block) : 0;
-    const int64_t n4 = (int64_t)a.G * d / 4, per_merge = (int64_t)FIN_THREADS * MKV_TC_MERGE_BATCH;
+    const int64_t n4 = (int64_t)a.G * d / 4, per_merge = (int64_t)FIN_THREADS * mkv_decode_tuning::merge_min_items;
     /* Only small calls (at most a merge block per multiprocessor): where the GPU is full the
      * merge is not the call's last step, and the extra blocks' own loads cost (H100, the mix
      * 16 x 4k with up to 8: 60.9 against 57.0 us). */

@@ -56,6 +56,37 @@ struct mkv_decode_tuning {
      * scores, 20 calls, us, items of 64 tokens against 256: 16 x 1k 35.2 against 31.1, 64 x 1k
      * 103.1 against 100.2; 256 x 1k already at 256). */
     static constexpr int32_t single_block_max_item = 256;
+    /* Fused one-format calls queue each region's last block (a region of one section leaves it
+     * empty) after every other block (tc_args::last_blocks_last): without a score write-back,
+     * and with one for single-block regions of keys of at most this many bits. An empty block
+     * costs its command and its region's counts; between other blocks' work that held up calls
+     * of single-block regions most. H100, 2 x 20 calls, us, without against with: no scores,
+     * K4V2 256 x 1k 144.2 against 138.9, K8V4 256 x 1k 186.6 against 183.8, K16V16 256 x 4k
+     * 1,406 against 1,400 (with the tail below); with scores, K4V2 256 x 1k 204.6 against
+     * 189.8, K8V4 231.8 against 225.2. With scores it lost elsewhere: K16V16 64 x 4k 392.0
+     * against 396.8, 256 x 1k 386.2 against 392.9, K8V4 16 x 16k 236.3 against 240.7 (K4V2
+     * and K8V4 at 64 x 4k within 0.6 us). */
+    static constexpr int32_t last_blocks_last_max_key_bits = 8;
+    /* Where the queue is so ordered, calls without a score write-back, of 16-bit keys and
+     * regions of several blocks, of more than this many waves of resident blocks end in blocks
+     * of half-size items (tc_args::tail_rs): the stamps put the SDPA gap in the last wave, where
+     * blocks of 4 x 256 tokens end up to 35 us apart. The tail, queue empty to last stamp, went
+     * from 44 to 22 us at 64 x 4k; the call, with the order above, from 370.0 to 367.6 us,
+     * 16 x 16k 369.2 to 367.9, 64 x 16k 1,409.5 to 1,408.5 (H100, 2 x 20 calls, K16V16
+     * without scores). Not taken where it lost: single-block regions, which it splits in two (256 x 1k
+     * 363.4 against 364.4), and K4V2, bound by instruction issue (64 x 4k 146.2 against
+     * 147.7, 64 x 16k 448.6 against 452.4). */
+    static constexpr int32_t tail_min_waves = 2;
+    /* The separate pass's finalize (decode_tc_finalize.cu) cuts a small call's merge into
+     * slices while each thread keeps at least this many of a region's items (its loop loads
+     * them in predicated batches of 8). H100, 2 x 30 calls, us, at least 8 against at least 4
+     * a thread: the mix 20/50/30 (23 items a region at 1k, one slice with 8, two with 4)
+     * without scores 1 x 1k 12.4 against 11.9, 1 x 4k 14.7 against 14.4, 4 x 1k 15.2 against
+     * 14.9, 4 x 4k 20.1 against 19.4, with scores 4 x 4k 19.9 against 19.1; but K16V16 (32
+     * items, two slices with 8, four with 4) 1 x 1k 11.1 against 11.4, 4 x 1k 13.5 against
+     * 14.1 without scores, 14.2 against 14.9 with. 5 takes 8's cuts for K16V16 and 4's for the
+     * mix at these shapes. */
+    static constexpr int32_t merge_min_items = 5;
     /* Multiprocessors assumed when the device cannot be asked (an H100 SXM's count). */
     static constexpr int32_t fallback_sms = 132;
     /* L2 bytes assumed when the device cannot be asked (the H100's and H200's 50 MB). */

@@ -52,8 +52,10 @@ struct block_pos {
 };
 
 template <int W, bool ITEM_IDS = true>
-__device__ __forceinline__ block_pos locate(const tc_args &a, int32_t bx, int32_t hh, int32_t j, bool packed = false)
+__device__ __forceinline__ block_pos locate(const tc_args &a, int32_t bx, int32_t hh, int32_t j, bool packed = false,
+                                            int32_t I = 0)
 {
+    if (I == 0) I = a.item_tokens; /* the fused kernel's tail regions: half (queue_block) */
     block_pos b;
     const int32_t warp = threadIdx.x >> 5;
     item_pos &ip = b.ip;
@@ -68,12 +70,12 @@ __device__ __forceinline__ block_pos locate(const tc_args &a, int32_t bx, int32_
      * warp's first window then waits on L2 only. Not in the two-format kernels, where this
      * made ptxas spill (the fused one-group mix, scripts/decode_regs.sh). */
     if (ITEM_IDS && (threadIdx.x & 31) == 0) {
-        const int64_t pg = (int64_t)(bx * W + warp) * a.item_tokens / a.sec[0].tpp;
+        const int64_t pg = (int64_t)(bx * W + warp) * I / a.sec[0].tpp;
         prefetch_l2(a.table + ip.region * a.T + (pg < a.T ? pg : a.T - 1));
     }
     const int64_t nh = max(a.n_hi[ip.region], 0), nl = max(a.n_lo[ip.region], 0);
     const int32_t n = (int32_t)min(nh + nl, (int64_t)a.max_tokens);
-    const int32_t hi = (int32_t)min(nh, (int64_t)n), I = a.item_tokens;
+    const int32_t hi = (int32_t)min(nh, (int64_t)n);
     b.hi = hi, b.n = n;
     b.items_hi = (hi + I - 1) / I;
     b.n_items = b.items_hi + (n - hi + I - 1) / I;
@@ -120,6 +122,26 @@ __device__ __forceinline__ block_pos locate(const tc_args &a, int32_t bx, int32_
     return b;
 }
 
+
+/* The fused one-format kernel's queue where tc_args::last_blocks_last: position id to region
+ * r, its block bx and the item size (0: a.item_tokens). Positions: regions below tail_rs,
+ * grid_x - 1 blocks each; the tail regions, tail_gx - 1 blocks each of half-size items; then
+ * every region's last block. */
+__device__ __forceinline__ void queue_block(const tc_args &a, int32_t id, int32_t &r, int32_t &bx, int32_t &item)
+{
+    const int32_t gx = a.grid_x - 1, tg = a.tail_gx - 1;
+    const int32_t p1 = a.tail_rs * gx, p2 = p1 + (a.n_rs - a.tail_rs) * tg;
+    if (id < p1) {
+        r = id / gx, bx = id - r * gx, item = 0;
+    } else if (id < p2) {
+        const int32_t k = id - p1, t = k / tg;
+        r = a.tail_rs + t, bx = k - t * tg, item = a.item_tokens / 2;
+    } else {
+        r = id - p2;
+        const bool tail = r >= a.tail_rs;
+        bx = tail ? tg : gx, item = tail ? a.item_tokens / 2 : 0;
+    }
+}
 
 /*
  * Separate score pass (a.fused 0): grid (grid_x, H, n_seq); a block runs its items and ends;
@@ -296,7 +318,11 @@ __global__ void __launch_bounds__(FUSED ? MKV_TC_WARPS * 32 : MKV_TC_SEP_WARPS *
         if (tid == 0 && (cmd == DECODE || cmd == SCORE)) trace_stamp(a, TR_CMD, cmd == DECODE ? id : -2 - id);
         if (cmd == EXIT) break;
         if (cmd == RETRY) continue;
-        const int32_t r = id / gx, bx = id - r * gx;
+        int32_t r = id / gx, bx = id - r * gx, item = 0; /* item 0: a.item_tokens */
+        /* One-format kernels only (the fused one-group mix spilled): the queue's order, its
+         * tail regions' items of half the size (tc_args::last_blocks_last, tail_rs). Score ids
+         * keep the order above (a region's blocks' are r gx + x). */
+        if (K::ONE && cmd == DECODE && a.last_blocks_last) queue_block(a, id, r, bx, item);
         if (cmd == DECODE) prefetch_q<D>(a, r); /* r = sequence x H + KV head */
 
         if (cmd == SCORE) {
@@ -313,7 +339,7 @@ __global__ void __launch_bounds__(FUSED ? MKV_TC_WARPS * 32 : MKV_TC_SEP_WARPS *
         /* DECODE */
         bool any;
         {
-            const block_pos b = locate<MKV_TC_WARPS, K::ONE>(a, bx, r % a.H, r / a.H);
+            const block_pos b = locate<MKV_TC_WARPS, K::ONE>(a, bx, r % a.H, r / a.H, false, item);
             if (tid == 0) {
                 bs.reg = {b.ip.rs, b.ip.region, b.hi, b.n, b.items_hi, b.n_items, b.arrivals, r * gx};
                 bs.part = {b.part.slot, b.part.n_work, part_stride<D, HI, LO>(b.ip.sec)};

@@ -1001,6 +1001,56 @@ Test(decode_cuda, no_scores, .timeout = 300)
     stats_expect(&ck[1], "no_scores");
 }
 
+/* A fused call without scores large enough (more than mkv_decode_tuning::tail_min_waves waves
+ * of resident blocks) that its last regions take items of half the size (tc_args::tail_rs;
+ * mkv_cuda_decode_tail_regions says so): the same outputs as the reference, regions of every
+ * length, one and two sections, the pool unchanged. K16V16 at d 64 and d 128 (pages of 32
+ * tokens); the rule leaves K4V2 and single-block regions out. */
+Test(decode_cuda, no_scores_tail_regions, .timeout = 600)
+{
+    GPU_REQUIRE();
+    stats_t ck[2] = {{.what = "out (no scores, tail regions)"}, {.what = "pool bytes unchanged (tail regions)"}};
+    static const struct {
+        mkv_format_t f;
+        int32_t d, G, n_seq, H, len, tail;
+    } cases[] = {{MKV_FORMAT_K16V16, 64, 2, 160, 8, 1500, 1},
+                 {MKV_FORMAT_K16V16, 128, 4, 96, 8, 2100, 1},
+                 {MKV_FORMAT_K4V2, 128, 4, 96, 8, 2100, 0},
+                 {MKV_FORMAT_K16V16, 128, 4, 256, 8, 1000, 0}};
+    uint64_t r = 0x7a11;
+    const int32_t splits[] = {0};
+    for (size_t ci = 0; ci < sizeof cases / sizeof cases[0]; ci++) {
+        const int32_t n = cases[ci].n_seq * cases[ci].H;
+        int32_t *len = malloc(sizeof(int32_t) * 2 * (size_t)n);
+        cr_assert_not_null(len);
+        for (int i = 0; i < n; i++) {
+            /* mostly full regions (the plan's max), some shorter, some split in two sections */
+            const int32_t t = i % 7 == 0 ? test_rand_range(&r, 1, cases[ci].len) : cases[ci].len;
+            const int32_t hi = i % 3 == 0 ? test_rand_range(&r, 0, t) : t;
+            len[2 * i] = hi, len[2 * i + 1] = t - hi;
+        }
+        spec_t c = {.hi = cases[ci].f, .lo = cases[ci].f, .d = cases[ci].d, .G = cases[ci].G, .tpp = 32,
+                    .n_seq = cases[ci].n_seq, .H = cases[ci].H, .len = len, .seed = test_rand_next(&r)};
+        batch_t b;
+        batch_build(&b, &c);
+        b.no_scores = 1;
+        const mkv_cuda_decode_t a = {.lay_hi = b.lay_hi, .lay_lo = b.lay_lo, .n_seq = c.n_seq, .n_heads = c.H,
+                                     .group_size = c.G, .head_dim = c.d, .max_tokens = b.max_tokens,
+                                     .no_scores = 1};
+        const int32_t tail = mkv_cuda_decode_tail_regions(&a);
+        cr_assert(mkv_cuda_decode_fuses_scores(&a), "%s: not fused", b.ctx);
+        if (cases[ci].tail)
+            cr_assert(tail > 0 && tail < n, "%s: %d tail regions of %d", b.ctx, tail, n);
+        else
+            cr_assert_eq(tail, 0, "%s: %d tail regions", b.ctx, tail);
+        if (cases[ci].tail) batch_check_splits(&b, MKV_DECODE_KERNEL_AUTO, splits, 1, &ck[0], &ck[1], NULL, NULL);
+        batch_free(&b);
+        free(len);
+    }
+    stats_expect(&ck[0], "no_scores_tail_regions");
+    stats_expect(&ck[1], "no_scores_tail_regions");
+}
+
 /* mkv_cuda_decode_workspace_bound covers every length up to its bound (what the CUDA KV
  * backend allocates once for captured steps) and is the size of one of them. Host arithmetic
  * only: runs without a device. */
