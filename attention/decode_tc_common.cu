@@ -63,8 +63,8 @@ int32_t mkv_tc_item_tokens(int32_t n_seq, int32_t H, int32_t max_tokens, int32_t
 {
     /* About mkv_decode_tuning::items_per_sm items per multiprocessor, each at least
      * MKV_TC_MIN_ITEM tokens (up to long_region_min_item on long regions, keeping
-     * min_region_items a region) and at most MKV_TC_MAX_ITEM; small calls keep at least
-     * small_call_min_items items. */
+     * min_region_items a region, or mid_region_items in calls of more than a wave) and at most
+     * MKV_TC_MAX_ITEM; small calls keep at least small_call_min_items items. */
     using T = mkv_decode_tuning;
     const int64_t total = (int64_t)n_seq * H * max_tokens;
     const int64_t target = (int64_t)(sm_count > 0 ? sm_count : T::fallback_sms) * T::items_per_sm;
@@ -74,5 +74,11 @@ int32_t mkv_tc_item_tokens(int32_t n_seq, int32_t H, int32_t max_tokens, int32_t
     while (item < T::long_region_min_item && (int64_t)2 * item * T::min_region_items <= max_tokens) item *= 2;
     while (item < MKV_TC_MAX_ITEM && total / item > target) item *= 2;
     while (item > 2 * MKV_TC_MIN_ITEM && total / item < T::small_call_min_items) item /= 2;
+    /* Calls of more than a wave of items (at shortest_items_per_sm a multiprocessor): twice
+     * the size, up to long_region_min_item, while a region keeps mid_region_items and the call
+     * small_call_min_items. */
+    while (item < T::long_region_min_item && total / item > sms * T::shortest_items_per_sm &&
+           (int64_t)2 * item * T::mid_region_items <= max_tokens && total / (2 * item) >= T::small_call_min_items)
+        item *= 2;
     return item;
 }

@@ -51,6 +51,18 @@ struct mkv_decode_tuning {
      * 32-token items lose where 64 gave 512 items or fewer: K16V16 1 x 2k 13.4 against 13.6,
      * the mix 1 x 4k 15.7 against 17.9). */
     static constexpr int32_t small_call_min_items = 512;
+    /* ... and, where the call's items fill more than a wave (shortest_items_per_sm a
+     * multiprocessor), items doubled up to long_region_min_item while a region keeps this many
+     * and the call small_call_min_items: min_region_items and items_per_sm had left calls of a
+     * few dozen regions of 2k to 8k tokens in items of 64 or 128 tokens, whose per-item costs
+     * (pipeline fill, partial result, merge) outweighed the parallelism. H100, 2 x 20 calls,
+     * us, before against after: the mix 20/50/30 with scores 16 x 4k 56.0 against 42.9, 16 x 2k
+     * 31.6 against 26.5, 8 x 4k 32.0 against 27.2, 32 x 2k 59.1 against 51.5, 16 x 8k 87.0
+     * against 80.8, without scores 16 x 4k 55.3 against 41.8; K4V2 16 x 2k 36.8 against 30.1,
+     * K8V4 44.3 against 36.9; K16V16 without scores 8 x 2k 36.6 against 33.5, 16 x 2k 60.3
+     * against 55.5, with scores 16 x 1k 38.5 against 35.5. Where it lost: K8V4 16 x 4k 68.7
+     * against 70.8 (K4V2 there 58.4 against 55.0, K16V16 within 0.8). */
+    static constexpr int32_t mid_region_items = 8;
     /* Fused calls whose regions hold at most MKV_TC_WARPS times this many tokens take items of
      * a quarter region: one block a region, merged in shared memory (H100, K16V16 without
      * scores, 20 calls, us, items of 64 tokens against 256: 16 x 1k 35.2 against 31.1, 64 x 1k
