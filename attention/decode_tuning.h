@@ -56,12 +56,12 @@ struct mkv_decode_tuning {
      * and the call small_call_min_items: min_region_items and items_per_sm had left calls of a
      * few dozen regions of 2k to 8k tokens in items of 64 or 128 tokens, whose per-item costs
      * (pipeline fill, partial result, merge) outweighed the parallelism. H100, 2 x 20 calls,
-     * us, before against after: the mix 20/50/30 with scores 16 x 4k 56.0 against 42.9, 16 x 2k
-     * 31.6 against 26.5, 8 x 4k 32.0 against 27.2, 32 x 2k 59.1 against 51.5, 16 x 8k 87.0
-     * against 80.8, without scores 16 x 4k 55.3 against 41.8; K4V2 16 x 2k 36.8 against 30.1,
-     * K8V4 44.3 against 36.9; K16V16 without scores 8 x 2k 36.6 against 33.5, 16 x 2k 60.3
-     * against 55.5, with scores 16 x 1k 38.5 against 35.5. Where it lost: K8V4 16 x 4k 68.7
-     * against 70.8 (K4V2 there 58.4 against 55.0, K16V16 within 0.8). */
+     * us, before against after (decision 79): the mix 20/50/30 with scores 16 x 4k 56.7
+     * against 42.6, 16 x 2k 31.8 against 26.5, 8 x 4k 32.0 against 27.2, 32 x 2k 59.4 against
+     * 51.8, 16 x 8k 87.7 against 80.5; K4V2 16 x 2k 36.8 against 30.1, K8V4 44.7 against 36.8;
+     * K16V16 without scores 8 x 2k 36.9 against 33.3, 16 x 2k 60.6 against 55.5, with scores
+     * 64 x 1k 121.6 against 118.4. Where it lost: K8V4 16 x 4k 68.9 against 71.1 (K4V2 there
+     * 58.2 against 55.0, K16V16 within 1.1). */
     static constexpr int32_t mid_region_items = 8;
     /* Fused calls whose regions hold at most MKV_TC_WARPS times this many tokens take items of
      * a quarter region: one block a region, merged in shared memory (H100, K16V16 without
@@ -85,9 +85,9 @@ struct mkv_decode_tuning {
      * blocks of 4 x 256 tokens end up to 35 us apart. The tail, queue empty to last stamp, went
      * from 44 to 22 us at 64 x 4k; the call, with the order above, from 370.0 to 367.6 us,
      * 16 x 16k 369.2 to 367.9, 64 x 16k 1,409.5 to 1,408.5 (H100, 2 x 20 calls, K16V16
-     * without scores). Not taken where it lost: single-block regions, which it splits in two (256 x 1k
-     * 363.4 against 364.4), and K4V2, bound by instruction issue (64 x 4k 146.2 against
-     * 147.7, 64 x 16k 448.6 against 452.4). */
+     * without scores). Not taken where it lost: single-block regions, which it splits in two
+     * (256 x 1k 363.4 against 364.4), and K4V2, bound by instruction issue (64 x 4k 146.2
+     * against 147.7, 64 x 16k 448.6 against 452.4). */
     static constexpr int32_t tail_min_waves = 2;
     /* The separate pass's finalize (decode_tc_finalize.cu) cuts a small call's merge into
      * slices while each thread keeps at least this many of a region's items (its loop loads
