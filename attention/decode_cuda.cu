@@ -123,6 +123,7 @@ static mkv_status_t launch_tc(const mkv_cuda_decode_t *a, cudaStream_t stream, c
     }
     f.total_ids = (int32_t)w.total_ids;
     f.last_blocks_last = 0, f.tail_rs = f.n_rs, f.tail_gx = 1; /* (fused calls below) */
+    f.piece_tokens = 0;
     f.trace = mkv_tc_trace_buffer;
     /* The separate and finalize passes' grids put the blocks' index last where grid z holds
      * them (tc_args::x_last): every region's first blocks start before any region's later,
@@ -146,7 +147,9 @@ static mkv_status_t launch_tc(const mkv_cuda_decode_t *a, cudaStream_t stream, c
              * published) zeroed by a kernel ahead of the decode kernel, which starts before it
              * ends (programmatic serialization; a memset would not let it); a persistent grid
              * of what the GPU holds. */
-            const size_t words = (size_t)f.n_rs + 4 + (f.keep_logits ? (size_t)f.total_ids : 0);
+            f.piece_tokens = w.piece_tokens; /* its counters in place of the score jobs */
+            const size_t words =
+                (size_t)f.n_rs + 4 + (f.keep_logits ? (size_t)f.total_ids : f.piece_tokens > 0 ? (size_t)f.n_rs : 0);
             if ((st = mkv_decode_launched("decode counters' zeroing kernel", err,
                                mkv_tc_zero_counters(f.counters, words, stream))) != MKV_STATUS_OK)
                 return st;

@@ -124,6 +124,17 @@ int mkv_cuda_decode_compact_logits(const mkv_cuda_decode_t *a);
  * Depends on the current device (its multiprocessors and the kernel's occupancy). */
 int32_t mkv_cuda_decode_tail_regions(const mkv_cuda_decode_t *a);
 
+/* The tokens a warp takes at a time in such a call where its fused kernel runs in pieces
+ * (without a score write-back, one format in one layout, K16V16: docs/decode-kernel.md,
+ * "Pieces"); 0 where it does not. Depends on the current device, as above. */
+int32_t mkv_cuda_decode_piece_tokens(const mkv_cuda_decode_t *a);
+
+/* The piece size such calls take (above), for measuring it (bench_attention --pieces) and
+ * testing it: 0, the library's choice (the default); -1, none; else that many tokens,
+ * rounded up to a multiple of 16. Process-wide and not thread-safe: a knob for tools and
+ * tests, not for engines. */
+extern int32_t mkv_tc_piece_tokens_override;
+
 /* The item size a call with these arguments (pointers unused) plans on the tensor-core path,
  * and the workspace bytes that plan uses; 0 where the call takes the generic kernels. */
 int32_t mkv_cuda_decode_item_tokens(const mkv_cuda_decode_t *a);

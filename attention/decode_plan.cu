@@ -71,7 +71,7 @@ tc_plan plan_tc(int32_t n_seq, int32_t H, int32_t G, int32_t d, int32_t max_toke
 {
     using T = mkv_decode_tuning;
     tc_plan w;
-    w.compact = false, w.last_blocks_last = false, w.tail_regions = 0;
+    w.compact = false, w.last_blocks_last = false, w.tail_regions = 0, w.piece_tokens = 0;
     const int32_t sms = device_attr(cudaDevAttrMultiProcessorCount, T::fallback_sms);
     if (split_tokens > 0) {
         w.item_tokens = (int32_t)mkv_align_up64(split_tokens, MKV_TC_MIN_ITEM);
@@ -133,9 +133,9 @@ tc_kernel tc_one_launch(const mkv_cuda_decode_t *a)
     const mkv_page_layout_t *hi = &a->lay_hi, *lo = &a->lay_lo;
     const int32_t head_dim = a->head_dim;
     const tc_kernel fh = tc_for(hi, head_dim), fl = tc_for(lo, head_dim);
-    if (fh.launch == nullptr || fl.launch == nullptr) return tc_kernel{nullptr, nullptr};
+    if (fh.launch == nullptr || fl.launch == nullptr) return tc_kernel{nullptr, nullptr, nullptr};
     if (fh.launch == fl.launch) return fh;
-    if (a->kernel == MKV_DECODE_KERNEL_TENSOR_PER_SECTION) return tc_kernel{nullptr, nullptr};
+    if (a->kernel == MKV_DECODE_KERNEL_TENSOR_PER_SECTION) return tc_kernel{nullptr, nullptr, nullptr};
     return mkv_tc_lookup_mix(hi->key.bits, hi->value.bits, hi->key.groups, hi->value.groups, lo->key.bits,
                              lo->value.bits, lo->key.groups, lo->value.groups, head_dim);
 }
@@ -255,6 +255,26 @@ static int32_t tail_regions(const mkv_cuda_decode_t *a, const tc_plan &w, int32_
     return (int32_t)std::min(n_rs, (resident + grid_x - 1) / grid_x);
 }
 
+/* The piece size of a fused call of plan w (tc_args::piece_tokens; 0: none): without a score
+ * write-back, one format in one layout on both sections, where the kernel has a variant in
+ * pieces; under AUTO, calls of more than a wave of resident blocks (blocks per multiprocessor)
+ * whose regions take piece_min_region_blocks blocks or more (mkv_decode_tuning); else what
+ * bench_attention --pieces asks (mkv_tc_piece_tokens_override). */
+static int32_t piece_tokens(const mkv_cuda_decode_t *a, const tc_kernel &one, const tc_plan &w, int32_t blocks)
+{
+    using T = mkv_decode_tuning;
+    const mkv_page_layout_t &h = a->lay_hi, &l = a->lay_lo;
+    bool same = same_format(h, l) && h.tokens == l.tokens;
+    for (int i = MKV_SEG_KEY; i <= MKV_SEG_VALUE_META; i++) same = same && h.offset[i] == l.offset[i];
+    const int32_t o = mkv_tc_piece_tokens_override;
+    if (!a->no_scores || !same || one.pieces_blocks_per_sm == nullptr || o < 0) return 0;
+    if (o > 0) return (int32_t)mkv_align_up64(o, 16);
+    const int64_t resident = (int64_t)blocks * device_attr(cudaDevAttrMultiProcessorCount, 0);
+    const int32_t region_blocks = (w.sec_items + MKV_TC_WARPS - 1) / MKV_TC_WARPS;
+    return resident > 0 && w.total_ids > resident && region_blocks >= T::piece_min_region_blocks ? T::piece_tokens
+                                                                                                 : 0;
+}
+
 /* The plan of a tensor-core call, and whether it fuses the score write-back (where it may and
  * its block ids fit an int32); blocks: the one-launch kernel's
  * resident blocks per multiprocessor, asked only where it may fuse (0 otherwise). */
@@ -264,6 +284,9 @@ tc_plan plan_call(const mkv_cuda_decode_t *a, const tc_kernel &one, bool *fused,
     if (tc_may_fuse(a, one)) {
         *blocks = one.blocks_per_sm();
         tc_plan w = plan_for(a, true, *blocks);
+        /* (the kernel in pieces holds as many blocks where it is chosen: 3 an SM, d 128) */
+        w.piece_tokens = piece_tokens(a, one, w, *blocks);
+        if (w.piece_tokens > 0) *blocks = one.pieces_blocks_per_sm();
         if (w.total_ids < INT32_MAX / 2) {
             /* (tail regions at most double the ids) */
             w.last_blocks_last = last_blocks_last(a, w);
@@ -380,6 +403,13 @@ extern "C" int32_t mkv_cuda_decode_tail_regions(const mkv_cuda_decode_t *a)
     mkv_tc_plan::tc_plan w;
     bool fused;
     return mkv_tc_plan::query_plan(a, &w, &fused) && fused ? w.tail_regions : 0;
+}
+
+extern "C" int32_t mkv_cuda_decode_piece_tokens(const mkv_cuda_decode_t *a)
+{
+    mkv_tc_plan::tc_plan w;
+    bool fused;
+    return mkv_tc_plan::query_plan(a, &w, &fused) && fused ? w.piece_tokens : 0;
 }
 
 extern "C" int mkv_cuda_decode_compact_logits(const mkv_cuda_decode_t *a)

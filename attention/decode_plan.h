@@ -29,6 +29,9 @@ struct tc_plan {
      * item_tokens / 2 (0: none; plan_call). */
     bool last_blocks_last;
     int32_t tail_regions;
+    /* Fused calls without a score write-back: the piece size (tc_args::piece_tokens; 0: none;
+     * plan_call). */
+    int32_t piece_tokens;
     size_t off_logits, off_part_o, off_part_ml, off_counters, off_lse, bytes;
 };
 

@@ -98,6 +98,14 @@ struct tc_args {
      * write-back, whose logits' slots follow the item size); their blocks' parts fit a region's
      * 2 sec_items part slots (fused parts are a block's). */
     int32_t last_blocks_last, tail_rs, tail_gx;
+    /* Pieces (fused one-format calls without a score write-back, where the kernel has them:
+     * tc_kernel::pieces_blocks_per_sm; 0: none): a block's warps take their region's tokens
+     * piece_tokens at a time (a multiple of 16), each warp its first piece at the block's
+     * start (piece 4 x + w of block x), then further pieces from the region's counter
+     * (counters[n_rs + 4 + rs], in place of the score jobs), its softmax state carried from
+     * piece to piece, until the region's pieces are taken; so that a region's blocks end
+     * together. Both sections in one layout (sec[0] as sec[1]). */
+    int32_t piece_tokens;
     int32_t *counters;
     float *lse;
     /* Compact logits (fused calls and the separate pass, where G >= 2; every subtile but an
@@ -155,6 +163,7 @@ typedef cudaError_t (*tc_launch_fn)(const tc_args &a, dim3 grid, cudaStream_t st
 struct tc_kernel {
     tc_launch_fn launch;
     int (*blocks_per_sm)(void); /* resident blocks per multiprocessor (0 on error) */
+    int (*pieces_blocks_per_sm)(void); /* its variant in pieces (tc_args::piece_tokens), or null */
 };
 
 /* The instantiated kernel for a format, head_dim and quantization groups per key and per value

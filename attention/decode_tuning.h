@@ -89,6 +89,22 @@ struct mkv_decode_tuning {
      * (256 x 1k 363.4 against 364.4), and K4V2, bound by instruction issue (64 x 4k 146.2
      * against 147.7, 64 x 16k 448.6 against 452.4). */
     static constexpr int32_t tail_min_waves = 2;
+    /* Fused calls without a score write-back, of more than a wave of resident blocks, whose
+     * regions take at least piece_min_region_blocks blocks, take their tokens in pieces of
+     * piece_tokens (tc_args::piece_tokens; where the kernel has pieces: K16V16), so that a
+     * region's blocks end together. H100, K16V16 without scores, 2 x 20 calls, us, without
+     * against pieces of 32 (of 64): 16 x 16k 367.9 against 364.0 (365.7), 16 x 32k 717.0
+     * against 706.6, 8 x 16k 192.1 against 189.8, 4 x 16k 104.2 against 103.5, 32 x 8k 366.8
+     * against 363.4, 64 x 8k 715.8 against 709.5 (711.5), 64 x 16k 1,408.3 against 1,396.1
+     * (1,396.5), 64 x 32k 2,796.6 against 2,766.5, 256 x 32k 11,103.6 against 11,041.1
+     * (11,050.3; 2 blocks a region), 64 x 4k 367.1 against 365.8, 16 x 4k and 128 x 4k within
+     * 0.1%; pieces of 16 were slower than 32 (64 x 4k 367.5). Left out where they lost: one
+     * wave (1 x 16k 33.2 against 34.4; 1 x 32k 57.1 against 56.5) and single-block regions
+     * (256 x 4k 1,400.2 against 1,409.9, 256 x 8k 2,786.2 against 2,808.6, 256 x 16k 5,566.8
+     * against 5,584.5, 16 x 1k 30.4 against 31.1; 256 x 1k 362.7 against 361.2, 64 x 1k 101.2
+     * against 100.6). */
+    static constexpr int32_t piece_tokens = 32;
+    static constexpr int32_t piece_min_region_blocks = 2;
     /* The separate pass's finalize (decode_tc_finalize.cu) cuts a small call's merge into
      * slices while each thread keeps at least this many of a region's items (its loop loads
      * them in predicated batches of 8). H100, 2 x 30 calls, us, at least 8 against at least 4

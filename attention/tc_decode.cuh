@@ -122,6 +122,43 @@ __device__ __forceinline__ block_pos locate(const tc_args &a, int32_t bx, int32_
     return b;
 }
 
+/* Block x of region (sequence j, KV head hh) of a fused call in pieces (tc_args::piece_tokens):
+ * locate's region, its blocks (items of I tokens, MKV_TC_WARPS a block, but no more blocks
+ * than give each warp a piece) and part slot x; warp w's item is the region's piece
+ * x MKV_TC_WARPS + w (pp: the rest of its pieces). Every block below the region's arrivals
+ * has work for its first n_work warps. */
+template <int W>
+__device__ __forceinline__ block_pos locate_pieces(const tc_args &a, int32_t bx, int32_t hh, int32_t j, int32_t I,
+                                                   piece_pos &pp)
+{
+    block_pos b = locate<W, true>(a, bx, hh, j, false, I);
+    item_pos &ip = b.ip;
+    const int32_t P = a.piece_tokens, k = bx * W + (int32_t)(threadIdx.x >> 5);
+    const int32_t ph = (b.hi + P - 1) / P, np = ph + (b.n - b.hi + P - 1) / P;
+    b.arrivals = min(b.arrivals, (np + W - 1) / W);
+    /* The region's page ids on their way to L2: every piece after a warp's first reloads its
+     * window of them (run_item). */
+    {
+        const int32_t tpp = a.sec[0].tpp, T = a.T, per = 128 / 4; /* ids a line */
+        const int32_t lh = ((b.hi + tpp - 1) / tpp + per - 1) / per, ll = ((b.n - b.hi + tpp - 1) / tpp + per - 1) / per;
+        const int32_t *row = a.table + ip.region * T;
+        for (int32_t i = threadIdx.x; i < lh + ll; i += W * 32)
+            prefetch_l2(i < lh ? row + i * per : row + max(0, T - (i - lh + 1) * per));
+    }
+    pp.counter = a.counters + a.n_rs + 4 + ip.rs;
+    pp.np = np, pp.ph = ph, pp.first_dynamic = b.arrivals * W, pp.hi = b.hi, pp.n = b.n;
+    const int32_t sec = k >= ph;
+    ip.sec = sec;
+    ip.sec_n = sec ? b.n - b.hi : b.hi;
+    ip.ta = (k - sec * ph) * P;
+    ip.tb = min(ip.ta + P, ip.sec_n);
+    ip.slot_id = k;
+    b.any = bx < b.arrivals; /* block-uniform */
+    b.work = b.any && k < np; /* warp-uniform */
+    b.part.slot = bx;
+    b.part.n_work = b.any ? min(W, np - bx * W) : 0;
+    return b;
+}
 
 /* The fused one-format kernel's queue where tc_args::last_blocks_last: position id to region
  * r, its block bx and the item size (0: a.item_tokens). Positions: regions below tail_rs,
@@ -211,8 +248,9 @@ __device__ __forceinline__ int32_t part_stride(int32_t sec)
  * packed), so its warps' staging areas are all the larger format's size apart; the fused
  * kernel's blocks run one section, each warp's area its format's size (block_merge reads the
  * partial results at that stride). */
-template <int D, class HI, class LO, bool FUSED>
-__device__ __forceinline__ void run_section_item(const tc_args &a, uint8_t *smem, const item_pos &ip)
+template <int D, class HI, class LO, bool FUSED, bool PIECES = false>
+__device__ __forceinline__ void run_section_item(const tc_args &a, uint8_t *smem, const item_pos &ip,
+                                                 const piece_pos &pp = piece_pos{})
 {
     using K = kernel_shape<D, HI, LO>;
     /* 4-bit keys through the fp16 mma (key_halves), but where that made ptxas spill (at d 128,
@@ -220,17 +258,21 @@ __device__ __forceinline__ void run_section_item(const tc_args &a, uint8_t *smem
      * group a side but the separate pass's one-format one. */
     constexpr bool HALVES_HI = K::ONE ? !FUSED || HI::KG > 1 : !FUSED && HI::KG > 1;
     constexpr bool HALVES_LO = K::ONE ? !FUSED || LO::KG > 1 : !FUSED && LO::KG > 1;
+    static_assert(!PIECES || (K::ONE && FUSED), "pieces: the fused one-format kernel");
     if (K::ONE || ip.sec == 0)
-        run_item<HI::KB, HI::VB, D, HI::KG, HI::VG, FUSED, FUSED ? K::SH::WARP_BYTES : K::WARP_BYTES, HALVES_HI>(
-            a, smem, ip);
+        run_item<HI::KB, HI::VB, D, HI::KG, HI::VG, FUSED, FUSED ? K::SH::WARP_BYTES : K::WARP_BYTES, HALVES_HI,
+                 PIECES>(a, smem, ip, pp);
     else
         run_item<LO::KB, LO::VB, D, LO::KG, LO::VG, FUSED, FUSED ? K::SLO::WARP_BYTES : K::WARP_BYTES, HALVES_LO>(
             a, smem, ip);
 }
 
 /* FUSED (a.fused): the persistent kernel of a fused write-back; otherwise the separate pass's
- * kernel, a kernel of its own so that its code and registers carry none of the fused path's. */
-template <int D, class HI, class LO, bool FUSED>
+ * kernel, a kernel of its own so that its code and registers carry none of the fused path's.
+ * PIECES (fused, a.piece_tokens > 0): the persistent kernel without a score write-back, its
+ * warps taking their region's tokens in pieces (locate_pieces); a kernel of its own, without
+ * the score jobs' code. */
+template <int D, class HI, class LO, bool FUSED, bool PIECES = false>
 __global__ void __launch_bounds__(FUSED ? MKV_TC_WARPS * 32 : MKV_TC_SEP_WARPS * 32,
                                   FUSED ? kernel_shape<D, HI, LO>::FUSED_MIN_BLOCKS
                                         : kernel_shape<D, HI, LO>::MIN_BLOCKS * MKV_TC_WARPS / MKV_TC_SEP_WARPS)
@@ -258,6 +300,7 @@ __global__ void __launch_bounds__(FUSED ? MKV_TC_WARPS * 32 : MKV_TC_SEP_WARPS *
     int32_t *const next_id = a.counters + a.n_rs, *const sq_head = next_id + 1;
     int32_t *const sq_tail = next_id + 2, *const finished = next_id + 3, *const jobs = next_id + 4;
     const int32_t gx = a.grid_x, total = a.total_ids;
+    const bool keep_logits = !PIECES && a.keep_logits;
     if (tid == 0) bs.owed = -1, bs.exhausted = 0, bs.nap = 256, bs.started = 0, bs.own_job = -1, bs.zeroed = 0;
     if (tid == 0) trace_stamp(a, TR_START, 0);
     enum { EXIT, RETRY, DECODE, SCORE };
@@ -277,7 +320,7 @@ __global__ void __launch_bounds__(FUSED ? MKV_TC_WARPS * 32 : MKV_TC_SEP_WARPS *
             } else {
                 if (!bs.zeroed) griddep_wait(), bs.zeroed = 1;
                 /* A ticket when jobs seem to be waiting; it may name a job published later. */
-                if (a.keep_logits && owed < 0 && ld_relaxed(sq_head) < ld_relaxed(sq_tail)) {
+                if (keep_logits && owed < 0 && ld_relaxed(sq_head) < ld_relaxed(sq_tail)) {
                     owed = atomicAdd(sq_head, 1);
                     if (owed >= total) owed = -1; /* past any job there can be */
                 }
@@ -291,7 +334,7 @@ __global__ void __launch_bounds__(FUSED ? MKV_TC_WARPS * 32 : MKV_TC_SEP_WARPS *
                         exhausted = true;
                         /* Without a score write-back there are no jobs to wait for: the
                          * region merges are the decode blocks' own. */
-                        if (!a.keep_logits) cmd = EXIT;
+                        if (!keep_logits) cmd = EXIT;
                     }
                 } else if (ld_acquire(finished) == total) { /* every job is published */
                     const int32_t tail = ld_relaxed(sq_tail);
@@ -325,7 +368,7 @@ __global__ void __launch_bounds__(FUSED ? MKV_TC_WARPS * 32 : MKV_TC_SEP_WARPS *
         if (K::ONE && cmd == DECODE && a.last_blocks_last) queue_block(a, id, r, bx, item);
         if (cmd == DECODE) prefetch_q<D>(a, r); /* r = sequence x H + KV head */
 
-        if (cmd == SCORE) {
+        if (!PIECES && cmd == SCORE) {
             const block_pos b = locate<MKV_TC_WARPS, false>(a, bx, r % a.H, r / a.H);
             if (tid < a.G) bs.lse[tid] = __ldcg(a.lse + b.ip.rs * a.G + tid);
             __syncthreads();
@@ -339,13 +382,15 @@ __global__ void __launch_bounds__(FUSED ? MKV_TC_WARPS * 32 : MKV_TC_SEP_WARPS *
         /* DECODE */
         bool any;
         {
-            const block_pos b = locate<MKV_TC_WARPS, K::ONE>(a, bx, r % a.H, r / a.H, false, item);
+            piece_pos pp = {};
+            const block_pos b = PIECES ? locate_pieces<MKV_TC_WARPS>(a, bx, r % a.H, r / a.H, item, pp)
+                                       : locate<MKV_TC_WARPS, K::ONE>(a, bx, r % a.H, r / a.H, false, item);
             if (tid == 0) {
                 bs.reg = {b.ip.rs, b.ip.region, b.hi, b.n, b.items_hi, b.n_items, b.arrivals, r * gx};
                 bs.part = {b.part.slot, b.part.n_work, part_stride<D, HI, LO>(b.ip.sec)};
             }
             any = b.any;
-            if (b.work) run_section_item<D, HI, LO, true>(a, smem, b.ip);
+            if (b.work) run_section_item<D, HI, LO, true, PIECES>(a, smem, b.ip, pp);
         }
         if (any) {
             /* Arrive (release and acquire in thread 0's one atomic, atom_add_acq_rel: the
@@ -361,7 +406,7 @@ __global__ void __launch_bounds__(FUSED ? MKV_TC_WARPS * 32 : MKV_TC_SEP_WARPS *
             if (single) {
                 /* Its one score job is the block's own next command (its logits are this
                  * block's, in L2): no publication, no other block's ticket. */
-                if (a.keep_logits) {
+                if (keep_logits) {
                     if (tid < a.G) a.lse[g.rs * a.G + tid] = bs.lse[tid];
                     if (tid == 0) bs.own_job = g.first_id;
                 }
@@ -374,7 +419,7 @@ __global__ void __launch_bounds__(FUSED ? MKV_TC_WARPS * 32 : MKV_TC_SEP_WARPS *
             if (!single && bs.last) {
                 RF::merge_first(a, smem, g); /* its copies overlap region_ms */
                 region_ms(a, g.rs, g.arrivals, bs);
-                if (a.keep_logits) {
+                if (keep_logits) {
                     /* The region's lse, visible before its score jobs are. */
                     if (tid < a.G) a.lse[g.rs * a.G + tid] = bs.lse[tid];
                     __threadfence();
@@ -389,7 +434,7 @@ __global__ void __launch_bounds__(FUSED ? MKV_TC_WARPS * 32 : MKV_TC_SEP_WARPS *
             }
         }
         __syncthreads(); /* bs is reused */
-        if (tid == 0 && a.keep_logits) { /* ids done: when every score job is published */
+        if (tid == 0 && keep_logits) { /* ids done: when every score job is published */
             __threadfence();
             atomicAdd(finished, 1);
         }
@@ -410,7 +455,7 @@ namespace mkv_tc {
 /* The shared-memory opt-in above 48 KB and the occupancy it gives, once per device and
  * variant (both are per-device function state; asking every call cost host time per layer).
  * Returns blocks per multiprocessor, 0 when the opt-in failed. */
-template <int D, class HI, class LO, bool FUSED>
+template <int D, class HI, class LO, bool FUSED, bool PIECES = false>
 int kernel_setup(void)
 {
     static std::atomic<int> cache[MKV_MAX_DEVICES]; /* 0: not yet; -1: failed; else blocks */
@@ -425,9 +470,9 @@ int kernel_setup(void)
         if (c != 0) return c > 0 ? c : 0;
     }
     int n = 0;
-    if (cudaFuncSetAttribute(decode_kernel<D, HI, LO, FUSED>, cudaFuncAttributeMaxDynamicSharedMemorySize, smem) !=
-            cudaSuccess ||
-        cudaOccupancyMaxActiveBlocksPerMultiprocessor(&n, decode_kernel<D, HI, LO, FUSED>, threads, smem) !=
+    if (cudaFuncSetAttribute(decode_kernel<D, HI, LO, FUSED, PIECES>, cudaFuncAttributeMaxDynamicSharedMemorySize,
+                             smem) != cudaSuccess ||
+        cudaOccupancyMaxActiveBlocksPerMultiprocessor(&n, decode_kernel<D, HI, LO, FUSED, PIECES>, threads, smem) !=
             cudaSuccess) {
         (void)cudaGetLastError();
         n = 0;
@@ -443,11 +488,34 @@ int variant_setup(void)
     return kernel_setup<D, HI, LO, true>();
 }
 
+/* Whether the kernel has a variant in pieces (tc_args::piece_tokens): one format of 16-bit
+ * keys and values (the calls measured: decode-kernel.md; each variant is one more kernel to
+ * build). */
+template <class HI, class LO>
+constexpr bool has_pieces()
+{
+    return std::is_same<HI, LO>::value && HI::KB == 16 && HI::VB == 16;
+}
+
+template <int D, class HI, class LO>
+int pieces_setup(void)
+{
+    if constexpr (has_pieces<HI, LO>()) return kernel_setup<D, HI, LO, true, true>();
+    return 0;
+}
+
 template <int D, class HI, class LO>
 cudaError_t launch_variant(const tc_args &a, dim3 grid, cudaStream_t stream)
 {
     using K = kernel_shape<D, HI, LO>;
-    if (a.fused) { /* after mkv_tc_zero_counters, which it overlaps */
+    if (a.fused && a.piece_tokens > 0) { /* as below, in pieces */
+        if constexpr (has_pieces<HI, LO>()) {
+            if (kernel_setup<D, HI, LO, true, true>() <= 0) return cudaErrorInvalidValue;
+            return mkv_tc_launch_pdl(decode_kernel<D, HI, LO, true, true>, grid, dim3(MKV_TC_WARPS * 32), K::SMEM,
+                                     stream, a);
+        }
+        return cudaErrorInvalidValue; /* the plan asks only where has_pieces */
+    } else if (a.fused) { /* after mkv_tc_zero_counters, which it overlaps */
         if (kernel_setup<D, HI, LO, true>() <= 0) return cudaErrorInvalidValue;
         const cudaError_t e =
             mkv_tc_launch_pdl(decode_kernel<D, HI, LO, true>, grid, dim3(MKV_TC_WARPS * 32), K::SMEM, stream, a);
@@ -462,7 +530,8 @@ cudaError_t launch_variant(const tc_args &a, dim3 grid, cudaStream_t stream)
 template <int D, class HI, class LO>
 tc_kernel kernel_of(void)
 {
-    return tc_kernel{launch_variant<D, HI, LO>, variant_setup<D, HI, LO>};
+    return tc_kernel{launch_variant<D, HI, LO>, variant_setup<D, HI, LO>,
+                     has_pieces<HI, LO>() ? pieces_setup<D, HI, LO> : nullptr};
 }
 
 /* A format's default groups a side at head_dim D (one for 16-bit vectors). */
@@ -485,7 +554,7 @@ tc_kernel get_variant(int32_t kg, int32_t vg)
         using F = default_fmt<KB, VB, D>;
         if (kg == F::KG && vg == F::VG) return kernel_of<D, F, F>();
     }
-    return tc_kernel{nullptr, nullptr};
+    return tc_kernel{nullptr, nullptr, nullptr};
 }
 
 /* The two-format kernel: one group a side on both sections, or the default groups on both. */
@@ -499,7 +568,7 @@ tc_kernel get_mix_variant(int32_t kgh, int32_t vgh, int32_t kgl, int32_t vgl)
         using FL = default_fmt<KBL, VBL, D>;
         if (kgh == FH::KG && vgh == FH::VG && kgl == FL::KG && vgl == FL::VG) return kernel_of<D, FH, FL>();
     }
-    return tc_kernel{nullptr, nullptr};
+    return tc_kernel{nullptr, nullptr, nullptr};
 }
 
 } // namespace mkv_tc

@@ -22,8 +22,9 @@ namespace mkv_tc {
 /* One warp's item: the logits of its tokens (to the workspace), and its unnormalised partial
  * output, running max and sum (to its part slot, or fused to the warp's staging area for
  * block_merge). */
-template <int KB, int VB, int D, int KG, int VG, bool FUSED, int WSTRIDE, bool HALVES>
-__device__ __forceinline__ void run_item(const tc_args &a, uint8_t *smem, const item_pos &ip)
+template <int KB, int VB, int D, int KG, int VG, bool FUSED, int WSTRIDE, bool HALVES, bool PIECES = false>
+__device__ __forceinline__ void run_item(const tc_args &a, uint8_t *smem, const item_pos &ip,
+                                         const piece_pos &pp = piece_pos{})
 {
     using SL = stage_layout<KB, VB, D, KG, VG>;
     constexpr int NT = SL::NT, S = SL::STAGES;
@@ -76,10 +77,42 @@ __device__ __forceinline__ void run_item(const tc_args &a, uint8_t *smem, const 
 
     walker P = {ta, ta / L.tpp, ta % L.tpp}; /* producer: what to load next */
     int32_t ct = ta;                         /* consumer: the next token to compute */
+    /* The producer's range: tokens [P.t, ptb) of section psec (the item's; PIECES: the
+     * current piece's, both sections in one layout: tc_args::piece_tokens). */
+    int32_t psec = sec, ptb = tb;
     /* Page ids 32 at a time: lane i holds the id of page win + i of the section (one load per
      * 32 pages, then a shuffle per token's page, instead of a dependent load per page). */
-    const int32_t sec_pages = (sec_n + L.tpp - 1) / L.tpp;
+    int32_t sec_pages = (sec_n + L.tpp - 1) / L.tpp;
     int32_t win = INT32_MIN / 2, win_id = -1;
+    /* PIECES: lane 0's last claim on the region's counter (the next piece, less
+     * pp.first_dynamic; -1: none yet), taken a piece ahead of its use so that its round trip
+     * overlaps the copies (the first once the first stages' copies are issued, or where the
+     * first piece ends within them, then); and the tokens of each stage as produced, a byte
+     * per stage (the consumer's subtile counts, since a stage's tokens need not continue the
+     * previous stage's). */
+    int32_t claim = -1;
+    uint32_t stok = 0;
+    auto take_claim = [&]() {
+        if (lane == 0) {
+            griddep_wait(); /* the counters' zeroing kernel */
+            claim = atomicAdd(pp.counter, 1);
+        }
+    };
+    /* PIECES: where the producer's range is done, the claimed piece becomes its range (if
+     * the region has it) and the next one is claimed. Warp-uniform. */
+    auto next_piece = [&]() {
+        if (P.t < ptb) return;
+        if (__shfl_sync(0xffffffffu, claim, 0) < 0) take_claim();
+        const int32_t k = pp.first_dynamic + __shfl_sync(0xffffffffu, claim, 0);
+        if (k >= pp.np) return;
+        psec = k >= pp.ph;
+        const int32_t t = (k - (psec ? pp.ph : 0)) * a.piece_tokens, sn = psec ? pp.n - pp.hi : pp.hi;
+        ptb = min(t + a.piece_tokens, sn);
+        sec_pages = (sn + L.tpp - 1) / L.tpp;
+        P = walker{t, t / L.tpp, t % L.tpp};
+        win = INT32_MIN / 2; /* another section's row, or other pages */
+        take_claim();
+    };
 
     /* The window over the pages of the producer's next n >= 1 tokens (at most 32 pages: n <=
      * 32), loaded afresh where it does not hold them all. Warp-uniform. */
@@ -88,7 +121,7 @@ __device__ __forceinline__ void run_item(const tc_args &a, uint8_t *smem, const 
         if ((uint32_t)(P.pidx - win) >= 32u || (uint32_t)(last - win) >= 32u) {
             win = P.pidx;
             const int32_t e = win + lane;
-            win_id = e < sec_pages ? __ldg(row + (sec ? a.T - 1 - e : e)) : 0;
+            win_id = e < sec_pages ? __ldg(row + (psec ? a.T - 1 - e : e)) : 0;
         }
     };
     /* The page and slot of the producer's token off (0 <= off < 32) further on, for this lane
@@ -103,6 +136,8 @@ __device__ __forceinline__ void run_item(const tc_args &a, uint8_t *smem, const 
 
     /* Issues the cp.async of one stage (NT subtiles) and commits it (possibly empty). */
     auto produce = [&](int32_t stage) {
+        if constexpr (PIECES) next_piece();
+        const int32_t t0 = P.t;
         if constexpr (SL::WHOLE) {
             /* Runs: up to 32 tokens, of the item or of the stage's subtiles, whichever ends
              * first; a run of len tokens fills the next ceil(len / 16) subtiles. Lane i copies
@@ -114,7 +149,7 @@ __device__ __forceinline__ void run_item(const tc_args &a, uint8_t *smem, const 
 #pragma unroll
             for (int run = 0; run < (NT + 1) / 2; run++) { /* a stage holds at most ceil(NT / 2) runs */
                 if (u0 >= NT) break;
-                const int32_t len = min(tb - P.t, min(NT - u0, 2) * 16);
+                const int32_t len = min(ptb - P.t, min(NT - u0, 2) * 16);
                 if (len <= 0) break; /* warp-uniform: nothing left to load */
                 window(len);
                 /* Tokens past the run's end in its last subtile copy nothing (source size 0,
@@ -147,7 +182,7 @@ __device__ __forceinline__ void run_item(const tc_args &a, uint8_t *smem, const 
         } else {
 #pragma unroll
             for (int st = 0; st < NT; st++) {
-                const int32_t cnt = subtile_count(P.t, tb);
+                const int32_t cnt = subtile_count(P.t, ptb);
                 if (cnt == 0) break; /* warp-uniform: nothing left to load */
                 window(cnt);
                 const uint32_t dst = warp_smem + (stage * NT + st) * SL::BYTES_PER_SUBTILE;
@@ -180,6 +215,8 @@ __device__ __forceinline__ void run_item(const tc_args &a, uint8_t *smem, const 
                 P.advance(cnt, L.tpp);
             }
         }
+        if constexpr (PIECES) /* at most 16 NT < 256 tokens */
+            stok = (stok & ~(0xffu << (8 * stage))) | ((uint32_t)(P.t - t0) << (8 * stage));
         cp_async_commit();
     };
 
@@ -187,9 +224,17 @@ __device__ __forceinline__ void run_item(const tc_args &a, uint8_t *smem, const 
      * step, their values), until the item's tokens are done. */
 #pragma unroll
     for (int s = 0; s < S - 1; s++) produce(s);
+    if constexpr (PIECES)
+        if (lane == 0 && claim < 0) take_claim();
 
     int32_t ps = S - 1, cs = 0; /* the stages being filled and computed */
-    while (ct < tb) {
+#ifdef MKV_TC_TRACE
+    bool first = true;
+#endif
+    /* The consumer's range: tokens [ct, ctb) of the item; PIECES: the stage's own (from 0). */
+    while (PIECES ? ((stok >> (8 * cs)) & 0xffu) != 0 : ct < tb) {
+        int32_t ctb = tb;
+        if constexpr (PIECES) ct = 0, ctb = (int32_t)((stok >> (8 * cs)) & 0xffu);
         /* Lanes read each other's copies: every lane is done with the stage refilled next
          * (read in the previous round) before any lane copies into it, and every lane's copies
          * of stage cs have landed before any lane reads them. */
@@ -199,7 +244,8 @@ __device__ __forceinline__ void run_item(const tc_args &a, uint8_t *smem, const 
         cp_async_wait<S - 1>(); /* this lane's copies of stage cs have landed */
         __syncwarp();
 #ifdef MKV_TC_TRACE
-        if (lane == 0 && ct == ta) trace_stamp(a, TR_FIRST, ta);
+        if (lane == 0 && first) trace_stamp(a, TR_FIRST, ta);
+        first = false;
 #endif
         const uint8_t *stage = warp_gen + cs * NT * SL::BYTES_PER_SUBTILE;
         cs = cs + 1 == S ? 0 : cs + 1;
@@ -211,7 +257,7 @@ __device__ __forceinline__ void run_item(const tc_args &a, uint8_t *smem, const 
             uint32_t vm[PAIR][2];
 #pragma unroll
             for (int u = 0; u < PAIR; u++) {
-                cnt[u] = subtile_count(ct, tb);
+                cnt[u] = subtile_count(ct, ctb);
                 ct += cnt[u];
                 if (u == 0 && cnt[0] == 0) break; /* warp-uniform: the item is done */
                 if (cnt[u] == 0) { /* an empty second subtile: nothing staged to read */

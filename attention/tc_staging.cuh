@@ -162,6 +162,17 @@ struct item_pos {
     int32_t sec, sec_n, ta, tb, slot_id; /* sec_n: the section's token count */
 };
 
+/* A warp's pieces (tc_args::piece_tokens): its first piece is the item ip above; then it takes
+ * the region's next piece from the region's counter (counter) until the region's np pieces are
+ * taken. A region's pieces: its high section's ph first, then its low section's, each section
+ * cut into pieces of tc_args::piece_tokens from its start; pieces below first_dynamic are the
+ * blocks' first ones (piece 4 x + w for warp w of block x), the rest handed out by the
+ * counter. hi, n: the region's high section's tokens and all its tokens. */
+struct piece_pos {
+    int32_t *counter;
+    int32_t np, ph, first_dynamic, hi, n;
+};
+
 } // namespace mkv_tc
 
 #endif /* MKV_ATTENTION_TC_STAGING_CUH */

@@ -214,6 +214,17 @@ int main(int argc, char **argv)
         }
         else if (!strcmp(argv[i], "--format") && i + 1 < argc) only = argv[++i];
         else if (!strcmp(argv[i], "--split") && i + 1 < argc) split = atoi(argv[++i]);
+        else if (!strcmp(argv[i], "--pieces") && i + 1 < argc) {
+            const char *x = argv[++i];
+            const int n = atoi(x);
+            if (!strcmp(x, "off")) mkv_tc_piece_tokens_override = -1;
+            else if (!strcmp(x, "auto")) mkv_tc_piece_tokens_override = 0;
+            else if (n >= 16 && n <= 4096) mkv_tc_piece_tokens_override = n;
+            else {
+                fprintf(stderr, "bench_attention: --pieces takes auto, off or 16 to 4096\n");
+                return 2;
+            }
+        }
         else if (!strcmp(argv[i], "--group-size") && i + 1 < argc) group = atoi(argv[++i]);
         else if (!strcmp(argv[i], "--flush") && i + 1 < argc && (!strcmp(argv[i + 1], "read") || !strcmp(argv[i + 1], "write")))
             write_flush = !strcmp(argv[++i], "write");
@@ -243,7 +254,7 @@ int main(int argc, char **argv)
                     "                       [--format NAME] [--scores auto|separate|fused]\n"
                     "                       [--split N] [--logits auto|fp32|compact] [--group-size N]\n"
                     "                       [--flush read|write] [--no-scores] [--spread F] [--hint]\n"
-                    "                       [--page-tokens N] [--trace FILE]\n"
+                    "                       [--page-tokens N] [--trace FILE] [--pieces auto|off|N]\n"
                     "Decode attention time over batch x length grids (32 query / 8 KV heads, d 128)\n"
                     "for K16V16, K8V8, K8V4, K4V2 and a 20/50/30 high/low/pruned mix, against the\n"
                     "device copy rate. --scores: the score write-back as its own pass (separate),\n"
@@ -266,7 +277,9 @@ int main(int argc, char **argv)
                     "serve-bench's pages hold 16 fp16 tokens).\n"
                     "--trace FILE: after each point's timed calls, one more call with the tensor-core\n"
                     "kernels' timeline stamps, written to FILE (builds with -DMKV_TC_TRACE only;\n"
-                    "scripts/trace_summary.py reads it).\n");
+                    "scripts/trace_summary.py reads it).\n"
+                    "--pieces: the tokens a warp takes at a time in fused calls without scores where\n"
+                    "the kernel has pieces (K16V16): auto (the default), off, or N (a multiple of 16).\n");
             return strcmp(argv[i], "-h") && strcmp(argv[i], "--help") ? 2 : 0;
         }
     }
@@ -555,6 +568,7 @@ int main(int argc, char **argv)
                                 "\"time_max_us\": %.2f, \"bytes\": %.0f, \"gbs\": %.1f, "
                                 "\"fraction_of_copy\": %.4f, \"speedup_vs_k16v16\": %.3f, "
                                 "\"fused_scores\": %s, \"compact_logits\": %s, \"tensor\": %s, "
+                                "\"piece_tokens\": %d, "
                             "\"groups\": [%d, %d, %d, %d]}",
                             first ? "" : ",", v.name, batch, len, n_hi, n_lo, sec * 1e6,
                             *std::min_element(t.begin(), t.end()) * 1e6,
@@ -564,6 +578,7 @@ int main(int argc, char **argv)
                             mkv_cuda_decode_compact_logits(&a) ? "true" : "false",
                             kernel != MKV_DECODE_KERNEL_GENERIC && mkv_cuda_decode_uses_tensor(&lh, &ll, G, d)
                                 ? "true" : "false",
+                            (int)mkv_cuda_decode_piece_tokens(&a),
                             lh.key.groups, lh.value.groups, ll.key.groups, ll.value.groups);
                     first = 0;
                 }

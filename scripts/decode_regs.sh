@@ -19,7 +19,7 @@ for tu in generated/decode_tc_K*.cu; do
          s = $0; sub(/.*tc_fmtILi/, "", s); hi = s; sub(/E[^L].*/, "", hi); gsub(/ELi/, ",", hi)
          lo = hi
          if (match(s, /NS1_ILi[0-9ELi]*E/)) { lo = substr(s, RSTART + 7, RLENGTH - 7); sub(/E+$/, "", lo); gsub(/ELi/, ",", lo) }
-         hi = "K" hi; lo = "K" lo; pass = ($0 ~ /Lb1EEEv/) ? "fused" : "separate"; want = 1; next }
+         hi = "K" hi; lo = "K" lo; pass = ($0 ~ /Lb1ELb1EEEv/) ? "pieces" : ($0 ~ /Lb1ELb0EEEv/) ? "fused" : "separate"; want = 1; next }
        want && /spill stores/ { st = $5; ld = $9 }
        want && /Used [0-9]+ registers/ { for (i = 1; i <= NF; i++) if ($i == "Used") r = $(i + 1)
          printf "%-5s %-14s %-14s %-9s %5s %4s/%-4s\n", d, hi, lo, pass, r, st, ld; want = 0 }'

@@ -1051,6 +1051,83 @@ Test(decode_cuda, no_scores_tail_regions, .timeout = 600)
     stats_expect(&ck[1], "no_scores_tail_regions");
 }
 
+/* Fused calls without scores in pieces (tc_args::piece_tokens, K16V16): the reference's outputs
+ * and the pool unchanged, at piece sizes asked of the knob (16: a piece a stage; 32; 48 and
+ * 208, ending inside pages of 23 and 30 tokens; 208 also longer than the items of 64 and 128
+ * tokens, so that a region's blocks are cut to its pieces), regions of every length, one and two
+ * sections, one region alone and calls of many; and a call that AUTO runs in pieces (more than
+ * a wave of blocks, regions of 2 blocks or more). mkv_cuda_decode_piece_tokens says which calls
+ * run in pieces: not small ones under AUTO, not with scores, not K4V2, not with the knob off. */
+Test(decode_cuda, no_scores_pieces, .timeout = 600)
+{
+    GPU_REQUIRE();
+    stats_t ck[2] = {{.what = "out (no scores, pieces)"}, {.what = "pool bytes unchanged (pieces)"}};
+    static const struct {
+        int32_t d, G, n_seq, H, len, tpp, auto_pieces;
+    } cases[] = {{128, 4, 3, 2, 9000, 23, 0}, {64, 3, 5, 3, 4097, 30, 0}, {128, 8, 1, 1, 20000, 32, 0},
+                 {128, 4, 40, 8, 1500, 32, 0}, {64, 2, 24, 8, 9000, 32, 1}};
+    static const int32_t pieces[] = {16, 32, 48, 208};
+    const int32_t splits[] = {0, 64, 128}, auto_split[] = {0};
+    uint64_t r = 0x91ec;
+    for (size_t ci = 0; ci < sizeof cases / sizeof cases[0]; ci++) {
+        const int32_t n = cases[ci].n_seq * cases[ci].H;
+        int32_t *len = malloc(sizeof(int32_t) * 2 * (size_t)n);
+        cr_assert_not_null(len);
+        for (int i = 0; i < n; i++) {
+            const int32_t t = i % 4 == 1 ? test_rand_range(&r, 1, cases[ci].len) : cases[ci].len;
+            const int32_t hi = i % 3 == 0 ? test_rand_range(&r, 0, t) : t;
+            len[2 * i] = hi, len[2 * i + 1] = t - hi;
+        }
+        if (n > 2) len[2 * 2] = len[2 * 2 + 1] = 0; /* a head-region with no tokens: out untouched */
+        spec_t c = {.hi = MKV_FORMAT_K16V16, .lo = MKV_FORMAT_K16V16, .d = cases[ci].d, .G = cases[ci].G,
+                    .tpp = cases[ci].tpp, .n_seq = cases[ci].n_seq, .H = cases[ci].H, .len = len,
+                    .seed = test_rand_next(&r)};
+        batch_t b;
+        batch_build(&b, &c);
+        b.no_scores = 1;
+        b.scores = MKV_DECODE_SCORES_FUSED;
+        mkv_cuda_decode_t a = {.lay_hi = b.lay_hi, .lay_lo = b.lay_lo, .n_seq = c.n_seq, .n_heads = c.H,
+                               .group_size = c.G, .head_dim = c.d, .max_tokens = b.max_tokens,
+                               .scores = MKV_DECODE_SCORES_FUSED, .no_scores = 1};
+        mkv_tc_piece_tokens_override = 0;
+        const int32_t at = mkv_cuda_decode_piece_tokens(&a);
+        if (cases[ci].auto_pieces) {
+            cr_assert_eq(at, 32, "%s: AUTO pieces of %d", b.ctx, at);
+            batch_check_splits(&b, MKV_DECODE_KERNEL_TENSOR, auto_split, 1, &ck[0], &ck[1], NULL, NULL);
+        } else {
+            cr_assert_eq(at, 0, "%s: AUTO pieces of %d in a call of one wave", b.ctx, at);
+            for (size_t pi = 0; pi < sizeof pieces / sizeof pieces[0]; pi++) {
+                mkv_tc_piece_tokens_override = pieces[pi];
+                const int32_t pt = mkv_cuda_decode_piece_tokens(&a);
+                cr_assert_eq(pt, pieces[pi], "%s: pieces of %d, asked %d", b.ctx, pt, pieces[pi]);
+                batch_check_splits(&b, MKV_DECODE_KERNEL_TENSOR, splits, 3, &ck[0], &ck[1], NULL, NULL);
+            }
+        }
+        mkv_tc_piece_tokens_override = -1;
+        cr_assert_eq(mkv_cuda_decode_piece_tokens(&a), 0, "%s: pieces with the knob off", b.ctx);
+        mkv_tc_piece_tokens_override = 48;
+        a.no_scores = 0;
+        cr_assert_eq(mkv_cuda_decode_piece_tokens(&a), 0, "%s: pieces with scores", b.ctx);
+        mkv_tc_piece_tokens_override = 0;
+        batch_free(&b);
+        free(len);
+    }
+    /* not for K4V2 (no variant in pieces) */
+    mkv_page_layout_t l;
+    char err[ERR_LEN] = "";
+    int64_t bytes;
+    cr_assert_eq(mkv_page_bytes_for(MKV_FORMAT_K4V2, 128, 0, 0, 32, &bytes), MKV_STATUS_OK);
+    cr_assert_eq(mkv_page_layout(MKV_FORMAT_K4V2, 128, 0, 0, bytes, &l, err), MKV_STATUS_OK, "%s", err);
+    const mkv_cuda_decode_t k4 = {.lay_hi = l, .lay_lo = l, .n_seq = 8, .n_heads = 8, .group_size = 4,
+                                  .head_dim = 128, .max_tokens = 4096, .scores = MKV_DECODE_SCORES_FUSED,
+                                  .no_scores = 1};
+    mkv_tc_piece_tokens_override = 48;
+    cr_assert_eq(mkv_cuda_decode_piece_tokens(&k4), 0, "K4V2 in pieces");
+    mkv_tc_piece_tokens_override = 0;
+    stats_expect(&ck[0], "no_scores_pieces");
+    stats_expect(&ck[1], "no_scores_pieces");
+}
+
 /* mkv_cuda_decode_workspace_bound covers every length up to its bound (what the CUDA KV
  * backend allocates once for captured steps) and is the size of one of them. Host arithmetic
  * only: runs without a device. */
