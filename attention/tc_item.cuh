@@ -5,8 +5,10 @@
  * read once), and the loop of named steps over them: load_q once (tc_query.cuh), then per
  * subtile subtile_logits (tc_subtile.cuh), per softmax step softmax_step (and
  * store_compact_step in fused calls with compact logits; tc_softmax.cuh), per subtile
- * subtile_values, and write_partial (tc_softmax.cuh) at the end. Part of the
- * kernel template (tc_decode.cuh); the staging layout is tc_staging.cuh's.
+ * subtile_values, and write_partial (tc_softmax.cuh) at the end. PIECES (tc_args::piece_tokens):
+ * the item is the warp's first piece, the producer moving on to the region's next pieces as it
+ * claims them, the consumer following the stages' recorded token counts. Part of the kernel
+ * template (tc_decode.cuh); the staging layout is tc_staging.cuh's.
  */
 #ifndef MKV_ATTENTION_TC_ITEM_CUH
 #define MKV_ATTENTION_TC_ITEM_CUH
