@@ -1001,6 +1001,21 @@ Test(decode_cuda, no_scores, .timeout = 300)
     stats_expect(&ck[1], "no_scores");
 }
 
+/* The lengths [n][2] (n_hi, n_lo) of n head-regions, mostly full (len tokens, the plan's max):
+ * region i shorter (a random length) where i % short_every == short_at, every third split at
+ * random between its two sections. malloc'd. */
+static int32_t *mostly_full_lengths(int32_t n, int32_t len, int short_every, int short_at, uint64_t *r)
+{
+    int32_t *l = malloc(sizeof(int32_t) * 2 * (size_t)n);
+    cr_assert_not_null(l);
+    for (int i = 0; i < n; i++) {
+        const int32_t t = i % short_every == short_at ? test_rand_range(r, 1, len) : len;
+        const int32_t hi = i % 3 == 0 ? test_rand_range(r, 0, t) : t;
+        l[2 * i] = hi, l[2 * i + 1] = t - hi;
+    }
+    return l;
+}
+
 /* A fused call without scores large enough (more than mkv_decode_tuning::tail_min_waves waves
  * of resident blocks) that its last regions take items of half the size (tc_args::tail_rs;
  * mkv_cuda_decode_tail_regions says so): the same outputs as the reference, regions of every
@@ -1021,14 +1036,7 @@ Test(decode_cuda, no_scores_tail_regions, .timeout = 600)
     const int32_t splits[] = {0};
     for (size_t ci = 0; ci < sizeof cases / sizeof cases[0]; ci++) {
         const int32_t n = cases[ci].n_seq * cases[ci].H;
-        int32_t *len = malloc(sizeof(int32_t) * 2 * (size_t)n);
-        cr_assert_not_null(len);
-        for (int i = 0; i < n; i++) {
-            /* mostly full regions (the plan's max), some shorter, some split in two sections */
-            const int32_t t = i % 7 == 0 ? test_rand_range(&r, 1, cases[ci].len) : cases[ci].len;
-            const int32_t hi = i % 3 == 0 ? test_rand_range(&r, 0, t) : t;
-            len[2 * i] = hi, len[2 * i + 1] = t - hi;
-        }
+        int32_t *len = mostly_full_lengths(n, cases[ci].len, 7, 0, &r);
         spec_t c = {.hi = cases[ci].f, .lo = cases[ci].f, .d = cases[ci].d, .G = cases[ci].G, .tpp = 32,
                     .n_seq = cases[ci].n_seq, .H = cases[ci].H, .len = len, .seed = test_rand_next(&r)};
         batch_t b;
@@ -1073,13 +1081,7 @@ Test(decode_cuda, no_scores_pieces, .timeout = 600)
     uint64_t r = 0x91ec;
     for (size_t ci = 0; ci < sizeof cases / sizeof cases[0]; ci++) {
         const int32_t n = cases[ci].n_seq * cases[ci].H;
-        int32_t *len = malloc(sizeof(int32_t) * 2 * (size_t)n);
-        cr_assert_not_null(len);
-        for (int i = 0; i < n; i++) {
-            const int32_t t = i % 4 == 1 ? test_rand_range(&r, 1, cases[ci].len) : cases[ci].len;
-            const int32_t hi = i % 3 == 0 ? test_rand_range(&r, 0, t) : t;
-            len[2 * i] = hi, len[2 * i + 1] = t - hi;
-        }
+        int32_t *len = mostly_full_lengths(n, cases[ci].len, 4, 1, &r);
         if (n > 2) len[2 * 2] = len[2 * 2 + 1] = 0; /* a head-region with no tokens: out untouched */
         spec_t c = {.hi = MKV_FORMAT_K16V16, .lo = MKV_FORMAT_K16V16, .d = cases[ci].d, .G = cases[ci].G,
                     .tpp = cases[ci].tpp, .n_seq = cases[ci].n_seq, .H = cases[ci].H, .len = len,
