@@ -300,7 +300,8 @@ __global__ void __launch_bounds__(FUSED ? MKV_TC_WARPS * 32 : MKV_TC_SEP_WARPS *
     int32_t *const next_id = a.counters + a.n_rs, *const sq_head = next_id + 1;
     int32_t *const sq_tail = next_id + 2, *const finished = next_id + 3, *const jobs = next_id + 4;
     const int32_t gx = a.grid_x, total = a.total_ids;
-    const bool keep_logits = !PIECES && a.keep_logits;
+    /* a.keep_logits, read where used; never in pieces (the kernel without score jobs) */
+    const auto keep_logits = [&]() { return !PIECES && a.keep_logits; };
     if (tid == 0) bs.owed = -1, bs.exhausted = 0, bs.nap = 256, bs.started = 0, bs.own_job = -1, bs.zeroed = 0;
     if (tid == 0) trace_stamp(a, TR_START, 0);
     enum { EXIT, RETRY, DECODE, SCORE };
@@ -320,7 +321,7 @@ __global__ void __launch_bounds__(FUSED ? MKV_TC_WARPS * 32 : MKV_TC_SEP_WARPS *
             } else {
                 if (!bs.zeroed) griddep_wait(), bs.zeroed = 1;
                 /* A ticket when jobs seem to be waiting; it may name a job published later. */
-                if (keep_logits && owed < 0 && ld_relaxed(sq_head) < ld_relaxed(sq_tail)) {
+                if (keep_logits() && owed < 0 && ld_relaxed(sq_head) < ld_relaxed(sq_tail)) {
                     owed = atomicAdd(sq_head, 1);
                     if (owed >= total) owed = -1; /* past any job there can be */
                 }
@@ -334,7 +335,7 @@ __global__ void __launch_bounds__(FUSED ? MKV_TC_WARPS * 32 : MKV_TC_SEP_WARPS *
                         exhausted = true;
                         /* Without a score write-back there are no jobs to wait for: the
                          * region merges are the decode blocks' own. */
-                        if (!keep_logits) cmd = EXIT;
+                        if (!keep_logits()) cmd = EXIT;
                     }
                 } else if (ld_acquire(finished) == total) { /* every job is published */
                     const int32_t tail = ld_relaxed(sq_tail);
@@ -383,14 +384,20 @@ __global__ void __launch_bounds__(FUSED ? MKV_TC_WARPS * 32 : MKV_TC_SEP_WARPS *
         bool any;
         {
             piece_pos pp = {};
-            const block_pos b = PIECES ? locate_pieces<MKV_TC_WARPS>(a, bx, r % a.H, r / a.H, item, pp)
-                                       : locate<MKV_TC_WARPS, K::ONE>(a, bx, r % a.H, r / a.H, false, item);
+            block_pos b;
+            if constexpr (PIECES) b = locate_pieces<MKV_TC_WARPS>(a, bx, r % a.H, r / a.H, item, pp);
+            else b = locate<MKV_TC_WARPS, K::ONE>(a, bx, r % a.H, r / a.H, false, item);
             if (tid == 0) {
                 bs.reg = {b.ip.rs, b.ip.region, b.hi, b.n, b.items_hi, b.n_items, b.arrivals, r * gx};
                 bs.part = {b.part.slot, b.part.n_work, part_stride<D, HI, LO>(b.ip.sec)};
             }
             any = b.any;
-            if (b.work) run_section_item<D, HI, LO, true, PIECES>(a, smem, b.ip, pp);
+            /* (pp passed only in pieces: the unused reference made the fused one-group mix spill) */
+            if constexpr (PIECES) {
+                if (b.work) run_section_item<D, HI, LO, true, true>(a, smem, b.ip, pp);
+            } else if (b.work) {
+                run_section_item<D, HI, LO, true>(a, smem, b.ip);
+            }
         }
         if (any) {
             /* Arrive (release and acquire in thread 0's one atomic, atom_add_acq_rel: the
@@ -406,7 +413,7 @@ __global__ void __launch_bounds__(FUSED ? MKV_TC_WARPS * 32 : MKV_TC_SEP_WARPS *
             if (single) {
                 /* Its one score job is the block's own next command (its logits are this
                  * block's, in L2): no publication, no other block's ticket. */
-                if (keep_logits) {
+                if (keep_logits()) {
                     if (tid < a.G) a.lse[g.rs * a.G + tid] = bs.lse[tid];
                     if (tid == 0) bs.own_job = g.first_id;
                 }
@@ -419,7 +426,7 @@ __global__ void __launch_bounds__(FUSED ? MKV_TC_WARPS * 32 : MKV_TC_SEP_WARPS *
             if (!single && bs.last) {
                 RF::merge_first(a, smem, g); /* its copies overlap region_ms */
                 region_ms(a, g.rs, g.arrivals, bs);
-                if (keep_logits) {
+                if (keep_logits()) {
                     /* The region's lse, visible before its score jobs are. */
                     if (tid < a.G) a.lse[g.rs * a.G + tid] = bs.lse[tid];
                     __threadfence();
@@ -434,7 +441,7 @@ __global__ void __launch_bounds__(FUSED ? MKV_TC_WARPS * 32 : MKV_TC_SEP_WARPS *
             }
         }
         __syncthreads(); /* bs is reused */
-        if (tid == 0 && keep_logits) { /* ids done: when every score job is published */
+        if (tid == 0 && keep_logits()) { /* ids done: when every score job is published */
             __threadfence();
             atomicAdd(finished, 1);
         }
