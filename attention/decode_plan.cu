@@ -255,6 +255,30 @@ static int32_t tail_regions(const mkv_cuda_decode_t *a, const tc_plan &w, int32_
     return (int32_t)std::min(n_rs, (resident + grid_x - 1) / grid_x);
 }
 
+/* A fused K16V16 call without scores (AUTO items) of more than a wave of resident blocks
+ * (blocks per multiprocessor): the plan with items of twice or four times w's, up to
+ * mkv_decode_tuning::one_wave_max_item, where the call's blocks then fit a wave and keep
+ * small_call_min_items items; else w. */
+static tc_plan one_wave_items(const mkv_cuda_decode_t *a, const tc_plan &w, int32_t blocks)
+{
+    using T = mkv_decode_tuning;
+    const int64_t resident = (int64_t)blocks * device_attr(cudaDevAttrMultiProcessorCount, 0);
+    const int64_t n_rs = (int64_t)a->n_seq * a->n_heads, n = a->max_tokens;
+    if (!a->no_scores || a->split_tokens != 0 || !same_format(a->lay_hi, a->lay_lo) || a->lay_hi.key.bits != 16 ||
+        a->lay_hi.value.bits != 16 || resident <= 0)
+        return w;
+    /* a region's blocks: its section's items, MKV_TC_WARPS a block */
+    const auto wave = [&](int64_t item) { return n_rs * (((n + item - 1) / item + MKV_TC_WARPS - 1) / MKV_TC_WARPS); };
+    if (wave(w.item_tokens) <= resident) return w;
+    for (int32_t item = 2 * w.item_tokens; item <= T::one_wave_max_item; item *= 2) {
+        if (n_rs * ((n + item - 1) / item) < T::small_call_min_items) break;
+        if (wave(item) <= resident)
+            return plan_tc(a->n_seq, a->n_heads, a->group_size, a->head_dim, a->max_tokens, item, true, 0,
+                           MKV_TC_MAX_ITEM, a->mean_tokens);
+    }
+    return w;
+}
+
 /* The piece size of a fused call of plan w (tc_args::piece_tokens; 0: none): without a score
  * write-back, one format in one layout on both sections, where the kernel has a variant in
  * pieces; under AUTO, calls of more than a wave of resident blocks (blocks per multiprocessor)
@@ -283,7 +307,7 @@ tc_plan plan_call(const mkv_cuda_decode_t *a, const tc_kernel &one, bool *fused,
     *blocks = 0;
     if (tc_may_fuse(a, one)) {
         *blocks = one.blocks_per_sm();
-        tc_plan w = plan_for(a, true, *blocks);
+        tc_plan w = one_wave_items(a, plan_for(a, true, *blocks), *blocks);
         /* (the kernel in pieces holds as many blocks where it is chosen: 3 an SM, d 128) */
         w.piece_tokens = piece_tokens(a, one, w, *blocks);
         if (w.piece_tokens > 0) *blocks = one.pieces_blocks_per_sm();
@@ -332,6 +356,13 @@ size_t workspace_bytes(int32_t n_seq, int32_t n_heads, int32_t group_size, int32
                          mean));
         take(plan_tc(n_seq, n_heads, group_size, head_dim, max_tokens, split_tokens, true, 0, T::compact_max_item,
                      mean));
+        /* Fused calls without scores: items up to four times longer (one_wave_items). */
+        if (split_tokens == 0) {
+            const int32_t item = plan_tc(n_seq, n_heads, group_size, head_dim, max_tokens, 0, true, 0,
+                                         MKV_TC_MAX_ITEM, mean).item_tokens;
+            for (int32_t x = 2 * item; x <= T::one_wave_max_item; x *= 2)
+                take(plan_tc(n_seq, n_heads, group_size, head_dim, max_tokens, x, true, 0, MKV_TC_MAX_ITEM, mean));
+        }
         /* Two-format calls: shorter items, more partial results. */
         const int32_t two = two_format_max_item(basis);
         for (int32_t cap = 0; cap <= T::l2_cap_max_blocks; cap++)

@@ -68,6 +68,19 @@ struct mkv_decode_tuning {
      * scores, 20 calls, us, items of 64 tokens against 256: 16 x 1k 35.2 against 31.1, 64 x 1k
      * 103.1 against 100.2; 256 x 1k already at 256). */
     static constexpr int32_t single_block_max_item = 256;
+    /* Fused K16V16 calls without a score write-back whose blocks at the item size above fill
+     * more than a wave of resident blocks, but one wave with items of twice or four times
+     * the size up to this many tokens (still small_call_min_items items), take those: one
+     * wave of longer blocks instead of a second, partial wave whose blocks start together.
+     * H100, 2 x 20 calls, us, AUTO (with pieces) against items of 512 (of 1,024): 16 x 4k
+     * 104.3 against 99.5 (97.8), 4 x 16k 103.5 against 99.3 (100.0), 8 x 8k 104.8 against
+     * 99.9, 32 x 2k 105.2 against 102.5 (98.8); where 512 would not fit a wave it lost or held
+     * (64 x 2k 191.6 against 194.1, 16 x 8k 189.4 against 192.8, 8 x 16k 189.4 against
+     * 191.2), as did 1,024 where it left few warps (8 x 4k 56.0 against 63.5, 4 x 8k 56.2
+     * against 66.2). The rule against the build before it (decision 81): 16 x 4k 103.8 to
+     * 99.8, 4 x 16k 103.6 to 99.7, 8 x 8k 103.6 to 99.8, 32 x 2k 104.1 to 103.9; the shapes it
+     * leaves alone within 0.5 us. */
+    static constexpr int32_t one_wave_max_item = 512;
     /* Fused one-format calls queue each region's last block (a region of one section leaves it
      * empty) after every other block (tc_args::last_blocks_last): without a score write-back,
      * and with one for single-block regions of keys of at most this many bits. An empty block

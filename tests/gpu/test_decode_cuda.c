@@ -1063,19 +1063,22 @@ Test(decode_cuda, no_scores_tail_regions, .timeout = 600)
  * and the pool unchanged, at piece sizes asked of the knob (16: a piece a stage; 32; 48 and
  * 208, ending inside pages of 23 and 30 tokens; 208 also longer than the items of 64 and 128
  * tokens, so that a region's blocks are cut to its pieces), regions of every length, one and two
- * sections, one region alone and calls of many; and a call that AUTO runs in pieces (more than
- * a wave of blocks, regions of 2 blocks or more). mkv_cuda_decode_piece_tokens says which calls
+ * sections, one region alone and calls of many; a call that AUTO runs in pieces (more than a
+ * wave of blocks, regions of 2 blocks or more) and one it fits in a wave with longer items.
+ * mkv_cuda_decode_piece_tokens says which calls
  * run in pieces: not small ones under AUTO, not with scores, not K4V2, not with the knob off. */
 Test(decode_cuda, no_scores_pieces, .timeout = 600)
 {
     GPU_REQUIRE();
     stats_t ck[2] = {{.what = "out (no scores, pieces)"}, {.what = "pool bytes unchanged (pieces)"}};
-    /* auto_pieces: what AUTO takes (an H100's 132 SMs or more hold a wave of the first three,
-     * not of the last two, whose regions take 2 and 9 blocks); knob: run the sizes asked */
+    /* auto_pieces, auto_item: what AUTO takes on an H100 or H200 (132 SMs of 3 blocks at d 128):
+     * the first three calls fit a wave; the fourth does with items of 512 tokens, a block a
+     * region (mkv_decode_tuning::one_wave_max_item); the last, of 9-block regions, does not
+     * (0: not asserted); knob: run the sizes asked */
     static const struct {
-        int32_t d, G, n_seq, H, len, tpp, auto_pieces, knob;
-    } cases[] = {{128, 4, 3, 2, 9000, 23, 0, 1}, {64, 3, 5, 3, 4097, 30, 0, 1}, {128, 8, 1, 1, 20000, 32, 0, 1},
-                 {128, 4, 40, 8, 1500, 32, 32, 1}, {64, 2, 24, 8, 9000, 32, 32, 0}};
+        int32_t d, G, n_seq, H, len, tpp, auto_pieces, auto_item, knob;
+    } cases[] = {{128, 4, 3, 2, 9000, 23, 0, 0, 1}, {64, 3, 5, 3, 4097, 30, 0, 0, 1}, {128, 8, 1, 1, 20000, 32, 0, 0, 1},
+                 {128, 4, 40, 8, 1500, 32, 0, 512, 1}, {64, 2, 24, 8, 9000, 32, 32, 256, 0}};
     static const int32_t pieces[] = {16, 32, 48, 208};
     const int32_t splits[] = {0, 64, 128}, auto_split[] = {0};
     uint64_t r = 0x91ec;
@@ -1097,7 +1100,11 @@ Test(decode_cuda, no_scores_pieces, .timeout = 600)
         const int32_t at = mkv_cuda_decode_piece_tokens(&a);
         cr_assert_eq(at, cases[ci].auto_pieces, "%s: AUTO pieces of %d, expected %d", b.ctx, at,
                      cases[ci].auto_pieces);
-        if (at > 0) batch_check_splits(&b, MKV_DECODE_KERNEL_TENSOR, auto_split, 1, &ck[0], &ck[1], NULL, NULL);
+        const int32_t item = mkv_cuda_decode_item_tokens(&a);
+        cr_assert(!cases[ci].auto_item || item == cases[ci].auto_item, "%s: AUTO items of %d, expected %d", b.ctx,
+                  item, cases[ci].auto_item);
+        if (at > 0 || cases[ci].auto_item)
+            batch_check_splits(&b, MKV_DECODE_KERNEL_TENSOR, auto_split, 1, &ck[0], &ck[1], NULL, NULL);
         if (cases[ci].knob) {
             for (size_t pi = 0; pi < sizeof pieces / sizeof pieces[0]; pi++) {
                 mkv_tc_piece_tokens_override = pieces[pi];
