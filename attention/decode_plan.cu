@@ -255,10 +255,12 @@ static int32_t tail_regions(const mkv_cuda_decode_t *a, const tc_plan &w, int32_
     return (int32_t)std::min(n_rs, (resident + grid_x - 1) / grid_x);
 }
 
-/* A fused K16V16 call without scores (AUTO items) of more than a wave of resident blocks
- * (blocks per multiprocessor): the plan with items of twice or four times w's, up to
- * mkv_decode_tuning::one_wave_max_item, where the call's blocks then fit a wave and keep
- * small_call_min_items items; else w. */
+/* A fused K16V16 call without scores (AUTO items): the plan with longer items where they make
+ * the call one wave (blocks per multiprocessor: the resident blocks), keeping
+ * small_call_min_items items (mkv_decode_tuning): items doubled up to
+ * single_block_wave_max_item while the call keeps them, where that leaves single-block regions
+ * that a wave holds; else, for a call of more than a wave, the least doubling up to
+ * one_wave_max_item that a wave holds; else w. */
 static tc_plan one_wave_items(const mkv_cuda_decode_t *a, const tc_plan &w, int32_t blocks)
 {
     using T = mkv_decode_tuning;
@@ -267,14 +269,19 @@ static tc_plan one_wave_items(const mkv_cuda_decode_t *a, const tc_plan &w, int3
     if (!a->no_scores || a->split_tokens != 0 || !same_format(a->lay_hi, a->lay_lo) || a->lay_hi.key.bits != 16 ||
         a->lay_hi.value.bits != 16 || resident <= 0)
         return w;
-    /* a region's blocks: its section's items, MKV_TC_WARPS a block */
-    const auto wave = [&](int64_t item) { return n_rs * (((n + item - 1) / item + MKV_TC_WARPS - 1) / MKV_TC_WARPS); };
+    const auto items = [&](int64_t item) { return (n + item - 1) / item; }; /* a region's */
+    const auto wave = [&](int64_t item) { return n_rs * ((items(item) + MKV_TC_WARPS - 1) / MKV_TC_WARPS); };
+    const auto with = [&](int32_t item) {
+        return plan_tc(a->n_seq, a->n_heads, a->group_size, a->head_dim, a->max_tokens, item, true, 0,
+                       MKV_TC_MAX_ITEM, a->mean_tokens);
+    };
+    int32_t item = w.item_tokens;
+    while (2 * item <= T::single_block_wave_max_item && n_rs * items(2 * item) >= T::small_call_min_items) item *= 2;
+    if (item > w.item_tokens && items(item) <= MKV_TC_WARPS && n_rs <= resident) return with(item);
     if (wave(w.item_tokens) <= resident) return w;
-    for (int32_t item = 2 * w.item_tokens; item <= T::one_wave_max_item; item *= 2) {
-        if (n_rs * ((n + item - 1) / item) < T::small_call_min_items) break;
-        if (wave(item) <= resident)
-            return plan_tc(a->n_seq, a->n_heads, a->group_size, a->head_dim, a->max_tokens, item, true, 0,
-                           MKV_TC_MAX_ITEM, a->mean_tokens);
+    for (item = 2 * w.item_tokens; item <= T::one_wave_max_item; item *= 2) {
+        if (n_rs * items(item) < T::small_call_min_items) break;
+        if (wave(item) <= resident) return with(item);
     }
     return w;
 }
@@ -360,7 +367,7 @@ size_t workspace_bytes(int32_t n_seq, int32_t n_heads, int32_t group_size, int32
         if (split_tokens == 0) {
             const int32_t item = plan_tc(n_seq, n_heads, group_size, head_dim, max_tokens, 0, true, 0,
                                          MKV_TC_MAX_ITEM, mean).item_tokens;
-            for (int32_t x = 2 * item; x <= T::one_wave_max_item; x *= 2)
+            for (int32_t x = 2 * item; x <= std::max(T::one_wave_max_item, T::single_block_wave_max_item); x *= 2)
                 take(plan_tc(n_seq, n_heads, group_size, head_dim, max_tokens, x, true, 0, MKV_TC_MAX_ITEM, mean));
         }
         /* Two-format calls: shorter items, more partial results. */

@@ -81,6 +81,14 @@ struct mkv_decode_tuning {
      * 99.8, 4 x 16k 103.6 to 99.7, 8 x 8k 103.6 to 99.8, 32 x 2k 104.1 to 103.9; the shapes it
      * leaves alone within 0.5 us. */
     static constexpr int32_t one_wave_max_item = 512;
+    /* ... and before that rule, any such call whose items, doubled up to this many tokens while
+     * the call keeps small_call_min_items, leave regions of one block that a wave holds takes
+     * them (fewer, longer items: no merge across blocks, fewer item starts). H100, 2 x 20
+     * calls, us, decision 81's rule against this one: 32 x 1k 57.0 to 53.7 (512 tokens, 2 a
+     * region), 16 x 2k 55.8 to 53.2 (512), 16 x 4k 100.2 to 97.7 (1,024), 32 x 2k 107.7 to
+     * 99.2 (1,024). Doubling to 1,024 where regions kept several blocks lost (4 x 16k 99.7
+     * against 100.2, 8 x 8k 99.9 against 100.8, 2 x 16k 55.7 against 56.2 with 512). */
+    static constexpr int32_t single_block_wave_max_item = 1024;
     /* Fused one-format calls queue each region's last block (a region of one section leaves it
      * empty) after every other block (tc_args::last_blocks_last): without a score write-back,
      * and with one for single-block regions of keys of at most this many bits. An empty block

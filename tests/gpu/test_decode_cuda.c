@@ -1072,13 +1072,13 @@ Test(decode_cuda, no_scores_pieces, .timeout = 600)
     GPU_REQUIRE();
     stats_t ck[2] = {{.what = "out (no scores, pieces)"}, {.what = "pool bytes unchanged (pieces)"}};
     /* auto_pieces, auto_item: what AUTO takes on an H100 or H200 (132 SMs of 3 blocks at d 128):
-     * the first three calls fit a wave; the fourth does with items of 512 tokens, a block a
-     * region (mkv_decode_tuning::one_wave_max_item); the last, of 9-block regions, does not
+     * the first three calls fit a wave; the fourth does with items of 1,024 tokens, a block a
+     * region (mkv_decode_tuning::single_block_wave_max_item); the last, of 9-block regions, does not
      * (0: not asserted); knob: run the sizes asked */
     static const struct {
         int32_t d, G, n_seq, H, len, tpp, auto_pieces, auto_item, knob;
     } cases[] = {{128, 4, 3, 2, 9000, 23, 0, 0, 1}, {64, 3, 5, 3, 4097, 30, 0, 0, 1}, {128, 8, 1, 1, 20000, 32, 0, 0, 1},
-                 {128, 4, 40, 8, 1500, 32, 0, 512, 1}, {64, 2, 24, 8, 9000, 32, 32, 256, 0}};
+                 {128, 4, 40, 8, 1500, 32, 0, 1024, 1}, {64, 2, 24, 8, 9000, 32, 32, 256, 0}};
     static const int32_t pieces[] = {16, 32, 48, 208};
     const int32_t splits[] = {0, 64, 128}, auto_split[] = {0};
     uint64_t r = 0x91ec;
