@@ -286,24 +286,55 @@ static tc_plan one_wave_items(const mkv_cuda_decode_t *a, const tc_plan &w, int3
     return w;
 }
 
-/* The piece size of a fused call of plan w (tc_args::piece_tokens; 0: none): without a score
- * write-back, one format in one layout on both sections, where the kernel has a variant in
- * pieces; under AUTO, calls of more than a wave of resident blocks (blocks per multiprocessor)
- * whose regions take piece_min_region_blocks blocks or more (mkv_decode_tuning); else what
+/* Whether a call may run in pieces: without a score write-back, one format in one layout on
+ * both sections, where the kernel has a variant in pieces, and the knob not off. */
+static bool pieces_fit(const mkv_cuda_decode_t *a, const tc_kernel &one)
+{
+    const mkv_page_layout_t &h = a->lay_hi, &l = a->lay_lo;
+    bool same = same_format(h, l) && h.tokens == l.tokens;
+    for (int i = MKV_SEG_KEY; i <= MKV_SEG_VALUE_META; i++) same = same && h.offset[i] == l.offset[i];
+    return a->no_scores && same && one.pieces_blocks_per_sm != nullptr && mkv_tc_piece_tokens_override >= 0;
+}
+
+/* The piece size of a fused call of plan w (tc_args::piece_tokens; 0: none), where pieces_fit:
+ * under AUTO, calls of more than a wave of resident blocks (blocks per multiprocessor) whose
+ * regions take piece_min_region_blocks blocks or more (mkv_decode_tuning); else what
  * bench_attention --pieces asks (mkv_tc_piece_tokens_override). */
 static int32_t piece_tokens(const mkv_cuda_decode_t *a, const tc_kernel &one, const tc_plan &w, int32_t blocks)
 {
     using T = mkv_decode_tuning;
-    const mkv_page_layout_t &h = a->lay_hi, &l = a->lay_lo;
-    bool same = same_format(h, l) && h.tokens == l.tokens;
-    for (int i = MKV_SEG_KEY; i <= MKV_SEG_VALUE_META; i++) same = same && h.offset[i] == l.offset[i];
+    if (!pieces_fit(a, one)) return 0;
     const int32_t o = mkv_tc_piece_tokens_override;
-    if (!a->no_scores || !same || one.pieces_blocks_per_sm == nullptr || o < 0) return 0;
     if (o > 0) return (int32_t)mkv_align_up64(o, 16);
     const int64_t resident = (int64_t)blocks * device_attr(cudaDevAttrMultiProcessorCount, 0);
     const int32_t region_blocks = (w.sec_items + MKV_TC_WARPS - 1) / MKV_TC_WARPS;
     return resident > 0 && w.total_ids > resident && region_blocks >= T::piece_min_region_blocks ? T::piece_tokens
                                                                                                  : 0;
+}
+
+/* A fused call of few long regions under AUTO (mkv_decode_tuning::piece_wave_min_region_blocks,
+ * piece_wave_min_warp_tokens), where pieces_fit: one wave of blocks in pieces of
+ * piece_wave_tokens, each region floor(resident / regions) blocks, its items cut to fill them
+ * (a multiple of MKV_TC_MIN_ITEM). Only where the plan needs no more workspace than the fused
+ * plan of AUTO items (w0: mkv_cuda_decode_workspace_size covers that one; the wave's longer
+ * items give fewer parts), so calls whose AUTO items already fit a wave keep them. True with
+ * *w the plan; false, w untouched, elsewhere. */
+static bool piece_wave(const mkv_cuda_decode_t *a, const tc_kernel &one, const tc_plan &w0, tc_plan *w)
+{
+    using T = mkv_decode_tuning;
+    if (!pieces_fit(a, one) || mkv_tc_piece_tokens_override != 0 || a->split_tokens != 0) return false;
+    const int64_t n_rs = (int64_t)a->n_seq * a->n_heads;
+    const int64_t resident = (int64_t)one.pieces_blocks_per_sm() * device_attr(cudaDevAttrMultiProcessorCount, 0);
+    const int64_t b = n_rs > 0 && resident > 0 ? resident / n_rs : 0, warps = b * MKV_TC_WARPS;
+    if (b < T::piece_wave_min_region_blocks || a->max_tokens < warps * T::piece_wave_min_warp_tokens) return false;
+    const int64_t item = mkv_align_up64((a->max_tokens + warps - 1) / warps, MKV_TC_MIN_ITEM);
+    if (item > MKV_TC_MAX_ITEM) return false;
+    const tc_plan x = plan_tc(a->n_seq, a->n_heads, a->group_size, a->head_dim, a->max_tokens, (int32_t)item, true, 0,
+                              MKV_TC_MAX_ITEM, a->mean_tokens);
+    if (x.bytes > w0.bytes) return false;
+    *w = x;
+    w->piece_tokens = T::piece_wave_tokens;
+    return true;
 }
 
 /* The plan of a tensor-core call, and whether it fuses the score write-back (where it may and
@@ -314,9 +345,10 @@ tc_plan plan_call(const mkv_cuda_decode_t *a, const tc_kernel &one, bool *fused,
     *blocks = 0;
     if (tc_may_fuse(a, one)) {
         *blocks = one.blocks_per_sm();
-        tc_plan w = one_wave_items(a, plan_for(a, true, *blocks), *blocks);
+        const tc_plan w0 = plan_for(a, true, *blocks);
+        tc_plan w = one_wave_items(a, w0, *blocks);
         /* (the kernel in pieces holds as many blocks where it is chosen: 3 an SM, d 128) */
-        w.piece_tokens = piece_tokens(a, one, w, *blocks);
+        if (!piece_wave(a, one, w0, &w)) w.piece_tokens = piece_tokens(a, one, w, *blocks);
         if (w.piece_tokens > 0) *blocks = one.pieces_blocks_per_sm();
         if (w.total_ids < INT32_MAX / 2) {
             /* (tail regions at most double the ids) */

@@ -39,7 +39,7 @@
 #error "MKV_TC_SEP_WARPS is 1, 2 or 4"
 #endif
 #define MKV_TC_MAX_G 8         /* query heads per group: the n = 8 side of an m16n8k16 mma */
-#define MKV_TC_MIN_ITEM 32     /* item sizes are powers of two in [32, 4096] */
+#define MKV_TC_MIN_ITEM 32     /* item sizes: multiples of 32 in [32, 4096] */
 #define MKV_TC_MAX_ITEM 4096
 
 /* Where a section's segments sit in its pages (metadata group g of slot t at off_*_meta +

@@ -126,6 +126,24 @@ struct mkv_decode_tuning {
      * against 100.6). */
     static constexpr int32_t piece_tokens = 32;
     static constexpr int32_t piece_min_region_blocks = 2;
+    /* Fused K16V16 calls without a score write-back of few long regions, at most a
+     * piece_wave_min_region_blocks-th as many as resident blocks in pieces, run one wave of
+     * them: each region floor(resident / regions) blocks, items cut to fill them (multiples of
+     * MKV_TC_MIN_ITEM, not powers of two), pieces of piece_wave_tokens, so that every region's
+     * blocks stream from the call's start to its end without changing regions; where a warp
+     * keeps at least piece_wave_min_warp_tokens tokens of its region and the plan needs no more
+     * workspace than AUTO's items (decision 82). H100, 2 x 20 calls, us, the build before
+     * against the rule: 1 x 64k 101.6 to 99.5, 2 x 32k 100.8 to 99.3, 2 x 64k 193.1 to 183.9,
+     * 4 x 16k 100.2 to 99.8, 4 x 32k 191.1 to 187.3, 4 x 64k 366.7 to 358.5; batch 1 to 8 at 8k
+     * to 64k otherwise unchanged. Pieces of 32 in the wave gained less (4 x 32k 188.0 against
+     * 185.9 with 16, 2 x 32k 100.5 against 98.8). Left alone where it lost or held: more
+     * regions (b 6: 8 x 8k 100.0 against 101.0, 8 x 32k 364.4 against 366.8; b 3: 16 x 16k
+     * 363.8 against 365.1), fewer tokens a warp (1 x 16k at 84: 33.1 against 35.2), and calls
+     * whose AUTO items already fit a wave (1 x 32k 57.4 against 56.7, within the run-to-run
+     * spread of AUTO's own 56.5 to 57.6). */
+    static constexpr int32_t piece_wave_min_region_blocks = 12;
+    static constexpr int32_t piece_wave_min_warp_tokens = 160;
+    static constexpr int32_t piece_wave_tokens = 16;
     /* The separate pass's finalize (decode_tc_finalize.cu) cuts a small call's merge into
      * slices while each thread keeps at least this many of a region's items (its loop loads
      * them in predicated batches of 8). H100, 2 x 30 calls, us, at least 8 against at least 4

@@ -1064,8 +1064,8 @@ Test(decode_cuda, no_scores_tail_regions, .timeout = 600)
  * 208, ending inside pages of 23 and 30 tokens; 208 also longer than the items of 64 and 128
  * tokens, so that a region's blocks are cut to its pieces), regions of every length, one and two
  * sections, one region alone and calls of many; a call that AUTO runs in pieces (more than a
- * wave of blocks, regions of 2 blocks or more) and one it fits in a wave with longer items.
- * mkv_cuda_decode_piece_tokens says which calls
+ * wave of blocks, regions of 2 blocks or more), one it fits in a wave with longer items and
+ * one of few long regions it runs as one wave in pieces. mkv_cuda_decode_piece_tokens says which calls
  * run in pieces: not small ones under AUTO, not with scores, not K4V2, not with the knob off. */
 Test(decode_cuda, no_scores_pieces, .timeout = 600)
 {
@@ -1073,12 +1073,14 @@ Test(decode_cuda, no_scores_pieces, .timeout = 600)
     stats_t ck[2] = {{.what = "out (no scores, pieces)"}, {.what = "pool bytes unchanged (pieces)"}};
     /* auto_pieces, auto_item: what AUTO takes on an H100 or H200 (132 SMs of 3 blocks at d 128):
      * the first three calls fit a wave; the fourth does with items of 1,024 tokens, a block a
-     * region (mkv_decode_tuning::single_block_wave_max_item); the last, of 9-block regions, does not
-     * (0: not asserted); knob: run the sizes asked */
+     * region (mkv_decode_tuning::single_block_wave_max_item); the fifth, of 9-block regions, does
+     * not (0: not asserted); the last, 32 regions of 20,000 tokens, runs one wave of 12 blocks a
+     * region, items of 448 tokens in pieces of 16 (piece_wave_*); knob: run the sizes asked */
     static const struct {
         int32_t d, G, n_seq, H, len, tpp, auto_pieces, auto_item, knob;
     } cases[] = {{128, 4, 3, 2, 9000, 23, 0, 0, 1}, {64, 3, 5, 3, 4097, 30, 0, 0, 1}, {128, 8, 1, 1, 20000, 32, 0, 0, 1},
-                 {128, 4, 40, 8, 1500, 32, 0, 1024, 1}, {64, 2, 24, 8, 9000, 32, 32, 256, 0}};
+                 {128, 4, 40, 8, 1500, 32, 0, 1024, 1}, {64, 2, 24, 8, 9000, 32, 32, 256, 0},
+                 {128, 4, 4, 8, 20000, 32, 16, 448, 0}};
     static const int32_t pieces[] = {16, 32, 48, 208};
     const int32_t splits[] = {0, 64, 128}, auto_split[] = {0};
     uint64_t r = 0x91ec;
