@@ -123,7 +123,7 @@ static mkv_status_t launch_tc(const mkv_cuda_decode_t *a, cudaStream_t stream, c
     }
     f.total_ids = (int32_t)w.total_ids;
     f.last_blocks_last = 0, f.tail_rs = f.n_rs, f.tail_gx = 1; /* (fused calls below) */
-    f.piece_tokens = 0;
+    f.piece_tokens = 0, f.wave_blocks = 0;
     f.trace = mkv_tc_trace_buffer;
     /* The separate and finalize passes' grids put the blocks' index last where grid z holds
      * them (tc_args::x_last): every region's first blocks start before any region's later,
@@ -155,6 +155,7 @@ static mkv_status_t launch_tc(const mkv_cuda_decode_t *a, cudaStream_t stream, c
                 return st;
             const int64_t resident = (int64_t)blocks * device_attr(cudaDevAttrMultiProcessorCount, 1);
             f.last_blocks_last = w.last_blocks_last;
+            f.wave_blocks = w.last_blocks_last ? w.wave_blocks : 0;
             if (w.tail_regions > 0) { /* the queue's last regions: half-size items */
                 f.tail_rs = f.n_rs - w.tail_regions;
                 f.tail_gx = (2 * w.sec_items + MKV_TC_WARPS - 1) / MKV_TC_WARPS + 1;

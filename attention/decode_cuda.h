@@ -135,6 +135,18 @@ int32_t mkv_cuda_decode_piece_tokens(const mkv_cuda_decode_t *a);
  * tests, not for engines. */
 extern int32_t mkv_tc_piece_tokens_override;
 
+/* How many blocks a region such a call runs in its first wave where its queue then gives
+ * every region more blocks, joining regions still running (docs/decode-kernel.md, "Pieces":
+ * calls of few long regions); 0 where it does not. Depends on the current device. */
+int32_t mkv_cuda_decode_wave_blocks(const mkv_cuda_decode_t *a);
+
+/* The wave plans of calls in pieces (above), for measuring and testing them
+ * (bench_attention --wave-spares): 0, the library's choice (the default); -1, none (neither
+ * the wave of decision 82 nor its spares); N > 0, a wave of floor(resident / regions) blocks a
+ * region and N more queued after them, wherever a region gets a block. Process-wide and not
+ * thread-safe, as above. */
+extern int32_t mkv_tc_wave_spares_override;
+
 /* The item size a call with these arguments (pointers unused) plans on the tensor-core path,
  * and the workspace bytes that plan uses; 0 where the call takes the generic kernels. */
 int32_t mkv_cuda_decode_item_tokens(const mkv_cuda_decode_t *a);

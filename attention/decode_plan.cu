@@ -71,7 +71,7 @@ tc_plan plan_tc(int32_t n_seq, int32_t H, int32_t G, int32_t d, int32_t max_toke
 {
     using T = mkv_decode_tuning;
     tc_plan w;
-    w.compact = false, w.last_blocks_last = false, w.tail_regions = 0, w.piece_tokens = 0;
+    w.compact = false, w.last_blocks_last = false, w.tail_regions = 0, w.piece_tokens = 0, w.wave_blocks = 0;
     const int32_t sms = device_attr(cudaDevAttrMultiProcessorCount, T::fallback_sms);
     if (split_tokens > 0) {
         w.item_tokens = (int32_t)mkv_align_up64(split_tokens, MKV_TC_MIN_ITEM);
@@ -312,28 +312,45 @@ static int32_t piece_tokens(const mkv_cuda_decode_t *a, const tc_kernel &one, co
                                                                                                  : 0;
 }
 
-/* A fused call of few long regions under AUTO (mkv_decode_tuning::piece_wave_min_region_blocks,
- * piece_wave_min_warp_tokens), where pieces_fit: one wave of blocks in pieces of
- * piece_wave_tokens, each region floor(resident / regions) blocks, its items cut to fill them
- * (a multiple of MKV_TC_MIN_ITEM). Only where the plan needs no more workspace than the fused
- * plan of AUTO items (w0: mkv_cuda_decode_workspace_size covers that one; the wave's longer
- * items give fewer parts), so calls whose AUTO items already fit a wave keep them. True with
- * *w the plan; false, w untouched, elsewhere. */
+/* A fused call of few long regions, where pieces_fit (mkv_decode_tuning::piece_wave_*,
+ * wave_spares_*): one wave of blocks in pieces, each region b = floor(resident / regions)
+ * blocks, its items cut to fill them and the spares after them (a multiple of
+ * MKV_TC_MIN_ITEM): where b >= piece_wave_min_region_blocks, no spares and pieces of
+ * piece_wave_tokens (decision 82); where b >= wave_spares_min_region_blocks, wave_spares
+ * blocks a region more, queued after every region's first b (tc_args::wave_blocks; decision
+ * 83). mkv_tc_wave_spares_override: -1, neither; > 0, that many spares wherever b >= 1. Only
+ * where the plan needs no more workspace than the fused plan of AUTO items (w0:
+ * mkv_cuda_decode_workspace_size covers that one; longer items give fewer parts), so calls
+ * whose AUTO items already fit a wave keep them. True with *w the plan; false, w untouched,
+ * elsewhere. */
 static bool piece_wave(const mkv_cuda_decode_t *a, const tc_kernel &one, const tc_plan &w0, tc_plan *w)
 {
     using T = mkv_decode_tuning;
-    if (!pieces_fit(a, one) || mkv_tc_piece_tokens_override != 0 || a->split_tokens != 0) return false;
+    const int32_t ko = mkv_tc_wave_spares_override, o = mkv_tc_piece_tokens_override;
+    if (!pieces_fit(a, one) || ko < 0 || (o != 0 && ko == 0) || a->split_tokens != 0) return false;
     const int64_t n_rs = (int64_t)a->n_seq * a->n_heads;
     const int64_t resident = (int64_t)one.pieces_blocks_per_sm() * device_attr(cudaDevAttrMultiProcessorCount, 0);
-    const int64_t b = n_rs > 0 && resident > 0 ? resident / n_rs : 0, warps = b * MKV_TC_WARPS;
-    if (b < T::piece_wave_min_region_blocks || a->max_tokens < warps * T::piece_wave_min_warp_tokens) return false;
+    const int64_t b = n_rs > 0 && resident > 0 ? resident / n_rs : 0;
+    int64_t spares = ko;
+    if (ko == 0) {
+        const bool wave = b >= T::piece_wave_min_region_blocks;
+        spares = wave ? 0 : T::wave_spares;
+        const int64_t min_tokens = wave ? T::piece_wave_min_warp_tokens : T::wave_spares_min_warp_tokens;
+        if (b < T::wave_spares_min_region_blocks || a->max_tokens < (b + spares) * MKV_TC_WARPS * min_tokens)
+            return false;
+    }
+    if (b < 1) return false;
+    const int64_t warps = (b + spares) * MKV_TC_WARPS;
     const int64_t item = mkv_align_up64((a->max_tokens + warps - 1) / warps, MKV_TC_MIN_ITEM);
     if (item > MKV_TC_MAX_ITEM) return false;
     const tc_plan x = plan_tc(a->n_seq, a->n_heads, a->group_size, a->head_dim, a->max_tokens, (int32_t)item, true, 0,
                               MKV_TC_MAX_ITEM, a->mean_tokens);
     if (x.bytes > w0.bytes) return false;
     *w = x;
-    w->piece_tokens = T::piece_wave_tokens;
+    w->piece_tokens = o > 0 ? (int32_t)mkv_align_up64(o, 16) : spares > 0 ? T::piece_tokens : T::piece_wave_tokens;
+    /* (queue_block: at most the region's blocks but its last) */
+    const int64_t bps = (x.sec_items + MKV_TC_WARPS - 1) / MKV_TC_WARPS;
+    w->wave_blocks = spares > 0 ? (int32_t)std::min(b, bps) : 0;
     return true;
 }
 
@@ -353,7 +370,7 @@ tc_plan plan_call(const mkv_cuda_decode_t *a, const tc_kernel &one, bool *fused,
         if (w.total_ids < INT32_MAX / 2) {
             /* (tail regions at most double the ids) */
             w.last_blocks_last = last_blocks_last(a, w);
-            w.tail_regions = w.total_ids < INT32_MAX / 4 ? tail_regions(a, w, *blocks) : 0;
+            w.tail_regions = w.total_ids < INT32_MAX / 4 && w.wave_blocks == 0 ? tail_regions(a, w, *blocks) : 0;
             *fused = true;
             return w;
         }
@@ -480,6 +497,13 @@ extern "C" int32_t mkv_cuda_decode_piece_tokens(const mkv_cuda_decode_t *a)
     mkv_tc_plan::tc_plan w;
     bool fused;
     return mkv_tc_plan::query_plan(a, &w, &fused) && fused ? w.piece_tokens : 0;
+}
+
+extern "C" int32_t mkv_cuda_decode_wave_blocks(const mkv_cuda_decode_t *a)
+{
+    mkv_tc_plan::tc_plan w;
+    bool fused;
+    return mkv_tc_plan::query_plan(a, &w, &fused) && fused && w.last_blocks_last ? w.wave_blocks : 0;
 }
 
 extern "C" int mkv_cuda_decode_compact_logits(const mkv_cuda_decode_t *a)

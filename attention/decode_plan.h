@@ -32,6 +32,7 @@ struct tc_plan {
     /* Fused calls without a score write-back: the piece size (tc_args::piece_tokens; 0: none;
      * plan_call). */
     int32_t piece_tokens;
+    int32_t wave_blocks; /* tc_args::wave_blocks */
     size_t off_logits, off_part_o, off_part_ml, off_counters, off_lse, bytes;
 };
 

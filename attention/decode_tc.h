@@ -98,6 +98,11 @@ struct tc_args {
      * write-back, whose logits' slots follow the item size); their blocks' parts fit a region's
      * 2 sec_items part slots (fused parts are a block's). */
     int32_t last_blocks_last, tail_rs, tail_gx;
+    /* Where last_blocks_last and > 0 (calls in pieces of few regions; tail_rs n_rs): the queue
+     * holds every region's first wave_blocks blocks first (region by region), then their other
+     * blocks but the last block-major (block wave_blocks of every region, then the next), so
+     * that one wave streams every region and later blocks join regions still running. */
+    int32_t wave_blocks;
     /* Pieces (fused one-format calls without a score write-back, where the kernel has them:
      * tc_kernel::pieces_blocks_per_sm; 0: none): a block's warps take their region's tokens
      * piece_tokens at a time (a multiple of 16), each warp its first piece at the block's

@@ -144,6 +144,23 @@ struct mkv_decode_tuning {
     static constexpr int32_t piece_wave_min_region_blocks = 12;
     static constexpr int32_t piece_wave_min_warp_tokens = 160;
     static constexpr int32_t piece_wave_tokens = 16;
+    /* ... and with at least wave_spares_min_region_blocks (but under
+     * piece_wave_min_region_blocks) blocks a region in a wave, a wave of floor(resident /
+     * regions) blocks a region and wave_spares more a region queued after every region's first
+     * ones (tc_args::wave_blocks; pieces of piece_tokens): every region streams from the start,
+     * and a block whose region ends joins one still running, so that regions end together;
+     * where a warp keeps wave_spares_min_warp_tokens tokens (decision 83: the build before
+     * against the rule, 8 x 16k 189.7 to 186.0, 8 x 32k 364.2 to 355.8, 6 x 32k 277.4 to 270.4,
+     * 16 x 16k 363.7 to 361.6). H100, 3 x 30 calls,
+     * us, AUTO against 6 spares (pieces of 32; of 16): 6 x 32k 276.5 against 270.6 (269.5),
+     * 8 x 16k 190.0 against 185.9 (186.0), 8 x 32k 364.6 against 357.8 (359.4), 12 x 16k 275.9
+     * against 273.6, 16 x 16k 363.4 against 361.2, 16 x 32k 704.8 against 704.3. Left out
+     * where it lost: 2 blocks a region (24 x 16k 532.1 against 538.8), fewer tokens a warp
+     * (8 x 8k at 171: 99.8 against 100.9). 4 spares gained about as much (8 x 16k 185.9, 16 x
+     * 16k 359.0 to 362.0 in two runs), 12 less (16 x 16k 365.8). */
+    static constexpr int32_t wave_spares = 6;
+    static constexpr int32_t wave_spares_min_region_blocks = 3;
+    static constexpr int32_t wave_spares_min_warp_tokens = 256;
     /* The separate pass's finalize (decode_tc_finalize.cu) cuts a small call's merge into
      * slices while each thread keeps at least this many of a region's items (its loop loads
      * them in predicated batches of 8). H100, 2 x 30 calls, us, at least 8 against at least 4

@@ -168,7 +168,16 @@ __device__ __forceinline__ void queue_block(const tc_args &a, int32_t id, int32_
 {
     const int32_t gx = a.grid_x - 1, tg = a.tail_gx - 1;
     const int32_t p1 = a.tail_rs * gx, p2 = p1 + (a.n_rs - a.tail_rs) * tg;
-    if (id < p1) {
+    if (a.wave_blocks > 0 && id < p1) { /* (tail_rs n_rs) */
+        const int32_t b = a.wave_blocks, p0 = a.n_rs * b;
+        if (id < p0) {
+            r = id / b, bx = id - r * b;
+        } else {
+            const int32_t k = id - p0, s = k / a.n_rs;
+            r = k - s * a.n_rs, bx = b + s;
+        }
+        item = 0;
+    } else if (id < p1) {
         r = id / gx, bx = id - r * gx, item = 0;
     } else if (id < p2) {
         const int32_t k = id - p1, t = k / tg;

@@ -225,6 +225,17 @@ int main(int argc, char **argv)
                 return 2;
             }
         }
+        else if (!strcmp(argv[i], "--wave-spares") && i + 1 < argc) {
+            const char *x = argv[++i];
+            const int n = atoi(x);
+            if (!strcmp(x, "off")) mkv_tc_wave_spares_override = -1;
+            else if (!strcmp(x, "auto")) mkv_tc_wave_spares_override = 0;
+            else if (n >= 1 && n <= 64) mkv_tc_wave_spares_override = n;
+            else {
+                fprintf(stderr, "bench_attention: --wave-spares takes auto, off or 1 to 64\n");
+                return 2;
+            }
+        }
         else if (!strcmp(argv[i], "--group-size") && i + 1 < argc) group = atoi(argv[++i]);
         else if (!strcmp(argv[i], "--flush") && i + 1 < argc && (!strcmp(argv[i + 1], "read") || !strcmp(argv[i + 1], "write")))
             write_flush = !strcmp(argv[++i], "write");
@@ -255,6 +266,7 @@ int main(int argc, char **argv)
                     "                       [--split N] [--logits auto|fp32|compact] [--group-size N]\n"
                     "                       [--flush read|write] [--no-scores] [--spread F] [--hint]\n"
                     "                       [--page-tokens N] [--trace FILE] [--pieces auto|off|N]\n"
+                    "                       [--wave-spares auto|off|N]\n"
                     "Decode attention time over batch x length grids (32 query / 8 KV heads, d 128)\n"
                     "for K16V16, K8V8, K8V4, K4V2 and a 20/50/30 high/low/pruned mix, against the\n"
                     "device copy rate. --scores: the score write-back as its own pass (separate),\n"
@@ -279,7 +291,10 @@ int main(int argc, char **argv)
                     "kernels' timeline stamps, written to FILE (builds with -DMKV_TC_TRACE only;\n"
                     "scripts/trace_summary.py reads it).\n"
                     "--pieces: the tokens a warp takes at a time in fused calls without scores where\n"
-                    "the kernel has pieces (K16V16): auto (the default), off, or N (a multiple of 16).\n");
+                    "the kernel has pieces (K16V16): auto (the default), off, or N (a multiple of 16).\n"
+                    "--wave-spares: such calls of few regions run one wave of blocks a region and\n"
+                    "N more a region queued after them, joining regions still running: auto (the\n"
+                    "library's rule, the default), off (no such wave), or N.\n");
             return strcmp(argv[i], "-h") && strcmp(argv[i], "--help") ? 2 : 0;
         }
     }
@@ -568,7 +583,7 @@ int main(int argc, char **argv)
                                 "\"time_max_us\": %.2f, \"bytes\": %.0f, \"gbs\": %.1f, "
                                 "\"fraction_of_copy\": %.4f, \"speedup_vs_k16v16\": %.3f, "
                                 "\"fused_scores\": %s, \"compact_logits\": %s, \"tensor\": %s, "
-                                "\"piece_tokens\": %d, "
+                                "\"piece_tokens\": %d, \"item_tokens\": %d, \"wave_blocks\": %d, "
                             "\"groups\": [%d, %d, %d, %d]}",
                             first ? "" : ",", v.name, batch, len, n_hi, n_lo, sec * 1e6,
                             *std::min_element(t.begin(), t.end()) * 1e6,
@@ -578,7 +593,8 @@ int main(int argc, char **argv)
                             mkv_cuda_decode_compact_logits(&a) ? "true" : "false",
                             kernel != MKV_DECODE_KERNEL_GENERIC && mkv_cuda_decode_uses_tensor(&lh, &ll, G, d)
                                 ? "true" : "false",
-                            (int)mkv_cuda_decode_piece_tokens(&a),
+                            (int)mkv_cuda_decode_piece_tokens(&a), (int)mkv_cuda_decode_item_tokens(&a),
+                            (int)mkv_cuda_decode_wave_blocks(&a),
                             lh.key.groups, lh.value.groups, ll.key.groups, ll.value.groups);
                     first = 0;
                 }

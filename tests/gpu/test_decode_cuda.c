@@ -1074,15 +1074,20 @@ Test(decode_cuda, no_scores_pieces, .timeout = 600)
     /* auto_pieces, auto_item: what AUTO takes on an H100 or H200 (132 SMs of 3 blocks at d 128):
      * the first three calls fit a wave; the fourth does with items of 1,024 tokens, a block a
      * region (mkv_decode_tuning::single_block_wave_max_item); the fifth, of 9-block regions, does
-     * not (0: not asserted); the last, 32 regions of 20,000 tokens, runs one wave of 12 blocks a
-     * region, items of 448 tokens in pieces of 16 (piece_wave_*); knob: run the sizes asked */
+     * not (0: not asserted); the sixth, 32 regions of 20,000 tokens, runs one wave of 12 blocks a
+     * region, items of 448 tokens in pieces of 16 (piece_wave_*); the last, 64 regions of
+     * 16,000 tokens, a wave of 6 blocks a region and 6 spares after them (auto_wave: wave_spares_*,
+     * items of 352 tokens, pieces of 32); knob: run the sizes asked, and pieces of 48 with 2
+     * spares a region where that plan takes no more workspace */
     static const struct {
-        int32_t d, G, n_seq, H, len, tpp, auto_pieces, auto_item, knob;
-    } cases[] = {{128, 4, 3, 2, 9000, 23, 0, 0, 1}, {64, 3, 5, 3, 4097, 30, 0, 0, 1}, {128, 8, 1, 1, 20000, 32, 0, 0, 1},
-                 {128, 4, 40, 8, 1500, 32, 0, 1024, 1}, {64, 2, 24, 8, 9000, 32, 32, 256, 0},
-                 {128, 4, 4, 8, 20000, 32, 16, 448, 0}};
+        int32_t d, G, n_seq, H, len, tpp, auto_pieces, auto_item, auto_wave, knob;
+    } cases[] = {{128, 4, 3, 2, 9000, 23, 0, 0, 0, 1},      {64, 3, 5, 3, 4097, 30, 0, 0, 0, 1},
+                 {128, 8, 1, 1, 20000, 32, 0, 0, 0, 1},     {128, 4, 40, 8, 1500, 32, 0, 1024, 0, 1},
+                 {64, 2, 24, 8, 9000, 32, 32, 256, 0, 0},   {128, 4, 4, 8, 20000, 32, 16, 448, 0, 0},
+                 {128, 4, 8, 8, 16000, 32, 32, 352, 6, 0}};
     static const int32_t pieces[] = {16, 32, 48, 208};
     const int32_t splits[] = {0, 64, 128}, auto_split[] = {0};
+    int spared = 0;
     uint64_t r = 0x91ec;
     for (size_t ci = 0; ci < sizeof cases / sizeof cases[0]; ci++) {
         const int32_t n = cases[ci].n_seq * cases[ci].H;
@@ -1105,6 +1110,9 @@ Test(decode_cuda, no_scores_pieces, .timeout = 600)
         const int32_t item = mkv_cuda_decode_item_tokens(&a);
         cr_assert(!cases[ci].auto_item || item == cases[ci].auto_item, "%s: AUTO items of %d, expected %d", b.ctx,
                   item, cases[ci].auto_item);
+        const int32_t wave = mkv_cuda_decode_wave_blocks(&a);
+        cr_assert_eq(wave, cases[ci].auto_wave, "%s: AUTO wave of %d blocks a region, expected %d", b.ctx, wave,
+                     cases[ci].auto_wave);
         if (at > 0 || cases[ci].auto_item)
             batch_check_splits(&b, MKV_DECODE_KERNEL_TENSOR, auto_split, 1, &ck[0], &ck[1], NULL, NULL);
         if (cases[ci].knob) {
@@ -1114,6 +1122,17 @@ Test(decode_cuda, no_scores_pieces, .timeout = 600)
                 cr_assert_eq(pt, pieces[pi], "%s: pieces of %d, asked %d", b.ctx, pt, pieces[pi]);
                 batch_check_splits(&b, MKV_DECODE_KERNEL_TENSOR, splits, 3, &ck[0], &ck[1], NULL, NULL);
             }
+            /* a wave with 2 spares a region, pieces of 48, where its items need no more
+             * workspace than AUTO's (not where the wave's items would be shorter) */
+            mkv_tc_piece_tokens_override = 48;
+            mkv_tc_wave_spares_override = 2;
+            if (mkv_cuda_decode_wave_blocks(&a) > 0) {
+                spared++;
+                batch_check_splits(&b, MKV_DECODE_KERNEL_TENSOR, auto_split, 1, &ck[0], &ck[1], NULL, NULL);
+            }
+            mkv_tc_wave_spares_override = -1;
+            cr_assert_eq(mkv_cuda_decode_wave_blocks(&a), 0, "%s: a wave with the knob off", b.ctx);
+            mkv_tc_wave_spares_override = 0;
         }
         mkv_tc_piece_tokens_override = -1;
         cr_assert_eq(mkv_cuda_decode_piece_tokens(&a), 0, "%s: pieces with the knob off", b.ctx);
@@ -1124,6 +1143,9 @@ Test(decode_cuda, no_scores_pieces, .timeout = 600)
         batch_free(&b);
         free(len);
     }
+    /* On an H100 or H200, the first call (a wave of 36 blocks a region: its items are AUTO's
+     * 64) and the fourth (1 block a region and 2 spares) */
+    cr_assert_geq(spared, 2, "the knob's spares ran on %d calls", spared);
     /* not for K4V2 (no variant in pieces) */
     mkv_page_layout_t l;
     char err[ERR_LEN] = "";
