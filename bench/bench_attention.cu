@@ -138,6 +138,17 @@ static shape shape_of(const variant &v, int batch, int len, int H, int G, int d,
 }
 
 /* Option names, indexed by mkv_cuda_decode_kernel_t, _scores_t and _logits_t. */
+/* A knob's argument: auto (0), off (-1) or lo to hi; false (knob untouched) otherwise. */
+static bool knob_arg(const char *x, int lo, int hi, int32_t *knob)
+{
+    const int n = atoi(x);
+    if (!strcmp(x, "off")) *knob = -1;
+    else if (!strcmp(x, "auto")) *knob = 0;
+    else if (n >= lo && n <= hi) *knob = n;
+    else return false;
+    return true;
+}
+
 static const char *const k_kernel_names[] = {"auto", "generic", "tensor", "tensor-per-section"};
 static const char *const k_scores_names[] = {"auto", "separate", "fused"};
 static const char *const k_logits_names[] = {"auto", "fp32", "compact"};
@@ -214,27 +225,14 @@ int main(int argc, char **argv)
         }
         else if (!strcmp(argv[i], "--format") && i + 1 < argc) only = argv[++i];
         else if (!strcmp(argv[i], "--split") && i + 1 < argc) split = atoi(argv[++i]);
-        else if (!strcmp(argv[i], "--pieces") && i + 1 < argc) {
-            const char *x = argv[++i];
-            const int n = atoi(x);
-            if (!strcmp(x, "off")) mkv_tc_piece_tokens_override = -1;
-            else if (!strcmp(x, "auto")) mkv_tc_piece_tokens_override = 0;
-            else if (n >= 16 && n <= 4096) mkv_tc_piece_tokens_override = n;
-            else {
-                fprintf(stderr, "bench_attention: --pieces takes auto, off or 16 to 4096\n");
+        else if ((!strcmp(argv[i], "--pieces") || !strcmp(argv[i], "--wave-spares")) && i + 1 < argc) {
+            const bool pieces = argv[i][2] == 'p';
+            const int lo = pieces ? 16 : 1, hi = pieces ? 4096 : 64;
+            if (!knob_arg(argv[i + 1], lo, hi, pieces ? &mkv_tc_piece_tokens_override : &mkv_tc_wave_spares_override)) {
+                fprintf(stderr, "bench_attention: %s takes auto, off or %d to %d\n", argv[i], lo, hi);
                 return 2;
             }
-        }
-        else if (!strcmp(argv[i], "--wave-spares") && i + 1 < argc) {
-            const char *x = argv[++i];
-            const int n = atoi(x);
-            if (!strcmp(x, "off")) mkv_tc_wave_spares_override = -1;
-            else if (!strcmp(x, "auto")) mkv_tc_wave_spares_override = 0;
-            else if (n >= 1 && n <= 64) mkv_tc_wave_spares_override = n;
-            else {
-                fprintf(stderr, "bench_attention: --wave-spares takes auto, off or 1 to 64\n");
-                return 2;
-            }
+            i++;
         }
         else if (!strcmp(argv[i], "--group-size") && i + 1 < argc) group = atoi(argv[++i]);
         else if (!strcmp(argv[i], "--flush") && i + 1 < argc && (!strcmp(argv[i + 1], "read") || !strcmp(argv[i + 1], "write")))
