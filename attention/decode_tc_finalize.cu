@@ -294,6 +294,7 @@ static __global__ void __launch_bounds__(FIN_THREADS) finalize_kernel(const tc_a
     /* Launched with programmatic serialization: what the decode kernel wrote (logits, parts)
      * is read only once it has ended. */
     mkv_tc::griddep_wait();
+    if (tid == 0) mkv_tc::trace_stamp(a, mkv_tc::TR_FIN_WAITED, bx);
     if (!ANY_G && !merging) {
         secs[0] = mkv_tc::section_of_region(a, rs, region, one ? first >= uhi : 0, hi, n, items_hi);
         if (one) {
@@ -314,6 +315,7 @@ static __global__ void __launch_bounds__(FIN_THREADS) finalize_kernel(const tc_a
         if (lane == 0) M_s[warp] = ms.x, S_s[warp] = ms.y, LSE_s[warp] = ms.x + log2f(ms.y);
     }
     __syncthreads();
+    if (tid == 0) mkv_tc::trace_stamp(a, mkv_tc::TR_FIN_MS, bx);
 
     if (merging) {
         __shared__ float W_s[MKV_TC_MERGE_ROUND][MKV_TC_MAX_G];

@@ -22,6 +22,8 @@ enum trace_tag {
     TR_EXIT,      /* a block ends (thread 0) */
     TR_FIN_START, /* a finalize block begins (thread 0) */
     TR_FIN_END,   /* a finalize block ends (thread 0) */
+    TR_FIN_WAITED, /* a finalize block's wait for the decode kernel has returned (thread 0) */
+    TR_FIN_MS,     /* a finalize block has its heads' maxima and sums (thread 0) */
 };
 
 __device__ __forceinline__ void trace_stamp(const tc_args &a, int tag, int32_t arg)

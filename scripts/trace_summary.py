@@ -10,7 +10,7 @@ import statistics
 import sys
 
 TAGS = {1: "START", 2: "CMD", 3: "FIRST", 4: "ITEM", 5: "ARRIVE", 6: "MERGED", 7: "EXIT",
-        8: "FIN_START", 9: "FIN_END"}
+        8: "FIN_START", 9: "FIN_END", 10: "FIN_WAITED", 11: "FIN_MS"}
 
 
 def pct(xs, p):
