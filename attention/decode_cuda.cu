@@ -125,6 +125,7 @@ static mkv_status_t launch_tc(const mkv_cuda_decode_t *a, cudaStream_t stream, c
     f.last_blocks_last = 0, f.tail_rs = f.n_rs, f.tail_gx = 1; /* (fused calls below) */
     f.piece_tokens = 0, f.wave_blocks = 0;
     f.trace = mkv_tc_trace_buffer;
+    f.ready = nullptr;
     /* The separate and finalize passes' grids put the blocks' index last where grid z holds
      * them (tc_args::x_last): every region's first blocks start before any region's later,
      * often empty, ones. */
@@ -165,6 +166,7 @@ static mkv_status_t launch_tc(const mkv_cuda_decode_t *a, cudaStream_t stream, c
             return mkv_decode_launched("tensor-core decode kernel (fused scores)", err, one.launch(f, gp, stream));
         }
         /* the separate pass packs a region's items, high then low, into full blocks */
+        if (w.ready) f.ready = reinterpret_cast<int32_t *>(ws + w.off_ready);
         const dim3 g2 = order((unsigned)((w.sec_items + 1 + MKV_TC_SEP_WARPS - 1) / MKV_TC_SEP_WARPS), x_last);
         if ((st = mkv_decode_launched("tensor-core decode kernel", err, one.launch(f, g2, stream))) != MKV_STATUS_OK)
             return st;

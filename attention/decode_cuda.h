@@ -147,6 +147,17 @@ int32_t mkv_cuda_decode_wave_blocks(const mkv_cuda_decode_t *a);
  * thread-safe, as above. */
 extern int32_t mkv_tc_wave_spares_override;
 
+/* Whether such a call's finalize pass waits on each region's items (ready flags the separate
+ * pass's one launch sets) rather than on the decode kernel's end, so that it starts on regions
+ * done while the decode kernel's last blocks run (docs/decode-kernel.md, "Score write-back,
+ * separate pass"); depends on the current device, as above. */
+int mkv_cuda_decode_ready_flags(const mkv_cuda_decode_t *a);
+
+/* That choice forced, for measuring and testing it (bench_attention --ready): 0, the
+ * library's (the default); -1, never; 1, wherever one launch runs the separate pass.
+ * Process-wide and not thread-safe, as above. */
+extern int32_t mkv_tc_ready_override;
+
 /* The item size a call with these arguments (pointers unused) plans on the tensor-core path,
  * and the workspace bytes that plan uses; 0 where the call takes the generic kernels. */
 int32_t mkv_cuda_decode_item_tokens(const mkv_cuda_decode_t *a);

@@ -72,6 +72,7 @@ tc_plan plan_tc(int32_t n_seq, int32_t H, int32_t G, int32_t d, int32_t max_toke
     using T = mkv_decode_tuning;
     tc_plan w;
     w.compact = false, w.last_blocks_last = false, w.tail_regions = 0, w.piece_tokens = 0, w.wave_blocks = 0;
+    w.ready = false;
     const int32_t sms = device_attr(cudaDevAttrMultiProcessorCount, T::fallback_sms);
     if (split_tokens > 0) {
         w.item_tokens = (int32_t)mkv_align_up64(split_tokens, MKV_TC_MIN_ITEM);
@@ -109,6 +110,8 @@ tc_plan plan_tc(int32_t n_seq, int32_t H, int32_t G, int32_t d, int32_t max_toke
     off += mkv_align_up64((int64_t)(slots * (size_t)d * sizeof(float)), WS_ALIGN);
     w.off_part_ml = off;
     off += mkv_align_up64((int64_t)(slots * 2 * sizeof(float)), WS_ALIGN);
+    w.off_ready = off; /* the separate pass's ready flags, a part slot's each (tc_args::ready) */
+    if (!fused) off += mkv_align_up64((int64_t)(rs * 2 * (size_t)w.sec_items * sizeof(int32_t)), WS_ALIGN);
     w.total_ids = ((w.sec_items + MKV_TC_WARPS - 1) / MKV_TC_WARPS + 1) * (int64_t)rs;
     w.off_counters = off; /* the fused kernel's only */
     if (fused) off += mkv_align_up64((int64_t)((rs + 4 + (size_t)w.total_ids) * sizeof(int32_t)), WS_ALIGN);
@@ -133,9 +136,9 @@ tc_kernel tc_one_launch(const mkv_cuda_decode_t *a)
     const mkv_page_layout_t *hi = &a->lay_hi, *lo = &a->lay_lo;
     const int32_t head_dim = a->head_dim;
     const tc_kernel fh = tc_for(hi, head_dim), fl = tc_for(lo, head_dim);
-    if (fh.launch == nullptr || fl.launch == nullptr) return tc_kernel{nullptr, nullptr, nullptr};
+    if (fh.launch == nullptr || fl.launch == nullptr) return tc_kernel{nullptr, nullptr, nullptr, nullptr};
     if (fh.launch == fl.launch) return fh;
-    if (a->kernel == MKV_DECODE_KERNEL_TENSOR_PER_SECTION) return tc_kernel{nullptr, nullptr, nullptr};
+    if (a->kernel == MKV_DECODE_KERNEL_TENSOR_PER_SECTION) return tc_kernel{nullptr, nullptr, nullptr, nullptr};
     return mkv_tc_lookup_mix(hi->key.bits, hi->value.bits, hi->key.groups, hi->value.groups, lo->key.bits,
                              lo->value.bits, lo->key.groups, lo->value.groups, head_dim);
 }
@@ -357,6 +360,24 @@ static bool piece_wave(const mkv_cuda_decode_t *a, const tc_kernel &one, const t
 /* The plan of a tensor-core call, and whether it fuses the score write-back (where it may and
  * its block ids fit an int32); blocks: the one-launch kernel's
  * resident blocks per multiprocessor, asked only where it may fuse (0 otherwise). */
+/* Whether a separate call of one launch (one) sets ready flags (tc_args::ready, decision 84;
+ * decode_tuning.h): blocks of at least ready_min_waves waves of the kernel's resident blocks,
+ * items of ready_min_item tokens or more, and waves x ready_wave_tokens at most the item size;
+ * the blocks a region's items of the item basis (mean_tokens where given) fill, both sections'
+ * last items partial. mkv_tc_ready_override: -1 never, 1 always. */
+static bool ready_flags(const mkv_cuda_decode_t *a, const tc_kernel &one, const tc_plan &w)
+{
+    using T = mkv_decode_tuning;
+    if (one.launch == nullptr) return false;
+    if (mkv_tc_ready_override != 0) return mkv_tc_ready_override > 0;
+    const int32_t per_sm = one.sep_blocks_per_sm ? one.sep_blocks_per_sm() : 0;
+    if (per_sm <= 0 || w.item_tokens < T::ready_min_item) return false;
+    const int64_t resident = (int64_t)per_sm * device_attr(cudaDevAttrMultiProcessorCount, T::fallback_sms);
+    const int64_t items = (item_basis(a->max_tokens, a->mean_tokens) + w.item_tokens - 1) / w.item_tokens + 1;
+    const int64_t blocks = (int64_t)a->n_seq * a->n_heads * ((items + MKV_TC_SEP_WARPS - 1) / MKV_TC_SEP_WARPS);
+    return blocks >= T::ready_min_waves * resident && blocks * T::ready_wave_tokens <= resident * w.item_tokens;
+}
+
 tc_plan plan_call(const mkv_cuda_decode_t *a, const tc_kernel &one, bool *fused, int32_t *blocks)
 {
     *blocks = 0;
@@ -376,7 +397,9 @@ tc_plan plan_call(const mkv_cuda_decode_t *a, const tc_kernel &one, bool *fused,
         }
     }
     *fused = false;
-    return plan_for(a, false, *blocks);
+    tc_plan w = plan_for(a, false, *blocks);
+    w.ready = ready_flags(a, one, w);
+    return w;
 }
 
 /* The plan mkv_cuda_decode would make for a call, and whether it fuses; false where the call
@@ -504,6 +527,13 @@ extern "C" int32_t mkv_cuda_decode_wave_blocks(const mkv_cuda_decode_t *a)
     mkv_tc_plan::tc_plan w;
     bool fused;
     return mkv_tc_plan::query_plan(a, &w, &fused) && fused && w.last_blocks_last ? w.wave_blocks : 0;
+}
+
+extern "C" int mkv_cuda_decode_ready_flags(const mkv_cuda_decode_t *a)
+{
+    mkv_tc_plan::tc_plan w;
+    bool fused;
+    return mkv_tc_plan::query_plan(a, &w, &fused) && !fused && w.ready;
 }
 
 extern "C" int mkv_cuda_decode_compact_logits(const mkv_cuda_decode_t *a)

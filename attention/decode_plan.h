@@ -33,7 +33,8 @@ struct tc_plan {
      * plan_call). */
     int32_t piece_tokens;
     int32_t wave_blocks; /* tc_args::wave_blocks */
-    size_t off_logits, off_part_o, off_part_ml, off_counters, off_lse, bytes;
+    bool ready; /* the separate pass's one launch with ready flags (tc_args::ready; plan_call) */
+    size_t off_logits, off_part_o, off_part_ml, off_ready, off_counters, off_lse, bytes;
 };
 
 /* Whether the call's sizes are within what the kernels index (n_seq and heads within a grid

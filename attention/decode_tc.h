@@ -127,6 +127,12 @@ struct tc_args {
     uint32_t *lg_a;
     uint8_t *lg_b;
     float *lg_r;
+    /* The separate pass's one launch (sec_mask 3), where non-null: [n_seq * H][2 * sec_items]
+     * flags, a part slot's 1 once its item's parts and logits are written (release), set to 0
+     * by the item's block before it releases the finalize kernel, which waits on each region's
+     * flags instead of the decode kernel's end (its blocks start on regions done while the
+     * decode kernel's last blocks run). */
+    int32_t *ready;
     /* Timeline stamps (tc_trace.cuh; MKV_TC_TRACE builds only, else ignored): null for none. */
     unsigned long long *trace;
 };
@@ -169,6 +175,7 @@ struct tc_kernel {
     tc_launch_fn launch;
     int (*blocks_per_sm)(void); /* resident blocks per multiprocessor (0 on error) */
     int (*pieces_blocks_per_sm)(void); /* its variant in pieces (tc_args::piece_tokens), or null */
+    int (*sep_blocks_per_sm)(void);    /* the separate pass's kernel (0 on error), or null */
 };
 
 /* The instantiated kernel for a format, head_dim and quantization groups per key and per value

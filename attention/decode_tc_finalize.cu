@@ -253,6 +253,21 @@ static __device__ __forceinline__ void merge_out(const tc_args &a, int64_t part,
     }
 }
 
+/* Until the n part slots' ready flags from f (tc_args::ready) all read 1 (a warp: lane l the
+ * slots l, l + 32, ...; acquire, so that what the items wrote is visible after). */
+static __device__ __forceinline__ void wait_ready(const int32_t *f, int32_t n)
+{
+    const int32_t lane = threadIdx.x & 31;
+    for (int32_t s0 = 0; s0 < n; s0 += 32) {
+        const bool mine = s0 + lane < n;
+        for (uint32_t ns = 32;; ns = ns < 256 ? 2 * ns : ns) {
+            const bool done = !mine || mkv_tc::ld_acquire(f + s0 + lane) != 0;
+            if (__all_sync(0xffffffffu, done)) break;
+            __nanosleep(ns);
+        }
+    }
+}
+
 /* Block index bx (grid x, or z with tc_args::x_last) below nsb: scores of the region's units
  * [bx B, (bx + 1) B) (SC::PER_BLOCK = B: FIN_THREADS threads, U units
  * each, FIN_THREADS apart, coalesced), its tokens high then low (SC: score_rows, a token and its
@@ -262,8 +277,7 @@ static __device__ __forceinline__ void merge_out(const tc_args &a, int64_t part,
  * and sums being read. SC void: fp32 logits of any G, FIN_TOKENS per thread, loaded after.
  * bx = nsb + k, k < mb: out = the merged items, slice k of mb (merge_out). */
 template <class SC>
-static __global__ void __launch_bounds__(FIN_THREADS) finalize_kernel(const tc_args a, int32_t d, int32_t nsb,
-                                                                       int32_t mb)
+static __device__ __forceinline__ void finalize_block(const tc_args &a, int32_t d, int32_t nsb, int32_t mb)
 {
     constexpr bool ANY_G = std::is_void<SC>::value;
     using ROWS = typename std::conditional<ANY_G, score_rows<1, 1>, SC>::type;
@@ -292,8 +306,13 @@ static __global__ void __launch_bounds__(FIN_THREADS) finalize_kernel(const tc_a
     const bool one = first >= uhi || min(first + ROWS::PER_BLOCK, un) <= uhi;
     const int32_t base = one && first < uhi ? 0 : uhi;
     /* Launched with programmatic serialization: what the decode kernel wrote (logits, parts)
-     * is read only once it has ended. */
-    mkv_tc::griddep_wait();
+     * is read only once it has ended, or, with ready flags, once the region's items have. */
+    if (a.ready) {
+        if (tid < 32) wait_ready(a.ready + part, items_hi + items_lo);
+        __syncthreads();
+    } else {
+        mkv_tc::griddep_wait();
+    }
     if (tid == 0) mkv_tc::trace_stamp(a, mkv_tc::TR_FIN_WAITED, bx);
     if (!ANY_G && !merging) {
         secs[0] = mkv_tc::section_of_region(a, rs, region, one ? first >= uhi : 0, hi, n, items_hi);
@@ -336,6 +355,17 @@ static __global__ void __launch_bounds__(FIN_THREADS) finalize_kernel(const tc_a
         }
     }
     if (tid == 0) mkv_tc::trace_stamp(a, mkv_tc::TR_FIN_END, bx);
+}
+
+template <class SC>
+static __global__ void __launch_bounds__(FIN_THREADS) finalize_kernel(const tc_args a, int32_t d, int32_t nsb,
+                                                                       int32_t mb)
+{
+    finalize_block<SC>(a, d, nsb, mb);
+    /* With ready flags no block waits for the decode kernel's end, which the kernels after
+     * this one in the stream count on: the grid's last block does, once done. */
+    if (a.ready && blockIdx.x == gridDim.x - 1 && blockIdx.y == gridDim.y - 1 && blockIdx.z == gridDim.z - 1)
+        mkv_tc::griddep_wait();
 }
 
 cudaError_t mkv_tc_finalize(const tc_args &a, int32_t d, int32_t n_seq, cudaStream_t stream)

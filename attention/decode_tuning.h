@@ -253,6 +253,25 @@ struct mkv_decode_tuning {
      * 1,024; 256 x 32k 4,292 with 4,096, 3,686 with 2,048). */
     static constexpr int32_t two_format_min_items = 8;
 
+    /* ---- Ready flags of the separate pass (decision 84; tc_args::ready) ----
+     * The finalize kernel waits on each region's items instead of the decode kernel's end,
+     * so that its blocks start on regions done while the decode kernel's last blocks run, where
+     * the separate kernel's blocks (of its regions' item basis, mean_tokens where given) are at
+     * least ready_min_waves waves of its resident blocks, its items at least ready_min_item
+     * tokens and its waves times ready_wave_tokens at most the item size: each block then sets
+     * its flags and a fence before it releases the finalize, a cost per block that short items
+     * and many waves feel more than the overlap gains (H100,
+     * the mix 20/50/30, 2 x 20 calls, us: 64 x 4k 151.0 to 143.8, 64 x 16k 491.1 to 467.7,
+     * 16 x 16k 149.1 to 143.8, 64 x 32k 954.3 to 918.6, 256 x 16k 1,866 to 1,847; K8V4 64 x 4k
+     * 225.5 to 215.4, K4V2 170.5 to 164.3; but 256 x 1k 200.9 to 215.8 and 64 x 1k 60.5 to 62.5
+     * with 64-token items, 256 x 4k 522.8 to 526.2 at 26 waves of 256-token items, and 16 x 4k,
+     * a wave, 42.1 to 42.5; forced on, 128 x 4k 272.7 to 268.9 at 13 waves, 256 x 8k 967.2 to
+     * 960.9 at 26 waves of 512 tokens, serve-bench's shape 81 x 6,000 spread 0.7 with the hint
+     * 179.4 to 171.8). */
+    static constexpr int32_t ready_min_waves = 2;
+    static constexpr int32_t ready_min_item = 256;
+    static constexpr int32_t ready_wave_tokens = 16;
+
     /* ---- Stages of the tensor-core kernel (tc_staging.cuh, stage_layout) ----
      * Subtiles per stage: four up to stage4_max_subtile_bytes per subtile, two up to
      * stage2_max_subtile_bytes, else one (fewer waits and warp barriers per token for small

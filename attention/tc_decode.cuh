@@ -295,11 +295,35 @@ __global__ void __launch_bounds__(FUSED ? MKV_TC_WARPS * 32 : MKV_TC_SEP_WARPS *
         const int32_t j = a.x_last ? blockIdx.y : blockIdx.z;
         /* The finalize kernel (launched with programmatic serialization) may start once every
          * block has: its first loads then overlap this kernel's end. */
-        griddep_launch_dependents();
+        constexpr int NT = MKV_TC_SEP_WARPS * 32;
+        const int32_t warp = threadIdx.x >> 5;
+        if (!a.ready) {
+            griddep_launch_dependents();
+        } else if (warp == 0) {
+            /* Ready flags (tc_args::ready): the block's item slots (packed: W x .. W x + W - 1)
+             * read 0 until their items are done, set here before the block lets the finalize
+             * kernel start (a block's first launch_dependents counts), so that the finalize
+             * never reads an earlier call's 1. The other warps write their 1 only after this
+             * warp's arrival at barrier 1 (its own, thread 0's, in program order). */
+            if (threadIdx.x == 0) {
+                int32_t *const f = a.ready + ((int64_t)j * a.H + hh) * 2 * a.sec_items;
+                const int32_t k1 = min((bx + 1) * MKV_TC_SEP_WARPS, 2 * a.sec_items);
+                for (int32_t k = bx * MKV_TC_SEP_WARPS; k < k1; k++) f[k] = 0;
+                __threadfence();
+                griddep_launch_dependents();
+            }
+            __syncwarp();
+            if (MKV_TC_SEP_WARPS > 1) bar_arrive(1, NT);
+        }
         if (threadIdx.x == 0) trace_stamp(a, TR_START, 0);
         prefetch_q<D>(a, (int64_t)j * a.H + hh);
         const block_pos b = locate<MKV_TC_SEP_WARPS, K::ONE>(a, bx, hh, j, a.sec_mask == 3);
         if (b.work) run_section_item<D, HI, LO, false>(a, smem, b.ip);
+        if (a.ready && warp > 0) bar_sync(1, NT); /* every warp but 0, with or without an item */
+        if (a.ready && b.work) { /* the item's parts and logits, then its flag (release, cumulative) */
+            __syncwarp();
+            if ((threadIdx.x & 31) == 0) st_release(a.ready + b.ip.rs * 2 * a.sec_items + b.ip.slot_id, 1);
+        }
         return;
     }
     block_shared &bs = *reinterpret_cast<block_shared *>(smem + MKV_TC_WARPS * K::WARP_BYTES);
@@ -497,6 +521,13 @@ int kernel_setup(void)
     return n;
 }
 
+/* The separate pass's kernel's resident blocks per multiprocessor. */
+template <int D, class HI, class LO>
+int sep_setup(void)
+{
+    return kernel_setup<D, HI, LO, false>();
+}
+
 /* The fused kernel's resident blocks per multiprocessor (its persistent grid's size). */
 template <int D, class HI, class LO>
 int variant_setup(void)
@@ -547,7 +578,7 @@ template <int D, class HI, class LO>
 tc_kernel kernel_of(void)
 {
     return tc_kernel{launch_variant<D, HI, LO>, variant_setup<D, HI, LO>,
-                     has_pieces<HI, LO>() ? pieces_setup<D, HI, LO> : nullptr};
+                     has_pieces<HI, LO>() ? pieces_setup<D, HI, LO> : nullptr, sep_setup<D, HI, LO>};
 }
 
 /* A format's default groups a side at head_dim D (one for 16-bit vectors). */
@@ -570,7 +601,7 @@ tc_kernel get_variant(int32_t kg, int32_t vg)
         using F = default_fmt<KB, VB, D>;
         if (kg == F::KG && vg == F::VG) return kernel_of<D, F, F>();
     }
-    return tc_kernel{nullptr, nullptr, nullptr};
+    return tc_kernel{nullptr, nullptr, nullptr, nullptr};
 }
 
 /* The two-format kernel: one group a side on both sections, or the default groups on both. */
@@ -584,7 +615,7 @@ tc_kernel get_mix_variant(int32_t kgh, int32_t vgh, int32_t kgl, int32_t vgl)
         using FL = default_fmt<KBL, VBL, D>;
         if (kgh == FH::KG && vgh == FH::VG && kgl == FL::KG && vgl == FL::VG) return kernel_of<D, FH, FL>();
     }
-    return tc_kernel{nullptr, nullptr, nullptr};
+    return tc_kernel{nullptr, nullptr, nullptr, nullptr};
 }
 
 } // namespace mkv_tc

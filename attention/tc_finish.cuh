@@ -26,7 +26,7 @@ __device__ __forceinline__ void region_ms(const tc_args &a, int64_t rs, int32_t 
     const int32_t warp = threadIdx.x >> 5, lane = threadIdx.x & 31;
     const int64_t part = rs * 2 * a.sec_items;
     for (int32_t g = warp; g < a.G; g += MKV_TC_WARPS) {
-        const float2 ms = head_ms(a, part, n_parts, g);
+        const float2 ms = head_ms<false>(a, part, n_parts, g);
         if (lane == 0) bs.M[g] = ms.x, bs.S[g] = ms.y, bs.lse[g] = ms.x + log2f(ms.y);
     }
     __syncthreads();

@@ -81,15 +81,26 @@ __device__ __forceinline__ void block_merge(const tc_args &a, const uint8_t *sme
 /* The final max M and sum S (log2 units) of head g over the n_items part slots from part (an
  * item's each in the separate pass, a block's in the fused kernel):
  * one online pass, a slot per lane, then a warp merge. Reads through L2 (in the fused kernel,
- * other blocks wrote them). Every lane runs the same instructions, the loads predicated, even
- * where n_items is not a multiple of 32: with lanes left out of the loop, the warp merge after
- * it took 1,900 cycles instead of 714 (the mix's 1 x 1k, 23 items a region: 0.6 us of the
- * call; docs/decode-kernel.md), as if the divergent path's code were fetched cold. */
+ * other blocks wrote them). UNIFORM (the finalize kernel's): every lane runs the same
+ * instructions, the loads predicated, even where n_items is not a multiple of 32: with lanes
+ * left out of the loop, the warp merge after it took 1,900 cycles instead of 714 (the mix's
+ * 1 x 1k, 23 items a region: 0.6 us of the call; docs/decode-kernel.md), as if the divergent
+ * path's code were fetched cold. Not in the fused kernel, where it made ptxas spill (the
+ * one-group two-format kernel, 40 / 16 bytes) and its parts are a block's. */
+template <bool UNIFORM = true>
 __device__ __forceinline__ float2 head_ms(const tc_args &a, int64_t part, int32_t n_items, int32_t g)
 {
     const int32_t lane = threadIdx.x & 31;
     float M = -INFINITY, S = 0.0f;
-    for (int32_t s0 = 0; s0 < n_items; s0 += 32) {
+    if constexpr (!UNIFORM) {
+        for (int32_t s = lane; s < n_items; s += 32) {
+            const float2 ml = __ldcg(reinterpret_cast<const float2 *>(a.part_ml + ((part + s) * a.G + g) * 2));
+            const float mn = fmaxf(M, ml.x);
+            S = S * exp2f(M - mn) + ml.y * exp2f(ml.x - mn);
+            M = mn;
+        }
+    }
+    for (int32_t s0 = 0; UNIFORM && s0 < n_items; s0 += 32) {
         const int32_t s = s0 + lane;
         float2 ml = make_float2(-INFINITY, 0.0f);
         if (s < n_items) ml = __ldcg(reinterpret_cast<const float2 *>(a.part_ml + ((part + s) * a.G + g) * 2));

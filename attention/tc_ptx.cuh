@@ -243,6 +243,11 @@ __device__ __forceinline__ void st_release(int32_t *p, int32_t v)
     asm volatile("st.release.gpu.global.s32 [%0], %1;" ::"l"(p), "r"(v) : "memory");
 }
 
+/* Named barrier id of n threads (whole warps, warp-uniform): arrive without waiting, or wait
+ * for the others' arrivals; memory ordered as bar.sync orders it among the participants. */
+__device__ __forceinline__ void bar_arrive(int id, int n) { asm volatile("bar.arrive %0, %1;" ::"r"(id), "r"(n) : "memory"); }
+__device__ __forceinline__ void bar_sync(int id, int n) { asm volatile("bar.sync %0, %1;" ::"r"(id), "r"(n) : "memory"); }
+
 __device__ __forceinline__ int32_t ld_acquire(const int32_t *p)
 {
     int32_t v;

@@ -234,6 +234,15 @@ int main(int argc, char **argv)
             }
             i++;
         }
+        else if (!strcmp(argv[i], "--ready") && i + 1 < argc) {
+            const char *x = argv[++i];
+            if (!strcmp(x, "auto") || !strcmp(x, "off") || !strcmp(x, "on")) {
+                mkv_tc_ready_override = x[1] == 'u' ? 0 : x[1] == 'f' ? -1 : 1;
+            } else {
+                fprintf(stderr, "bench_attention: --ready takes auto, off or on\n");
+                return 2;
+            }
+        }
         else if (!strcmp(argv[i], "--group-size") && i + 1 < argc) group = atoi(argv[++i]);
         else if (!strcmp(argv[i], "--flush") && i + 1 < argc && (!strcmp(argv[i + 1], "read") || !strcmp(argv[i + 1], "write")))
             write_flush = !strcmp(argv[++i], "write");
@@ -264,7 +273,7 @@ int main(int argc, char **argv)
                     "                       [--split N] [--logits auto|fp32|compact] [--group-size N]\n"
                     "                       [--flush read|write] [--no-scores] [--spread F] [--hint]\n"
                     "                       [--page-tokens N] [--trace FILE] [--pieces auto|off|N]\n"
-                    "                       [--wave-spares auto|off|N]\n"
+                    "                       [--wave-spares auto|off|N] [--ready auto|off|on]\n"
                     "Decode attention time over batch x length grids (32 query / 8 KV heads, d 128)\n"
                     "for K16V16, K8V8, K8V4, K4V2 and a 20/50/30 high/low/pruned mix, against the\n"
                     "device copy rate. --scores: the score write-back as its own pass (separate),\n"
@@ -292,7 +301,10 @@ int main(int argc, char **argv)
                     "the kernel has pieces (K16V16): auto (the default), off, or N (a multiple of 16).\n"
                     "--wave-spares: such calls of few regions run one wave of blocks a region and\n"
                     "N more a region queued after them, joining regions still running: auto (the\n"
-                    "library's rule, the default), off (no such wave), or N.\n");
+                    "library's rule, the default), off (no such wave), or N.\n"
+                    "--ready: whether separate calls of one launch have the finalize pass wait on\n"
+                    "each region's items instead of the decode kernel's end: auto (the library's\n"
+                    "rule, the default), off or on.\n");
             return strcmp(argv[i], "-h") && strcmp(argv[i], "--help") ? 2 : 0;
         }
     }
@@ -582,6 +594,7 @@ int main(int argc, char **argv)
                                 "\"fraction_of_copy\": %.4f, \"speedup_vs_k16v16\": %.3f, "
                                 "\"fused_scores\": %s, \"compact_logits\": %s, \"tensor\": %s, "
                                 "\"piece_tokens\": %d, \"item_tokens\": %d, \"wave_blocks\": %d, "
+                                "\"ready_flags\": %s, "
                             "\"groups\": [%d, %d, %d, %d]}",
                             first ? "" : ",", v.name, batch, len, n_hi, n_lo, sec * 1e6,
                             *std::min_element(t.begin(), t.end()) * 1e6,
@@ -592,7 +605,7 @@ int main(int argc, char **argv)
                             kernel != MKV_DECODE_KERNEL_GENERIC && mkv_cuda_decode_uses_tensor(&lh, &ll, G, d)
                                 ? "true" : "false",
                             (int)mkv_cuda_decode_piece_tokens(&a), (int)mkv_cuda_decode_item_tokens(&a),
-                            (int)mkv_cuda_decode_wave_blocks(&a),
+                            (int)mkv_cuda_decode_wave_blocks(&a), mkv_cuda_decode_ready_flags(&a) ? "true" : "false",
                             lh.key.groups, lh.value.groups, ll.key.groups, ll.value.groups);
                     first = 0;
                 }

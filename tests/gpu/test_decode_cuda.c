@@ -885,6 +885,106 @@ Test(decode_cuda, two_format_kernel, .timeout = 300)
     for (int i = 0; i < 6; i++) stats_expect(&ckc[i], "two_format_kernel");
 }
 
+/* The separate pass with ready flags forced on (tc_args::ready, decision 84: the finalize
+ * kernel waits on each region's items, whose flags their blocks set to 0 first; batch_gpu
+ * poisons the workspace with 0xFF bytes, which a flag left unset would read as done): one
+ * format with fp32 and compact logits, the two-format kernel, calls without scores, and a call
+ * of several waves of blocks, against the reference. Then the choice itself: forced on and off,
+ * never for fused calls, and AUTO's at shapes of one wave, of short items and of several waves
+ * (decode_tuning.h, ready_min_waves; asserted on GPUs of 132 multiprocessors, H100 and H200). */
+Test(decode_cuda, ready_flags, .timeout = 600)
+{
+    GPU_REQUIRE();
+    stats_t ck[6] = {{.what = "out (fused)"},    {.what = "score (fused)"},
+                     {.what = "out (separate, ready flags)"}, {.what = "score (separate, ready flags)"},
+                     {.what = "out (per section)"}, {.what = "score (per section)"}};
+    stats_t ckn[2] = {{.what = "out (no scores, ready flags)"}, {.what = "pool bytes unchanged (ready flags)"}};
+    stats_t ckw[2] = {{.what = "out (waves, ready flags)"}, {.what = "score (waves, ready flags)"}};
+    uint64_t r = 0x4ead7;
+    mkv_tc_ready_override = 1;
+    for (int di = 0; di < 2; di++) {
+        fused_case(0, 0, di, 0, 0, &r, ck); /* K16V16 */
+        fused_case(5, 5, di, 1, 1, &r, ck); /* K4V2, compact logits */
+        fused_case(2, 5, di, 0, 1, &r, ck); /* K8V4 + K4V2 */
+        fused_case(2, 5, di, 1, 0, &r, ck);
+    }
+    { /* without scores: the finalize only merges */
+        const int32_t H = 2, n_seq = 3;
+        int32_t len[3 * 2 * 2];
+        for (int i = 0; i < n_seq * H; i++) {
+            const int32_t n = test_rand_range(&r, 1, 5000), hi = test_rand_range(&r, 0, n);
+            len[2 * i] = hi, len[2 * i + 1] = n - hi;
+        }
+        spec_t c = {.hi = MKV_FORMAT_K8V4, .lo = MKV_FORMAT_K4V2, .d = 128, .G = 4, .tpp = 23, .n_seq = n_seq,
+                    .H = H, .len = len, .seed = test_rand_next(&r)};
+        batch_t b;
+        batch_build(&b, &c);
+        b.no_scores = 1;
+        b.scores = MKV_DECODE_SCORES_SEPARATE;
+        const int32_t splits[] = {0, 96};
+        batch_check_splits(&b, MKV_DECODE_KERNEL_TENSOR, splits, 2, &ckn[0], &ckn[1], NULL, NULL);
+        batch_free(&b);
+    }
+    { /* a call of several waves of the separate kernel's blocks: finalize blocks start while
+       * its last blocks run */
+        const int32_t H = 8, n_seq = 48;
+        int32_t *len = malloc(sizeof(int32_t) * 2 * n_seq * H);
+        cr_assert_not_null(len);
+        for (int i = 0; i < n_seq * H; i++) {
+            const int32_t n = test_rand_range(&r, 1500, 4096), hi = test_rand_range(&r, n / 8, n / 2);
+            len[2 * i] = hi, len[2 * i + 1] = n - hi;
+        }
+        spec_t c = {.hi = MKV_FORMAT_K8V4, .lo = MKV_FORMAT_K4V2, .d = 128, .G = 4, .tpp = 32, .n_seq = n_seq,
+                    .H = H, .len = len, .seed = test_rand_next(&r)};
+        batch_t b;
+        batch_build(&b, &c);
+        b.scores = MKV_DECODE_SCORES_SEPARATE;
+        const int32_t splits[] = {0, 256};
+        batch_check_splits(&b, MKV_DECODE_KERNEL_AUTO, splits, 2, &ckw[0], &ckw[1], NULL, NULL);
+        batch_free(&b);
+        free(len);
+    }
+    mkv_tc_ready_override = 0;
+    for (int i = 0; i < 6; i++) stats_expect(&ck[i], "ready_flags");
+    for (int i = 0; i < 2; i++) stats_expect(&ckn[i], "ready_flags");
+    for (int i = 0; i < 2; i++) stats_expect(&ckw[i], "ready_flags");
+
+    /* The choice (plan queries only). */
+    char err[ERR_LEN];
+    int64_t page_bytes;
+    mkv_page_layout_t hi, lo;
+    cr_assert_eq(mkv_page_bytes_for(MKV_FORMAT_K8V4, 128, 0, 0, 32, &page_bytes), MKV_STATUS_OK);
+    cr_assert_eq(mkv_page_layout(MKV_FORMAT_K8V4, 128, 0, 0, page_bytes, &hi, err), MKV_STATUS_OK, "%s", err);
+    cr_assert_eq(mkv_page_layout(MKV_FORMAT_K4V2, 128, 0, 0, page_bytes, &lo, err), MKV_STATUS_OK, "%s", err);
+    mkv_cuda_decode_t a = {.page_bytes = page_bytes, .lay_hi = hi, .lay_lo = lo, .n_seq = 64, .n_heads = 8,
+                           .group_size = 4, .head_dim = 128, .max_tokens = 4096,
+                           .scores = MKV_DECODE_SCORES_SEPARATE};
+    mkv_tc_ready_override = 1;
+    cr_assert(mkv_cuda_decode_ready_flags(&a), "forced on: no ready flags");
+    a.scores = MKV_DECODE_SCORES_FUSED;
+    cr_assert(!mkv_cuda_decode_ready_flags(&a), "a fused call with ready flags");
+    a.scores = MKV_DECODE_SCORES_SEPARATE;
+    mkv_tc_ready_override = -1;
+    cr_assert(!mkv_cuda_decode_ready_flags(&a), "forced off: ready flags");
+    mkv_tc_ready_override = 0;
+    int sms = 0;
+    CUDA_CHECK(cudaDeviceGetAttribute(&sms, cudaDevAttrMultiProcessorCount, 0));
+    if (sms != 132) {
+        cr_log_warn("ready_flags: AUTO's choice not asserted on a GPU of %d multiprocessors", sms);
+        return;
+    }
+    static const struct {
+        int32_t n_seq, max_tokens, mean_tokens, want;
+    } cases[] = {{1, 1024, 0, 0},  {1, 16384, 0, 0}, {16, 4096, 0, 0},   {256, 1024, 0, 0}, {64, 1024, 0, 0},
+                 {64, 4096, 0, 1}, {16, 16384, 0, 1}, {64, 16384, 0, 1}, {256, 16384, 0, 1}, {81, 6000, 2730, 1}};
+    for (size_t i = 0; i < sizeof cases / sizeof cases[0]; i++) {
+        a.n_seq = cases[i].n_seq, a.max_tokens = cases[i].max_tokens, a.mean_tokens = cases[i].mean_tokens;
+        cr_assert_eq(mkv_cuda_decode_ready_flags(&a), cases[i].want,
+                     "the mix %d x %d (mean %d), separate: ready flags %d (item %d)", a.n_seq, a.max_tokens,
+                     a.mean_tokens, !cases[i].want, mkv_cuda_decode_item_tokens(&a));
+    }
+}
+
 /* q of a wide dynamic range (20 binades) against keys far from zero (zeros' and codes' terms
  * nearly cancel): the formats whose keys take the fp16 mma as subnormals (4-bit: one format,
  * default groups and one group, and the two-format kernel, whose fused pass keeps the integer
