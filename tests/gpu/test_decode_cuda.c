@@ -885,6 +885,17 @@ Test(decode_cuda, two_format_kernel, .timeout = 300)
     for (int i = 0; i < 6; i++) stats_expect(&ckc[i], "two_format_kernel");
 }
 
+/* The mix's layouts at d 128 with the default groups (K8V4 high, K4V2 low) in pages sized for
+ * tpp tokens of page_fmt. */
+static void mix_layouts(mkv_format_t page_fmt, int32_t tpp, int64_t *page_bytes, mkv_page_layout_t *hi,
+                        mkv_page_layout_t *lo)
+{
+    char err[ERR_LEN];
+    cr_assert_eq(mkv_page_bytes_for(page_fmt, 128, 0, 0, tpp, page_bytes), MKV_STATUS_OK);
+    cr_assert_eq(mkv_page_layout(MKV_FORMAT_K8V4, 128, 0, 0, *page_bytes, hi, err), MKV_STATUS_OK, "%s", err);
+    cr_assert_eq(mkv_page_layout(MKV_FORMAT_K4V2, 128, 0, 0, *page_bytes, lo, err), MKV_STATUS_OK, "%s", err);
+}
+
 /* The separate pass with ready flags forced on (tc_args::ready, decision 84: the finalize
  * kernel waits on each region's items, whose flags their blocks set to 0 first; batch_gpu
  * poisons the workspace with 0xFF bytes, which a flag left unset would read as done): one
@@ -950,12 +961,9 @@ Test(decode_cuda, ready_flags, .timeout = 600)
     for (int i = 0; i < 2; i++) stats_expect(&ckw[i], "ready_flags");
 
     /* The choice (plan queries only). */
-    char err[ERR_LEN];
     int64_t page_bytes;
     mkv_page_layout_t hi, lo;
-    cr_assert_eq(mkv_page_bytes_for(MKV_FORMAT_K8V4, 128, 0, 0, 32, &page_bytes), MKV_STATUS_OK);
-    cr_assert_eq(mkv_page_layout(MKV_FORMAT_K8V4, 128, 0, 0, page_bytes, &hi, err), MKV_STATUS_OK, "%s", err);
-    cr_assert_eq(mkv_page_layout(MKV_FORMAT_K4V2, 128, 0, 0, page_bytes, &lo, err), MKV_STATUS_OK, "%s", err);
+    mix_layouts(MKV_FORMAT_K8V4, 32, &page_bytes, &hi, &lo);
     mkv_cuda_decode_t a = {.page_bytes = page_bytes, .lay_hi = hi, .lay_lo = lo, .n_seq = 64, .n_heads = 8,
                            .group_size = 4, .head_dim = 128, .max_tokens = 4096,
                            .scores = MKV_DECODE_SCORES_SEPARATE};
@@ -1340,12 +1348,9 @@ Test(decode_cuda, mean_tokens_plans)
  * (which keeps compact logits for fused calls). Host arithmetic only: runs without a device. */
 Test(decode_cuda, separate_logits_plan)
 {
-    char err[ERR_LEN];
     int64_t page_bytes;
     mkv_page_layout_t hi, lo;
-    cr_assert_eq(mkv_page_bytes_for(MKV_FORMAT_K16V16, 128, 0, 0, 16, &page_bytes), MKV_STATUS_OK);
-    cr_assert_eq(mkv_page_layout(MKV_FORMAT_K8V4, 128, 0, 0, page_bytes, &hi, err), MKV_STATUS_OK, "%s", err);
-    cr_assert_eq(mkv_page_layout(MKV_FORMAT_K4V2, 128, 0, 0, page_bytes, &lo, err), MKV_STATUS_OK, "%s", err);
+    mix_layouts(MKV_FORMAT_K16V16, 16, &page_bytes, &hi, &lo);
     cr_assert(hi.tokens % 16 != 0 && lo.tokens % 16 != 0, "pages of %d and %d tokens", hi.tokens, lo.tokens);
     static const int32_t Gs[] = {1, 2, 3, 4, 8};
     for (int gi = 0; gi < 5; gi++)
