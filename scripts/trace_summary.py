@@ -97,6 +97,30 @@ def tail(recs, t0):
           f"left, {left / rate:.2f} us at the steady {rate:.1f} items/us")
 
 
+def finalize_blocks(recs, t0):
+    """The separate pass's finalize blocks by their index along the region (FIN_* stamps carry
+    it: score blocks first, the merge blocks last): per index, how many, and the median and
+    latest of their wait's return, their heads' maxima and sums, and their end (us)."""
+    by = {}
+    for r in recs:
+        if r[2] in (8, 9, 10, 11):
+            by.setdefault(r[5], {})[r[2]] = (1e-3 * (r[0] - t0), r[6])
+    idx = {}
+    for v in by.values():
+        if 8 in v:
+            idx.setdefault(v[8][1], []).append(v)
+    if not idx:
+        return
+    print("   finalize blocks by index along the region (median / latest, us):")
+    for bx in sorted(idx):
+        bl = idx[bx]
+
+        def col(tag):
+            xs = [v[tag][0] for v in bl if tag in v]
+            return f"{statistics.median(xs):7.2f} / {max(xs):7.2f}" if xs else "      -"
+        print(f"     {bx:>3}: {len(bl):>5} blocks  waited {col(10)}  maxima {col(11)}  end {col(9)}")
+
+
 def summarise(name, hdr, recs, bucket):
     if not recs:
         print(f"{name}: no records")
@@ -123,6 +147,7 @@ def summarise(name, hdr, recs, bucket):
         print(f"   last arrivals: {len(lasts)}, {min(lasts):.2f} .. {max(lasts):.2f} us")
     transitions(recs, t0)
     tail(recs, t0)
+    finalize_blocks(recs, t0)
     # A warp streams from its first landed subtile to its item's end.
     seq = {}
     for r in sorted(recs, key=lambda r: r[0]):
