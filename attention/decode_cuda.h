@@ -155,7 +155,9 @@ int mkv_cuda_decode_ready_flags(const mkv_cuda_decode_t *a);
 
 /* That choice forced, for measuring and testing it (bench_attention --ready): 0, the
  * library's (the default); -1, never; 1, wherever one launch runs the separate pass.
- * Process-wide and not thread-safe, as above. */
+ * Process-wide and not thread-safe, as above. Where it is 0, MIXKV_DECODE_READY=off or on in
+ * the environment (read once) forces it the same way, for programs without the knob
+ * (serve-bench). */
 extern int32_t mkv_tc_ready_override;
 
 /* The item size a call with these arguments (pointers unused) plans on the tensor-core path,

@@ -10,6 +10,8 @@
 
 #include <algorithm>
 #include <atomic>
+#include <cstdlib>
+#include <cstring>
 
 #ifndef MKV_MAX_DEVICES
 #define MKV_MAX_DEVICES 64 /* devices whose attributes are cached */
@@ -365,11 +367,23 @@ static bool piece_wave(const mkv_cuda_decode_t *a, const tc_kernel &one, const t
  * items of ready_min_item tokens or more, and waves x ready_wave_tokens at most the item size;
  * the blocks a region's items of the item basis (mean_tokens where given) fill, both sections'
  * last items partial. mkv_tc_ready_override: -1 never, 1 always. */
+/* MIXKV_DECODE_READY=off|on in the environment: the override for a process that cannot set it
+ * (serve-bench's A/B of the flags in one binary); read once, anything else is AUTO. */
+static int32_t ready_env()
+{
+    static const int32_t v = [] {
+        const char *e = getenv("MIXKV_DECODE_READY");
+        return e == nullptr ? 0 : !strcmp(e, "off") ? -1 : !strcmp(e, "on") ? 1 : 0;
+    }();
+    return v;
+}
+
 static bool ready_flags(const mkv_cuda_decode_t *a, const tc_kernel &one, const tc_plan &w)
 {
     using T = mkv_decode_tuning;
     if (one.launch == nullptr) return false;
-    if (mkv_tc_ready_override != 0) return mkv_tc_ready_override > 0;
+    const int32_t o = mkv_tc_ready_override != 0 ? mkv_tc_ready_override : ready_env();
+    if (o != 0) return o > 0;
     const int32_t per_sm = one.sep_blocks_per_sm ? one.sep_blocks_per_sm() : 0;
     if (per_sm <= 0 || w.item_tokens < T::ready_min_item) return false;
     const int64_t resident = (int64_t)per_sm * device_attr(cudaDevAttrMultiProcessorCount, T::fallback_sms);
