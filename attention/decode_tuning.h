@@ -252,6 +252,14 @@ struct mkv_decode_tuning {
      * (H200, mix 20/50/30: 256 x 16k 3,070 us with the default 4,096-token items, 1,910 with
      * 1,024; 256 x 32k 4,292 with 4,096, 3,686 with 2,048). */
     static constexpr int32_t two_format_min_items = 8;
+    /* Two-format separate calls whose grid fills less than a wave of the kernel's resident
+     * blocks: items cut to the shortest multiple of MKV_TC_MIN_ITEM, not below this, whose
+     * grid still fits one wave (decode_plan.cu, wave_fill_item). H100, the mix 20/50/30 with
+     * scores, 2 x 30 calls, us, AUTO's power of two against the item the rule takes: 4 x 6k
+     * 24.6 against 23.1 (96), 2 x 12k 27.2 against 24.7 (96), 2 x 16k 31.6 against 29.0 (128),
+     * 4 x 12k 37.8 against 36.8 (192); below 96 tokens the extra blocks cost more than the
+     * shorter items gain (2 x 6k 18.9 with 128, 19.7 with 64). */
+    static constexpr int32_t wave_fill_min_item = 96;
 
     /* ---- Ready flags of the separate pass (decision 84; tc_args::ready) ----
      * The finalize kernel waits on each region's items instead of the decode kernel's end,

@@ -993,6 +993,67 @@ Test(decode_cuda, ready_flags, .timeout = 600)
     }
 }
 
+
+/* Two-format separate calls under a wave of the separate kernel's resident blocks take shorter
+ * items that still fit one wave (wave_fill_item, decode_tuning.h's wave_fill_min_item): at such
+ * a shape, with scores, AUTO's items (not a power of two) against the reference; a forced split
+ * and the calls of several waves keep theirs. The choice is asserted on GPUs of 132
+ * multiprocessors (H100, H200), where the sweep behind the rule ran. */
+Test(decode_cuda, wave_fill_items, .timeout = 300)
+{
+    GPU_REQUIRE();
+    int64_t page_bytes;
+    mkv_page_layout_t hi, lo;
+    mix_layouts(MKV_FORMAT_K8V4, 32, &page_bytes, &hi, &lo);
+    mkv_cuda_decode_t a = {.page_bytes = page_bytes, .lay_hi = hi, .lay_lo = lo, .n_seq = 2, .n_heads = 8,
+                           .group_size = 4, .head_dim = 128, .max_tokens = 8601,
+                           .scores = MKV_DECODE_SCORES_SEPARATE};
+    const int32_t item = mkv_cuda_decode_item_tokens(&a);
+    cr_assert(item >= 96 && item % 32 == 0, "2 x 8,601: items of %d tokens", item);
+    a.split_tokens = 256;
+    cr_assert_eq(mkv_cuda_decode_item_tokens(&a), 256, "a forced split not kept");
+    a.split_tokens = 0;
+    int sms = 0;
+    CUDA_CHECK(cudaDeviceGetAttribute(&sms, cudaDevAttrMultiProcessorCount, 0));
+    if (sms == 132) {
+        static const struct {
+            int32_t n_seq, max_tokens, want;
+        } cases[] = {{2, 8601, 96},  {2, 11468, 128}, {4, 4300, 96},   {4, 8601, 192},
+                     {4, 5734, 128}, {1, 11468, 96},  {16, 2867, 256}, {16, 11468, 256}};
+        for (size_t i = 0; i < sizeof cases / sizeof cases[0]; i++) {
+            a.n_seq = cases[i].n_seq, a.max_tokens = cases[i].max_tokens;
+            cr_assert_eq(mkv_cuda_decode_item_tokens(&a), cases[i].want, "%d x %d: items of %d tokens, want %d",
+                         a.n_seq, a.max_tokens, mkv_cuda_decode_item_tokens(&a), cases[i].want);
+        }
+    } else {
+        cr_log_warn("wave_fill_items: AUTO's items not asserted on a GPU of %d multiprocessors", sms);
+    }
+
+    /* AUTO at a shape the rule shortens (2 x 8,601 tokens on an H100: 96), against the reference */
+    stats_t ck[2] = {{.what = "out (wave-filling items)"}, {.what = "score (wave-filling items)"}};
+    uint64_t r = 0x3af111;
+    const int32_t H = 8, n_seq = 2;
+    int32_t len[2 * 2 * 8];
+    for (int i = 0; i < n_seq * H; i++) {
+        const int32_t n = test_rand_range(&r, 7000, 8601), h = test_rand_range(&r, n / 8, n / 2);
+        len[2 * i] = h, len[2 * i + 1] = n - h;
+    }
+    len[0] = 1720, len[1] = 8601 - 1720; /* the longest region at max_tokens */
+    spec_t c = {.hi = MKV_FORMAT_K8V4, .lo = MKV_FORMAT_K4V2, .d = 128, .G = 4, .tpp = 32, .n_seq = n_seq,
+                .H = H, .len = len, .seed = test_rand_next(&r)};
+    batch_t b;
+    batch_build(&b, &c);
+    b.scores = MKV_DECODE_SCORES_SEPARATE;
+    a.n_seq = n_seq, a.max_tokens = b.max_tokens;
+    if (sms == 132)
+        cr_assert_eq(mkv_cuda_decode_item_tokens(&a), 96, "2 x %d: items of %d tokens", b.max_tokens,
+                     mkv_cuda_decode_item_tokens(&a));
+    const int32_t splits[] = {0};
+    batch_check_splits(&b, MKV_DECODE_KERNEL_AUTO, splits, 1, &ck[0], &ck[1], NULL, NULL);
+    batch_free(&b);
+    for (int i = 0; i < 2; i++) stats_expect(&ck[i], "wave_fill_items");
+}
+
 /* q of a wide dynamic range (20 binades) against keys far from zero (zeros' and codes' terms
  * nearly cancel): the formats whose keys take the fp16 mma as subnormals (4-bit: one format,
  * default groups and one group, and the two-format kernel, whose fused pass keeps the integer
