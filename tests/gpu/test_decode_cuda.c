@@ -896,6 +896,18 @@ static void mix_layouts(mkv_format_t page_fmt, int32_t tpp, int64_t *page_bytes,
     cr_assert_eq(mkv_page_layout(MKV_FORMAT_K4V2, 128, 0, 0, *page_bytes, lo, err), MKV_STATUS_OK, "%s", err);
 }
 
+/* A plan query (pointers unset) for the mix in those layouts (pages of 32 K8V4 tokens), G 4,
+ * d 128, 8 KV heads, the separate score pass. */
+static mkv_cuda_decode_t mix_query(int32_t n_seq, int32_t max_tokens)
+{
+    int64_t page_bytes;
+    mkv_page_layout_t hi, lo;
+    mix_layouts(MKV_FORMAT_K8V4, 32, &page_bytes, &hi, &lo);
+    return (mkv_cuda_decode_t){.page_bytes = page_bytes, .lay_hi = hi, .lay_lo = lo, .n_seq = n_seq, .n_heads = 8,
+                               .group_size = 4, .head_dim = 128, .max_tokens = max_tokens,
+                               .scores = MKV_DECODE_SCORES_SEPARATE};
+}
+
 /* The separate pass with ready flags forced on (tc_args::ready, decision 84: the finalize
  * kernel waits on each region's items, whose flags their blocks set to 0 first; batch_gpu
  * poisons the workspace with 0xFF bytes, which a flag left unset would read as done): one
@@ -961,12 +973,7 @@ Test(decode_cuda, ready_flags, .timeout = 600)
     for (int i = 0; i < 2; i++) stats_expect(&ckw[i], "ready_flags");
 
     /* The choice (plan queries only). */
-    int64_t page_bytes;
-    mkv_page_layout_t hi, lo;
-    mix_layouts(MKV_FORMAT_K8V4, 32, &page_bytes, &hi, &lo);
-    mkv_cuda_decode_t a = {.page_bytes = page_bytes, .lay_hi = hi, .lay_lo = lo, .n_seq = 64, .n_heads = 8,
-                           .group_size = 4, .head_dim = 128, .max_tokens = 4096,
-                           .scores = MKV_DECODE_SCORES_SEPARATE};
+    mkv_cuda_decode_t a = mix_query(64, 4096);
     mkv_tc_ready_override = 1;
     cr_assert(mkv_cuda_decode_ready_flags(&a), "forced on: no ready flags");
     a.scores = MKV_DECODE_SCORES_FUSED;
@@ -1002,12 +1009,7 @@ Test(decode_cuda, ready_flags, .timeout = 600)
 Test(decode_cuda, wave_fill_items, .timeout = 300)
 {
     GPU_REQUIRE();
-    int64_t page_bytes;
-    mkv_page_layout_t hi, lo;
-    mix_layouts(MKV_FORMAT_K8V4, 32, &page_bytes, &hi, &lo);
-    mkv_cuda_decode_t a = {.page_bytes = page_bytes, .lay_hi = hi, .lay_lo = lo, .n_seq = 2, .n_heads = 8,
-                           .group_size = 4, .head_dim = 128, .max_tokens = 8601,
-                           .scores = MKV_DECODE_SCORES_SEPARATE};
+    mkv_cuda_decode_t a = mix_query(2, 8601);
     const int32_t item = mkv_cuda_decode_item_tokens(&a);
     cr_assert(item >= 96 && item % 32 == 0, "2 x 8,601: items of %d tokens", item);
     a.split_tokens = 256;
