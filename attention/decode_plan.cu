@@ -396,7 +396,9 @@ static bool ready_flags(const mkv_cuda_decode_t *a, const tc_kernel &one, const 
  * of resident blocks (resident: the separate kernel's, 0 if unknown): the shortest multiple of
  * MKV_TC_MIN_ITEM, at least wave_fill_min_item and below the plan's, whose grid (a region's
  * items of the item basis, both sections' last partial, MKV_TC_SEP_WARPS a block) still fits
- * one wave; the plan's item where none does. */
+ * one wave; the plan's item where none does. plan_call takes it where its plan fits the
+ * workspace mkv_cuda_decode_workspace_size gives the call (at every shape measured), so that
+ * the workspace keeps its size. */
 static int32_t wave_fill_item(int64_t n_rs, int32_t basis, int32_t item, int64_t resident)
 {
     const auto blocks = [&](int64_t i) {
@@ -433,12 +435,14 @@ tc_plan plan_call(const mkv_cuda_decode_t *a, const tc_kernel &one, bool *fused,
                                  device_attr(cudaDevAttrMultiProcessorCount, mkv_decode_tuning::fallback_sms);
         const int32_t item = wave_fill_item((int64_t)a->n_seq * a->n_heads, item_basis(a->max_tokens, a->mean_tokens),
                                             w.item_tokens, resident);
-        if (item != w.item_tokens) {
+        if (item != w.item_tokens) { /* where the workspace the call was given for it holds the plan */
             mkv_cuda_decode_t b = *a;
             b.split_tokens = item;
-            const bool compact = w.compact;
-            w = plan_for(&b, false, *blocks);
-            w.compact = compact;
+            tc_plan x = plan_for(&b, false, *blocks);
+            if (x.bytes <= workspace_bytes(a->n_seq, a->n_heads, a->group_size, a->head_dim, a->max_tokens, 0)) {
+                x.compact = w.compact;
+                w = x;
+            }
         }
     }
     w.ready = ready_flags(a, one, w);
@@ -485,20 +489,12 @@ size_t workspace_bytes(int32_t n_seq, int32_t n_heads, int32_t group_size, int32
             for (int32_t x = 2 * item; x <= std::max(T::one_wave_max_item, T::single_block_wave_max_item); x *= 2)
                 take(plan_tc(n_seq, n_heads, group_size, head_dim, max_tokens, x, true, 0, MKV_TC_MAX_ITEM, mean));
         }
-        /* Two-format calls: shorter items, more partial results; separate ones at any item
-         * wave_fill_item may take below the plan's. */
+        /* Two-format calls: shorter items, more partial results. */
         const int32_t two = two_format_max_item(basis);
         for (int32_t cap = 0; cap <= T::l2_cap_max_blocks; cap++)
             for (int fused = 0; fused < 2; fused++)
                 take(plan_tc(n_seq, n_heads, group_size, head_dim, max_tokens, split_tokens, fused, fused ? cap : 0,
                              two, mean));
-        if (split_tokens == 0) { /* (the bytes fall as the item grows: parts outweigh logits) */
-            const int32_t item =
-                plan_tc(n_seq, n_heads, group_size, head_dim, max_tokens, 0, false, 0, two, mean).item_tokens;
-            for (int32_t x = T::wave_fill_min_item; x < std::min(item, T::wave_fill_min_item + 8 * MKV_TC_MIN_ITEM);
-                 x += MKV_TC_MIN_ITEM)
-                take(plan_tc(n_seq, n_heads, group_size, head_dim, max_tokens, x, false, 0, two, mean));
-        }
         if (basis <= floor || split_tokens > 0) break;
     }
     return most;
