@@ -435,11 +435,16 @@ tc_plan plan_call(const mkv_cuda_decode_t *a, const tc_kernel &one, bool *fused,
                                  device_attr(cudaDevAttrMultiProcessorCount, mkv_decode_tuning::fallback_sms);
         const int32_t item = wave_fill_item((int64_t)a->n_seq * a->n_heads, item_basis(a->max_tokens, a->mean_tokens),
                                             w.item_tokens, resident);
-        if (item != w.item_tokens) { /* where the workspace the call was given for it holds the plan */
+        if (item != w.item_tokens) {
+            /* Where the workspace the call was given holds the plan: no more than the two-format
+             * separate plan at the smallest item basis, one of those workspace_bytes takes. */
+            const int32_t floor = item_basis(a->max_tokens, 1);
+            const size_t covered = plan_tc(a->n_seq, a->n_heads, a->group_size, a->head_dim, a->max_tokens, 0, false,
+                                           0, two_format_max_item(floor), floor).bytes;
             mkv_cuda_decode_t b = *a;
             b.split_tokens = item;
             tc_plan x = plan_for(&b, false, *blocks);
-            if (x.bytes <= workspace_bytes(a->n_seq, a->n_heads, a->group_size, a->head_dim, a->max_tokens, 0)) {
+            if (x.bytes <= covered) {
                 x.compact = w.compact;
                 w = x;
             }
