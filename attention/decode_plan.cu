@@ -410,6 +410,27 @@ static int32_t wave_fill_item(int64_t n_rs, int32_t basis, int32_t item, int64_t
     return item;
 }
 
+/* A separate call of one sequence whose plan (item `item`) has more blocks than
+ * mkv_decode_tuning::one_seq_spill_num / one_seq_spill_den of the GPU's multiprocessors: the
+ * shortest longer multiple of MKV_TC_MIN_ITEM, at most max_item, whose grid (a region's items of
+ * the item basis, a section's last partial where the sections' formats differ,
+ * MKV_TC_SEP_WARPS a block) is one block a multiprocessor; `item` where the grid is smaller or
+ * no such item is. At batch 1 a block is a chain of dependent loads and mma steps at one warp
+ * a scheduler: the multiprocessors holding two blocks end last, and longer items (fewer merge
+ * rounds, decode_tc_finalize.cu) cost less than that where many of them do. */
+static int32_t one_seq_item(int32_t H, int32_t basis, int32_t item, int32_t max_item, bool two_sections,
+                            int32_t sms)
+{
+    using T = mkv_decode_tuning;
+    const auto blocks = [&](int64_t i) {
+        return (int64_t)H * (((basis + i - 1) / i + (two_sections ? 1 : 0) + MKV_TC_SEP_WARPS - 1) / MKV_TC_SEP_WARPS);
+    };
+    if (blocks(item) * T::one_seq_spill_den <= (int64_t)sms * T::one_seq_spill_num) return item;
+    for (int64_t i = mkv_align_up64(item + 1, MKV_TC_MIN_ITEM); i <= max_item; i += MKV_TC_MIN_ITEM)
+        if (blocks(i) <= sms) return (int32_t)i;
+    return item;
+}
+
 tc_plan plan_call(const mkv_cuda_decode_t *a, const tc_kernel &one, bool *fused, int32_t *blocks)
 {
     *blocks = 0;
@@ -430,7 +451,8 @@ tc_plan plan_call(const mkv_cuda_decode_t *a, const tc_kernel &one, bool *fused,
     }
     *fused = false;
     tc_plan w = plan_for(a, false, *blocks);
-    if (a->split_tokens == 0 && !same_format(a->lay_hi, a->lay_lo) && one.launch && one.sep_blocks_per_sm) {
+    const bool two = !same_format(a->lay_hi, a->lay_lo);
+    if (a->split_tokens == 0 && two && one.launch && one.sep_blocks_per_sm) {
         const int64_t resident = (int64_t)one.sep_blocks_per_sm() *
                                  device_attr(cudaDevAttrMultiProcessorCount, mkv_decode_tuning::fallback_sms);
         const int32_t item = wave_fill_item((int64_t)a->n_seq * a->n_heads, item_basis(a->max_tokens, a->mean_tokens),
@@ -445,6 +467,26 @@ tc_plan plan_call(const mkv_cuda_decode_t *a, const tc_kernel &one, bool *fused,
             b.split_tokens = item;
             tc_plan x = plan_for(&b, false, *blocks);
             if (x.bytes <= covered) {
+                x.compact = w.compact;
+                w = x;
+            }
+        }
+    }
+    if (a->split_tokens == 0 && a->n_seq == 1) {
+        const int32_t basis = item_basis(a->max_tokens, a->mean_tokens);
+        const int32_t max_item = two                        ? two_format_max_item(basis)
+                                 : a->lay_hi.key.bits < 16 ? +mkv_decode_tuning::one_seq_max_quant_item
+                                                           : MKV_TC_MAX_ITEM;
+        const int32_t item =
+            one_seq_item(a->n_heads, basis, w.item_tokens, max_item, two,
+                         device_attr(cudaDevAttrMultiProcessorCount, mkv_decode_tuning::fallback_sms));
+        if (item != w.item_tokens) {
+            /* (longer items: fewer part slots for about the same logit rows; taken where the
+             * plan is no larger than the one it replaces, which the workspace holds) */
+            mkv_cuda_decode_t b = *a;
+            b.split_tokens = item;
+            tc_plan x = plan_for(&b, false, *blocks);
+            if (x.bytes <= w.bytes) {
                 x.compact = w.compact;
                 w = x;
             }

@@ -260,6 +260,20 @@ struct mkv_decode_tuning {
      * 4 x 12k 37.8 against 36.8 (192); below 96 tokens the extra blocks cost more than the
      * shorter items gain (2 x 6k 18.9 with 128, 19.7 with 64). */
     static constexpr int32_t wave_fill_min_item = 96;
+    /* Separate calls of one sequence whose grid has more than one_seq_spill_num /
+     * one_seq_spill_den blocks a multiprocessor: items lengthened to the shortest whose grid is
+     * a block a multiprocessor (decode_plan.cu, one_seq_item), for one format with keys under
+     * 16 bits at most one_seq_max_quant_item tokens. H100, 3 x 30 calls, us, AUTO's item
+     * against the rule's: the mix 20/50/30 1 x 7k 17.50 against 16.62 (64 to 96), 1 x 8k
+     * 18.11 against 16.59 (64 to 96), 1 x 10k 19.30 against 18.30 (64 to 128), 1 x 14k 21.46
+     * against 20.26 (96 to 160); K16V16 with scores 1 x 6k 17.54 against 15.97 (64 to 96),
+     * 1 x 12k 31.46 against 29.34 (128 to 192), without 1 x 5k 16.82 against 15.20; K4V2 1 x 6k
+     * 16.45 against 15.68. Where a few multiprocessors hold a second block the longer items
+     * lose (the mix 1 x 6k, 144 blocks on 132: 16.35 with 64 against 16.75 with 96), as do
+     * quantized formats alone at 224 tokens (K4V2 1 x 14k 20.86 with 128, 21.73 with 224;
+     * K8V4 21.74 against 22.18). */
+    static constexpr int32_t one_seq_spill_num = 9, one_seq_spill_den = 8;
+    static constexpr int32_t one_seq_max_quant_item = 192;
 
     /* ---- Ready flags of the separate pass (decision 84; tc_args::ready) ----
      * The finalize kernel waits on each region's items instead of the decode kernel's end,
