@@ -431,6 +431,19 @@ static int32_t one_seq_item(int32_t H, int32_t basis, int32_t item, int32_t max_
     return item;
 }
 
+/* One format of quantized keys in a separate call of few regions (mkv_decode_tuning::
+ * few_region_blocks): the shortest multiple of MKV_TC_MIN_ITEM that cuts the item basis into
+ * at most few_region_blocks blocks of MKV_TC_SEP_WARPS items (one merge round), so that the
+ * grid holds about few_region_waves blocks a multiprocessor; `item` where that is shorter than
+ * few_region_min_item tokens. */
+static int32_t few_region_item(int32_t basis, int32_t item)
+{
+    using T = mkv_decode_tuning;
+    const int64_t items = (int64_t)T::few_region_blocks * MKV_TC_SEP_WARPS;
+    const int64_t i = mkv_align_up64((basis + items - 1) / items, MKV_TC_MIN_ITEM);
+    return i < T::few_region_min_item ? item : (int32_t)std::min<int64_t>(i, MKV_TC_MAX_ITEM);
+}
+
 tc_plan plan_call(const mkv_cuda_decode_t *a, const tc_kernel &one, bool *fused, int32_t *blocks)
 {
     *blocks = 0;
@@ -451,46 +464,41 @@ tc_plan plan_call(const mkv_cuda_decode_t *a, const tc_kernel &one, bool *fused,
     }
     *fused = false;
     tc_plan w = plan_for(a, false, *blocks);
+    using T = mkv_decode_tuning;
     const bool two = !same_format(a->lay_hi, a->lay_lo);
-    if (a->split_tokens == 0 && two && one.launch && one.sep_blocks_per_sm) {
-        const int64_t resident = (int64_t)one.sep_blocks_per_sm() *
-                                 device_attr(cudaDevAttrMultiProcessorCount, mkv_decode_tuning::fallback_sms);
-        const int32_t item = wave_fill_item((int64_t)a->n_seq * a->n_heads, item_basis(a->max_tokens, a->mean_tokens),
-                                            w.item_tokens, resident);
-        if (item != w.item_tokens) {
-            /* Where the workspace the call was given holds the plan: no more than the two-format
-             * separate plan at the smallest item basis, one of those workspace_bytes takes. */
-            const int32_t floor = item_basis(a->max_tokens, 1);
-            const size_t covered = plan_tc(a->n_seq, a->n_heads, a->group_size, a->head_dim, a->max_tokens, 0, false,
-                                           0, two_format_max_item(floor), floor).bytes;
-            mkv_cuda_decode_t b = *a;
-            b.split_tokens = item;
-            tc_plan x = plan_for(&b, false, *blocks);
-            if (x.bytes <= covered) {
-                x.compact = w.compact;
-                w = x;
-            }
+    const int32_t basis = item_basis(a->max_tokens, a->mean_tokens);
+    const int32_t sms = device_attr(cudaDevAttrMultiProcessorCount, T::fallback_sms);
+    const int64_t n_rs = (int64_t)a->n_seq * a->n_heads;
+    /* The plan of items `item` in place of w's, where it needs at most `limit` bytes. */
+    const auto adopt = [&](int32_t item, size_t limit) {
+        if (item == w.item_tokens) return;
+        mkv_cuda_decode_t b = *a;
+        b.split_tokens = item;
+        tc_plan x = plan_for(&b, false, *blocks);
+        if (x.bytes <= limit) {
+            x.compact = w.compact;
+            w = x;
         }
-    }
+    };
+    /* What the workspace the call was given holds beyond w: the two-format separate plan at the
+     * smallest item basis, one of those workspace_bytes takes for every call. */
+    const auto covered = [&]() {
+        const int32_t floor = item_basis(a->max_tokens, 1);
+        return std::max(w.bytes, plan_tc(a->n_seq, a->n_heads, a->group_size, a->head_dim, a->max_tokens, 0, false, 0,
+                                         two_format_max_item(floor), floor)
+                                     .bytes);
+    };
+    if (a->split_tokens == 0 && two && one.launch && one.sep_blocks_per_sm)
+        adopt(wave_fill_item(n_rs, basis, w.item_tokens, (int64_t)one.sep_blocks_per_sm() * sms), covered());
     if (a->split_tokens == 0 && a->n_seq == 1) {
-        const int32_t basis = item_basis(a->max_tokens, a->mean_tokens);
+        /* (longer items: fewer part slots for about the same logit rows; no larger a plan) */
         const int32_t max_item = two                        ? two_format_max_item(basis)
-                                 : a->lay_hi.key.bits < 16 ? +mkv_decode_tuning::one_seq_max_quant_item
+                                 : a->lay_hi.key.bits < 16 ? +T::one_seq_max_quant_item
                                                            : MKV_TC_MAX_ITEM;
-        const int32_t item =
-            one_seq_item(a->n_heads, basis, w.item_tokens, max_item, two,
-                         device_attr(cudaDevAttrMultiProcessorCount, mkv_decode_tuning::fallback_sms));
-        if (item != w.item_tokens) {
-            /* (longer items: fewer part slots for about the same logit rows; taken where the
-             * plan is no larger than the one it replaces, which the workspace holds) */
-            mkv_cuda_decode_t b = *a;
-            b.split_tokens = item;
-            tc_plan x = plan_for(&b, false, *blocks);
-            if (x.bytes <= w.bytes) {
-                x.compact = w.compact;
-                w = x;
-            }
-        }
+        adopt(one_seq_item(a->n_heads, basis, w.item_tokens, max_item, two, sms), w.bytes);
+    } else if (a->split_tokens == 0 && !two && a->lay_hi.key.bits < 16 &&
+               n_rs * T::few_region_blocks <= (int64_t)T::few_region_waves * sms) {
+        adopt(few_region_item(basis, w.item_tokens), covered());
     }
     w.ready = ready_flags(a, one, w);
     return w;

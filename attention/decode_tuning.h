@@ -274,6 +274,18 @@ struct mkv_decode_tuning {
      * K8V4 21.74 against 22.18). */
     static constexpr int32_t one_seq_spill_num = 9, one_seq_spill_den = 8;
     static constexpr int32_t one_seq_max_quant_item = 192;
+    /* Separate calls of one format with keys under 16 bits whose regions, few_region_blocks
+     * blocks each, fill at most few_region_waves blocks a multiprocessor (on an H100, at 8 KV
+     * heads, 2 sequences; one sequence takes the rule above): items of the item basis cut in
+     * few_region_blocks blocks (decode_plan.cu, few_region_item). A --split sweep (H100, 20
+     * calls, us) found that item the best at 2 x 4k to 2 x 14k for both formats, against
+     * AUTO's; then one binary before and after (H100, 3 x 30 calls, us): K4V2 2 x 4k 16.77 to
+     * 16.06 (128 to 64), 2 x 8k 23.01 to 20.06 (256 to 128), 2 x 10k 27.39 to 22.59 (256 to
+     * 160), 2 x 14k 30.21 to 28.61; K8V4 2 x 6k 19.65 to 18.16, 2 x 10k 29.84 to 25.25, 2 x 12k
+     * 31.31 to 31.28. Not below few_region_min_item tokens (2 x 2k with 32: K4V2 13.73 to
+     * 14.18, K8V4 13.73 to 14.67), nor at 4 sequences (K4V2 4 x 4k 19.9 with AUTO's 128
+     * against 23.5 with 64 in the sweep). */
+    static constexpr int32_t few_region_blocks = 16, few_region_waves = 2, few_region_min_item = 64;
 
     /* ---- Ready flags of the separate pass (decision 84; tc_args::ready) ----
      * The finalize kernel waits on each region's items instead of the decode kernel's end,

@@ -1056,11 +1056,11 @@ Test(decode_cuda, wave_fill_items, .timeout = 300)
     for (int i = 0; i < 2; i++) stats_expect(&ck[i], "wave_fill_items");
 }
 
-/* Separate calls of one sequence take the shortest longer item whose grid is a block a
- * multiprocessor (decode_plan.cu, one_seq_item): the mix's and K16V16's items on 132-SM GPUs,
- * a forced split kept, then a call of each at a length the rule lengthens, against the
- * reference. */
-Test(decode_cuda, one_seq_items, .timeout = 300)
+/* Separate calls of few sequences: one sequence takes the shortest longer item whose grid is a
+ * block a multiprocessor (decode_plan.cu, one_seq_item), one format of quantized keys at two
+ * sequences items of a sixteenth-block region (few_region_item). AUTO's items on 132-SM GPUs,
+ * a forced split kept, then a call at a length each rule changes, against the reference. */
+Test(decode_cuda, few_seq_items, .timeout = 300)
 {
     GPU_REQUIRE();
     mkv_cuda_decode_t a = mix_query(1, 8601);
@@ -1069,57 +1069,65 @@ Test(decode_cuda, one_seq_items, .timeout = 300)
     char err[ERR_LEN];
     cr_assert_eq(mkv_page_bytes_for(MKV_FORMAT_K16V16, 128, 0, 0, 32, &pb16), MKV_STATUS_OK);
     cr_assert_eq(mkv_page_layout(MKV_FORMAT_K16V16, 128, 0, 0, pb16, &f16, err), MKV_STATUS_OK, "%s", err);
-    mkv_cuda_decode_t k = a, k4 = a;
-    k.page_bytes = pb16, k.lay_hi = f16, k.lay_lo = f16;
-    k4.lay_hi = a.lay_lo; /* K4V2 alone: items at most 192 tokens */
-    a.split_tokens = 64;
-    cr_assert_eq(mkv_cuda_decode_item_tokens(&a), 64, "a forced split not kept");
-    a.split_tokens = 0;
+    mkv_cuda_decode_t q3[3] = {a, a, a}; /* K16V16, the mix, K4V2 alone */
+    q3[0].page_bytes = pb16, q3[0].lay_hi = f16, q3[0].lay_lo = f16;
+    q3[2].lay_hi = a.lay_lo;
+    static const char *names[] = {"K16V16", "mix", "K4V2"};
+    q3[1].split_tokens = 64;
+    cr_assert_eq(mkv_cuda_decode_item_tokens(&q3[1]), 64, "a forced split not kept");
+    q3[1].split_tokens = 0;
     int sms = 0;
     CUDA_CHECK(cudaDeviceGetAttribute(&sms, cudaDevAttrMultiProcessorCount, 0));
     if (sms == 132) {
         static const struct {
-            int two, max_tokens, want; /* two: 0 K16V16, 1 the mix, 2 K4V2 */
-        } cases[] = {{1, 2867, 64},  {1, 5017, 96},  {1, 5734, 96},   {1, 8601, 160},  {1, 11468, 192},
-                     {0, 4096, 64},  {0, 6144, 96},  {0, 8192, 128},  {0, 12288, 192}, {0, 14336, 224},
-                     {2, 6144, 96},  {2, 10240, 160}, {2, 14336, 128}, {1, 4300, 64}};
-        static const char *names[] = {"K16V16", "mix", "K4V2"};
+            int f, n_seq, max_tokens, want; /* f: names[] */
+        } cases[] = {{1, 1, 2867, 64},   {1, 1, 5017, 96},   {1, 1, 5734, 96},   {1, 1, 8601, 160},
+                     {1, 1, 11468, 192}, {1, 1, 4300, 64},   {0, 1, 4096, 64},   {0, 1, 6144, 96},
+                     {0, 1, 8192, 128},  {0, 1, 12288, 192}, {0, 1, 14336, 224}, {2, 1, 6144, 96},
+                     {2, 1, 10240, 160}, {2, 1, 14336, 128}, {2, 2, 4096, 64},   {2, 2, 8192, 128},
+                     {2, 2, 14336, 224}, {2, 4, 4096, 128},  {0, 2, 8192, 256},  {2, 2, 2048, 64}};
         for (size_t i = 0; i < sizeof cases / sizeof cases[0]; i++) {
-            mkv_cuda_decode_t *q = cases[i].two == 1 ? &a : cases[i].two ? &k4 : &k;
-            q->max_tokens = cases[i].max_tokens;
-            cr_assert_eq(mkv_cuda_decode_item_tokens(q), cases[i].want, "%s 1 x %d: items of %d tokens, want %d",
-                         names[cases[i].two], q->max_tokens, mkv_cuda_decode_item_tokens(q), cases[i].want);
+            mkv_cuda_decode_t *q = &q3[cases[i].f];
+            q->n_seq = cases[i].n_seq, q->max_tokens = cases[i].max_tokens;
+            cr_assert_eq(mkv_cuda_decode_item_tokens(q), cases[i].want, "%s %d x %d: items of %d tokens, want %d",
+                         names[cases[i].f], q->n_seq, q->max_tokens, mkv_cuda_decode_item_tokens(q), cases[i].want);
         }
     } else {
-        cr_log_warn("one_seq_items: AUTO's items not asserted on a GPU of %d multiprocessors", sms);
+        cr_log_warn("few_seq_items: AUTO's items not asserted on a GPU of %d multiprocessors", sms);
     }
 
-    stats_t ck[2] = {{.what = "out (one sequence)"}, {.what = "score (one sequence)"}};
+    stats_t ck[2] = {{.what = "out (few sequences)"}, {.what = "score (few sequences)"}};
     uint64_t r = 0x1500e;
     const int32_t H = 8;
-    for (int two = 1; two >= 0; two--) {
-        int32_t len[2 * 8];
-        const int32_t top = two ? 8601 : 12200;
-        for (int i = 0; i < H; i++) {
+    static const struct {
+        int f, n_seq, top, want;
+    } calls[] = {{1, 1, 8601, 160}, {0, 1, 12200, 192}, {2, 2, 8000, 128}};
+    static const mkv_format_t fmt[3][2] = {{MKV_FORMAT_K16V16, MKV_FORMAT_K16V16},
+                                           {MKV_FORMAT_K8V4, MKV_FORMAT_K4V2},
+                                           {MKV_FORMAT_K4V2, MKV_FORMAT_K4V2}};
+    for (int ci = 0; ci < 3; ci++) {
+        const int32_t top = calls[ci].top, n_seq = calls[ci].n_seq, f = calls[ci].f;
+        int32_t len[2 * 2 * 8];
+        for (int i = 0; i < n_seq * H; i++) {
             const int32_t n = test_rand_range(&r, top - 1500, top), h = test_rand_range(&r, n / 8, n / 2);
             len[2 * i] = h, len[2 * i + 1] = n - h;
         }
         len[0] = top / 5, len[1] = top - top / 5; /* the longest region at max_tokens */
-        spec_t c = {.hi = two ? MKV_FORMAT_K8V4 : MKV_FORMAT_K16V16, .lo = two ? MKV_FORMAT_K4V2 : MKV_FORMAT_K16V16,
-                    .d = 128, .G = 4, .tpp = 32, .n_seq = 1, .H = H, .len = len, .seed = test_rand_next(&r)};
+        spec_t c = {.hi = fmt[f][0], .lo = fmt[f][1], .d = 128, .G = 4, .tpp = 32, .n_seq = n_seq, .H = H,
+                    .len = len, .seed = test_rand_next(&r)};
         batch_t b;
         batch_build(&b, &c);
         b.scores = MKV_DECODE_SCORES_SEPARATE;
-        mkv_cuda_decode_t *q = two ? &a : &k;
-        q->max_tokens = b.max_tokens;
+        mkv_cuda_decode_t *q = &q3[f];
+        q->n_seq = n_seq, q->max_tokens = b.max_tokens;
         if (sms == 132)
-            cr_assert_eq(mkv_cuda_decode_item_tokens(q), two ? 160 : 192, "1 x %d: items of %d tokens", b.max_tokens,
-                         mkv_cuda_decode_item_tokens(q));
+            cr_assert_eq(mkv_cuda_decode_item_tokens(q), calls[ci].want, "%s %d x %d: items of %d tokens",
+                         names[f], n_seq, b.max_tokens, mkv_cuda_decode_item_tokens(q));
         const int32_t splits[] = {0};
         batch_check_splits(&b, MKV_DECODE_KERNEL_AUTO, splits, 1, &ck[0], &ck[1], NULL, NULL);
         batch_free(&b);
     }
-    for (int i = 0; i < 2; i++) stats_expect(&ck[i], "one_seq_items");
+    for (int i = 0; i < 2; i++) stats_expect(&ck[i], "few_seq_items");
 }
 
 /* q of a wide dynamic range (20 binades) against keys far from zero (zeros' and codes' terms
