@@ -1130,6 +1130,36 @@ Test(decode_cuda, few_seq_items, .timeout = 300)
     for (int i = 0; i < 2; i++) stats_expect(&ck[i], "few_seq_items");
 }
 
+/* Without a device the plan takes the fallback attributes (132 multiprocessors, no occupancy,
+ * so no rule that needs the kernels' resident blocks): the batch-1 and two-sequence item rules
+ * (decode_plan.cu, one_seq_item and few_region_item) checked where CI runs, on the H100's
+ * multiprocessor count. With a device its own attributes hold, and few_seq_items checks them. */
+Test(decode_cuda, few_seq_items_fallback)
+{
+    const char *why;
+    if (gpu_available(&why)) cr_skip_test("a CUDA device is present: few_seq_items checks its plans");
+    mkv_cuda_decode_t q3[3] = {mix_query(1, 0), mix_query(1, 0), mix_query(1, 0)}; /* K16V16, mix, K4V2 */
+    int64_t pb16;
+    mkv_page_layout_t f16;
+    char err[ERR_LEN];
+    cr_assert_eq(mkv_page_bytes_for(MKV_FORMAT_K16V16, 128, 0, 0, 32, &pb16), MKV_STATUS_OK);
+    cr_assert_eq(mkv_page_layout(MKV_FORMAT_K16V16, 128, 0, 0, pb16, &f16, err), MKV_STATUS_OK, "%s", err);
+    q3[0].page_bytes = pb16, q3[0].lay_hi = f16, q3[0].lay_lo = f16;
+    q3[2].lay_hi = q3[2].lay_lo;
+    static const struct {
+        int f, n_seq, max_tokens, want;
+    } cases[] = {{0, 1, 4096, 64},  {0, 1, 6144, 96},   {0, 1, 8192, 128},  {0, 1, 12288, 192}, {0, 1, 14336, 224},
+                 {2, 1, 6144, 96},  {2, 1, 10240, 160}, {2, 1, 14336, 128}, {1, 1, 4300, 64},   {1, 1, 5734, 96},
+                 {1, 1, 11468, 192}, {2, 2, 2048, 64},  {2, 2, 4096, 64},   {2, 2, 8192, 128},  {2, 2, 14336, 224},
+                 {2, 4, 4096, 128}, {0, 2, 8192, 256},  {2, 2, 1024, 32}};
+    for (size_t i = 0; i < sizeof cases / sizeof cases[0]; i++) {
+        mkv_cuda_decode_t *q = &q3[cases[i].f];
+        q->n_seq = cases[i].n_seq, q->max_tokens = cases[i].max_tokens;
+        cr_assert_eq(mkv_cuda_decode_item_tokens(q), cases[i].want, "format %d, %d x %d: items of %d tokens, want %d",
+                     cases[i].f, q->n_seq, q->max_tokens, mkv_cuda_decode_item_tokens(q), cases[i].want);
+    }
+}
+
 /* q of a wide dynamic range (20 binades) against keys far from zero (zeros' and codes' terms
  * nearly cancel): the formats whose keys take the fp16 mma as subnormals (4-bit: one format,
  * default groups and one group, and the two-format kernel, whose fused pass keeps the integer
