@@ -159,6 +159,14 @@ int mkv_cuda_decode_ready_flags(const mkv_cuda_decode_t *a);
  * the environment (read once) forces it the same way, for programs without the knob
  * (serve-bench). */
 extern int32_t mkv_tc_ready_override;
+/* The two-format separate pass's high items (decision 88): 0 AUTO, -1 never, > 0 those tokens
+ * (a multiple of 16, below the item size) wherever the pass is one launch. For tests and
+ * bench_attention --hi-item. */
+extern int32_t mkv_tc_hi_item_override;
+/* The high items' tokens of such a two-format separate call where they are shorter than its
+ * item size (decision 88; a region whose high share would overflow its blocks keeps one size),
+ * else 0; depends on the current device, as above. */
+int32_t mkv_cuda_decode_hi_item_tokens(const mkv_cuda_decode_t *a);
 
 /* The item size a call with these arguments (pointers unused) plans on the tensor-core path,
  * and the workspace bytes that plan uses; 0 where the call takes the generic kernels. */

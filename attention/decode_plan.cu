@@ -115,6 +115,7 @@ tc_plan plan_tc(int32_t n_seq, int32_t H, int32_t G, int32_t d, int32_t max_toke
     w.off_ready = off; /* the separate pass's ready flags, a part slot's each (tc_args::ready) */
     if (!fused) off += mkv_align_up64((int64_t)(rs * 2 * (size_t)w.sec_items * sizeof(int32_t)), WS_ALIGN);
     w.total_ids = ((w.sec_items + MKV_TC_WARPS - 1) / MKV_TC_WARPS + 1) * (int64_t)rs;
+    w.hi_item = 0, w.sep_slots = (int32_t)mkv_align_up64(w.sec_items + 1, MKV_TC_SEP_WARPS);
     w.off_counters = off; /* the fused kernel's only */
     if (fused) off += mkv_align_up64((int64_t)((rs + 4 + (size_t)w.total_ids) * sizeof(int32_t)), WS_ALIGN);
     w.off_lse = off;
@@ -444,6 +445,41 @@ static int32_t few_region_item(int32_t basis, int32_t item)
     return i < T::few_region_min_item ? item : (int32_t)std::min<int64_t>(i, MKV_TC_MAX_ITEM);
 }
 
+/* A layout's bytes a token, all its segments. */
+static int64_t token_bytes(const mkv_page_layout_t &l) { return l.tokens > 0 ? l.used_bytes / l.tokens : 0; }
+
+/* The separate pass's one launch of two formats (w: its plan): the high section's items of
+ * the fewest tokens, a multiple of 16 from half w's and below it, whose grid, with room for a region of
+ * max_tokens whose high share is up to hi_item_share, is at most a block a multiprocessor,
+ * where the high format reads hi_item_bytes_ratio times the low one's bytes a token or more:
+ * the call's items then all run at once, one block an SM, and the high ones, of more bytes a
+ * token, no longer end last (decision 88). Not with compact logits (a softmax step's slots are
+ * item-aligned) nor ready flags (calls of two waves or more). mkv_tc_hi_item_override: -1
+ * never, > 0 those tokens (rounded up to 16) wherever the launch is one. */
+static void high_items(const mkv_cuda_decode_t *a, const tc_kernel &one, int32_t sms, tc_plan *w)
+{
+    using T = mkv_decode_tuning;
+    if (one.launch == nullptr || same_format(a->lay_hi, a->lay_lo) || w->compact || w->ready) return;
+    const int32_t o = mkv_tc_hi_item_override, I = w->item_tokens;
+    if (o < 0) return;
+    /* A region's item slots with high items of h tokens (its blocks' worth, within its part slots). */
+    const int64_t N = a->max_tokens, nh = (N * T::hi_item_share_num + T::hi_item_share_den - 1) / T::hi_item_share_den;
+    const auto slots = [&](int64_t h) {
+        const int64_t v = (nh + h - 1) / h + (N - nh + I - 1) / I + 1;
+        return (int32_t)mkv_align_up64(std::min<int64_t>(v, 2 * (int64_t)w->sec_items), MKV_TC_SEP_WARPS);
+    };
+    int32_t h = o > 0 ? (int32_t)mkv_align_up64(o, 16) : 0;
+    if (o == 0) {
+        if (token_bytes(a->lay_hi) * T::hi_item_bytes_ratio_den < token_bytes(a->lay_lo) * T::hi_item_bytes_ratio)
+            return;
+        const int64_t n_rs = (int64_t)a->n_seq * a->n_heads;
+        for (int32_t x = (int32_t)mkv_align_up64(I / 2, 16); x < I && h == 0; x += 16)
+            if (n_rs * (slots(x) / MKV_TC_SEP_WARPS) <= sms) h = x;
+    }
+    if (h <= 0 || h >= I) return;
+    w->hi_item = h, w->sep_slots = std::max(w->sep_slots, slots(h));
+}
+
 tc_plan plan_call(const mkv_cuda_decode_t *a, const tc_kernel &one, bool *fused, int32_t *blocks)
 {
     *blocks = 0;
@@ -501,6 +537,7 @@ tc_plan plan_call(const mkv_cuda_decode_t *a, const tc_kernel &one, bool *fused,
         adopt(few_region_item(basis, w.item_tokens), covered());
     }
     w.ready = ready_flags(a, one, w);
+    high_items(a, one, sms, &w);
     return w;
 }
 
@@ -636,6 +673,13 @@ extern "C" int mkv_cuda_decode_ready_flags(const mkv_cuda_decode_t *a)
     mkv_tc_plan::tc_plan w;
     bool fused;
     return mkv_tc_plan::query_plan(a, &w, &fused) && !fused && w.ready;
+}
+
+extern "C" int32_t mkv_cuda_decode_hi_item_tokens(const mkv_cuda_decode_t *a)
+{
+    mkv_tc_plan::tc_plan w;
+    bool fused;
+    return mkv_tc_plan::query_plan(a, &w, &fused) && !fused ? w.hi_item : 0;
 }
 
 extern "C" int mkv_cuda_decode_compact_logits(const mkv_cuda_decode_t *a)

@@ -290,8 +290,11 @@ static __device__ __forceinline__ void finalize_block(const tc_args &a, int32_t 
     const int32_t n = (int32_t)min(nh + nl, (int64_t)a.max_tokens);
     if (n == 0) return; /* out untouched, as in the reference */
     const int32_t hi = (int32_t)min(nh, (int64_t)n);
-    const int32_t I = a.item_tokens;
+    /* The region's item slots (the high items' from high_item_tokens), and where its low
+     * section's logits start (items_hi's of item_tokens: section_of_region). */
+    const int32_t I = a.item_tokens, Ih = mkv_tc::high_item_tokens(a, hi, n);
     const int32_t items_hi = (hi + I - 1) / I, items_lo = (n - hi + I - 1) / I;
+    const int32_t slots = (hi + Ih - 1) / Ih + items_lo;
     /* the region's units, the high section's first */
     int32_t uhi;
     const int32_t un = ANY_G ? (uhi = hi, n) : ROWS::units(hi, n, &uhi);
@@ -308,7 +311,7 @@ static __device__ __forceinline__ void finalize_block(const tc_args &a, int32_t 
     /* Launched with programmatic serialization: what the decode kernel wrote (logits, parts)
      * is read only once it has ended, or, with ready flags, once the region's items have. */
     if (a.ready) {
-        if (tid < 32) wait_ready(a.ready + part, items_hi + items_lo);
+        if (tid < 32) wait_ready(a.ready + part, slots);
         __syncthreads();
     } else {
         mkv_tc::griddep_wait();
@@ -328,7 +331,7 @@ static __device__ __forceinline__ void finalize_block(const tc_args &a, int32_t 
      * slots follow the high ones'). */
     static_assert(FIN_THREADS / 32 >= MKV_TC_MAX_G, "a warp per query head");
     __shared__ float M_s[MKV_TC_MAX_G], S_s[MKV_TC_MAX_G], LSE_s[MKV_TC_MAX_G];
-    const int32_t warp = tid >> 5, lane = tid & 31, slots = items_hi + items_lo;
+    const int32_t warp = tid >> 5, lane = tid & 31;
     if (warp < G) {
         const float2 ms = mkv_tc::head_ms(a, part, slots, warp);
         if (lane == 0) M_s[warp] = ms.x, S_s[warp] = ms.y, LSE_s[warp] = ms.x + log2f(ms.y);
@@ -339,7 +342,7 @@ static __device__ __forceinline__ void finalize_block(const tc_args &a, int32_t 
     if (merging) {
         __shared__ float W_s[MKV_TC_MERGE_ROUND][MKV_TC_MAX_G];
         __shared__ float4 R_s[FIN_THREADS];
-        merge_out<FIN_THREADS>(a, part, items_hi + items_lo, rs, d, M_s, S_s, W_s, R_s, bx - nsb, mb);
+        merge_out<FIN_THREADS>(a, part, slots, rs, d, M_s, S_s, W_s, R_s, bx - nsb, mb);
         if (tid == 0) mkv_tc::trace_stamp(a, mkv_tc::TR_FIN_END, bx);
         return;
     }

@@ -286,6 +286,20 @@ struct mkv_decode_tuning {
      * 14.18, K8V4 13.73 to 14.67), nor at 4 sequences (K4V2 4 x 4k 19.9 with AUTO's 128
      * against 23.5 with 64 in the sweep). */
     static constexpr int32_t few_region_blocks = 16, few_region_waves = 2, few_region_min_item = 64;
+    /* Two-format separate calls: the high section's items of the fewest tokens (a multiple of
+     * 16 from half the item and below it) whose grid, with room for a region of max_tokens whose high share is
+     * up to hi_item_share_num / hi_item_share_den of its tokens, is at most a block a
+     * multiprocessor, where the high format's bytes a token are at least
+     * hi_item_bytes_ratio / hi_item_bytes_ratio_den times the low one's (regions of a larger
+     * high share keep one item size; tc_args::hi_item; decision 88). H100, the mix 20/50/30
+     * with scores, 3 x 30 calls, us, one item size against high items of half its tokens:
+     * 1 x 2k 13.89 against 13.34, 1 x 3k 15.36 / 14.58, 1 x 4k 15.68 / 14.62 (without scores
+     * 15.71 / 14.32); 1 x 5k (items of 64) 15.97 against 15.09 with 48-token high items.
+     * Grids of more than a block an SM lost (1 x 6k 16.70 against 18.16, 1 x 8k 16.99 / 19.44,
+     * 2 x 2k 15.50 / 16.30, 4 x 1k 15.30 / 15.78; 1 x 5k with 32-token high items, 144
+     * blocks, 17.39), whence the share of a third, which keeps 1 x 4k's grid at 128 blocks. */
+    static constexpr int32_t hi_item_bytes_ratio = 3, hi_item_bytes_ratio_den = 2;
+    static constexpr int32_t hi_item_share_num = 1, hi_item_share_den = 3;
 
     /* ---- Ready flags of the separate pass (decision 84; tc_args::ready) ----
      * The finalize kernel waits on each region's items instead of the decode kernel's end,

@@ -77,7 +77,9 @@ __device__ __forceinline__ block_pos locate(const tc_args &a, int32_t bx, int32_
     const int32_t n = (int32_t)min(nh + nl, (int64_t)a.max_tokens);
     const int32_t hi = (int32_t)min(nh, (int64_t)n);
     b.hi = hi, b.n = n;
-    b.items_hi = (hi + I - 1) / I;
+    /* (the separate pass's high items: hi_item tokens where set and the region's items fit) */
+    const int32_t Ih = packed ? high_item_tokens(a, hi, n) : I;
+    b.items_hi = (hi + Ih - 1) / Ih;
     b.n_items = b.items_hi + (n - hi + I - 1) / I;
     const int32_t bh = (b.items_hi + W - 1) / W; /* the high section's blocks */
     b.arrivals = bh + (b.n_items - b.items_hi + W - 1) / W;
@@ -88,12 +90,13 @@ __device__ __forceinline__ block_pos locate(const tc_args &a, int32_t bx, int32_
          * one ends (a warp's format is its own) and a region's blocks are full but its last. */
         const int32_t k = bx * W + warp;
         sec = k >= b.items_hi;
-        const int32_t item = k - sec * b.items_hi;
+        const int32_t item = k - sec * b.items_hi, It = sec ? I : Ih;
         ip.sec = sec;
         ip.sec_n = sec ? n - hi : hi;
-        ip.ta = item * I;
-        ip.tb = min(ip.ta + I, ip.sec_n);
+        ip.ta = item * It;
+        ip.tb = min(ip.ta + It, ip.sec_n);
         ip.slot_id = k;
+        ip.lg_tok = (sec ? (hi + I - 1) / I * I : 0) + ip.ta; /* (item_tokens' layout) */
         b.work = k < b.n_items; /* warp-uniform */
         b.any = bx * W < b.n_items;
         b.part = block_part{0, 0, 0};
@@ -112,6 +115,7 @@ __device__ __forceinline__ block_pos locate(const tc_args &a, int32_t bx, int32_
     ip.ta = item * I;
     ip.tb = min(ip.ta + I, ip.sec_n);
     ip.slot_id = sec ? b.items_hi + item : item;
+    ip.lg_tok = ip.slot_id * a.item_tokens;
     b.part.slot = bx + sec * bh;
     b.part.n_work = max(0, min(W, (ip.sec_n + I - 1) / I - bx * W));
     b.part.stride = 0;
@@ -153,6 +157,7 @@ __device__ __forceinline__ block_pos locate_pieces(const tc_args &a, int32_t bx,
     ip.ta = (k - sec * ph) * P;
     ip.tb = min(ip.ta + P, ip.sec_n);
     ip.slot_id = k;
+    ip.lg_tok = k * a.item_tokens;
     b.any = bx < b.arrivals; /* block-uniform */
     b.work = b.any && k < np; /* warp-uniform */
     b.part.slot = bx;

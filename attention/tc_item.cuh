@@ -56,7 +56,7 @@ __device__ __forceinline__ void run_item(const tc_args &a, uint8_t *smem, const 
     sm.init();
     /* This thread's logits of the next subtile: token gr, heads 2tc and 2tc + 1 (token gr + 8 is
      * 8 G further on); lanes 2tc >= G store none. */
-    const int64_t lin = (rs * (a.sec_items + 1) + ip.slot_id) * a.item_tokens;
+    const int64_t lin = rs * (a.sec_items + 1) * a.item_tokens + ip.lg_tok;
     const bool lg_lane = 2 * tc < G;
     /* Compact logits (tc_args): lg is then the lane's word of lg_a (token gr, pair tc),
      * advanced once per softmax step, after its stores. */

@@ -156,11 +156,23 @@ struct walker {
 __device__ __forceinline__ int32_t subtile_count(int32_t t, int32_t tb) { return max(0, min(16, tb - t)); }
 
 /* Where a warp's item sits: the section's tokens [ta, tb) of head-region rs, item slot slot_id
- * (the row of its partial result and of its logits in the workspace). */
+ * (the row of its partial result in the workspace) and its logits from row lg_tok of the
+ * region's. */
 struct item_pos {
     int64_t rs, region;
     int32_t sec, sec_n, ta, tb, slot_id; /* sec_n: the section's token count */
+    int32_t lg_tok; /* its first token's logit row within the region's (sec_items + 1) x item_tokens */
 };
+
+/* The item tokens of the high section of a region of hi high tokens out of n in the separate
+ * pass's one launch (tc_args::hi_item): hi_item where its items then fit hi_cap, else
+ * item_tokens. */
+__device__ __forceinline__ int32_t high_item_tokens(const tc_args &a, int32_t hi, int32_t n)
+{
+    const int32_t I = a.item_tokens, h = a.hi_item;
+    if (h <= 0) return I;
+    return (hi + h - 1) / h + (n - hi + I - 1) / I <= a.hi_cap ? h : I;
+}
 
 /* A warp's pieces (tc_args::piece_tokens): its first piece is the item ip above; then it takes
  * the region's next piece from the region's counter (counter) until the region's np pieces are

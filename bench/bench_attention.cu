@@ -225,6 +225,12 @@ int main(int argc, char **argv)
         }
         else if (!strcmp(argv[i], "--format") && i + 1 < argc) only = argv[++i];
         else if (!strcmp(argv[i], "--split") && i + 1 < argc) split = atoi(argv[++i]);
+        else if (!strcmp(argv[i], "--hi-item") && i + 1 < argc) {
+            if (!knob_arg(argv[++i], 16, 4096, &mkv_tc_hi_item_override)) {
+                fprintf(stderr, "bench_attention: --hi-item takes auto, off or 16 to 4096\n");
+                return 2;
+            }
+        }
         else if ((!strcmp(argv[i], "--pieces") || !strcmp(argv[i], "--wave-spares")) && i + 1 < argc) {
             const bool pieces = argv[i][2] == 'p';
             const int lo = pieces ? 16 : 1, hi = pieces ? 4096 : 64;
@@ -274,6 +280,7 @@ int main(int argc, char **argv)
                     "                       [--flush read|write] [--no-scores] [--spread F] [--hint]\n"
                     "                       [--page-tokens N] [--trace FILE] [--pieces auto|off|N]\n"
                     "                       [--wave-spares auto|off|N] [--ready auto|off|on]\n"
+                    "                       [--hi-item auto|off|N]\n"
                     "Decode attention time over batch x length grids (32 query / 8 KV heads, d 128)\n"
                     "for K16V16, K8V8, K8V4, K4V2 and a 20/50/30 high/low/pruned mix, against the\n"
                     "device copy rate. --scores: the score write-back as its own pass (separate),\n"
@@ -304,7 +311,11 @@ int main(int argc, char **argv)
                     "library's rule, the default), off (no such wave), or N.\n"
                     "--ready: whether separate calls of one launch have the finalize pass wait on\n"
                     "each region's items instead of the decode kernel's end: auto (the library's\n"
-                    "rule, the default), off or on.\n");
+                    "rule, the default), off or on.\n"
+                    "--hi-item: the tokens of the high section's items in two-format separate calls\n"
+                    "of one launch (shorter than the low ones', which read fewer bytes a token):\n"
+                    "auto (the library's rule, the default), off (one item size), or N (rounded\n"
+                    "up to a multiple of 16; used where below the item size).\n");
             return strcmp(argv[i], "-h") && strcmp(argv[i], "--help") ? 2 : 0;
         }
     }
@@ -594,7 +605,7 @@ int main(int argc, char **argv)
                                 "\"fraction_of_copy\": %.4f, \"speedup_vs_k16v16\": %.3f, "
                                 "\"fused_scores\": %s, \"compact_logits\": %s, \"tensor\": %s, "
                                 "\"piece_tokens\": %d, \"item_tokens\": %d, \"wave_blocks\": %d, "
-                                "\"ready_flags\": %s, "
+                                "\"ready_flags\": %s, \"hi_item_tokens\": %d, "
                             "\"groups\": [%d, %d, %d, %d]}",
                             first ? "" : ",", v.name, batch, len, n_hi, n_lo, sec * 1e6,
                             *std::min_element(t.begin(), t.end()) * 1e6,
@@ -606,7 +617,7 @@ int main(int argc, char **argv)
                                 ? "true" : "false",
                             (int)mkv_cuda_decode_piece_tokens(&a), (int)mkv_cuda_decode_item_tokens(&a),
                             (int)mkv_cuda_decode_wave_blocks(&a), mkv_cuda_decode_ready_flags(&a) ? "true" : "false",
-                            lh.key.groups, lh.value.groups, ll.key.groups, ll.value.groups);
+                            (int)mkv_cuda_decode_hi_item_tokens(&a), lh.key.groups, lh.value.groups, ll.key.groups, ll.value.groups);
                     first = 0;
                 }
             }

@@ -1158,6 +1158,97 @@ Test(decode_cuda, few_seq_items_fallback)
         cr_assert_eq(mkv_cuda_decode_item_tokens(q), cases[i].want, "format %d, %d x %d: items of %d tokens, want %d",
                      cases[i].f, q->n_seq, q->max_tokens, mkv_cuda_decode_item_tokens(q), cases[i].want);
     }
+    /* The high items (decision 88), AUTO's and forced: the mix only, below its item size. */
+    q3[1].n_seq = 1, q3[1].max_tokens = 2867, q3[2].n_seq = 1, q3[2].max_tokens = 2867;
+    mkv_tc_hi_item_override = 32;
+    const int32_t mix_hi = mkv_cuda_decode_hi_item_tokens(&q3[1]), k4_hi = mkv_cuda_decode_hi_item_tokens(&q3[2]);
+    mkv_tc_hi_item_override = 64;
+    const int32_t mix_64 = mkv_cuda_decode_hi_item_tokens(&q3[1]); /* the item size itself: none */
+    mkv_tc_hi_item_override = 0;
+    const int32_t auto_4k = mkv_cuda_decode_hi_item_tokens(&q3[1]);
+    q3[1].max_tokens = 3584; /* 1 x 5k: the shortest whose grid is 128 blocks */
+    const int32_t auto_5k = mkv_cuda_decode_hi_item_tokens(&q3[1]);
+    q3[1].max_tokens = 4300; /* 1 x 6k: a grid of more than a block an SM with them */
+    const int32_t auto_6k = mkv_cuda_decode_hi_item_tokens(&q3[1]);
+    cr_assert_eq(auto_4k, 32, "AUTO's high items at 1 x 4k: %d, want 32", auto_4k);
+    cr_assert_eq(auto_5k, 48, "AUTO's high items at 1 x 5k: %d, want 48", auto_5k);
+    cr_assert_eq(auto_6k, 0, "AUTO's high items at 1 x 6k: %d, want none", auto_6k);
+    cr_assert_eq(mix_hi, 32, "the mix's high items forced to 32: %d", mix_hi);
+    cr_assert_eq(k4_hi, 0, "K4V2 alone with high items of %d", k4_hi);
+    cr_assert_eq(mix_64, 0, "high items of the item size itself: %d", mix_64);
+}
+
+/* The two-format separate pass's short high items (tc_args::hi_item, decision 88): forced to
+ * 16 and 48 tokens against items of AUTO's size, 64, 96 and 128, with and without ready flags
+ * and scores, on regions whose high share leaves room for them and regions whose share does not
+ * (those keep one item size: high_item_tokens), pages of 23 tokens, against the reference; then
+ * the plan: AUTO's choice at one wave and at many (asserted on 132 multiprocessors), never for
+ * one format or compact logits, off where forced off. */
+Test(decode_cuda, hi_items, .timeout = 600)
+{
+    GPU_REQUIRE();
+    stats_t ck[2] = {{.what = "out (high items)"}, {.what = "score (high items)"}};
+    stats_t ckn[2] = {{.what = "out (high items, no scores)"}, {.what = "pool bytes unchanged (high items)"}};
+    uint64_t r = 0x41173;
+    static const int32_t forced[] = {16, 48};
+    for (int fi = 0; fi < 2; fi++)
+        for (int ready = 0; ready < 2; ready++)
+            for (int ns = 0; ns < 2; ns++) {
+                const int32_t H = 3, n_seq = 2;
+                int32_t len[2 * 3 * 2];
+                for (int i = 0; i < n_seq * H; i++) {
+                    const int32_t n = test_rand_range(&r, 1, 3000);
+                    /* a high share of up to 40% (short items fit), or more (they may not) */
+                    const int32_t hi = i % 3 == 2 ? test_rand_range(&r, n / 2, n) : test_rand_range(&r, 0, 2 * n / 5);
+                    len[2 * i] = hi, len[2 * i + 1] = n - hi;
+                }
+                len[0] = 1700, len[1] = 1300; /* the longest region: more high tokens than fit */
+                spec_t c = {.hi = MKV_FORMAT_K8V4, .lo = MKV_FORMAT_K4V2, .d = 128, .G = 4, .tpp = 23,
+                            .n_seq = n_seq, .H = H, .len = len, .seed = test_rand_next(&r)};
+                batch_t b;
+                batch_build(&b, &c);
+                b.scores = MKV_DECODE_SCORES_SEPARATE;
+                b.no_scores = ns;
+                mkv_tc_hi_item_override = forced[fi];
+                mkv_tc_ready_override = ready ? 1 : -1;
+                const int32_t splits[] = {0, 64, 96, 128};
+                batch_check_splits(&b, MKV_DECODE_KERNEL_TENSOR, splits, 4, ns ? &ckn[0] : &ck[0],
+                                   ns ? &ckn[1] : &ck[1], NULL, NULL);
+                batch_free(&b);
+            }
+    mkv_tc_hi_item_override = 0;
+    mkv_tc_ready_override = 0;
+    for (int i = 0; i < 2; i++) stats_expect(&ck[i], "hi_items");
+    for (int i = 0; i < 2; i++) stats_expect(&ckn[i], "hi_items");
+
+    /* The choice (plan queries only). */
+    mkv_cuda_decode_t a = mix_query(1, 2867), k4 = a;
+    k4.lay_hi = k4.lay_lo;
+    mkv_tc_hi_item_override = 32;
+    cr_assert_eq(mkv_cuda_decode_hi_item_tokens(&k4), 0, "one format with high items");
+    a.split_tokens = 128;
+    cr_assert_eq(mkv_cuda_decode_hi_item_tokens(&a), 32, "forced to 32: %d", mkv_cuda_decode_hi_item_tokens(&a));
+    a.logits = MKV_DECODE_LOGITS_COMPACT;
+    cr_assert_eq(mkv_cuda_decode_hi_item_tokens(&a), 0, "compact logits with high items");
+    a.logits = MKV_DECODE_LOGITS_AUTO, a.split_tokens = 0;
+    mkv_tc_hi_item_override = -1;
+    cr_assert_eq(mkv_cuda_decode_hi_item_tokens(&a), 0, "forced off: high items");
+    mkv_tc_hi_item_override = 0;
+    int sms = 0;
+    CUDA_CHECK(cudaDeviceGetAttribute(&sms, cudaDevAttrMultiProcessorCount, 0));
+    if (sms != 132) {
+        cr_log_warn("hi_items: AUTO's choice not asserted on a GPU of %d multiprocessors", sms);
+        return;
+    }
+    static const struct {
+        int32_t n_seq, max_tokens, want;
+    } cases[] = {{1, 717, 16},  {1, 2867, 32}, {1, 3584, 48},
+                 {2, 717, 16},  {1, 4300, 0},  {2, 1433, 0}, {64, 2867, 0}, {256, 717, 0}};
+    for (size_t i = 0; i < sizeof cases / sizeof cases[0]; i++) {
+        a.n_seq = cases[i].n_seq, a.max_tokens = cases[i].max_tokens;
+        cr_assert_eq(mkv_cuda_decode_hi_item_tokens(&a), cases[i].want, "mix %d x %d: high items of %d, want %d",
+                     a.n_seq, a.max_tokens, mkv_cuda_decode_hi_item_tokens(&a), cases[i].want);
+    }
 }
 
 /* q of a wide dynamic range (20 binades) against keys far from zero (zeros' and codes' terms
