@@ -449,9 +449,10 @@ static int32_t few_region_item(int32_t basis, int32_t item)
 static int64_t token_bytes(const mkv_page_layout_t &l) { return l.tokens > 0 ? l.used_bytes / l.tokens : 0; }
 
 /* The separate pass's one launch of two formats (w: its plan): the high section's items of
- * the fewest tokens, a multiple of 16 from half w's and below it, whose grid, with room for a region of
- * max_tokens whose high share is up to hi_item_share, is at most a block a multiprocessor,
- * where the high format reads hi_item_bytes_ratio times the low one's bytes a token or more:
+ * the fewest tokens, a multiple of 16 from half w's and below it, whose grid, with room for a
+ * region of max_tokens whose high share is up to hi_item_share, is at most a block a
+ * multiprocessor, where the high format reads hi_item_bytes_ratio times the low one's bytes a
+ * token or more:
  * the call's items then all run at once, one block an SM, and the high ones, of more bytes a
  * token, no longer end last (decision 88). Not with compact logits (a softmax step's slots are
  * item-aligned) nor ready flags (calls of two waves or more). mkv_tc_hi_item_override: -1
@@ -462,7 +463,7 @@ static void high_items(const mkv_cuda_decode_t *a, const tc_kernel &one, int32_t
     if (one.launch == nullptr || same_format(a->lay_hi, a->lay_lo) || w->compact || w->ready) return;
     const int32_t o = mkv_tc_hi_item_override, I = w->item_tokens;
     if (o < 0) return;
-    /* A region's item slots with high items of h tokens (its blocks' worth, within its part slots). */
+    /* A region's item slots with high items of h tokens (whole blocks, within its part slots). */
     const int64_t N = a->max_tokens, nh = (N * T::hi_item_share_num + T::hi_item_share_den - 1) / T::hi_item_share_den;
     const auto slots = [&](int64_t h) {
         const int64_t v = (nh + h - 1) / h + (N - nh + I - 1) / I + 1;

@@ -136,8 +136,8 @@ struct tc_args {
     /* The separate pass's one launch (sec_mask 3), where hi_item > 0: a region's high items
      * take hi_item tokens (its low ones item_tokens) where its items then number at most
      * hi_cap (the launch's blocks a region times MKV_TC_SEP_WARPS, within the 2 sec_items part
-     * slots), so that its high items, more bytes a token, end with its low ones in calls of one
-     * wave (decision 88). The logits keep item_tokens' layout (section_of_region): a region's
+     * slots), so that its high items, more bytes a token, end with its low ones in calls of a
+     * block a multiprocessor (decision 88). The logits keep item_tokens' layout (section_of_region): a region's
      * high tokens from slot 0, its low ones from slot ceil(hi / item_tokens). */
     int32_t hi_item, hi_cap;
     /* Timeline stamps (tc_trace.cuh; MKV_TC_TRACE builds only, else ignored): null for none. */

@@ -287,9 +287,9 @@ struct mkv_decode_tuning {
      * against 23.5 with 64 in the sweep). */
     static constexpr int32_t few_region_blocks = 16, few_region_waves = 2, few_region_min_item = 64;
     /* Two-format separate calls: the high section's items of the fewest tokens (a multiple of
-     * 16 from half the item and below it) whose grid, with room for a region of max_tokens whose high share is
-     * up to hi_item_share_num / hi_item_share_den of its tokens, is at most a block a
-     * multiprocessor, where the high format's bytes a token are at least
+     * 16 from half the item and below it) whose grid, with room for a region of max_tokens
+     * whose high share is up to hi_item_share_num / hi_item_share_den of its tokens, is at
+     * most a block a multiprocessor, where the high format's bytes a token are at least
      * hi_item_bytes_ratio / hi_item_bytes_ratio_den times the low one's (regions of a larger
      * high share keep one item size; tc_args::hi_item; decision 88). H100, the mix 20/50/30
      * with scores, 3 x 30 calls, us, one item size against high items of half its tokens:

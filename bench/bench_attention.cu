@@ -617,7 +617,8 @@ int main(int argc, char **argv)
                                 ? "true" : "false",
                             (int)mkv_cuda_decode_piece_tokens(&a), (int)mkv_cuda_decode_item_tokens(&a),
                             (int)mkv_cuda_decode_wave_blocks(&a), mkv_cuda_decode_ready_flags(&a) ? "true" : "false",
-                            (int)mkv_cuda_decode_hi_item_tokens(&a), lh.key.groups, lh.value.groups, ll.key.groups, ll.value.groups);
+                            (int)mkv_cuda_decode_hi_item_tokens(&a), lh.key.groups, lh.value.groups, ll.key.groups,
+                            ll.value.groups);
                     first = 0;
                 }
             }
