@@ -160,11 +160,11 @@ int mkv_cuda_decode_ready_flags(const mkv_cuda_decode_t *a);
  * (serve-bench). */
 extern int32_t mkv_tc_ready_override;
 /* The two-format separate pass's high items (decision 88): 0 AUTO, -1 never, > 0 those tokens
- * (a multiple of 16, below the item size) wherever the pass is one launch. For tests and
- * bench_attention --hi-item. */
+ * (rounded up to a multiple of 16; AUTO's are below the item size, forced ones may be above)
+ * wherever the pass is one launch. For tests and bench_attention --hi-item. */
 extern int32_t mkv_tc_hi_item_override;
-/* The high items' tokens of such a two-format separate call where they are shorter than its
- * item size (decision 88; a region whose high share would overflow its blocks keeps one size),
+/* The high items' tokens of such a two-format separate call where they differ from its item
+ * size (decision 88; a region whose high share would overflow its blocks keeps one size),
  * else 0; depends on the current device, as above. */
 int32_t mkv_cuda_decode_hi_item_tokens(const mkv_cuda_decode_t *a);
 

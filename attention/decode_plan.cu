@@ -451,12 +451,14 @@ static int64_t token_bytes(const mkv_page_layout_t &l) { return l.tokens > 0 ? l
 /* The separate pass's one launch of two formats (w: its plan): the high section's items of
  * the fewest tokens, a multiple of 16 from half w's and below it, whose grid, with room for a
  * region of max_tokens whose high share is up to hi_item_share, is at most a block a
- * multiprocessor, where the high format reads hi_item_bytes_ratio times the low one's bytes a
- * token or more:
+ * multiprocessor (where none is and one sequence's grid is more, the fewest above w's and
+ * under twice it that bring it there), where the high format reads hi_item_bytes_ratio times the low one's
+ * bytes a token or more:
  * the call's items then all run at once, one block an SM, and the high ones, of more bytes a
  * token, no longer end last (decision 88). Not with compact logits (a softmax step's slots are
  * item-aligned) nor ready flags (calls of two waves or more). mkv_tc_hi_item_override: -1
- * never, > 0 those tokens (rounded up to 16) wherever the launch is one. */
+ * never, > 0 those tokens (rounded up to 16; longer than the item too) wherever the launch is
+ * one. */
 static void high_items(const mkv_cuda_decode_t *a, const tc_kernel &one, int32_t sms, tc_plan *w)
 {
     using T = mkv_decode_tuning;
@@ -474,10 +476,17 @@ static void high_items(const mkv_cuda_decode_t *a, const tc_kernel &one, int32_t
         if (token_bytes(a->lay_hi) * T::hi_item_bytes_ratio_den < token_bytes(a->lay_lo) * T::hi_item_bytes_ratio)
             return;
         const int64_t n_rs = (int64_t)a->n_seq * a->n_heads;
+        const auto fits = [&](int32_t x) { return n_rs * (slots(x) / MKV_TC_SEP_WARPS) <= sms; };
         for (int32_t x = (int32_t)mkv_align_up64(I / 2, 16); x < I && h == 0; x += 16)
-            if (n_rs * (slots(x) / MKV_TC_SEP_WARPS) <= sms) h = x;
+            if (fits(x)) h = x;
+        /* None, one sequence, and w's grid more than a block a multiprocessor (decision 86
+         * leaves up to 9/8): high items longer than w's, under twice its, where they bring the
+         * grid under (at two sequences this lost: 2 x 3k 15.92 against 16.42 us). */
+        const bool over = a->n_seq == 1 && n_rs * (w->sep_slots / MKV_TC_SEP_WARPS) > sms;
+        for (int32_t x = I + 16; h == 0 && over && x < 2 * I; x += 16)
+            if (fits(x)) h = x;
     }
-    if (h <= 0 || h >= I) return;
+    if (h <= 0 || h == I) return;
     w->hi_item = h, w->sep_slots = std::max(w->sep_slots, slots(h));
 }
 

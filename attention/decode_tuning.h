@@ -297,7 +297,10 @@ struct mkv_decode_tuning {
      * 15.71 / 14.32); 1 x 5k (items of 64) 15.97 against 15.09 with 48-token high items.
      * Grids of more than a block an SM lost (1 x 6k 16.70 against 18.16, 1 x 8k 16.99 / 19.44,
      * 2 x 2k 15.50 / 16.30, 4 x 1k 15.30 / 15.78; 1 x 5k with 32-token high items, 144
-     * blocks, 17.39), whence the share of a third, which keeps 1 x 4k's grid at 128 blocks. */
+     * blocks, 17.39), whence the share of a third, which keeps 1 x 4k's grid at 128 blocks.
+     * One sequence whose grid is over a block an SM with no such item takes high items
+     * longer than the low ones where that brings it under (1 x 6k, 144 blocks: 80-token high
+     * items, 128 blocks, 16.94 against 16.10 us; at 2 x 3k it lost, 15.92 against 16.42). */
     static constexpr int32_t hi_item_bytes_ratio = 3, hi_item_bytes_ratio_den = 2;
     static constexpr int32_t hi_item_share_num = 1, hi_item_share_den = 3;
 

@@ -1168,11 +1168,17 @@ Test(decode_cuda, few_seq_items_fallback)
     const int32_t auto_4k = mkv_cuda_decode_hi_item_tokens(&q3[1]);
     q3[1].max_tokens = 3584; /* 1 x 5k: the shortest whose grid is 128 blocks */
     const int32_t auto_5k = mkv_cuda_decode_hi_item_tokens(&q3[1]);
-    q3[1].max_tokens = 4300; /* 1 x 6k: a grid of more than a block an SM with them */
+    q3[1].max_tokens = 4300; /* 1 x 6k: 144 blocks, 128 with longer high items */
     const int32_t auto_6k = mkv_cuda_decode_hi_item_tokens(&q3[1]);
+    q3[1].max_tokens = 5734; /* 1 x 8k: 128 blocks, more with shorter high items */
+    const int32_t auto_8k = mkv_cuda_decode_hi_item_tokens(&q3[1]);
     cr_assert_eq(auto_4k, 32, "AUTO's high items at 1 x 4k: %d, want 32", auto_4k);
     cr_assert_eq(auto_5k, 48, "AUTO's high items at 1 x 5k: %d, want 48", auto_5k);
-    cr_assert_eq(auto_6k, 0, "AUTO's high items at 1 x 6k: %d, want none", auto_6k);
+    cr_assert_eq(auto_6k, 80, "AUTO's high items at 1 x 6k: %d, want 80", auto_6k);
+    cr_assert_eq(auto_8k, 0, "AUTO's high items at 1 x 8k: %d, want none", auto_8k);
+    q3[1].n_seq = 2, q3[1].max_tokens = 2150; /* 2 x 3k: longer high items for one sequence only */
+    const int32_t auto_2x3k = mkv_cuda_decode_hi_item_tokens(&q3[1]);
+    cr_assert_eq(auto_2x3k, 0, "AUTO's high items at 2 x 3k: %d, want none", auto_2x3k);
     cr_assert_eq(mix_hi, 32, "the mix's high items forced to 32: %d", mix_hi);
     cr_assert_eq(k4_hi, 0, "K4V2 alone with high items of %d", k4_hi);
     cr_assert_eq(mix_64, 0, "high items of the item size itself: %d", mix_64);
@@ -1243,7 +1249,8 @@ Test(decode_cuda, hi_items, .timeout = 600)
     static const struct {
         int32_t n_seq, max_tokens, want;
     } cases[] = {{1, 717, 16},  {1, 2867, 32}, {1, 3584, 48},
-                 {2, 717, 16},  {1, 4300, 0},  {2, 1433, 0}, {64, 2867, 0}, {256, 717, 0}};
+                 {2, 717, 16},  {1, 4300, 80}, {1, 5734, 0}, {2, 1433, 0}, {2, 2150, 0},
+                 {64, 2867, 0}, {256, 717, 0}};
     for (size_t i = 0; i < sizeof cases / sizeof cases[0]; i++) {
         a.n_seq = cases[i].n_seq, a.max_tokens = cases[i].max_tokens;
         cr_assert_eq(mkv_cuda_decode_hi_item_tokens(&a), cases[i].want, "mix %d x %d: high items of %d, want %d",
