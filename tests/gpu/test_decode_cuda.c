@@ -1258,6 +1258,100 @@ Test(decode_cuda, hi_items, .timeout = 600)
     }
 }
 
+/* A call like batch b's with split tokens split, for the plan queries. */
+static mkv_cuda_decode_t batch_query(const batch_t *b, int32_t split)
+{
+    return (mkv_cuda_decode_t){.lay_hi = b->lay_hi, .lay_lo = b->lay_lo, .n_seq = b->c.n_seq, .n_heads = b->c.H,
+                               .group_size = b->c.G, .head_dim = b->c.d, .max_tokens = b->max_tokens,
+                               .split_tokens = split, .kernel = MKV_DECODE_KERNEL_TENSOR, .scores = b->scores,
+                               .logits = b->logits, .no_scores = b->no_scores};
+}
+
+/* The write-back in the regions' last blocks (tc_args::fin_inline, forced on): no finalize
+ * kernel; each region's last block merges and writes its scores back, its arrival counter
+ * zeroed by a kernel ahead (batch_gpu poisons the workspace with 0xFF bytes, which counters
+ * left unzeroed would turn into a wrong last block). Against the reference: the two-format
+ * kernel and one format (K16V16, K4V2) at G 4 and 8, d 64 and 128, pages of 23 tokens, regions
+ * empty to 5,000 tokens, high items of their own (decision 88), without scores, and a call of
+ * several waves of blocks. Then the choice: never with compact logits, G 2, fused calls or
+ * forced off; AUTO does not take it (yet). */
+Test(decode_cuda, fin_inline, .timeout = 600)
+{
+    GPU_REQUIRE();
+    stats_t ck[2] = {{.what = "out (write-back in the last blocks)"}, {.what = "score (write-back in the last blocks)"}};
+    stats_t ckn[2] = {{.what = "out (last blocks, no scores)"}, {.what = "pool bytes unchanged (last blocks)"}};
+    stats_t ckw[2] = {{.what = "out (last blocks, waves)"}, {.what = "score (last blocks, waves)"}};
+    uint64_t r = 0xf1a11;
+    static const mkv_format_t his[] = {MKV_FORMAT_K8V4, MKV_FORMAT_K16V16, MKV_FORMAT_K4V2};
+    static const mkv_format_t los[] = {MKV_FORMAT_K4V2, MKV_FORMAT_K16V16, MKV_FORMAT_K4V2};
+    mkv_tc_fin_inline_override = 1;
+    for (int fi = 0; fi < 3; fi++)
+        for (int di = 0; di < 2; di++)
+            for (int ns = 0; ns < 2; ns++) {
+                const int32_t H = 3, n_seq = 2;
+                int32_t len[2 * 3 * 2];
+                for (int i = 0; i < n_seq * H; i++) {
+                    const int32_t n = i == 4 ? 0 : test_rand_range(&r, 1, 5000), hi = test_rand_range(&r, 0, n);
+                    len[2 * i] = hi, len[2 * i + 1] = n - hi;
+                }
+                spec_t c = {.hi = his[fi], .lo = los[fi], .d = di ? 128 : 64, .G = (fi + di) % 2 ? 8 : 4,
+                            .tpp = 23, .n_seq = n_seq, .H = H, .len = len, .seed = test_rand_next(&r)};
+                batch_t b;
+                batch_build(&b, &c);
+                b.scores = MKV_DECODE_SCORES_SEPARATE;
+                b.no_scores = ns;
+                const int32_t splits[] = {0, 64, 96};
+                for (int k = 0; k < 3; k++) {
+                    const mkv_cuda_decode_t a = batch_query(&b, splits[k]);
+                    cr_assert(mkv_cuda_decode_fin_inline(&a), "%s split %d: no write-back in the last blocks", b.ctx,
+                              splits[k]);
+                    cr_assert(!mkv_cuda_decode_ready_flags(&a), "%s split %d: ready flags beside it", b.ctx, splits[k]);
+                }
+                /* the two-format kernel's high items of their own (16 tokens) where they fit */
+                mkv_tc_hi_item_override = fi == 0 && di ? 16 : 0;
+                batch_check_splits(&b, MKV_DECODE_KERNEL_TENSOR, splits, 3, ns ? &ckn[0] : &ck[0],
+                                   ns ? &ckn[1] : &ck[1], NULL, NULL);
+                mkv_tc_hi_item_override = 0;
+                batch_free(&b);
+            }
+    { /* several waves of the separate kernel's blocks: regions end while others stream */
+        const int32_t H = 8, n_seq = 48;
+        int32_t *len = malloc(sizeof(int32_t) * 2 * n_seq * H);
+        cr_assert_not_null(len);
+        for (int i = 0; i < n_seq * H; i++) {
+            const int32_t n = test_rand_range(&r, 1500, 4096), hi = test_rand_range(&r, n / 8, n / 2);
+            len[2 * i] = hi, len[2 * i + 1] = n - hi;
+        }
+        spec_t c = {.hi = MKV_FORMAT_K8V4, .lo = MKV_FORMAT_K4V2, .d = 128, .G = 4, .tpp = 32, .n_seq = n_seq,
+                    .H = H, .len = len, .seed = test_rand_next(&r)};
+        batch_t b;
+        batch_build(&b, &c);
+        b.scores = MKV_DECODE_SCORES_SEPARATE;
+        const int32_t splits[] = {0, 256};
+        batch_check_splits(&b, MKV_DECODE_KERNEL_AUTO, splits, 2, &ckw[0], &ckw[1], NULL, NULL);
+        batch_free(&b);
+        free(len);
+    }
+    for (int i = 0; i < 2; i++) stats_expect(&ck[i], "fin_inline");
+    for (int i = 0; i < 2; i++) stats_expect(&ckn[i], "fin_inline");
+    for (int i = 0; i < 2; i++) stats_expect(&ckw[i], "fin_inline");
+
+    /* The choice (plan queries only). */
+    mkv_cuda_decode_t a = mix_query(64, 4096);
+    cr_assert(mkv_cuda_decode_fin_inline(&a), "forced on: none");
+    a.logits = MKV_DECODE_LOGITS_COMPACT;
+    cr_assert(!mkv_cuda_decode_fin_inline(&a), "with compact logits");
+    a.logits = MKV_DECODE_LOGITS_AUTO, a.group_size = 2;
+    cr_assert(!mkv_cuda_decode_fin_inline(&a), "at G 2");
+    a.group_size = 4, a.scores = MKV_DECODE_SCORES_FUSED;
+    cr_assert(!mkv_cuda_decode_fin_inline(&a), "in a fused call");
+    a.scores = MKV_DECODE_SCORES_SEPARATE;
+    mkv_tc_fin_inline_override = -1;
+    cr_assert(!mkv_cuda_decode_fin_inline(&a), "forced off: taken");
+    mkv_tc_fin_inline_override = 0;
+    cr_assert(!mkv_cuda_decode_fin_inline(&a), "AUTO: taken");
+}
+
 /* q of a wide dynamic range (20 binades) against keys far from zero (zeros' and codes' terms
  * nearly cancel): the formats whose keys take the fp16 mma as subnormals (4-bit: one format,
  * default groups and one group, and the two-format kernel, whose fused pass keeps the integer
