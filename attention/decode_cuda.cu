@@ -126,7 +126,7 @@ static mkv_status_t launch_tc(const mkv_cuda_decode_t *a, cudaStream_t stream, c
     f.piece_tokens = 0, f.wave_blocks = 0;
     f.trace = mkv_tc_trace_buffer;
     f.ready = nullptr;
-    f.hi_item = 0, f.hi_cap = 0, f.fin_inline = 0; /* (the separate pass's one launch below) */
+    f.hi_item = 0, f.hi_cap = 0; /* (the separate pass's one launch below) */
     /* The separate and finalize passes' grids put the blocks' index last where grid z holds
      * them (tc_args::x_last): every region's first blocks start before any region's later,
      * often empty, ones. */
@@ -169,18 +169,6 @@ static mkv_status_t launch_tc(const mkv_cuda_decode_t *a, cudaStream_t stream, c
         /* the separate pass packs a region's items, high then low, into full blocks */
         if (w.ready) f.ready = reinterpret_cast<int32_t *>(ws + w.off_ready);
         f.hi_item = w.hi_item, f.hi_cap = std::min(w.sep_slots, 2 * w.sec_items);
-        if (w.fin_inline) {
-            /* the regions' arrival counters in the ready flags' words (unused), zeroed ahead;
-             * the grid region-major, so that a region's blocks run together */
-            f.fin_inline = 1, f.x_last = 0;
-            f.discard = ((uintptr_t)f.logits | (uintptr_t)f.part_o | (uintptr_t)f.part_ml) % 128 == 0;
-            f.counters = reinterpret_cast<int32_t *>(ws + w.off_ready);
-            if ((st = mkv_decode_launched("decode counters' zeroing kernel", err,
-                                          mkv_tc_zero_counters(f.counters, (size_t)f.n_rs, stream))) != MKV_STATUS_OK)
-                return st;
-            return mkv_decode_launched("tensor-core decode kernel (write-back in its regions' last blocks)", err,
-                                       one.launch(f, order((unsigned)(w.sep_slots / MKV_TC_SEP_WARPS), false), stream));
-        }
         const dim3 g2 = order((unsigned)(w.sep_slots / MKV_TC_SEP_WARPS), x_last);
         if ((st = mkv_decode_launched("tensor-core decode kernel", err, one.launch(f, g2, stream))) != MKV_STATUS_OK)
             return st;

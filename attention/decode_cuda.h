@@ -159,15 +159,6 @@ int mkv_cuda_decode_ready_flags(const mkv_cuda_decode_t *a);
  * the environment (read once) forces it the same way, for programs without the knob
  * (serve-bench). */
 extern int32_t mkv_tc_ready_override;
-/* Whether such a call merges and writes back each head-region in the region's last block
- * to end its items, in the decode kernel, instead of a finalize kernel after it
- * (docs/decode-kernel.md, "Score write-back in the regions' last blocks"); depends on the
- * current device, as above. */
-int mkv_cuda_decode_fin_inline(const mkv_cuda_decode_t *a);
-/* That choice forced (bench_attention --fin-inline, tests): 0, the library's (the default);
- * -1, never; 1, wherever one launch runs the separate pass with fp32 logits and G 4 or 8.
- * Process-wide and not thread-safe, as above. */
-extern int32_t mkv_tc_fin_inline_override;
 /* The two-format separate pass's high items (decision 88): 0 AUTO, -1 never, > 0 those tokens
  * (rounded up to a multiple of 16; AUTO's are below the item size, forced ones may be above)
  * wherever the pass is one launch. For tests and bench_attention --hi-item. */

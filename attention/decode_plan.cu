@@ -74,7 +74,7 @@ tc_plan plan_tc(int32_t n_seq, int32_t H, int32_t G, int32_t d, int32_t max_toke
     using T = mkv_decode_tuning;
     tc_plan w;
     w.compact = false, w.last_blocks_last = false, w.tail_regions = 0, w.piece_tokens = 0, w.wave_blocks = 0;
-    w.ready = false, w.fin_inline = false;
+    w.ready = false;
     const int32_t sms = device_attr(cudaDevAttrMultiProcessorCount, T::fallback_sms);
     if (split_tokens > 0) {
         w.item_tokens = (int32_t)mkv_align_up64(split_tokens, MKV_TC_MIN_ITEM);
@@ -393,17 +393,6 @@ static bool ready_flags(const mkv_cuda_decode_t *a, const tc_kernel &one, const 
     return blocks >= T::ready_min_waves * resident && blocks * T::ready_wave_tokens <= resident * w.item_tokens;
 }
 
-/* Whether a separate call of one launch (one) merges and writes back each region in the
- * region's last block to end its items (tc_args::fin_inline; tc_tail.cuh) instead of a
- * finalize kernel after it: fp32 logits of G 4 or 8 (score_rows), G x d within the block's
- * merge (merge_out, in slices). mkv_tc_fin_inline_override: -1 never, 1 wherever it may; AUTO
- * (0) never yet (being measured). */
-static bool fin_inline(const mkv_cuda_decode_t *a, const tc_kernel &one, const tc_plan &w)
-{
-    if (one.launch == nullptr || w.compact || (a->group_size != 4 && a->group_size != 8)) return false;
-    return mkv_tc_fin_inline_override > 0;
-}
-
 /* A two-format separate call's item where its plan (item w.item_tokens) fills less than a wave
  * of resident blocks (resident: the separate kernel's, 0 if unknown): the shortest multiple of
  * MKV_TC_MIN_ITEM, at least wave_fill_min_item and below the plan's, whose grid (a region's
@@ -557,8 +546,7 @@ tc_plan plan_call(const mkv_cuda_decode_t *a, const tc_kernel &one, bool *fused,
                n_rs * T::few_region_blocks <= (int64_t)T::few_region_waves * sms) {
         adopt(few_region_item(basis, w.item_tokens), covered());
     }
-    w.fin_inline = fin_inline(a, one, w);
-    w.ready = !w.fin_inline && ready_flags(a, one, w);
+    w.ready = ready_flags(a, one, w);
     high_items(a, one, sms, &w);
     return w;
 }
@@ -695,13 +683,6 @@ extern "C" int mkv_cuda_decode_ready_flags(const mkv_cuda_decode_t *a)
     mkv_tc_plan::tc_plan w;
     bool fused;
     return mkv_tc_plan::query_plan(a, &w, &fused) && !fused && w.ready;
-}
-
-extern "C" int mkv_cuda_decode_fin_inline(const mkv_cuda_decode_t *a)
-{
-    mkv_tc_plan::tc_plan w;
-    bool fused;
-    return mkv_tc_plan::query_plan(a, &w, &fused) && !fused && w.fin_inline;
 }
 
 extern "C" int32_t mkv_cuda_decode_hi_item_tokens(const mkv_cuda_decode_t *a)

@@ -34,9 +34,6 @@ struct tc_plan {
     int32_t piece_tokens;
     int32_t wave_blocks; /* tc_args::wave_blocks */
     bool ready; /* the separate pass's one launch with ready flags (tc_args::ready; plan_call) */
-    /* The separate pass's one launch with the write-back in its regions' last blocks
-     * (tc_args::fin_inline; plan_call): no finalize kernel, no ready flags. */
-    bool fin_inline;
     /* The separate pass's one launch: the high items' tokens (tc_args::hi_item; 0: the item
      * size) and the item slots a region's blocks hold (sep_slots / MKV_TC_SEP_WARPS blocks). */
     int32_t hi_item, sep_slots;

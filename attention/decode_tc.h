@@ -140,14 +140,6 @@ struct tc_args {
      * block a multiprocessor (decision 88). The logits keep item_tokens' layout (section_of_region): a region's
      * high tokens from slot 0, its low ones from slot ceil(hi / item_tokens). */
     int32_t hi_item, hi_cap;
-    /* The separate pass's one launch (sec_mask 3, fp32 logits, G 4 or 8), where set: no
-     * finalize kernel; each block arrives at its head-region's counter (counters[rs], zeroed
-     * by a kernel ahead of it) once its items are done, and the region's last block merges
-     * the region's parts into out and writes its scores back (region_tail, tc_tail.cuh), while
-     * its logits and parts are still in L2. The grid is region-major (x_last 0), so that a
-     * region's blocks run together. Launched with programmatic serialization (the counters'
-     * zeroing ahead of it). */
-    int32_t fin_inline;
     /* Timeline stamps (tc_trace.cuh; MKV_TC_TRACE builds only, else ignored): null for none. */
     unsigned long long *trace;
 };

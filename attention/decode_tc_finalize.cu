@@ -21,9 +21,66 @@
  * 1,962 against 1,947; but 64 x 1k K4V2 81 against 92 and 256 x 4k mix 614 against 629). */
 #define FIN_LONG_REGION 16384
 
-/* The score blocks' fp32 logit rows (tc_merge.cuh), FIN_THREADS threads. */
+/* The logits and page ids of a score block's tokens k = first + tid + u FIN_THREADS (the
+ * region's tokens, high then low), loaded before the block knows the heads' lse, so that these
+ * loads overlap the items' maxima and sums being read (NV float4s per token: rows of G = 4 NV
+ * logits, 16-byte aligned). */
 template <int NV, int U>
-using fin_rows = mkv_tc::score_rows<NV, U, FIN_THREADS>;
+struct score_rows {
+    static constexpr int32_t PER_BLOCK = FIN_THREADS * U; /* units (tokens) per score block */
+    float4 v[U][NV];
+    int32_t page[U], slot[U];
+
+    /* A unit is a token: the high section's first, the region's n in all. */
+    static __device__ __forceinline__ int32_t units(int32_t hi, int32_t n, int32_t *hi_units)
+    {
+        *hi_units = hi;
+        return n;
+    }
+
+    /* ONE: every token of the block lies in section s[0], whose token 0 is the region's token
+     * base (0 or hi): no per-token choice of section (most blocks; a block straddles the
+     * sections only where the high one ends). Else base is hi, the high section s[0] and the
+     * low one s[1]. */
+    template <bool ONE>
+    __device__ __forceinline__ void load(const tc_args &, const mkv_tc::section_tokens (&s)[2], int32_t base,
+                                         int32_t n, int32_t first)
+    {
+#pragma unroll
+        for (int u = 0; u < U; u++) {
+            const int32_t k = first + (int32_t)threadIdx.x + u * FIN_THREADS;
+            if (k >= n) break;
+            const bool sec = !ONE && k >= base;
+            const int32_t kk = k - (ONE || sec ? base : 0);
+            const mkv_tc::section_tokens t = ONE ? s[0] : mkv_tc::pick_section(s, sec);
+            const float4 *row = reinterpret_cast<const float4 *>(t.lg + (int64_t)kk * (4 * NV));
+#pragma unroll
+            for (int j = 0; j < NV; j++) v[u][j] = __ldcs(row + j);
+            const mkv_tc::page_slot ps = mkv_tc::page_of(t, kk);
+            page[u] = __ldg(t.row + ps.i * t.step);
+            slot[u] = ps.slot;
+        }
+    }
+
+    /* Each token's probability, the maximum over the group of 2^(l - lse_g), to its slot. */
+    template <bool ONE>
+    __device__ __forceinline__ void add(const tc_args &, const mkv_tc::section_tokens (&s)[2], int32_t base,
+                                        int32_t n, int32_t first, const float *lse) const
+    {
+#pragma unroll
+        for (int u = 0; u < U; u++) {
+            const int32_t k = first + (int32_t)threadIdx.x + u * FIN_THREADS;
+            if (k >= n) break;
+            float x = -INFINITY;
+#pragma unroll
+            for (int j = 0; j < NV; j++)
+                x = fmaxf(x, fmaxf(fmaxf(v[u][j].x - lse[4 * j], v[u][j].y - lse[4 * j + 1]),
+                                   fmaxf(v[u][j].z - lse[4 * j + 2], v[u][j].w - lse[4 * j + 3])));
+            const mkv_tc::section_tokens t = ONE ? s[0] : mkv_tc::pick_section(s, !ONE && k >= base);
+            mkv_tc::red_add(mkv_tc::score_slot(t, page[u], slot[u]), mkv_tc::ex2(x));
+        }
+    }
+};
 
 /* The compact logits (tc_args::compact) of a score block's tokens, four consecutive tokens of a
  * section a unit (a quad: one 16-byte load of each pair's codes, one word of its nibbles, one
@@ -116,8 +173,85 @@ struct score_quads {
     }
 };
 
-/* The most merge blocks a region (mkv_tc_finalize; MKV_TC_MERGE_BATCH, tc_merge.cuh). */
+/* Item weights staged per round of merge_out: a round's items' 2^(m - M) per head. */
+#define MKV_TC_MERGE_ROUND 64
+/* Items a merge block's thread loads at once (merge_out), and the most merge blocks a region:
+ * in small calls a region's G x d outputs are cut among merge blocks while each thread keeps
+ * at least this many items, loaded together (one block walking 64 items two float4 lanes
+ * wide, four at a time, had taken eight round trips: the call's last 3 us at 1 x 4k). */
+#define MKV_TC_MERGE_BATCH 8
 #define MKV_TC_MERGE_MAX_BLOCKS 8
+
+/* out of head-region rs = its n_items parts' partial outputs (from part), each weighted by
+ * 2^(m - M), over S; block-wide (all NTH threads call it: it holds barriers). The block is
+ * merge block k of mb: it takes slice k of the G x d outputs as float4s (n4 of them, cut in
+ * mb slices of w4), thread t float4 t % w4 of the slice for the items congruent to t / w4
+ * modulo NTH / w4 (MKV_TC_MERGE_BATCH loads in flight per thread, where one thread per output
+ * element had walked every item with scalar loads), the item lanes then summed through shared
+ * memory. The weights are computed once per item and head into W, a round of
+ * MKV_TC_MERGE_ROUND items at a time. */
+template <int NTH>
+static __device__ __forceinline__ void merge_out(const tc_args &a, int64_t part, int32_t n_items, int64_t rs,
+                                          int32_t d, const float *M, const float *S,
+                                          float (&W)[MKV_TC_MERGE_ROUND][MKV_TC_MAX_G], float4 (&R)[NTH],
+                                          int32_t k, int32_t mb)
+{
+    static_assert(MKV_TC_MAX_G * 128 / 4 <= NTH, "a thread per float4 of the G x d outputs (d <= 128)");
+    constexpr int BATCH = MKV_TC_MERGE_BATCH;
+    const int32_t G = a.G, n4 = G * d / 4, tid = threadIdx.x;
+    const int32_t w4 = (n4 + mb - 1) / mb, e0 = k * w4, we = min(w4, n4 - e0); /* the slice */
+    const int32_t lanes = NTH / w4 > 0 ? NTH / w4 : 1; /* item lanes */
+    const int32_t p = tid / w4, e4 = e0 + tid - p * w4, g = 4 * e4 / d;
+    const bool mine = p < lanes && tid - p * w4 < we;
+    const float4 *po = reinterpret_cast<const float4 *>(a.part_o + part * G * d) + e4;
+    float4 o = make_float4(0.0f, 0.0f, 0.0f, 0.0f);
+    for (int32_t s0 = 0; s0 < n_items; s0 += MKV_TC_MERGE_ROUND) {
+        const int32_t nr = min(MKV_TC_MERGE_ROUND, n_items - s0);
+        __syncthreads(); /* the previous round's W is read */
+        for (int32_t i = tid; i < nr * G; i += NTH) {
+            const int32_t s = i / G, h = i - s * G;
+            W[s][h] = exp2f(__ldcg(a.part_ml + ((part + s0 + s) * G + h) * 2) - M[h]);
+        }
+        __syncthreads();
+        if (!mine) continue;
+        /* BATCH items' loads issued before any is used, predicated: `#pragma unroll` left the
+         * trip count's remainder a chain of load, use, branch (SASS), a round trip per item.
+         * Items past nr add fmaf(0, 0, o) = o: the sums are the loop's, bit for bit. */
+        for (int32_t s1 = p; s1 < nr; s1 += BATCH * lanes) {
+            float4 x[BATCH];
+#pragma unroll
+            for (int b = 0; b < BATCH; b++) {
+                const int32_t s = s1 + b * lanes;
+                x[b] = s < nr ? __ldcg(po + (int64_t)(s0 + s) * n4) : make_float4(0.0f, 0.0f, 0.0f, 0.0f);
+            }
+#pragma unroll
+            for (int b = 0; b < BATCH; b++) {
+                const int32_t s = s1 + b * lanes;
+                const float w = s < nr ? W[s][g] : 0.0f;
+                o.x = fmaf(x[b].x, w, o.x), o.y = fmaf(x[b].y, w, o.y), o.z = fmaf(x[b].z, w, o.z);
+                o.w = fmaf(x[b].w, w, o.w);
+            }
+        }
+    }
+    if (lanes > 1) {
+        R[tid] = o;
+        __syncthreads();
+        if (p != 0 || !mine) return;
+        for (int32_t q = 1; q < lanes; q++) {
+            const float4 x = R[q * w4 + e4 - e0];
+            o.x += x.x, o.y += x.y, o.z += x.z, o.w += x.w;
+        }
+    } else if (!mine) {
+        return;
+    }
+    const float r[4] = {o.x / S[g], o.y / S[g], o.z / S[g], o.w / S[g]};
+    const int64_t at = rs * G * d + 4 * e4;
+#pragma unroll
+    for (int k = 0; k < 4; k++) {
+        if (a.out16) a.out16[at + k] = a.out_bf16 ? mkv_f32_to_bf16(r[k]) : mkv_f32_to_f16(r[k]);
+        else a.out[at + k] = r[k];
+    }
+}
 
 /* Until the n part slots' ready flags from f (tc_args::ready) all read 1 (a warp: lane l the
  * slots l, l + 32, ...; acquire, so that what the items wrote is visible after). */
@@ -146,7 +280,7 @@ template <class SC>
 static __device__ __forceinline__ void finalize_block(const tc_args &a, int32_t d, int32_t nsb, int32_t mb)
 {
     constexpr bool ANY_G = std::is_void<SC>::value;
-    using ROWS = typename std::conditional<ANY_G, fin_rows<1, 1>, SC>::type;
+    using ROWS = typename std::conditional<ANY_G, score_rows<1, 1>, SC>::type;
     const int32_t bx = a.x_last ? blockIdx.z : blockIdx.x, h = a.x_last ? blockIdx.x : blockIdx.y;
     const int32_t j = a.x_last ? blockIdx.y : blockIdx.z, tid = threadIdx.x;
     if (tid == 0) mkv_tc::trace_stamp(a, mkv_tc::TR_FIN_START, bx);
@@ -208,7 +342,7 @@ static __device__ __forceinline__ void finalize_block(const tc_args &a, int32_t 
     if (merging) {
         __shared__ float W_s[MKV_TC_MERGE_ROUND][MKV_TC_MAX_G];
         __shared__ float4 R_s[FIN_THREADS];
-        mkv_tc::merge_out<FIN_THREADS>(a, part, slots, rs, d, M_s, S_s, W_s, R_s, bx - nsb, mb);
+        merge_out<FIN_THREADS>(a, part, slots, rs, d, M_s, S_s, W_s, R_s, bx - nsb, mb);
         if (tid == 0) mkv_tc::trace_stamp(a, mkv_tc::TR_FIN_END, bx);
         return;
     }
@@ -278,6 +412,6 @@ cudaError_t mkv_tc_finalize(const tc_args &a, int32_t d, int32_t n_seq, cudaStre
         return launch(wide ? finalize_kernel<score_quads<4, 2 * Q>> : finalize_kernel<score_quads<4, Q>>);
     }
     if (!rows) return launch(finalize_kernel<void>);
-    if (a.G == 4) return launch(wide ? finalize_kernel<fin_rows<1, 2 * T>> : finalize_kernel<fin_rows<1, T>>);
-    return launch(wide ? finalize_kernel<fin_rows<2, 2 * T>> : finalize_kernel<fin_rows<2, T>>);
+    if (a.G == 4) return launch(wide ? finalize_kernel<score_rows<1, 2 * T>> : finalize_kernel<score_rows<1, T>>);
+    return launch(wide ? finalize_kernel<score_rows<2, 2 * T>> : finalize_kernel<score_rows<2, T>>);
 }

@@ -16,7 +16,6 @@
  *   tc_item.cuh     run_item: one warp's item, its copy pipeline and the loop over the steps
  *   tc_merge.cuh    merge and score helpers shared with the finalize kernel
  *   tc_finish.cuh   the fused kernel's merge and score write-back jobs
- *   tc_tail.cuh     the separate pass's write-back in its regions' last blocks
  */
 #ifndef MKV_ATTENTION_TC_DECODE_CUH
 #define MKV_ATTENTION_TC_DECODE_CUH
@@ -26,7 +25,6 @@
 #include "attention/tc_item.cuh"
 #include "attention/tc_ptx.cuh"
 #include "attention/tc_staging.cuh"
-#include "attention/tc_tail.cuh"
 #include "attention/tc_trace.cuh"
 
 #ifndef MKV_MAX_DEVICES
@@ -331,20 +329,6 @@ __global__ void __launch_bounds__(FUSED ? MKV_TC_WARPS * 32 : MKV_TC_SEP_WARPS *
             __syncwarp();
             if ((threadIdx.x & 31) == 0) st_release(a.ready + b.ip.rs * 2 * a.sec_items + b.ip.slot_id, 1);
         }
-        if (a.fin_inline) {
-            /* Every block of the region arrives (those without items too), thread 0's one
-             * acquire-release atomic after the block's barrier (as the fused kernel's); the
-             * last to arrive writes the region back (tc_tail.cuh). */
-            __shared__ int32_t last;
-            __syncthreads();
-            if (threadIdx.x == 0) {
-                griddep_wait(); /* the counters' zeroing kernel ahead of this one */
-                const int32_t blocks = a.x_last ? gridDim.z : gridDim.x;
-                last = atom_add_acq_rel(a.counters + b.ip.rs, 1) == blocks - 1;
-            }
-            __syncthreads();
-            if (last) region_tail<D, NT>(a, smem, b.ip.rs);
-        }
         return;
     }
     block_shared &bs = *reinterpret_cast<block_shared *>(smem + MKV_TC_WARPS * K::WARP_BYTES);
@@ -590,9 +574,6 @@ cudaError_t launch_variant(const tc_args &a, dim3 grid, cudaStream_t stream)
         if (e != cudaSuccess) return e;
     } else {
         if (kernel_setup<D, HI, LO, false>() <= 0) return cudaErrorInvalidValue;
-        if (a.fin_inline) /* after mkv_tc_zero_counters, which it overlaps */
-            return mkv_tc_launch_pdl(decode_kernel<D, HI, LO, false>, grid, dim3(MKV_TC_SEP_WARPS * 32), K::SMEM_SEP,
-                                     stream, a);
         decode_kernel<D, HI, LO, false><<<grid, MKV_TC_SEP_WARPS * 32, K::SMEM_SEP, stream>>>(a);
     }
     return cudaGetLastError();

@@ -249,15 +249,6 @@ int main(int argc, char **argv)
                 return 2;
             }
         }
-        else if (!strcmp(argv[i], "--fin-inline") && i + 1 < argc) {
-            const char *x = argv[++i];
-            if (!strcmp(x, "auto") || !strcmp(x, "off") || !strcmp(x, "on")) {
-                mkv_tc_fin_inline_override = x[1] == 'u' ? 0 : x[1] == 'f' ? -1 : 1;
-            } else {
-                fprintf(stderr, "bench_attention: --fin-inline takes auto, off or on\n");
-                return 2;
-            }
-        }
         else if (!strcmp(argv[i], "--group-size") && i + 1 < argc) group = atoi(argv[++i]);
         else if (!strcmp(argv[i], "--flush") && i + 1 < argc && (!strcmp(argv[i + 1], "read") || !strcmp(argv[i + 1], "write")))
             write_flush = !strcmp(argv[++i], "write");
@@ -289,7 +280,7 @@ int main(int argc, char **argv)
                     "                       [--flush read|write] [--no-scores] [--spread F] [--hint]\n"
                     "                       [--page-tokens N] [--trace FILE] [--pieces auto|off|N]\n"
                     "                       [--wave-spares auto|off|N] [--ready auto|off|on]\n"
-                    "                       [--hi-item auto|off|N] [--fin-inline auto|off|on]\n"
+                    "                       [--hi-item auto|off|N]\n"
                     "Decode attention time over batch x length grids (32 query / 8 KV heads, d 128)\n"
                     "for K16V16, K8V8, K8V4, K4V2 and a 20/50/30 high/low/pruned mix, against the\n"
                     "device copy rate. --scores: the score write-back as its own pass (separate),\n"
@@ -324,10 +315,7 @@ int main(int argc, char **argv)
                     "--hi-item: the tokens of the high section's items in two-format separate calls\n"
                     "of one launch (AUTO: shorter than the low ones', which read fewer bytes a token):\n"
                     "auto (the library's rule, the default), off (one item size), or N (rounded\n"
-                    "up to a multiple of 16; shorter or longer than the item size).\n"
-                    "--fin-inline: whether separate calls of one launch merge and write back each\n"
-                    "region in its last block to end, inside the decode kernel, instead of a\n"
-                    "finalize pass after it: auto (the library's rule, the default), off or on.\n");
+                    "up to a multiple of 16; shorter or longer than the item size).\n");
             return strcmp(argv[i], "-h") && strcmp(argv[i], "--help") ? 2 : 0;
         }
     }
@@ -617,7 +605,7 @@ int main(int argc, char **argv)
                                 "\"fraction_of_copy\": %.4f, \"speedup_vs_k16v16\": %.3f, "
                                 "\"fused_scores\": %s, \"compact_logits\": %s, \"tensor\": %s, "
                                 "\"piece_tokens\": %d, \"item_tokens\": %d, \"wave_blocks\": %d, "
-                                "\"ready_flags\": %s, \"hi_item_tokens\": %d, \"fin_inline\": %s, "
+                                "\"ready_flags\": %s, \"hi_item_tokens\": %d, "
                             "\"groups\": [%d, %d, %d, %d]}",
                             first ? "" : ",", v.name, batch, len, n_hi, n_lo, sec * 1e6,
                             *std::min_element(t.begin(), t.end()) * 1e6,
@@ -629,8 +617,7 @@ int main(int argc, char **argv)
                                 ? "true" : "false",
                             (int)mkv_cuda_decode_piece_tokens(&a), (int)mkv_cuda_decode_item_tokens(&a),
                             (int)mkv_cuda_decode_wave_blocks(&a), mkv_cuda_decode_ready_flags(&a) ? "true" : "false",
-                            (int)mkv_cuda_decode_hi_item_tokens(&a),
-                            mkv_cuda_decode_fin_inline(&a) ? "true" : "false", lh.key.groups, lh.value.groups, ll.key.groups,
+                            (int)mkv_cuda_decode_hi_item_tokens(&a), lh.key.groups, lh.value.groups, ll.key.groups,
                             ll.value.groups);
                     first = 0;
                 }
