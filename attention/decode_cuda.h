@@ -91,9 +91,11 @@ typedef enum mkv_cuda_decode_scores {
  * token and query head. COMPACT, where G >= 2 (else FP32): 20-bit fixed-point probabilities
  * relative to each softmax step's maximum, about 11 bytes per token at G = 4 instead of 16,
  * for ~65 more instructions per 16 tokens and warp; each probability added to a score then
- * carries an absolute error of at most 2^-21 more. AUTO: FP32 in the separate pass; fused,
- * COMPACT on GPUs whose DRAM is slow for their multiprocessors (fewer peak DRAM bytes per SM
- * cycle than mkv_decode_tuning::compact_max_dram_bytes_per_sm_cycle;
+ * carries an absolute error of at most 2^-21 more. The separate pass always keeps FP32 (its
+ * kernel is built without the compact form, which as an untaken branch in its item loop cost
+ * it 2 to 4%: docs/decode-kernel.md, decision 89); COMPACT and AUTO choose for fused calls.
+ * AUTO, fused: COMPACT on GPUs whose DRAM is slow for their multiprocessors (fewer peak DRAM
+ * bytes per SM cycle than mkv_decode_tuning::compact_max_dram_bytes_per_sm_cycle;
  * mkv_cuda_dram_bytes_per_sm_cycle), where the kernel waits on DRAM and fewer logit bytes pay;
  * FP32 on faster ones, where it waits on instruction issue and the extra instructions cost
  * more than they save. */
@@ -115,8 +117,8 @@ int mkv_cuda_decode_uses_tensor(const mkv_page_layout_t *lay_hi, const mkv_page_
  * decode kernel (mkv_cuda_decode_scores_t above). */
 int mkv_cuda_decode_fuses_scores(const mkv_cuda_decode_t *a);
 
-/* Whether such a call keeps its logits for the score write-back (fused or separate) in the
- * compact 20-bit form (mkv_cuda_decode_logits_t above). */
+/* Whether such a call keeps its logits for the score write-back in the compact 20-bit form
+ * (mkv_cuda_decode_logits_t above; fused calls only). */
 int mkv_cuda_decode_compact_logits(const mkv_cuda_decode_t *a);
 
 /* How many of such a call's regions (the last of its fused kernel's queue) take items of half

@@ -186,9 +186,9 @@ static bool tc_may_fuse(const mkv_cuda_decode_t *a, const tc_kernel &one)
            (l.key.bits == 16 && l.value.bits == 16 && token_heads >= T::fuse_min_k16v16_token_heads);
 }
 
-/* Compact logits for a call with scores, fused or separate (decode_tc.h,
- * mkv_cuda_decode_logits_t): where they are smaller (G >= 2); under AUTO, on GPUs where the
- * kernel waits on DRAM rather than on issue. */
+/* Compact logits for a fused call with scores (decode_tc.h, mkv_cuda_decode_logits_t): where
+ * they are smaller (G >= 2); under AUTO, on GPUs where the kernel waits on DRAM rather than on
+ * issue. */
 static bool tc_compact(const mkv_cuda_decode_t *a)
 {
     if (a->logits == MKV_DECODE_LOGITS_FP32 || a->group_size < 2) return false;
@@ -217,10 +217,12 @@ static tc_plan plan_for(const mkv_cuda_decode_t *a, bool fused, int32_t blocks)
      * compact_max_item tokens with compact logits (mkv_decode_tuning). */
     using T = mkv_decode_tuning;
     int32_t cap = 0, max_item = MKV_TC_MAX_ITEM;
-    /* Under AUTO the separate pass keeps fp32 logits (H100, the mix 20/50/30 separate, fp32
-     * against compact: 81 x 6,000 spread 177.2 against 180.9 us, 64 x 16k 474.0 against
-     * 476.5): its decode pass waits on issue, not on the logits' bytes. COMPACT forces them. */
-    const bool compact = !a->no_scores && tc_compact(a) && (fused || a->logits == MKV_DECODE_LOGITS_COMPACT);
+    /* The separate pass keeps fp32 logits, forced or not: its decode pass waits on issue, not
+     * on the logits' bytes (H100, the mix 20/50/30 separate, fp32 against compact: 81 x 6,000
+     * spread 177.2 against 180.9 us, 64 x 16k 474.0 against 476.5), and its kernel is built
+     * without the compact form (decision 89: as an untaken branch in the item loop it cost
+     * every separate call 2 to 4%). */
+    const bool compact = fused && !a->no_scores && tc_compact(a);
     /* (no logits to keep in L2 without a score write-back) */
     if (fused && !a->no_scores && a->lay_hi.key.bits >= T::l2_cap_min_key_bits)
         cap = blocks >= 1 && blocks <= T::l2_cap_max_blocks ? blocks : +T::l2_cap_max_blocks;

@@ -2,7 +2,7 @@
  * decode_tc_finalize.cu — the separate score pass's finalize kernel (decode_tc.h,
  * mkv_tc_finalize): per head-region, one block merges the items' partial results into out
  * (merge_out), the others add each token's probability to its score slot, from fp32 logit rows
- * (score_rows) or compact logits four tokens at a time (score_quads). Design:
+ * (score_rows; the separate pass keeps fp32 logits, decision 89). Design:
  * docs/decode-kernel.md, "Score write-back, separate pass".
  */
 #include "attention/decode_plan.h"
@@ -78,97 +78,6 @@ struct score_rows {
                                    fmaxf(v[u][j].z - lse[4 * j + 2], v[u][j].w - lse[4 * j + 3])));
             const mkv_tc::section_tokens t = ONE ? s[0] : mkv_tc::pick_section(s, !ONE && k >= base);
             mkv_tc::red_add(mkv_tc::score_slot(t, page[u], slot[u]), mkv_tc::ex2(x));
-        }
-    }
-};
-
-/* The compact logits (tc_args::compact) of a score block's tokens, four consecutive tokens of a
- * section a unit (a quad: one 16-byte load of each pair's codes, one word of its nibbles, one
- * step maximum, as a quad lies in one 16-token slot of the maxima, MKV_TC_R_GRID; one 16-byte
- * score reduction where score_v4, whose pages of a multiple of 4 tokens keep a quad in one
- * page), loaded before the block knows the heads' lse as score_rows's rows are. Units: the high section's quads, then the low
- * one's; the last quad of a section may hold fewer than four tokens (its loads stay inside the
- * item's slot row, a multiple of 32 tokens; what lies past the section is not used). */
-template <int G2, int U>
-struct score_quads {
-    static constexpr int32_t PER_BLOCK = FIN_THREADS * U;
-    uint4 w[U][G2];     /* codes' low 16 bits, heads 2j and 2j + 1, of the quad's four tokens */
-    uint32_t b[U][G2];  /* their high nibbles, a byte per token */
-    float2 r[U][G2];    /* the step maxima R of both heads */
-    int32_t page[U], slot[U];
-
-    static __device__ __forceinline__ int32_t units(int32_t hi, int32_t n, int32_t *hi_units)
-    {
-        *hi_units = (hi + 3) / 4;
-        return *hi_units + (n - hi + 3) / 4;
-    }
-
-    template <bool ONE>
-    __device__ __forceinline__ void load(const tc_args &a, const mkv_tc::section_tokens (&s)[2], int32_t base,
-                                         int32_t n, int32_t first)
-    {
-#pragma unroll
-        for (int u = 0; u < U; u++) {
-            const int32_t q = first + (int32_t)threadIdx.x + u * FIN_THREADS;
-            if (q >= n) break;
-            const bool sec = !ONE && q >= base;
-            const int32_t kk = 4 * (q - (ONE || sec ? base : 0));
-            const mkv_tc::section_tokens t = ONE ? s[0] : mkv_tc::pick_section(s, sec);
-            const int64_t x = t.lin0 + kk;
-#pragma unroll
-            for (int j = 0; j < G2; j++) {
-                w[u][j] = __ldcs(reinterpret_cast<const uint4 *>(a.lg_a + j * a.lg_n + x));
-                b[u][j] = __ldcs(reinterpret_cast<const uint32_t *>(a.lg_b + j * a.lg_n + x));
-                r[u][j] = __ldg(reinterpret_cast<const float2 *>(a.lg_r) + (j * a.lg_n + x) / MKV_TC_R_GRID);
-            }
-            const mkv_tc::page_slot ps = mkv_tc::page_of(t, kk);
-            page[u] = __ldg(t.row + ps.i * t.step);
-            slot[u] = ps.slot;
-        }
-    }
-
-    /* Each token's probability, the maximum over the group of y 2^(R - lse_g), to its slot. */
-    template <bool ONE>
-    __device__ __forceinline__ void add(const tc_args &a, const mkv_tc::section_tokens (&s)[2], int32_t base,
-                                        int32_t n, int32_t first, const float *lse) const
-    {
-        const int32_t G = a.G;
-#pragma unroll
-        for (int u = 0; u < U; u++) {
-            const int32_t q = first + (int32_t)threadIdx.x + u * FIN_THREADS;
-            if (q >= n) break;
-            const bool sec = !ONE && q >= base;
-            const mkv_tc::section_tokens t = ONE ? s[0] : mkv_tc::pick_section(s, sec);
-            const int32_t kk = 4 * (q - (ONE || sec ? base : 0)), lim = min(4, t.n - kk);
-            float p[4] = {0.0f, 0.0f, 0.0f, 0.0f};
-#pragma unroll
-            for (int j = 0; j < G2; j++) {
-                /* the codes' factors 2^(R - lse) / MKV_TC_YSCALE; 0 for an odd G's missing head */
-                const float f0 = mkv_tc::ex2(r[u][j].x - lse[2 * j]) * (1.0f / MKV_TC_YSCALE);
-                const float f1 = 2 * j + 1 < G ? mkv_tc::ex2(r[u][j].y - lse[2 * j + 1]) * (1.0f / MKV_TC_YSCALE) : 0.0f;
-                const uint32_t wt[4] = {w[u][j].x, w[u][j].y, w[u][j].z, w[u][j].w};
-#pragma unroll
-                for (int k = 0; k < 4; k++) {
-                    const uint32_t bt = b[u][j] >> (8 * k);
-                    const uint32_t c0 = (wt[k] & 0xFFFFu) | ((bt & 0xFu) << 16);
-                    const uint32_t c1 = (wt[k] >> 16) | ((bt & 0xF0u) << 12);
-                    p[k] = fmaxf(p[k], fmaxf((float)c0 * f0, (float)c1 * f1));
-                }
-            }
-            if (lim == 4 && mkv_tc::score_v4(t)) { /* the section's own pages (sizes differ) */
-                mkv_tc::red_add4(mkv_tc::score_slot(t, page[u], slot[u]), p[0], p[1], p[2], p[3]);
-            } else { /* a section's last quad, or pages of tpp % 4 != 0 (a quad may cross one) */
-#pragma unroll
-                for (int k = 0; k < 4; k++) {
-                    if (k >= lim) break;
-                    if (slot[u] + k < t.tpp) {
-                        mkv_tc::red_add(mkv_tc::score_slot(t, page[u], slot[u] + k), p[k]);
-                    } else {
-                        const mkv_tc::page_slot ps = mkv_tc::page_of(t, kk + k);
-                        mkv_tc::red_add(mkv_tc::score_slot(t, __ldg(t.row + ps.i * t.step), ps.slot), p[k]);
-                    }
-                }
-            }
         }
     }
 };
@@ -271,7 +180,7 @@ static __device__ __forceinline__ void wait_ready(const int32_t *f, int32_t n)
 /* Block index bx (grid x, or z with tc_args::x_last) below nsb: scores of the region's units
  * [bx B, (bx + 1) B) (SC::PER_BLOCK = B: FIN_THREADS threads, U units
  * each, FIN_THREADS apart, coalesced), its tokens high then low (SC: score_rows, a token and its
- * fp32 row a unit, G = 4 or 8; score_quads, four tokens of compact logits). Each block first
+ * fp32 row a unit, G = 4 or 8). Each block first
  * finds the final max M and sum S of every query head from the items; the score blocks load
  * their units' logits and page ids before that, so that those loads overlap the items' maxima
  * and sums being read. SC void: fp32 logits of any G, FIN_TOKENS per thread, loaded after.
@@ -373,13 +282,11 @@ static __global__ void __launch_bounds__(FIN_THREADS) finalize_kernel(const tc_a
 
 cudaError_t mkv_tc_finalize(const tc_args &a, int32_t d, int32_t n_seq, cudaStream_t stream)
 {
-    /* A block's units: FIN_TOKENS tokens per thread, twice that on long regions; compact
-     * logits in quads (FIN_TOKENS / 4 of them per thread, or twice that). */
+    /* A block's units (tokens): FIN_TOKENS a thread, twice that on long regions with rows. */
     const bool rows = a.G == 4 || a.G == 8, wide = a.max_tokens >= FIN_LONG_REGION;
-    const int32_t per_thread = (a.compact || rows) && wide ? 2 * FIN_TOKENS : FIN_TOKENS;
-    /* units of a region: tokens, or quads (each section's last may be partial) */
-    const int64_t units = a.compact ? ((int64_t)a.max_tokens + 3) / 4 + 1 : a.max_tokens;
-    const int64_t per_block = FIN_THREADS * (a.compact ? per_thread / 4 : per_thread);
+    const int32_t per_thread = rows && wide ? 2 * FIN_TOKENS : FIN_TOKENS;
+    const int64_t units = a.max_tokens;
+    const int64_t per_block = (int64_t)FIN_THREADS * per_thread;
     /* Score blocks first (none without a score write-back), then the merge blocks: the outputs
      * cut in a power of two of slices (at most MKV_TC_MERGE_MAX_BLOCKS) while each thread keeps
      * at least mkv_decode_tuning::merge_min_items of a region's items (sec_items a section). */
@@ -398,19 +305,12 @@ cudaError_t mkv_tc_finalize(const tc_args &a, int32_t d, int32_t n_seq, cudaStre
     tc_args f = a; /* the blocks' index last (as the decode pass) where grid z holds them */
     f.x_last = a.x_last && bx <= 65535u;
     const dim3 grid = f.x_last ? dim3((unsigned)a.H, (unsigned)n_seq, bx) : dim3(bx, (unsigned)a.H, (unsigned)n_seq);
-    constexpr int T = FIN_TOKENS, Q = FIN_TOKENS / 4;
+    constexpr int T = FIN_TOKENS;
     /* Programmatic serialization: the blocks start while the decode kernel ends (their first
      * loads before griddep_wait). */
     const auto launch = [&](void (*k)(tc_args, int32_t, int32_t, int32_t)) {
         return mkv_tc_launch_pdl(k, grid, dim3(FIN_THREADS), 0, stream, f, d, nsb, mb);
     };
-    if (a.compact) { /* G >= 2 (mkv_tc_plan) */
-        const int32_t g2 = (a.G + 1) / 2;
-        if (g2 == 1) return launch(wide ? finalize_kernel<score_quads<1, 2 * Q>> : finalize_kernel<score_quads<1, Q>>);
-        if (g2 == 2) return launch(wide ? finalize_kernel<score_quads<2, 2 * Q>> : finalize_kernel<score_quads<2, Q>>);
-        if (g2 == 3) return launch(wide ? finalize_kernel<score_quads<3, 2 * Q>> : finalize_kernel<score_quads<3, Q>>);
-        return launch(wide ? finalize_kernel<score_quads<4, 2 * Q>> : finalize_kernel<score_quads<4, Q>>);
-    }
     if (!rows) return launch(finalize_kernel<void>);
     if (a.G == 4) return launch(wide ? finalize_kernel<score_rows<1, 2 * T>> : finalize_kernel<score_rows<1, T>>);
     return launch(wide ? finalize_kernel<score_rows<2, 2 * T>> : finalize_kernel<score_rows<2, T>>);

@@ -60,7 +60,7 @@ __device__ __forceinline__ void run_item(const tc_args &a, uint8_t *smem, const 
     const bool lg_lane = 2 * tc < G;
     /* Compact logits (tc_args): lg is then the lane's word of lg_a (token gr, pair tc),
      * advanced once per softmax step, after its stores. */
-    const bool compact = a.compact;
+    const bool compact = FUSED && a.compact; /* the separate pass's kernel: never (decision 89) */
     /* fp32 logits stored by this lane (none without a score write-back) */
     const bool store_lg = lg_lane && !compact && a.keep_logits;
     float *lg = compact ? reinterpret_cast<float *>(a.lg_a + tc * a.lg_n + lin + gr) : a.logits + (lin + gr) * G + 2 * tc;

@@ -749,9 +749,9 @@ Test(decode_cuda, tensor_every_format, .timeout = 300)
  * pass too (ck[2], ck[3]). Compact logits (compact 1): G 2, 3, 4 and 8, pages of 16, 35 and 9
  * tokens (subtiles and quads of the score pass across pages), scores starting at zero, so that
  * each probability is checked alone; the
- * separate pass then keeps compact logits too (its finalize kernel reads them four tokens at a
- * time). ck: out and score stats of the fused pass, then the separate. Two formats: the
- * separate pass also with one launch per section (ck[4], ck[5]). */
+ * separate pass asked for them keeps fp32 logits (decision 89). ck: out and score stats of the
+ * fused pass, then the separate. Two formats: the separate pass also with one launch per
+ * section (ck[4], ck[5]). */
 static const mkv_format_t k_fused_fmts[] = {MKV_FORMAT_K16V16, MKV_FORMAT_K8V8, MKV_FORMAT_K8V4,
                                             MKV_FORMAT_K4V4,   MKV_FORMAT_K8V2, MKV_FORMAT_K4V2,
                                             MKV_FORMAT_K4V8,   MKV_FORMAT_K2V4};
@@ -794,14 +794,13 @@ static void fused_case(int fi, int lo, int di, int compact, int default_groups, 
         mkv_cuda_decode_t sep = a;
         sep.scores = MKV_DECODE_SCORES_SEPARATE;
         cr_assert(!mkv_cuda_decode_fuses_scores(&sep), "%s split=%d: separate call fused", b.ctx, splits[k]);
-        cr_assert_eq(mkv_cuda_decode_compact_logits(&sep), compact, "%s split=%d: separate, compact logits %d",
-                     b.ctx, splits[k], !compact);
+        /* the separate pass keeps fp32 logits, whatever is asked (decision 89) */
+        cr_assert(!mkv_cuda_decode_compact_logits(&sep), "%s split=%d: separate, compact logits", b.ctx, splits[k]);
         if (lo != fi) { /* one launch per section: never fused */
             mkv_cuda_decode_t per = a;
             per.kernel = MKV_DECODE_KERNEL_TENSOR_PER_SECTION;
             cr_assert(!mkv_cuda_decode_fuses_scores(&per), "%s: per-section call fused", b.ctx);
-            cr_assert_eq(mkv_cuda_decode_compact_logits(&per), compact, "%s: per-section, compact logits %d",
-                         b.ctx, !compact);
+            cr_assert(!mkv_cuda_decode_compact_logits(&per), "%s: per-section, compact logits", b.ctx);
         }
     }
     batch_check_splits(&b, MKV_DECODE_KERNEL_TENSOR, splits, 3, &ck[0], &ck[1], NULL, NULL);
@@ -812,15 +811,15 @@ static void fused_case(int fi, int lo, int di, int compact, int default_groups, 
     batch_free(&b);
 }
 
-/* The fused write-back and the separate pass with compact logits (20-bit probabilities
- * relative to each softmax step's maximum; pages of a multiple of 16 tokens, G >= 2) against
- * the reference (fused_case). Scores within the same tolerance as fp32 logits (their absolute
- * error from the codes is at most 2^-21). */
+/* The fused write-back with compact logits (20-bit probabilities relative to each softmax
+ * step's maximum; pages of a multiple of 16 tokens, G >= 2) against the reference (fused_case),
+ * and the separate pass asked for them (it keeps fp32 logits, decision 89). Scores within the
+ * same tolerance as fp32 logits (their absolute error from the codes is at most 2^-21). */
 Test(decode_cuda, fused_scores_compact, .timeout = 300)
 {
     GPU_REQUIRE();
     stats_t ck[4] = {{.what = "out (compact)"}, {.what = "score (compact)"},
-                     {.what = "out (compact, separate)"}, {.what = "score (compact, separate)"}};
+                     {.what = "out (compact asked, separate)"}, {.what = "score (compact asked, separate)"}};
     uint64_t r = 0xc0dec;
     for (int fi = 0; fi < 8; fi++)
         for (int di = 0; di < 2; di++) fused_case(fi, fi, di, 1, 0, &r, ck);
@@ -849,8 +848,8 @@ Test(decode_cuda, fused_scores_default_groups, .timeout = 300)
     stats_t ck[4] = {{.what = "out (fused, default groups)"}, {.what = "score (fused, default groups)"},
                      {.what = "out (separate, default groups)"}, {.what = "score (separate, default groups)"}};
     stats_t ckc[4] = {{.what = "out (compact, default groups)"}, {.what = "score (compact, default groups)"},
-                      {.what = "out (compact, separate, default groups)"},
-                      {.what = "score (compact, separate, default groups)"}};
+                      {.what = "out (compact asked, separate, default groups)"},
+                      {.what = "score (compact asked, separate, default groups)"}};
     uint64_t r = 0xf06d;
     for (int fi = 0; fi < 7; fi++)
         for (int di = 0; di < 2; di++) {
@@ -872,8 +871,8 @@ Test(decode_cuda, two_format_kernel, .timeout = 300)
                      {.what = "out (separate)"}, {.what = "score (separate)"},
                      {.what = "out (per section)"}, {.what = "score (per section)"}};
     stats_t ckc[6] = {{.what = "out (compact)"}, {.what = "score (compact)"},
-                      {.what = "out (compact, separate)"}, {.what = "score (compact, separate)"},
-                      {.what = "out (compact, per section)"}, {.what = "score (compact, per section)"}};
+                      {.what = "out (compact asked, separate)"}, {.what = "score (compact asked, separate)"},
+                      {.what = "out (compact asked, per section)"}, {.what = "score (compact asked, per section)"}};
     uint64_t r = 0x2f0a;
     for (int rep = 0; rep < 2; rep++)
         for (int di = 0; di < 2; di++)
@@ -1234,8 +1233,9 @@ Test(decode_cuda, hi_items, .timeout = 600)
     cr_assert_eq(mkv_cuda_decode_hi_item_tokens(&k4), 0, "one format with high items");
     a.split_tokens = 128;
     cr_assert_eq(mkv_cuda_decode_hi_item_tokens(&a), 32, "forced to 32: %d", mkv_cuda_decode_hi_item_tokens(&a));
-    a.logits = MKV_DECODE_LOGITS_COMPACT;
-    cr_assert_eq(mkv_cuda_decode_hi_item_tokens(&a), 0, "compact logits with high items");
+    a.logits = MKV_DECODE_LOGITS_COMPACT; /* the separate pass keeps fp32 logits (decision 89) */
+    cr_assert_eq(mkv_cuda_decode_hi_item_tokens(&a), 32, "compact logits asked: high items %d",
+                 mkv_cuda_decode_hi_item_tokens(&a));
     a.logits = MKV_DECODE_LOGITS_AUTO, a.split_tokens = 0;
     mkv_tc_hi_item_override = -1;
     cr_assert_eq(mkv_cuda_decode_hi_item_tokens(&a), 0, "forced off: high items");
@@ -1607,10 +1607,11 @@ Test(decode_cuda, mean_tokens_plans)
                  plain);
 }
 
-/* The logit form the separate pass plans (decision 71): compact where forced, for any G >= 2,
- * on pages that hold no multiple of 16 tokens (serve-bench's pages of 16 fp16 tokens hold 35
- * K8V4 and 54 K4V2 tokens); fp32 where forced, for G = 1, without scores, and under AUTO
- * (which keeps compact logits for fused calls). Host arithmetic only: runs without a device. */
+/* The logit form the separate pass plans: fp32 whatever is asked (decision 89: its kernel is
+ * built without the compact form), at every G, with and without scores, on pages that hold no
+ * multiple of 16 tokens (serve-bench's pages of 16 fp16 tokens hold 35 K8V4 and 54 K4V2
+ * tokens; decision 71 had made compact logits take them). Host arithmetic only: runs without
+ * a device. */
 Test(decode_cuda, separate_logits_plan)
 {
     int64_t page_bytes;
@@ -1625,10 +1626,10 @@ Test(decode_cuda, separate_logits_plan)
                                              .n_heads = 8, .group_size = Gs[gi], .head_dim = 128,
                                              .max_tokens = 6000, .scores = MKV_DECODE_SCORES_SEPARATE,
                                              .logits = form, .no_scores = ns};
-                const int want = form == MKV_DECODE_LOGITS_COMPACT && Gs[gi] >= 2 && !ns;
                 cr_assert(!mkv_cuda_decode_fuses_scores(&a), "G %d: a separate call fused", Gs[gi]);
-                cr_assert_eq(mkv_cuda_decode_compact_logits(&a), want, "G %d, logits %d, no_scores %d: compact %d",
-                             Gs[gi], form, ns, !want);
+                cr_assert(mkv_cuda_decode_item_tokens(&a) > 0, "G %d: not on the tensor-core path", Gs[gi]);
+                cr_assert(!mkv_cuda_decode_compact_logits(&a), "G %d, logits %d, no_scores %d: compact logits",
+                          Gs[gi], form, ns);
             }
 }
 
