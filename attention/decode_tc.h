@@ -113,7 +113,7 @@ struct tc_args {
     int32_t piece_tokens;
     int32_t *counters;
     float *lse;
-    /* Compact logits (fused calls and the separate pass, where G >= 2; every subtile but an
+    /* Compact logits (fused calls, where G >= 2; decision 89; every subtile but an
      * item's last is 16 tokens, so a softmax step covers a fixed STEP tokens), in place of
      * logits: token
      * x's probability relative to its step's maximum logit R, y = 2^(l - R) in [0, 1], as
