@@ -910,10 +910,11 @@ static mkv_cuda_decode_t mix_query(int32_t n_seq, int32_t max_tokens)
 /* The separate pass with ready flags forced on (tc_args::ready, decision 84: the finalize
  * kernel waits on each region's items, whose flags their blocks set to 0 first; batch_gpu
  * poisons the workspace with 0xFF bytes, which a flag left unset would read as done): one
- * format with fp32 and compact logits, the two-format kernel, calls without scores, and a call
- * of several waves of blocks, against the reference. Then the choice itself: forced on and off,
- * never for fused calls, and AUTO's at shapes of one wave, of short items and of several waves
- * (decode_tuning.h, ready_min_waves; asserted on GPUs of 132 multiprocessors, H100 and H200). */
+ * format (fp32 logits, also where compact ones are asked), the two-format kernel, calls without
+ * scores, and a call of several waves of blocks, against the reference. Then the choice itself:
+ * forced on and off, never for fused calls, and AUTO's at shapes of one wave, of short items and
+ * of several waves (decode_tuning.h, ready_min_waves; asserted on GPUs of 132 multiprocessors,
+ * H100 and H200). */
 Test(decode_cuda, ready_flags, .timeout = 600)
 {
     GPU_REQUIRE();
@@ -926,7 +927,7 @@ Test(decode_cuda, ready_flags, .timeout = 600)
     mkv_tc_ready_override = 1;
     for (int di = 0; di < 2; di++) {
         fused_case(0, 0, di, 0, 0, &r, ck); /* K16V16 */
-        fused_case(5, 5, di, 1, 1, &r, ck); /* K4V2, compact logits */
+        fused_case(5, 5, di, 1, 1, &r, ck); /* K4V2, compact logits (fused; the separate pass keeps fp32) */
         fused_case(2, 5, di, 0, 1, &r, ck); /* K8V4 + K4V2 */
         fused_case(2, 5, di, 1, 0, &r, ck);
     }
