@@ -76,6 +76,7 @@ __device__ __forceinline__ void run_item(const tc_args &a, uint8_t *smem, const 
     const int32_t koff = (int32_t)L.off_key, voff = (int32_t)L.off_value;
     const int32_t moff = half ? (int32_t)L.off_value_meta : (int32_t)L.off_key_meta;
     const bool meta_lane = half ? VQ : KQ;
+    const int32_t mstride = L.tpp * 4; /* a metadata segment's groups, [group][slot] */
 
     walker P = {ta, ta / L.tpp, ta % L.tpp}; /* producer: what to load next */
     int32_t ct = ta;                         /* consumer: the next token to compute */
@@ -165,18 +166,19 @@ __device__ __forceinline__ void run_item(const tc_args &a, uint8_t *smem, const 
                     const uint32_t dst = warp_smem + (stage * NT + u0 + (lane >> 4)) * SL::BYTES_PER_SUBTILE;
 #pragma unroll
                     for (int c = 0; c < SL::KC; c++)
-                        cp_async_page_at<FUSED>(dst + SL::key_at(c, tl), tok, koff + c * stride, ok);
+                        cp_async_page_at<16, FUSED>(dst + SL::key_at(c, tl), tok, koff + c * stride, ok);
 #pragma unroll
                     for (int c = 0; c < SL::VC; c++)
-                        cp_async_page_at<FUSED>(dst + SL::value_at(c, tl), tok, voff + c * stride, ok);
+                        cp_async_page_at<16, FUSED>(dst + SL::value_at(c, tl), tok, voff + c * stride, ok);
+                    /* Metadata group g of the token at off_meta + (g tpp + slot) 4: one add a group. */
+                    int32_t mo = (int32_t)L.off_key_meta + slot * 4;
 #pragma unroll
-                    for (int g = 0; g < KG; g++)
-                        cp_async_page<4, FUSED>(dst + SL::META + g * 64 + tl * 4,
-                                                page + ((int32_t)L.off_key_meta + (g * L.tpp + slot) * 4), ok);
+                    for (int g = 0; g < KG; g++, mo += mstride)
+                        cp_async_page_at<4, FUSED>(dst + SL::META + g * 64 + tl * 4, page, mo, ok);
+                    mo = (int32_t)L.off_value_meta + slot * 4;
 #pragma unroll
-                    for (int g = 0; g < VG; g++)
-                        cp_async_page<4, FUSED>(dst + SL::VMETA + g * 64 + tl * 4,
-                                                page + ((int32_t)L.off_value_meta + (g * L.tpp + slot) * 4), ok);
+                    for (int g = 0; g < VG; g++, mo += mstride)
+                        cp_async_page_at<4, FUSED>(dst + SL::VMETA + g * 64 + tl * 4, page, mo, ok);
                 }
                 P.advance(len, L.tpp);
                 u0 += (len + 15) >> 4;
@@ -209,10 +211,11 @@ __device__ __forceinline__ void run_item(const tc_args &a, uint8_t *smem, const 
                     if (meta_lane) {
                         /* half 0: the key groups, half 1: the value groups */
                         const uint32_t mdst = dst + (half ? SL::VMETA : SL::META) + tl * 4;
+                        int32_t mo = moff + slot * 4;
 #pragma unroll
-                        for (int g = 0; g < (KG > VG ? KG : VG); g++)
+                        for (int g = 0; g < (KG > VG ? KG : VG); g++, mo += mstride)
                             if (g < (half ? VG : KG))
-                                cp_async_page<4, FUSED>(mdst + g * 64, page + (moff + (g * L.tpp + slot) * 4), ok);
+                                cp_async_page_at<4, FUSED>(mdst + g * 64, page, mo, ok);
                     }
                 P.advance(cnt, L.tpp);
             }
@@ -267,7 +270,7 @@ __device__ __forceinline__ void run_item(const tc_args &a, uint8_t *smem, const 
                     vm[u][0] = vm[u][1] = 0u;
                     continue;
                 }
-                subtile_logits<SL, KB, D, KG, VG>(stage + (st + u) * SL::BYTES_PER_SUBTILE, cnt[u], Q, gr, tc, l[u],
+                subtile_logits<SL, KB, D, KG, VG, HALVES, !FUSED>(stage + (st + u) * SL::BYTES_PER_SUBTILE, cnt[u], Q, gr, tc, l[u],
                                                   vm[u], lg, G, store_lg);
                 if (!compact) lg += cnt[u] * G;
             }

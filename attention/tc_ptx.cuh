@@ -138,19 +138,28 @@ __device__ __forceinline__ void cp_async_page(uint32_t dst, const void *src, boo
                      "l"(src), "n"(BYTES), "r"(n), "l"(policy_evict_first()) : "memory");
 }
 
-/* cp_async_page of 16 bytes from base + off (the sum formed inside the copy's asm, so that the
- * compiler does not compute every copy's address up front). */
-template <bool FIRST>
+/* cp_async_page of 16 or 4 bytes from base + off (the sum formed inside the copy's asm, so that
+ * the compiler does not compute every copy's address up front, nor each from the page id). */
+template <int BYTES, bool FIRST>
 __device__ __forceinline__ void cp_async_page_at(uint32_t dst, const uint8_t *base, int32_t off, bool read)
 {
-    const int n = read ? 16 : 0;
-    if constexpr (FIRST)
+    static_assert(BYTES == 16 || BYTES == 4, "16- or 4-byte copies");
+    const int n = read ? BYTES : 0;
+    if constexpr (FIRST && BYTES == 16)
         asm volatile("{\n\t.reg .s64 o;\n\t.reg .u64 s;\n\tcvt.s64.s32 o, %2;\n\tadd.u64 s, %1, o;\n\t"
                      "cp.async.cg.shared.global.L2::cache_hint [%0], [s], 16, %3, %4;\n\t}" ::"r"(dst),
                      "l"(base), "r"(off), "r"(n), "l"(policy_evict_first()) : "memory");
-    else
+    else if constexpr (BYTES == 16)
         asm volatile("{\n\t.reg .s64 o;\n\t.reg .u64 s;\n\tcvt.s64.s32 o, %2;\n\tadd.u64 s, %1, o;\n\t"
                      "cp.async.cg.shared.global [%0], [s], 16, %3;\n\t}" ::"r"(dst), "l"(base), "r"(off), "r"(n)
+                     : "memory");
+    else if constexpr (FIRST)
+        asm volatile("{\n\t.reg .s64 o;\n\t.reg .u64 s;\n\tcvt.s64.s32 o, %2;\n\tadd.u64 s, %1, o;\n\t"
+                     "cp.async.ca.shared.global.L2::cache_hint [%0], [s], 4, %3, %4;\n\t}" ::"r"(dst),
+                     "l"(base), "r"(off), "r"(n), "l"(policy_evict_first()) : "memory");
+    else
+        asm volatile("{\n\t.reg .s64 o;\n\t.reg .u64 s;\n\tcvt.s64.s32 o, %2;\n\tadd.u64 s, %1, o;\n\t"
+                     "cp.async.ca.shared.global [%0], [s], 4, %3;\n\t}" ::"r"(dst), "l"(base), "r"(off), "r"(n)
                      : "memory");
 }
 
@@ -185,6 +194,21 @@ __device__ __forceinline__ void st_logit(float *p, float x, float y, uint64_t po
 {
     asm volatile("st.global.L2::cache_hint.v2.f32 [%0], {%1, %2}, %3;" ::"l"(p), "f"(x), "f"(y),
                  "l"(pol) : "memory");
+}
+
+/* Stores of logits where w, predicated (no branch: the item loop keeps one path) and plain
+ * (the separate pass's: an L2 policy operand cost two uniform-register moves a store, and the
+ * policy measured no gain there; H200, decision 90). */
+__device__ __forceinline__ void st_logit_if(bool w, float *p, float x)
+{
+    asm volatile("{\n\t.reg .pred q;\n\tsetp.ne.b32 q, %2, 0;\n\t@q st.global.f32 [%0], %1;\n\t}" ::"l"(p), "f"(x),
+                 "r"((int)w) : "memory");
+}
+
+__device__ __forceinline__ void st_logit_if(bool w, float *p, float x, float y)
+{
+    asm volatile("{\n\t.reg .pred q;\n\tsetp.ne.b32 q, %3, 0;\n\t@q st.global.v2.f32 [%0], {%1, %2};\n\t}" ::"l"(p),
+                 "f"(x), "f"(y), "r"((int)w) : "memory");
 }
 
 /* Stores of compact logits (a word of codes' low halves, a byte of high nibbles) under L2

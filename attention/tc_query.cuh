@@ -23,6 +23,10 @@ struct item_q {
     /* 4-bit keys through the fp16 mma (key_halves) where HALVES: q as fp16 hi + lo, like
      * 16-bit keys, instead of three 8-bit digits. */
     static constexpr bool KH = HALVES && KB == 4 && D >= 64;
+    /* Integer-mma keys loaded by ldmatrix straight into the mma's operand (KG > 1, and 8-bit
+     * keys of one group, whose runs loaded per token had cost a register move per word to
+     * interleave two tokens' words): q in ldmatrix's element order. */
+    static constexpr bool KLD = KQ && !KH && (KG > 1 || KB == 8);
     static constexpr int KRUN = D / 4;                             /* key elements per thread and token */
     static constexpr int QWORDS = KQ && !KH ? KRUN / 4 : KRUN / 2; /* per hi / lo or per digit */
     uint32_t qw[KQ && !KH ? 3 : 2][QWORDS];
@@ -31,9 +35,9 @@ struct item_q {
                           (2^-24 of it where KH) */
 };
 
-/* q of head gr: run tc (one key group), or (KG > 1) the thread's share of each 32-element
- * k-step (elements 32 s + 4 tc and 32 s + 16 + 4 tc, four each, for 8-bit keys; 32 s + 8 tc,
- * eight, for 4-bit ones), so that a k-step lies in one group. 16-bit keys, and 4-bit keys
+/* q of head gr: run tc (one key group), or (KLD, and KG > 1) the thread's share of each
+ * 32-element k-step (elements 32 s + 4 tc and 32 s + 16 + 4 tc, four each, for 8-bit keys;
+ * 32 s + 8 tc, eight, for 4-bit ones), so that a k-step lies in one group. 16-bit keys, and 4-bit keys
  * through the fp16 mma (KH): q scaled by 2^E (max |q| in [2^14, 2^15)) and split into fp16
  * hi + lo. Other quantized keys: q scaled to integers (max |q| in [2^21, 2^22)) and cut into
  * three signed 8-bit digits, q = d0 + 256 d1 + 65536 d2, in key_byte_elem order; qsum[g] =
@@ -48,7 +52,7 @@ __device__ __forceinline__ void load_q(const tc_args &a, int64_t rs, int32_t gr,
     float qv[KRUN];
     const float *qp = a.q + (rs * G + gr) * D;
     const auto quad = [&](int u) { /* element of the thread's q element u (u % 4 == 0) */
-        if constexpr (KG == 1) return tc * KRUN + u;
+        if constexpr (KG == 1 && !item_q<KB, D, KG, HALVES>::KLD) return tc * KRUN + u;
         else if constexpr (KB == 8) return 32 * (u / 8) + 16 * ((u / 4) % 2) + 4 * tc;
         else return 32 * (u / 8) + 8 * tc + u % 8;
     };

@@ -59,13 +59,16 @@ __host__ __device__ constexpr bool groups_supported()
 
 /* The logits l[r][i] of a staged subtile's tokens gr + 8r (rows) for heads 2tc + i
  * (columns), -inf past its cnt tokens, stored to the workspace; its value metadata vm. lg: the lane's
- * logits of the subtile in the workspace (fp32 logits; stored where store). */
-template <class SL, int KB, int D, int KG, int VG, bool HALVES>
+ * logits of the subtile in the workspace (fp32 logits; stored where store). PRED_ST: the
+ * separate pass's kernel, whose stores are predicated instead of branched and plain (decision
+ * 90); the fused kernel keeps branched stores under evict_last (predicated, it spilled), its
+ * score jobs reading the logits back from L2. */
+template <class SL, int KB, int D, int KG, int VG, bool HALVES, bool PRED_ST>
 __device__ __forceinline__ void subtile_logits(const uint8_t *sub, int32_t cnt, const item_q<KB, D, KG, HALVES> &Q, int32_t gr,
                                                int32_t tc, float (&l)[2][2], uint32_t (&vm)[2], float *lg, int G,
                                                bool store)
 {
-    constexpr bool KQ = SL::KQ, VQ = SL::VQ;
+    constexpr bool KQ = SL::KQ, VQ = SL::VQ, KLD = item_q<KB, D, KG, HALVES>::KLD;
     const int32_t lane = threadIdx.x & 31;
     constexpr int KRUN = D / 4, KSPG = D / 32 / KG;
     const bool lg_pair = G % 2 == 0;
@@ -76,7 +79,7 @@ __device__ __forceinline__ void subtile_logits(const uint8_t *sub, int32_t cnt, 
 #pragma unroll
     for (int r = 0; r < 2; r++) {
         const int t = gr + 8 * r;
-        if constexpr (KG == 1) load_run<SL::KBYTES>(sub, key_at, tc, t, kw[r]);
+        if constexpr (KG == 1 && !KLD) load_run<SL::KBYTES>(sub, key_at, tc, t, kw[r]);
         if constexpr (KQ && KG == 1) km[r] = *reinterpret_cast<const uint32_t *>(sub + SL::META + t * 4);
         if constexpr (VQ && VG == 1) vm[r] = *reinterpret_cast<const uint32_t *>(sub + SL::VMETA + t * 4);
     }
@@ -149,11 +152,12 @@ __device__ __forceinline__ void subtile_logits(const uint8_t *sub, int32_t cnt, 
 #pragma unroll
             for (int i = 0; i < 4; i++) c[i] = cc[0][i] + cc[1][i];
         }
-    } else if constexpr (KQ && KG > 1) {
-        /* Groups of 32 elements or more: k-step s takes elements [32 s, 32 s + 32), all in
-         * group s / KSPG, from word tc of each chunk (ldmatrix: matrices (chunk 2j, tokens
-         * 0-7), (2j, 8-15), (2j + 1, 0-7), (2j + 1, 8-15)); one exact integer chain per digit
-         * and group, then c = sum over groups of s_g S_g + z_g sum(q over g). */
+    } else if constexpr (KLD) {
+        /* Groups of 32 elements or more (or one group of 8-bit keys): k-step s takes elements
+         * [32 s, 32 s + 32), all in group s / KSPG, from word tc of each chunk (ldmatrix:
+         * matrices (chunk 2j, tokens 0-7), (2j, 8-15), (2j + 1, 0-7), (2j + 1, 8-15)); one
+         * exact integer chain per digit and group, then c = sum over groups of s_g S_g + z_g
+         * sum(q over g) (one group: c = S, scaled with km below). */
         constexpr int NCALL = SL::KC / 2;
         /* 4-bit codes in groups of at most 32 elements: a group's S = c0 + 256 c1 + 65536 c2 is
          * exact in int32 (|S| <= 15 * 2^22 * 32 < 2^31, and so is every partial sum), one
@@ -182,13 +186,18 @@ __device__ __forceinline__ void subtile_logits(const uint8_t *sub, int32_t cnt, 
             }
 #pragma unroll
             for (int r = 0; r < 2; r++) {
-                const uint32_t mk = *reinterpret_cast<const uint32_t *>(sub + SL::META + g * 64 + (gr + 8 * r) * 4);
 #pragma unroll
                 for (int i = 0; i < 2; i++) {
                     const int x = 2 * r + i;
+                    /* |c0 + 256 c1| < 2^31: 128 x 255 x 128 x 257 */
                     const float cg = EXACT32 ? (float)(cc[0][x] + 256 * cc[1][x] + 65536 * cc[2][x])
                                              : fmaf(65536.0f, (float)cc[2][x], (float)(cc[0][x] + 256 * cc[1][x]));
-                    c[x] = fmaf(lo_f(mk), cg, fmaf(hi_f(mk), Q.qsum[g][i], c[x]));
+                    if constexpr (KG == 1) {
+                        c[x] = cg;
+                    } else {
+                        const uint32_t mk = *reinterpret_cast<const uint32_t *>(sub + SL::META + g * 64 + (gr + 8 * r) * 4);
+                        c[x] = fmaf(lo_f(mk), cg, fmaf(hi_f(mk), Q.qsum[g][i], c[x]));
+                    }
                 }
             }
         }
@@ -231,8 +240,14 @@ __device__ __forceinline__ void subtile_logits(const uint8_t *sub, int32_t cnt, 
             if constexpr (KQ && KG == 1) raw = fmaf(lo_f(km[r]), raw, hi_f(km[r]) * Q.qsum[0][i]);
             l[r][i] = valid ? Q.fac[i] * raw : -INFINITY;
         }
-        if (valid && store) {
-            float *dst = lg + 8 * r * G;
+        float *dst = lg + 8 * r * G;
+        if constexpr (PRED_ST) {
+            /* Predicated, not branched: a pair where G is even, else one or two singles. */
+            const bool w = valid && store;
+            st_logit_if(w && lg_pair, dst, l[r][0], l[r][1]);
+            st_logit_if(w && !lg_pair, dst, l[r][0]);
+            st_logit_if(w && !lg_pair && 2 * tc + 1 < G, dst + 1, l[r][1]);
+        } else if (valid && store) {
             if (lg_pair) {
                 st_logit(dst, l[r][0], l[r][1], policy_evict_last());
             } else {
