@@ -33,7 +33,17 @@ struct item_q {
     float fac[2];      /* head 2tc + i: scale * log2(e) * 2^-E (2^24 more where KH) */
     float qsum[KG][2]; /* head 2tc + i: q (as the keys' mma sees it) summed over key group g
                           (2^-24 of it where KH) */
+    /* KH with KG > 1: the B operand of the zeros' mma (subtile_logits), head gr's group sums
+     * of q 2^-24 times MKV_TC_ZQ_SCALE as fp16 hi + lo: row k = 2 tc, 2 tc + 1 holds groups
+     * 2 (tc % (KG / 2)) and the next, hi for tc < KG / 2 and lo up to KG, zero beyond. */
+    uint32_t zq;
 };
+
+/* The zeros' mma scale (item_q::zq): a key group's sum of q 2^-24 is below 2^-3 (64 elements
+ * under 2^15 2^-24), so that 2^18 keeps it under fp16's largest and its lo part normal or
+ * negligible (2^-42 in q's units). */
+#define MKV_TC_ZQ_SCALE 262144.0f
+#define MKV_TC_ZQ_UNSCALE 3.814697265625e-06f
 
 /* q of head gr: run tc (one key group), or (KLD, and KG > 1) the thread's share of each
  * 32-element k-step (elements 32 s + 4 tc and 32 s + 16 + 4 tc, four each, for 8-bit keys;
@@ -97,6 +107,15 @@ __device__ __forceinline__ void load_q(const tc_args &a, int64_t rs, int32_t gr,
             gs[g] += __shfl_xor_sync(0xffffffffu, gs[g], 1);
             gs[g] += __shfl_xor_sync(0xffffffffu, gs[g], 2);
             qs[g] = gs[g] * 5.9604644775390625e-8f; /* 2^-24: the codes' scale in key_halves */
+        }
+        if constexpr (KG > 1) {
+            static_assert(KG == 2 || KG == 4, "4-bit key groups of 32 elements or more");
+            constexpr int HP = KG / 2; /* group pairs */
+            const bool second = KG == 4 && tc % HP == 1;
+            const float x = (second ? qs[KG == 4 ? 2 : 0] : qs[0]) * MKV_TC_ZQ_SCALE;
+            const float y = (second ? qs[KG == 4 ? 3 : 1] : qs[1]) * MKV_TC_ZQ_SCALE;
+            const uint32_t hi = pack_h2(x, y), lo = pack_h2(x - lo_f(hi), y - hi_f(hi));
+            Q.zq = tc < HP ? hi : tc < KG ? lo : 0u;
         }
     } else if constexpr (KQ) {
         int qi[KRUN], is[KG] = {};

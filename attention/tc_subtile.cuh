@@ -138,16 +138,32 @@ __device__ __forceinline__ void subtile_logits(const uint8_t *sub, int32_t cnt, 
             }
         }
         if constexpr (KG > 1) {
-            c[0] = c[1] = c[2] = c[3] = 0.0f;
+            /* The zeros' term sum_g z_g sum(q over g) through one mma: A = the tokens' zeros
+             * (rows gr, gr + 8; column k = 2 tc, 2 tc + 1 the groups of item_q::zq's row, so
+             * that each group meets q's hi and lo sums), exact fp16 products in fp32; then
+             * the scales' term, one FMA a group. */
+            uint32_t mk[KG][2];
 #pragma unroll
             for (int g = 0; g < KG; g++)
 #pragma unroll
-                for (int r = 0; r < 2; r++) {
-                    const uint32_t mk = *reinterpret_cast<const uint32_t *>(sub + SL::META + g * 64 + (gr + 8 * r) * 4);
+                for (int r = 0; r < 2; r++)
+                    mk[g][r] = *reinterpret_cast<const uint32_t *>(sub + SL::META + g * 64 + (gr + 8 * r) * 4);
+            const bool second = KG == 4 && tc % (KG / 2) == 1;
+            uint32_t za[2];
 #pragma unroll
-                    for (int i = 0; i < 2; i++)
-                        c[2 * r + i] = fmaf(lo_f(mk), cc[g][2 * r + i], fmaf(hi_f(mk), Q.qsum[g][i], c[2 * r + i]));
-                }
+            for (int r = 0; r < 2; r++)
+                za[r] = second ? __byte_perm(mk[KG == 4 ? 2 : 0][r], mk[KG == 4 ? 3 : 1][r], 0x7632)
+                               : __byte_perm(mk[0][r], mk[1][r], 0x7632);
+            float cz[4] = {0.0f, 0.0f, 0.0f, 0.0f};
+            mma(cz, za[0], za[1], 0u, 0u, Q.zq, 0u);
+#pragma unroll
+            for (int x = 0; x < 4; x++) c[x] = cz[x] * MKV_TC_ZQ_UNSCALE;
+#pragma unroll
+            for (int g = 0; g < KG; g++)
+#pragma unroll
+                for (int r = 0; r < 2; r++)
+#pragma unroll
+                    for (int i = 0; i < 2; i++) c[2 * r + i] = fmaf(lo_f(mk[g][r]), cc[g][2 * r + i], c[2 * r + i]);
         } else {
 #pragma unroll
             for (int i = 0; i < 4; i++) c[i] = cc[0][i] + cc[1][i];
