@@ -28,8 +28,9 @@ struct stage_layout {
     static constexpr bool KQ = KB < 16, VQ = VB < 16;
     static constexpr int KC = D * KB / 128, VC = D * VB / 128; /* 16-byte chunks per token */
     static constexpr int ROUNDS = (KC + VC + 1) / 2;            /* copy rounds (2 chunks each) */
-    /* Quantized keys and values of up to 8 chunks: a lane copies whole tokens (run_item). */
-    static constexpr bool WHOLE = KQ && VQ && KC + VC <= 8;
+    /* Quantized keys and values of up to 12 chunks (K8V4, K4V8 and K8V2 at d 128 since decision
+     * 91): a lane copies whole tokens (run_item). */
+    static constexpr bool WHOLE = KQ && VQ && KC + VC <= 12;
     static constexpr int META = (KC + VC) * 256;  /* key metadata, group g at META + 64 g */
     static constexpr int VMETA = META + 64 * KG;  /* value metadata, group g at VMETA + 64 g */
     static constexpr int BYTES_PER_SUBTILE = META + (KQ || VQ ? 64 * (KG + VG) : 0); /* per warp */
