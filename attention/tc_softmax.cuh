@@ -73,22 +73,22 @@ __device__ __forceinline__ void softmax_step(softmax_state<MTILES> &sm, const fl
         /* Multi-group values: k = max(0, floor(log2(max scale)) - 4), so that every
          * scale times 2^-k is at most 32 (unpack_values_scaled), and the running
          * maximum raised so that p' 2^k stays below 2^14.5. */
-        float ms = 0.0f;
+        /* The scales' fp32 bits (non-negative) order as unsigned integers: one warp
+         * reduction instead of five shuffles and maxima. */
+        uint32_t ms = 0u;
 #pragma unroll
-        for (int u = 0; u < PAIR; u++) ms = fmaxf(ms, __uint_as_float(vm[u][0]));
-#pragma unroll
-        for (int x = 1; x < 32; x <<= 1) ms = fmaxf(ms, __shfl_xor_sync(0xffffffffu, ms, x));
-        sm.vshift = max(0, (__float_as_int(ms) >> 23) - 127 - 4);
+        for (int u = 0; u < PAIR; u++) ms = max(ms, vm[u][0]);
+        ms = __reduce_max_sync(0xffffffffu, ms);
+        sm.vshift = max(0, (int)(ms >> 23) - 127 - 4);
         sh = (float)sm.vshift - 14.5f;
     } else if constexpr (VQ) {
-        float ms = 0.0f;
+        /* |scale| as fp16 bits (sign cleared) orders as unsigned integers: one warp reduction
+         * (every lane of a row holds its tokens' metadata) instead of three shuffles. */
+        uint32_t mb = 0u;
 #pragma unroll
-        for (int u = 0; u < PAIR; u++)
-            ms = fmaxf(ms, fmaxf(fabsf(lo_f(vm[u][0])), fabsf(lo_f(vm[u][1]))));
-        ms = fmaxf(ms, __shfl_xor_sync(0xffffffffu, ms, 4));
-        ms = fmaxf(ms, __shfl_xor_sync(0xffffffffu, ms, 8));
-        ms = fmaxf(ms, __shfl_xor_sync(0xffffffffu, ms, 16));
-        sh = fmaxf(lg2(ms) - 14.5f, -60.0f);
+        for (int u = 0; u < PAIR; u++) mb = max(mb, max(vm[u][0] & 0x7fffu, vm[u][1] & 0x7fffu));
+        mb = __reduce_max_sync(0xffffffffu, mb);
+        sh = fmaxf(lg2(__half2float(__ushort_as_half((unsigned short)mb))) - 14.5f, -60.0f);
     }
     float alpha[2];
 #pragma unroll
