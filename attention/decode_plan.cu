@@ -450,14 +450,13 @@ static int32_t few_region_item(int32_t basis, int32_t item)
 /* A layout's bytes a token, all its segments. */
 static int64_t token_bytes(const mkv_page_layout_t &l) { return l.tokens > 0 ? l.used_bytes / l.tokens : 0; }
 
-/* The separate pass's one launch of two formats (w: its plan): the high section's items of
- * the fewest tokens, a multiple of 16 from half w's and below it, whose grid, with room for a
- * region of max_tokens whose high share is up to hi_item_share, is at most a block a
- * multiprocessor (where none is and one sequence's grid is more, the fewest above w's and
- * under twice it that bring it there), where the high format reads hi_item_bytes_ratio times the low one's
- * bytes a token or more:
- * the call's items then all run at once, one block an SM, and the high ones, of more bytes a
- * token, no longer end last (decision 88). Not with compact logits (a softmax step's slots are
+/* The separate pass's one launch of two formats (w: its plan), one sequence whose grid is more
+ * than a block a multiprocessor: the high section's items of the fewest tokens above w's and
+ * under twice it whose grid, with room for a region of max_tokens whose high share is up to
+ * hi_item_share, is at most a block a multiprocessor, where the high format reads
+ * hi_item_bytes_ratio times the low one's bytes a token or more: the call's items then all run
+ * at once, one block an SM (decision 88; its high items shorter than the low ones' no longer
+ * gain after decisions 90 to 92, decision 93). Not with compact logits (a softmax step's slots are
  * item-aligned) nor ready flags (calls of two waves or more). mkv_tc_hi_item_override: -1
  * never, > 0 those tokens (rounded up to 16; longer than the item too) wherever the launch is
  * one. */
@@ -479,11 +478,12 @@ static void high_items(const mkv_cuda_decode_t *a, const tc_kernel &one, int32_t
             return;
         const int64_t n_rs = (int64_t)a->n_seq * a->n_heads;
         const auto fits = [&](int32_t x) { return n_rs * (slots(x) / MKV_TC_SEP_WARPS) <= sms; };
-        for (int32_t x = (int32_t)mkv_align_up64(I / 2, 16); x < I && h == 0; x += 16)
-            if (fits(x)) h = x;
-        /* None, one sequence, and w's grid more than a block a multiprocessor (decision 86
-         * leaves up to 9/8): high items longer than w's, under twice its, where they bring the
-         * grid under (at two sequences this lost: 2 x 3k 15.92 against 16.42 us). */
+        /* Shorter high items than low ones no longer gain once K8V4's step runs fewer
+         * instructions than K4V2's (decisions 90 to 92; H200 sweep: 1 x 1k 11.39 us with 16
+         * against 10.94 without, 1 x 4k 13.38 against 13.20, nowhere a gain): only longer ones.
+         * One sequence, and w's grid more than a block a multiprocessor (decision 86 leaves up
+         * to 9/8): high items longer than w's, under twice its, where they bring the grid
+         * under (at two sequences this lost: 2 x 3k 15.92 against 16.42 us). */
         const bool over = a->n_seq == 1 && n_rs * (w->sep_slots / MKV_TC_SEP_WARPS) > sms;
         for (int32_t x = I + 16; h == 0 && over && x < 2 * I; x += 16)
             if (fits(x)) h = x;
@@ -550,6 +550,20 @@ tc_plan plan_call(const mkv_cuda_decode_t *a, const tc_kernel &one, bool *fused,
     }
     w.ready = ready_flags(a, one, w);
     high_items(a, one, sms, &w);
+    if (mkv_tc_hi_item_override == 0 && a->split_tokens == 0 && a->n_seq == 1 && two && w.hi_item == 0 &&
+        w.item_tokens == 2 * MKV_TC_MIN_ITEM) {
+        /* One sequence of items of 64 tokens: half the item with longer high items, where
+         * those keep the grid at a block a multiprocessor (H200, 1 x 3k: 32 and 48 tokens
+         * 12.67 us against 64 and none 13.17, a grid of 122 blocks against 88; at 4k to 6k
+         * none fits). Longer items were not measured this way. */
+        mkv_cuda_decode_t b = *a;
+        b.split_tokens = (int32_t)mkv_align_up64(w.item_tokens / 2, MKV_TC_MIN_ITEM);
+        tc_plan x = plan_for(&b, false, *blocks);
+        x.compact = w.compact;
+        x.ready = ready_flags(a, one, x);
+        high_items(a, one, sms, &x);
+        if (x.hi_item > x.item_tokens && x.bytes <= covered()) w = x;
+    }
     return w;
 }
 

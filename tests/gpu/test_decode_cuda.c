@@ -1158,7 +1158,8 @@ Test(decode_cuda, few_seq_items_fallback)
         cr_assert_eq(mkv_cuda_decode_item_tokens(q), cases[i].want, "format %d, %d x %d: items of %d tokens, want %d",
                      cases[i].f, q->n_seq, q->max_tokens, mkv_cuda_decode_item_tokens(q), cases[i].want);
     }
-    /* The high items (decision 88), AUTO's and forced: the mix only, below its item size. */
+    /* The high items (decisions 88 and 93), AUTO's and forced: the mix only, AUTO's longer than
+     * its item size. */
     q3[1].n_seq = 1, q3[1].max_tokens = 2867, q3[2].n_seq = 1, q3[2].max_tokens = 2867;
     mkv_tc_hi_item_override = 32;
     const int32_t mix_hi = mkv_cuda_decode_hi_item_tokens(&q3[1]), k4_hi = mkv_cuda_decode_hi_item_tokens(&q3[2]);
@@ -1172,10 +1173,14 @@ Test(decode_cuda, few_seq_items_fallback)
     const int32_t auto_6k = mkv_cuda_decode_hi_item_tokens(&q3[1]);
     q3[1].max_tokens = 5734; /* 1 x 8k: 128 blocks, more with shorter high items */
     const int32_t auto_8k = mkv_cuda_decode_hi_item_tokens(&q3[1]);
-    cr_assert_eq(auto_4k, 32, "AUTO's high items at 1 x 4k: %d, want 32", auto_4k);
-    cr_assert_eq(auto_5k, 48, "AUTO's high items at 1 x 5k: %d, want 48", auto_5k);
+    cr_assert_eq(auto_4k, 0, "AUTO's high items at 1 x 4k: %d, want none (decision 93)", auto_4k);
+    cr_assert_eq(auto_5k, 0, "AUTO's high items at 1 x 5k: %d, want none (decision 93)", auto_5k);
     cr_assert_eq(auto_6k, 80, "AUTO's high items at 1 x 6k: %d, want 80", auto_6k);
     cr_assert_eq(auto_8k, 0, "AUTO's high items at 1 x 8k: %d, want none", auto_8k);
+    q3[1].max_tokens = 2150; /* 1 x 3k: items of 32 tokens with high items of 48 (decision 93) */
+    const int32_t auto_3k = mkv_cuda_decode_hi_item_tokens(&q3[1]), item_3k = mkv_cuda_decode_item_tokens(&q3[1]);
+    cr_assert(auto_3k == 48 && item_3k == 32, "AUTO at 1 x 3k: items %d, high items %d; want 32 and 48", item_3k,
+              auto_3k);
     q3[1].n_seq = 2, q3[1].max_tokens = 2150; /* 2 x 3k: longer high items for one sequence only */
     const int32_t auto_2x3k = mkv_cuda_decode_hi_item_tokens(&q3[1]);
     cr_assert_eq(auto_2x3k, 0, "AUTO's high items at 2 x 3k: %d, want none", auto_2x3k);
@@ -1249,8 +1254,8 @@ Test(decode_cuda, hi_items, .timeout = 600)
     }
     static const struct {
         int32_t n_seq, max_tokens, want;
-    } cases[] = {{1, 717, 16},  {1, 2867, 32}, {1, 3584, 48},
-                 {2, 717, 16},  {1, 4300, 80}, {1, 5734, 0}, {2, 1433, 0}, {2, 2150, 0},
+    } cases[] = {{1, 717, 0},   {1, 2150, 48}, {1, 2867, 0}, {1, 3584, 0},
+                 {2, 717, 0},   {1, 4300, 80}, {1, 5734, 0}, {2, 1433, 0}, {2, 2150, 0},
                  {64, 2867, 0}, {256, 717, 0}};
     for (size_t i = 0; i < sizeof cases / sizeof cases[0]; i++) {
         a.n_seq = cases[i].n_seq, a.max_tokens = cases[i].max_tokens;
