@@ -314,7 +314,8 @@ int main(int argc, char **argv)
                     "each region's items instead of the decode kernel's end: auto (the library's\n"
                     "rule, the default), off or on.\n"
                     "--hi-item: the tokens of the high section's items in two-format separate calls\n"
-                    "of one launch (AUTO: shorter than the low ones', which read fewer bytes a token):\n"
+                    "of one launch (AUTO: longer than the low ones' for one sequence where that fills\n"
+                    "a block a multiprocessor):\n"
                     "auto (the library's rule, the default), off (one item size), or N (rounded\n"
                     "up to a multiple of 16; shorter or longer than the item size).\n");
             return strcmp(argv[i], "-h") && strcmp(argv[i], "--help") ? 2 : 0;
