@@ -304,10 +304,18 @@ static bool pieces_fit(const mkv_cuda_decode_t *a, const tc_kernel &one)
     return a->no_scores && same && one.pieces_blocks_per_sm != nullptr && mkv_tc_piece_tokens_override >= 0;
 }
 
+/* Whether AUTO's pieces and piece waves pay on this GPU: below
+ * mkv_decode_tuning::pieces_max_dram_bytes_per_sm_cycle (decision 94). */
+static bool pieces_pay()
+{
+    const double b = mkv_cuda_dram_bytes_per_sm_cycle();
+    return b > 0.0 && b < mkv_decode_tuning::pieces_max_dram_bytes_per_sm_cycle;
+}
+
 /* The piece size of a fused call of plan w (tc_args::piece_tokens; 0: none), where pieces_fit:
  * under AUTO, calls of more than a wave of resident blocks (blocks per multiprocessor) whose
- * regions take piece_min_region_blocks blocks or more (mkv_decode_tuning); else what
- * bench_attention --pieces asks (mkv_tc_piece_tokens_override). */
+ * regions take piece_min_region_blocks blocks or more, on GPUs where pieces pay
+ * (mkv_decode_tuning); else what bench_attention --pieces asks (mkv_tc_piece_tokens_override). */
 static int32_t piece_tokens(const mkv_cuda_decode_t *a, const tc_kernel &one, const tc_plan &w, int32_t blocks)
 {
     using T = mkv_decode_tuning;
@@ -316,15 +324,16 @@ static int32_t piece_tokens(const mkv_cuda_decode_t *a, const tc_kernel &one, co
     if (o > 0) return (int32_t)mkv_align_up64(o, 16);
     const int64_t resident = (int64_t)blocks * device_attr(cudaDevAttrMultiProcessorCount, 0);
     const int32_t region_blocks = (w.sec_items + MKV_TC_WARPS - 1) / MKV_TC_WARPS;
-    return resident > 0 && w.total_ids > resident && region_blocks >= T::piece_min_region_blocks ? T::piece_tokens
-                                                                                                 : 0;
+    return resident > 0 && w.total_ids > resident && region_blocks >= T::piece_min_region_blocks && pieces_pay()
+               ? T::piece_tokens
+               : 0;
 }
 
 /* A fused call of few long regions, where pieces_fit (mkv_decode_tuning::piece_wave_*,
  * wave_spares_*): one wave of blocks in pieces, each region b = floor(resident / regions)
  * blocks, its items cut to fill them and the spares after them (a multiple of
  * MKV_TC_MIN_ITEM): where b >= piece_wave_min_region_blocks, no spares and pieces of
- * piece_wave_tokens (decision 82); where b >= wave_spares_min_region_blocks, wave_spares
+ * piece_wave_tokens (decision 82; on GPUs where pieces pay, decision 94); where b >= wave_spares_min_region_blocks, wave_spares
  * blocks a region more, queued after every region's first b (tc_args::wave_blocks; decision
  * 83). mkv_tc_wave_spares_override: -1, neither; > 0, that many spares wherever b >= 1. Only
  * where the plan needs no more workspace than the fused plan of AUTO items (w0:
@@ -342,6 +351,7 @@ static bool piece_wave(const mkv_cuda_decode_t *a, const tc_kernel &one, const t
     int64_t spares = ko;
     if (ko == 0) {
         const bool wave = b >= T::piece_wave_min_region_blocks;
+        if (wave && !pieces_pay()) return false;
         spares = wave ? 0 : T::wave_spares;
         const int64_t min_tokens = wave ? T::piece_wave_min_warp_tokens : T::wave_spares_min_warp_tokens;
         if (b < T::wave_spares_min_region_blocks || a->max_tokens < (b + spares) * MKV_TC_WARPS * min_tokens)

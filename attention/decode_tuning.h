@@ -126,6 +126,17 @@ struct mkv_decode_tuning {
      * against 100.6). */
     static constexpr int32_t piece_tokens = 32;
     static constexpr int32_t piece_min_region_blocks = 2;
+    /* Pieces (the rule above) and piece waves (below, pieces of piece_wave_tokens) only below
+     * this many peak DRAM bytes per SM cycle (mkv_cuda_dram_bytes_per_sm_cycle): measured on
+     * the H100 (12.8); on the H200 (18.4) both lost (decision 94; 2 x 20 calls, K16V16 without
+     * scores, us, AUTO with them against without: 4 x 16k 84.3 against 73.8, 4 x 32k 158.9
+     * against 141.7, 4 x 64k 310.8 against 265.8, 2 x 32k 85.1 against 74.0, 16 x 8k 141.8
+     * against 138.7, 32 x 8k 268.0 against 260.1, 32 x 16k 509.0 against 500.1, 64 x 16k 984
+     * against 953, 64 x 32k 1,953 against 1,873, 64 x 4k 261.1 against 256.0; 64 x 8k and
+     * 256 x 32k within 0.4%). The wave with spares (pieces of piece_tokens) still gained
+     * there (16 x 16k 251.7 against 261.4, 16 x 32k 490.9 against 500.4, 8 x 32k 256.1
+     * against 263.3; 8 x 16k 141.2 against 139.8) and is kept on both. */
+    static constexpr double pieces_max_dram_bytes_per_sm_cycle = 16.0;
     /* Fused K16V16 calls without a score write-back of few long regions, at most a
      * piece_wave_min_region_blocks-th as many as resident blocks in pieces, run one wave of
      * them: each region floor(resident / regions) blocks, items cut to fill them (multiples of
