@@ -546,6 +546,13 @@ tc_plan plan_call(const mkv_cuda_decode_t *a, const tc_kernel &one, bool *fused,
                                          two_format_max_item(floor), floor)
                                      .bytes);
     };
+    if (a->split_tokens == 0 && two && a->n_seq >= 2 && w.item_tokens == MKV_TC_MIN_ITEM) {
+        /* Few sequences: twice the shortest items where those spill past a block a
+         * multiprocessor (decision 95; mkv_decode_tuning::one_seq_spill_*). */
+        const int64_t grid = n_rs * (((basis + MKV_TC_MIN_ITEM - 1) / MKV_TC_MIN_ITEM + 1 + MKV_TC_SEP_WARPS - 1) /
+                                     MKV_TC_SEP_WARPS);
+        if (grid * T::one_seq_spill_den > (int64_t)sms * T::one_seq_spill_num) adopt(2 * MKV_TC_MIN_ITEM, covered());
+    }
     if (a->split_tokens == 0 && two && one.launch && one.sep_blocks_per_sm)
         adopt(wave_fill_item(n_rs, basis, w.item_tokens, (int64_t)one.sep_blocks_per_sm() * sms), covered());
     if (a->split_tokens == 0 && a->n_seq == 1) {

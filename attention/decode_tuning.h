@@ -284,6 +284,16 @@ struct mkv_decode_tuning {
      * quantized formats alone at 224 tokens (K4V2 1 x 14k 20.86 with 128, 21.73 with 224;
      * K8V4 21.74 against 22.18). */
     static constexpr int32_t one_seq_spill_num = 9, one_seq_spill_den = 8;
+    /* Two-format separate calls of two sequences or more whose items of MKV_TC_MIN_ITEM tokens
+     * make a grid of more than one_seq_spill_num / one_seq_spill_den blocks a multiprocessor
+     * take items of twice that (decision 95): at small batch a block is a latency-bound chain,
+     * and a second block on most multiprocessors costs more than the shorter items gain. H200,
+     * 3 x 30 calls, the mix 20/50/30 with scores, median us, 32 against 64 tokens (blocks at
+     * 32): 2 x 2k 14.24 against 12.93 (192), 2 x 2.5k 14.83 against 12.74 (240), 3 x 1.5k
+     * 14.59 against 13.34 (216), 3 x 2k 15.55 against 13.86 (288), 4 x 1k 13.79 against 12.80
+     * (192), 4 x 2k 16.06 against 14.80 (384), 6 x 1k 15.23 against 13.86 (288), 8 x 1k 15.26
+     * against 14.99 (384); where the grid stays under it 32 keeps the lead (2 x 1k 11.57
+     * against 12.38, 96 blocks; 2 x 1.5k 12.48 against 12.98, 144; 3 x 1k 12.48 both, 144). */
     static constexpr int32_t one_seq_max_quant_item = 192;
     /* Separate calls of one format with keys under 16 bits whose regions, few_region_blocks
      * blocks each, fill at most few_region_waves blocks a multiprocessor (on an H100, at 8 KV

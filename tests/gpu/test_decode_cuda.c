@@ -1058,7 +1058,8 @@ Test(decode_cuda, wave_fill_items, .timeout = 300)
 
 /* Separate calls of few sequences: one sequence takes the shortest longer item whose grid is a
  * block a multiprocessor (decode_plan.cu, one_seq_item), one format of quantized keys at two
- * sequences items of a sixteenth-block region (few_region_item). AUTO's items on 132-SM GPUs,
+ * sequences items of a sixteenth-block region (few_region_item), the mix at few sequences twice
+ * the shortest items where those spill past 9/8 blocks an SM (decision 95). AUTO's items on 132-SM GPUs,
  * a forced split kept, then a call at a length each rule changes, against the reference. */
 Test(decode_cuda, few_seq_items, .timeout = 300)
 {
@@ -1085,7 +1086,8 @@ Test(decode_cuda, few_seq_items, .timeout = 300)
                      {1, 1, 11468, 192}, {1, 1, 4300, 64},   {0, 1, 4096, 64},   {0, 1, 6144, 96},
                      {0, 1, 8192, 128},  {0, 1, 12288, 192}, {0, 1, 14336, 224}, {2, 1, 6144, 96},
                      {2, 1, 10240, 160}, {2, 1, 14336, 128}, {2, 2, 4096, 64},   {2, 2, 8192, 128},
-                     {2, 2, 14336, 224}, {2, 4, 4096, 128},  {0, 2, 8192, 256},  {2, 2, 2048, 64}};
+                     {2, 2, 14336, 224}, {2, 4, 4096, 128},  {0, 2, 8192, 256},  {2, 2, 2048, 64},
+                     {1, 2, 1433, 64},   {1, 3, 1075, 64},   {1, 2, 716, 32},    {1, 2, 1075, 32}};
         for (size_t i = 0; i < sizeof cases / sizeof cases[0]; i++) {
             mkv_cuda_decode_t *q = &q3[cases[i].f];
             q->n_seq = cases[i].n_seq, q->max_tokens = cases[i].max_tokens;
@@ -1101,11 +1103,11 @@ Test(decode_cuda, few_seq_items, .timeout = 300)
     const int32_t H = 8;
     static const struct {
         int f, n_seq, top, want;
-    } calls[] = {{1, 1, 8601, 160}, {0, 1, 12200, 192}, {2, 2, 8000, 128}};
+    } calls[] = {{1, 1, 8601, 160}, {0, 1, 12200, 192}, {2, 2, 8000, 128}, {1, 2, 2000, 64}};
     static const mkv_format_t fmt[3][2] = {{MKV_FORMAT_K16V16, MKV_FORMAT_K16V16},
                                            {MKV_FORMAT_K8V4, MKV_FORMAT_K4V2},
                                            {MKV_FORMAT_K4V2, MKV_FORMAT_K4V2}};
-    for (int ci = 0; ci < 3; ci++) {
+    for (int ci = 0; ci < (int)(sizeof calls / sizeof calls[0]); ci++) {
         const int32_t top = calls[ci].top, n_seq = calls[ci].n_seq, f = calls[ci].f;
         int32_t len[2 * 2 * 8];
         for (int i = 0; i < n_seq * H; i++) {
@@ -1151,7 +1153,10 @@ Test(decode_cuda, few_seq_items_fallback)
     } cases[] = {{0, 1, 4096, 64},  {0, 1, 6144, 96},   {0, 1, 8192, 128},  {0, 1, 12288, 192}, {0, 1, 14336, 224},
                  {2, 1, 6144, 96},  {2, 1, 10240, 160}, {2, 1, 14336, 128}, {1, 1, 4300, 64},   {1, 1, 5734, 96},
                  {1, 1, 11468, 192}, {2, 2, 2048, 64},  {2, 2, 4096, 64},   {2, 2, 8192, 128},  {2, 2, 14336, 224},
-                 {2, 4, 4096, 128}, {0, 2, 8192, 256},  {2, 2, 1024, 32}};
+                 {2, 4, 4096, 128}, {0, 2, 8192, 256},  {2, 2, 1024, 32},
+                 /* the mix at few sequences: 64 where 32 would spill past 9/8 blocks an SM
+                  * (decision 95; 132 SMs: 192 and 216 blocks at 32, against 96 and 144) */
+                 {1, 2, 1433, 64},  {1, 3, 1075, 64},   {1, 2, 716, 32},    {1, 2, 1075, 32}};
     for (size_t i = 0; i < sizeof cases / sizeof cases[0]; i++) {
         mkv_cuda_decode_t *q = &q3[cases[i].f];
         q->n_seq = cases[i].n_seq, q->max_tokens = cases[i].max_tokens;
