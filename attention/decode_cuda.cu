@@ -122,7 +122,7 @@ static mkv_status_t launch_tc(const mkv_cuda_decode_t *a, cudaStream_t stream, c
         f.lg_r = reinterpret_cast<float *>(reinterpret_cast<uint8_t *>(f.logits) + cl.off_r);
     }
     f.total_ids = (int32_t)w.total_ids;
-    f.last_blocks_last = 0, f.tail_rs = f.n_rs, f.tail_gx = 1; /* (fused calls below) */
+    f.last_blocks_last = 0, f.tail_rs = f.n_rs, f.tail_gx = 1, f.head_rs = 0; /* (fused calls below) */
     f.piece_tokens = 0, f.wave_blocks = 0;
     f.trace = mkv_tc_trace_buffer;
     f.ready = nullptr;
@@ -158,10 +158,11 @@ static mkv_status_t launch_tc(const mkv_cuda_decode_t *a, cudaStream_t stream, c
             const int64_t resident = (int64_t)blocks * device_attr(cudaDevAttrMultiProcessorCount, 1);
             f.last_blocks_last = w.last_blocks_last;
             f.wave_blocks = w.last_blocks_last ? w.wave_blocks : 0;
-            if (w.tail_regions > 0) { /* the queue's last regions: half-size items */
-                f.tail_rs = f.n_rs - w.tail_regions;
+            if (w.tail_regions > 0 || w.head_regions > 0) { /* half-size items: the queue's last */
+                f.tail_rs = f.n_rs - w.tail_regions;       /* regions and its first (decision 96) */
+                f.head_rs = w.head_regions;
                 f.tail_gx = (2 * w.sec_items + MKV_TC_WARPS - 1) / MKV_TC_WARPS + 1;
-                f.total_ids = f.tail_rs * f.grid_x + w.tail_regions * f.tail_gx;
+                f.total_ids = (f.tail_rs - f.head_rs) * f.grid_x + (f.n_rs - f.tail_rs + f.head_rs) * f.tail_gx;
             }
             const dim3 gp((unsigned)(resident > 0 && resident < f.total_ids ? resident : f.total_ids));
             return mkv_decode_launched("tensor-core decode kernel (fused scores)", err, one.launch(f, gp, stream));

@@ -125,6 +125,10 @@ int mkv_cuda_decode_compact_logits(const mkv_cuda_decode_t *a);
  * the size, so that the call ends in short ones (decode_tuning.h, tail_min_waves); 0 for none.
  * Depends on the current device (its multiprocessors and the kernel's occupancy). */
 int32_t mkv_cuda_decode_tail_regions(const mkv_cuda_decode_t *a);
+/* How many of such a call's regions (the first of its queue) take items of half the size, so
+ * that its first wave's blocks end at two times (decision 96; decode_tuning.h, head_per_mille);
+ * 0 for none. Depends on the current device, as above. */
+int32_t mkv_cuda_decode_head_regions(const mkv_cuda_decode_t *a);
 
 /* The tokens a warp takes at a time in such a call where its fused kernel runs in pieces
  * (without a score write-back, one format in one layout, K16V16: docs/decode-kernel.md,
@@ -165,6 +169,10 @@ extern int32_t mkv_tc_ready_override;
  * (rounded up to a multiple of 16; AUTO's are below the item size, forced ones may be above)
  * wherever the pass is one launch. For tests and bench_attention --hi-item. */
 extern int32_t mkv_tc_hi_item_override;
+/* Those head regions (decision 96): 0 AUTO, -1 none, > 0 as many as give that per mille of the
+ * resident blocks half-size items, wherever the rule's other conditions hold. For tests and
+ * bench_attention --head. Process-wide and not thread-safe, as above. */
+extern int32_t mkv_tc_head_override;
 /* The high items' tokens of such a two-format separate call where they differ from its item
  * size (decision 88; a region whose high share would overflow its blocks keeps one size),
  * else 0; depends on the current device, as above. */

@@ -73,7 +73,7 @@ tc_plan plan_tc(int32_t n_seq, int32_t H, int32_t G, int32_t d, int32_t max_toke
 {
     using T = mkv_decode_tuning;
     tc_plan w;
-    w.compact = false, w.last_blocks_last = false, w.tail_regions = 0, w.piece_tokens = 0, w.wave_blocks = 0;
+    w.compact = false, w.last_blocks_last = false, w.tail_regions = 0, w.head_regions = 0, w.piece_tokens = 0, w.wave_blocks = 0;
     w.ready = false;
     const int32_t sms = device_attr(cudaDevAttrMultiProcessorCount, T::fallback_sms);
     if (split_tokens > 0) {
@@ -261,6 +261,25 @@ static int32_t tail_regions(const mkv_cuda_decode_t *a, const tc_plan &w, int32_
         return 0;
     const int64_t n_rs = (int64_t)a->n_seq * a->n_heads, grid_x = blocks_per_sec + 1;
     return (int32_t)std::min(n_rs, (resident + grid_x - 1) / grid_x);
+}
+
+/* The regions of a fused call that start its queue in items of half the size (tc_args::head_rs,
+ * decision 96): as tail_regions, but also single-block regions and calls of more than one wave;
+ * as many as give mkv_decode_tuning::head_per_mille of the resident blocks half-size items (a
+ * half region's blocks are the tail regions'), so that the first wave's blocks end at two
+ * times, not all at one. mkv_tc_head_override: -1 none, > 0 that per mille. */
+static int32_t head_regions(const mkv_cuda_decode_t *a, const tc_plan &w, int32_t blocks)
+{
+    const int32_t o = mkv_tc_head_override;
+    const int64_t resident = (int64_t)blocks * device_attr(cudaDevAttrMultiProcessorCount, 0);
+    if (o < 0 || !a->no_scores || !last_blocks_last(a, w) || a->lay_hi.key.bits != 16 || a->split_tokens != 0 ||
+        w.item_tokens < 2 * MKV_TC_MIN_ITEM || w.wave_blocks != 0 || w.piece_tokens != 0 || resident <= 0 ||
+        w.total_ids <= resident)
+        return 0;
+    const int64_t n_rs = (int64_t)a->n_seq * a->n_heads;
+    const int64_t half_blocks = (2 * (int64_t)w.sec_items + MKV_TC_WARPS - 1) / MKV_TC_WARPS;
+    const int64_t pm = o > 0 ? o : mkv_decode_tuning::head_per_mille;
+    return (int32_t)std::min<int64_t>(n_rs - w.tail_regions, resident * pm / 1000 / half_blocks);
 }
 
 /* A fused K16V16 call without scores (AUTO items): the plan with longer items where they make
@@ -516,6 +535,7 @@ tc_plan plan_call(const mkv_cuda_decode_t *a, const tc_kernel &one, bool *fused,
             /* (tail regions at most double the ids) */
             w.last_blocks_last = last_blocks_last(a, w);
             w.tail_regions = w.total_ids < INT32_MAX / 4 && w.wave_blocks == 0 ? tail_regions(a, w, *blocks) : 0;
+            w.head_regions = w.total_ids < INT32_MAX / 4 ? head_regions(a, w, *blocks) : 0;
             *fused = true;
             return w;
         }
@@ -695,6 +715,13 @@ extern "C" int32_t mkv_cuda_decode_tail_regions(const mkv_cuda_decode_t *a)
     mkv_tc_plan::tc_plan w;
     bool fused;
     return mkv_tc_plan::query_plan(a, &w, &fused) && fused ? w.tail_regions : 0;
+}
+
+extern "C" int32_t mkv_cuda_decode_head_regions(const mkv_cuda_decode_t *a)
+{
+    mkv_tc_plan::tc_plan w;
+    bool fused;
+    return mkv_tc_plan::query_plan(a, &w, &fused) && fused ? w.head_regions : 0;
 }
 
 extern "C" int32_t mkv_cuda_decode_piece_tokens(const mkv_cuda_decode_t *a)

@@ -26,9 +26,10 @@ struct tc_plan {
     int64_t total_ids; /* decode blocks of a one-launch call: (blocks per section + 1) * regions */
     /* Fused one-format calls: each region's last block queued after every other block
      * (tc_args::last_blocks_last), and how many regions, the last in the queue, take items of
-     * item_tokens / 2 (0: none; plan_call). */
+     * item_tokens / 2 (0: none; plan_call), and how many, the first in the queue, take them too
+     * (decision 96). */
     bool last_blocks_last;
-    int32_t tail_regions;
+    int32_t tail_regions, head_regions;
     /* Fused calls without a score write-back: the piece size (tc_args::piece_tokens; 0: none;
      * plan_call). */
     int32_t piece_tokens;

@@ -96,8 +96,10 @@ struct tc_args {
      * regions tail_rs and up (the last in the queue; n_rs: none) take items of item_tokens / 2,
      * tail_gx blocks each, so that the queue ends in short blocks (only without a score
      * write-back, whose logits' slots follow the item size); their blocks' parts fit a region's
-     * 2 sec_items part slots (fused parts are a block's). */
-    int32_t last_blocks_last, tail_rs, tail_gx;
+     * 2 sec_items part slots (fused parts are a block's). Regions below head_rs (the first in
+     * the queue; 0: none) take them too (decision 96), so that the first wave's blocks do not
+     * all end together. */
+    int32_t last_blocks_last, tail_rs, tail_gx, head_rs;
     /* Where last_blocks_last and > 0 (calls in pieces of few regions; tail_rs n_rs): the queue
      * holds every region's first wave_blocks blocks first (region by region), then their other
      * blocks but the last block-major (block wave_blocks of every region, then the next), so

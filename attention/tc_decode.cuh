@@ -166,14 +166,14 @@ __device__ __forceinline__ block_pos locate_pieces(const tc_args &a, int32_t bx,
 }
 
 /* The fused one-format kernel's queue where tc_args::last_blocks_last: position id to region
- * r, its block bx and the item size (0: a.item_tokens). Positions: regions below tail_rs,
- * grid_x - 1 blocks each; the tail regions, tail_gx - 1 blocks each of half-size items; then
- * every region's last block. */
+ * r, its block bx and the item size (0: a.item_tokens). Positions: the head regions (below
+ * head_rs), tail_gx - 1 blocks each of half-size items; the regions up to tail_rs, grid_x - 1
+ * blocks each; the tail regions, as the head ones; then every region's last block. */
 __device__ __forceinline__ void queue_block(const tc_args &a, int32_t id, int32_t &r, int32_t &bx, int32_t &item)
 {
-    const int32_t gx = a.grid_x - 1, tg = a.tail_gx - 1;
-    const int32_t p1 = a.tail_rs * gx, p2 = p1 + (a.n_rs - a.tail_rs) * tg;
-    if (a.wave_blocks > 0 && id < p1) { /* (tail_rs n_rs) */
+    const int32_t gx = a.grid_x - 1, tg = a.tail_gx - 1, hr = a.head_rs;
+    const int32_t q1 = hr * tg, p1 = q1 + (a.tail_rs - hr) * gx, p2 = p1 + (a.n_rs - a.tail_rs) * tg;
+    if (a.wave_blocks > 0 && id < p1) { /* (tail_rs n_rs, head_rs 0) */
         const int32_t b = a.wave_blocks, p0 = a.n_rs * b;
         if (id < p0) {
             r = id / b, bx = id - r * b;
@@ -182,15 +182,18 @@ __device__ __forceinline__ void queue_block(const tc_args &a, int32_t id, int32_
             r = k - s * a.n_rs, bx = b + s;
         }
         item = 0;
+    } else if (id < q1) {
+        r = id / tg, bx = id - r * tg, item = a.item_tokens / 2;
     } else if (id < p1) {
-        r = id / gx, bx = id - r * gx, item = 0;
+        const int32_t k = id - q1, t = k / gx;
+        r = hr + t, bx = k - t * gx, item = 0;
     } else if (id < p2) {
         const int32_t k = id - p1, t = k / tg;
         r = a.tail_rs + t, bx = k - t * tg, item = a.item_tokens / 2;
     } else {
         r = id - p2;
-        const bool tail = r >= a.tail_rs;
-        bx = tail ? tg : gx, item = tail ? a.item_tokens / 2 : 0;
+        const bool half = r >= a.tail_rs || r < hr;
+        bx = half ? tg : gx, item = half ? a.item_tokens / 2 : 0;
     }
 }
 

@@ -225,6 +225,12 @@ int main(int argc, char **argv)
         }
         else if (!strcmp(argv[i], "--format") && i + 1 < argc) only = argv[++i];
         else if (!strcmp(argv[i], "--split") && i + 1 < argc) split = atoi(argv[++i]);
+        else if (!strcmp(argv[i], "--head") && i + 1 < argc) {
+            if (!knob_arg(argv[++i], 1, 1000, &mkv_tc_head_override)) {
+                fprintf(stderr, "bench_attention: --head takes auto, off or 1 to 1000\n");
+                return 2;
+            }
+        }
         else if (!strcmp(argv[i], "--hi-item") && i + 1 < argc) {
             if (!knob_arg(argv[++i], 16, 4096, &mkv_tc_hi_item_override)) {
                 fprintf(stderr, "bench_attention: --hi-item takes auto, off or 16 to 4096\n");
@@ -280,7 +286,7 @@ int main(int argc, char **argv)
                     "                       [--flush read|write] [--no-scores] [--spread F] [--hint]\n"
                     "                       [--page-tokens N] [--trace FILE] [--pieces auto|off|N]\n"
                     "                       [--wave-spares auto|off|N] [--ready auto|off|on]\n"
-                    "                       [--hi-item auto|off|N]\n"
+                    "                       [--hi-item auto|off|N] [--head auto|off|N]\n"
                     "Decode attention time over batch x length grids (32 query / 8 KV heads, d 128)\n"
                     "for K16V16, K8V8, K8V4, K4V2 and a 20/50/30 high/low/pruned mix, against the\n"
                     "device copy rate. --scores: the score write-back as its own pass (separate),\n"
@@ -317,7 +323,11 @@ int main(int argc, char **argv)
                     "of one launch (AUTO: longer than the low ones' for one sequence where that fills\n"
                     "a block a multiprocessor):\n"
                     "auto (the library's rule, the default), off (one item size), or N (rounded\n"
-                    "up to a multiple of 16; shorter or longer than the item size).\n");
+                    "up to a multiple of 16; shorter or longer than the item size).\n"
+                    "--head: fused K16V16 calls without scores of more than a wave start with\n"
+                    "regions of half-size items, so that the first wave's blocks do not all end\n"
+                    "together: auto (the library's rule, the default: half the resident blocks),\n"
+                    "off, or N (that many per mille of the resident blocks).\n");
             return strcmp(argv[i], "-h") && strcmp(argv[i], "--help") ? 2 : 0;
         }
     }
@@ -607,7 +617,7 @@ int main(int argc, char **argv)
                                 "\"fraction_of_copy\": %.4f, \"speedup_vs_k16v16\": %.3f, "
                                 "\"fused_scores\": %s, \"compact_logits\": %s, \"tensor\": %s, "
                                 "\"piece_tokens\": %d, \"item_tokens\": %d, \"wave_blocks\": %d, "
-                                "\"ready_flags\": %s, \"hi_item_tokens\": %d, "
+                                "\"ready_flags\": %s, \"hi_item_tokens\": %d, \"head_regions\": %d, "
                             "\"groups\": [%d, %d, %d, %d]}",
                             first ? "" : ",", v.name, batch, len, n_hi, n_lo, sec * 1e6,
                             *std::min_element(t.begin(), t.end()) * 1e6,
@@ -619,7 +629,7 @@ int main(int argc, char **argv)
                                 ? "true" : "false",
                             (int)mkv_cuda_decode_piece_tokens(&a), (int)mkv_cuda_decode_item_tokens(&a),
                             (int)mkv_cuda_decode_wave_blocks(&a), mkv_cuda_decode_ready_flags(&a) ? "true" : "false",
-                            (int)mkv_cuda_decode_hi_item_tokens(&a), lh.key.groups, lh.value.groups, ll.key.groups,
+                            (int)mkv_cuda_decode_hi_item_tokens(&a), (int)mkv_cuda_decode_head_regions(&a), lh.key.groups, lh.value.groups, ll.key.groups,
                             ll.value.groups);
                     first = 0;
                 }

@@ -1402,20 +1402,28 @@ static int32_t *mostly_full_lengths(int32_t n, int32_t len, int short_every, int
 
 /* A fused call without scores large enough (more than mkv_decode_tuning::tail_min_waves waves
  * of resident blocks) that its last regions take items of half the size (tc_args::tail_rs;
- * mkv_cuda_decode_tail_regions says so): the same outputs as the reference, regions of every
- * length, one and two sections, the pool unchanged. K16V16 at d 64 and d 128 (pages of 32
- * tokens); the rule leaves K4V2 and single-block regions out. */
+ * mkv_cuda_decode_tail_regions says so), and one of more than a wave whose first regions take
+ * them too (tc_args::head_rs, decision 96; mkv_cuda_decode_head_regions): the same outputs as
+ * the reference, regions of every length, one and two sections, the pool unchanged. K16V16 at
+ * d 64 and d 128 (pages of 32 tokens), head regions at AUTO's share of the first wave and at
+ * the knob's 250 and 1000 per mille;
+ * the rules leave K4V2 out, and the tail rule single-block regions (256 x 8 x 1,000), which
+ * the head rule takes. */
 Test(decode_cuda, no_scores_tail_regions, .timeout = 600)
 {
     GPU_REQUIRE();
-    stats_t ck[2] = {{.what = "out (no scores, tail regions)"}, {.what = "pool bytes unchanged (tail regions)"}};
+    stats_t ck[2] = {{.what = "out (no scores, tail and head regions)"},
+                     {.what = "pool bytes unchanged (tail and head regions)"}};
     static const struct {
         mkv_format_t f;
-        int32_t d, G, n_seq, H, len, tail;
-    } cases[] = {{MKV_FORMAT_K16V16, 64, 2, 160, 8, 1500, 1},
-                 {MKV_FORMAT_K16V16, 128, 4, 96, 8, 2100, 1},
-                 {MKV_FORMAT_K4V2, 128, 4, 96, 8, 2100, 0},
-                 {MKV_FORMAT_K16V16, 128, 4, 256, 8, 1000, 0}};
+        int32_t d, G, n_seq, H, len, tail, head, knob;
+    } cases[] = {{MKV_FORMAT_K16V16, 64, 2, 160, 8, 1500, 1, 1, 0},
+                 {MKV_FORMAT_K16V16, 128, 4, 96, 8, 2100, 1, 1, 0},
+                 {MKV_FORMAT_K16V16, 128, 4, 96, 8, 2100, 1, 1, 1000},
+                 {MKV_FORMAT_K4V2, 128, 4, 96, 8, 2100, 0, 0, 0},
+                 {MKV_FORMAT_K16V16, 128, 4, 256, 8, 1000, 0, 1, 0},
+                 {MKV_FORMAT_K16V16, 128, 4, 256, 8, 1000, 0, 1, 250},
+                 {MKV_FORMAT_K16V16, 128, 4, 256, 8, 1000, 0, 0, -1}};
     uint64_t r = 0x7a11;
     const int32_t splits[] = {0};
     for (size_t ci = 0; ci < sizeof cases / sizeof cases[0]; ci++) {
@@ -1429,13 +1437,21 @@ Test(decode_cuda, no_scores_tail_regions, .timeout = 600)
         const mkv_cuda_decode_t a = {.lay_hi = b.lay_hi, .lay_lo = b.lay_lo, .n_seq = c.n_seq, .n_heads = c.H,
                                      .group_size = c.G, .head_dim = c.d, .max_tokens = b.max_tokens,
                                      .no_scores = 1};
-        const int32_t tail = mkv_cuda_decode_tail_regions(&a);
+        mkv_tc_head_override = cases[ci].knob;
+        const int32_t tail = mkv_cuda_decode_tail_regions(&a), head = mkv_cuda_decode_head_regions(&a);
         cr_assert(mkv_cuda_decode_fuses_scores(&a), "%s: not fused", b.ctx);
         if (cases[ci].tail)
             cr_assert(tail > 0 && tail < n, "%s: %d tail regions of %d", b.ctx, tail, n);
         else
             cr_assert_eq(tail, 0, "%s: %d tail regions", b.ctx, tail);
-        if (cases[ci].tail) batch_check_splits(&b, MKV_DECODE_KERNEL_AUTO, splits, 1, &ck[0], &ck[1], NULL, NULL);
+        if (cases[ci].head)
+            cr_assert(head > 0 && head + tail <= n, "%s: %d head and %d tail regions of %d", b.ctx, head, tail, n);
+        else
+            cr_assert_eq(head, 0, "%s: %d head regions", b.ctx, head);
+        cr_log_info("%s: %d head, %d tail regions of %d (knob %d)", b.ctx, head, tail, n, cases[ci].knob);
+        if (cases[ci].tail || cases[ci].head)
+            batch_check_splits(&b, MKV_DECODE_KERNEL_AUTO, splits, 1, &ck[0], &ck[1], NULL, NULL);
+        mkv_tc_head_override = 0;
         batch_free(&b);
         free(len);
     }
