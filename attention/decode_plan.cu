@@ -264,21 +264,24 @@ static int32_t tail_regions(const mkv_cuda_decode_t *a, const tc_plan &w, int32_
 }
 
 /* The regions of a fused call that start its queue in items of half the size (tc_args::head_rs,
- * decision 96): as tail_regions, but also single-block regions and calls of more than one wave;
- * as many as give mkv_decode_tuning::head_per_mille of the resident blocks half-size items (a
- * half region's blocks are the tail regions'), so that the first wave's blocks end at two
- * times, not all at one. mkv_tc_head_override: -1 none, > 0 that per mille. */
+ * decision 96): as tail_regions, but in calls of more than one wave, and in single-block
+ * regions of full blocks of short items (mkv_decode_tuning::head_single_max_item); as many as
+ * give mkv_decode_tuning::head_per_mille of the resident blocks half-size items (a half
+ * region's blocks are the tail regions'), so that the first wave's blocks end at two times,
+ * not all at one. mkv_tc_head_override: -1 none, > 0 that per mille. */
 static int32_t head_regions(const mkv_cuda_decode_t *a, const tc_plan &w, int32_t blocks)
 {
+    using T = mkv_decode_tuning;
     const int32_t o = mkv_tc_head_override;
     const int64_t resident = (int64_t)blocks * device_attr(cudaDevAttrMultiProcessorCount, 0);
+    const bool single = w.sec_items <= MKV_TC_WARPS;
     if (o < 0 || !a->no_scores || !last_blocks_last(a, w) || a->lay_hi.key.bits != 16 || a->split_tokens != 0 ||
         w.item_tokens < 2 * MKV_TC_MIN_ITEM || w.wave_blocks != 0 || w.piece_tokens != 0 || resident <= 0 ||
-        w.total_ids <= resident)
+        w.total_ids <= resident || (single && (w.sec_items != MKV_TC_WARPS || w.item_tokens > T::head_single_max_item)))
         return 0;
     const int64_t n_rs = (int64_t)a->n_seq * a->n_heads;
     const int64_t half_blocks = (2 * (int64_t)w.sec_items + MKV_TC_WARPS - 1) / MKV_TC_WARPS;
-    const int64_t pm = o > 0 ? o : mkv_decode_tuning::head_per_mille;
+    const int64_t pm = o > 0 ? o : T::head_per_mille;
     return (int32_t)std::min<int64_t>(n_rs - w.tail_regions, resident * pm / 1000 / half_blocks);
 }
 

@@ -110,17 +110,23 @@ struct mkv_decode_tuning {
      * (256 x 1k 363.4 against 364.4), and K4V2, bound by instruction issue (64 x 4k 146.2
      * against 147.7, 64 x 16k 448.6 against 452.4). */
     static constexpr int32_t tail_min_waves = 2;
-    /* Such calls of more than one wave, single-block regions included, start with regions of
-     * half-size items (tc_args::head_rs, decision 96) giving this per mille of the resident
-     * blocks half-size items, so that the first wave's blocks, all of one size, do not end
-     * together: the stamps at 64 x 4k had the warps streaming fall from 1,584 to about 250 for
-     * some 10 us there (the blocks' transitions) and again, smaller, a wave later; with half
-     * the first wave in short blocks the least was about 700. H200, 2 x 20 calls, K16V16
-     * without scores, us, none / 250 / 500 / 750: 64 x 4k 260.6 / 258.6 / 258.3 / 258.9,
-     * 32 x 8k 260.3 / 258.1 / 257.4 / 257.8, 128 x 2k 261.4 / 259.1 / 258.6 / 259.6, 256 x 1k
-     * 257.6 / 255.6 / 255.8 / 256.0; within 0.1% at 64 x 16k and 32k, 256 x 4k and 32k,
-     * 32 x 2k and 128 x 8k. */
+    /* Such calls of more than one wave start with regions of half-size items
+     * (tc_args::head_rs, decision 96) giving this per mille of the resident blocks half-size
+     * items, so that the first wave's blocks, all of one size, do not end together: the stamps
+     * at 64 x 4k had the warps streaming fall from 1,584 to about 250 for some 10 us there (the
+     * blocks' transitions) and again, smaller, a wave later; with half the first wave in short
+     * blocks the least was about 700. H200, 2 x 20 calls, K16V16 without scores, us, none /
+     * 250 / 500 / 750: 64 x 4k 260.6 / 258.6 / 258.3 / 258.9, 32 x 8k 260.3 / 258.1 / 257.4 /
+     * 257.8, 128 x 2k 261.4 / 259.1 / 258.6 / 259.6, 256 x 1k 257.6 / 255.6 / 255.8 / 256.0;
+     * within 0.1% at 64 x 16k and 32k, 256 x 4k and 32k, 32 x 2k and 128 x 8k. */
     static constexpr int32_t head_per_mille = 500;
+    /* Single-block regions take head regions only where their block is full (4 items) of items
+     * of at most this many tokens. H200, 3 x 20 calls, us, without / with: 64 x 1k 77.3 / 72.7,
+     * 128 x 1k 136.6 / 133.4, 256 x 1k 258.4 / 255.7 (items of 256); but 256 x 2k 495.4 /
+     * 500.9, 256 x 4k 963.2 / 979.5, 256 x 16k 3,772 / 3,876 (items of 512 to 4,096: a block's
+     * work is the grain of the call's end, and its blocks then end unevenly), and regions of 2
+     * items (decision 81's one-wave plans) 32 x 1k 43.1 / 51.6, 32 x 2k 76.8 / 87.7. */
+    static constexpr int32_t head_single_max_item = 256;
     /* Fused calls without a score write-back, of more than a wave of resident blocks, whose
      * regions take at least piece_min_region_blocks blocks, take their tokens in pieces of
      * piece_tokens (tc_args::piece_tokens; where the kernel has pieces: K16V16), so that a

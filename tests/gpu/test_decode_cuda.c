@@ -1406,9 +1406,9 @@ static int32_t *mostly_full_lengths(int32_t n, int32_t len, int short_every, int
  * them too (tc_args::head_rs, decision 96; mkv_cuda_decode_head_regions): the same outputs as
  * the reference, regions of every length, one and two sections, the pool unchanged. K16V16 at
  * d 64 and d 128 (pages of 32 tokens), head regions at AUTO's share of the first wave and at
- * the knob's 250 and 1000 per mille;
- * the rules leave K4V2 out, and the tail rule single-block regions (256 x 8 x 1,000), which
- * the head rule takes. */
+ * the knob's 250 and 1000 per mille; the rules leave K4V2 out, and the tail rule single-block
+ * regions (256 x 8 x 1,000: 4 items of 256 tokens), which the head rule takes where their
+ * block is full of short items (not 32 x 8 x 1,000's 2 items of 512). */
 Test(decode_cuda, no_scores_tail_regions, .timeout = 600)
 {
     GPU_REQUIRE();
@@ -1423,7 +1423,8 @@ Test(decode_cuda, no_scores_tail_regions, .timeout = 600)
                  {MKV_FORMAT_K4V2, 128, 4, 96, 8, 2100, 0, 0, 0},
                  {MKV_FORMAT_K16V16, 128, 4, 256, 8, 1000, 0, 1, 0},
                  {MKV_FORMAT_K16V16, 128, 4, 256, 8, 1000, 0, 1, 250},
-                 {MKV_FORMAT_K16V16, 128, 4, 256, 8, 1000, 0, 0, -1}};
+                 {MKV_FORMAT_K16V16, 128, 4, 256, 8, 1000, 0, 0, -1},
+                 {MKV_FORMAT_K16V16, 128, 4, 32, 8, 1000, 0, 0, 0}};
     uint64_t r = 0x7a11;
     const int32_t splits[] = {0};
     for (size_t ci = 0; ci < sizeof cases / sizeof cases[0]; ci++) {
