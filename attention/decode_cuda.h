@@ -173,6 +173,13 @@ extern int32_t mkv_tc_hi_item_override;
  * resident blocks half-size items, wherever the rule's other conditions hold. For tests and
  * bench_attention --head. Process-wide and not thread-safe, as above. */
 extern int32_t mkv_tc_head_override;
+/* The blocks a call with a separate finalize pass merges each head-region's items in (the
+ * outputs cut in slices in small calls; decision 97), 1 without that pass. Depends on the
+ * current device, as above. */
+int32_t mkv_cuda_decode_merge_blocks(const mkv_cuda_decode_t *a);
+/* Those forced (bench_attention --merge-blocks): 0 AUTO, N > 0 N slices (at most G head_dim
+ * / 4). Process-wide and not thread-safe, as above. */
+extern int32_t mkv_tc_merge_blocks_override;
 /* The high items' tokens of such a two-format separate call where they differ from its item
  * size (decision 88; a region whose high share would overflow its blocks keeps one size),
  * else 0; depends on the current device, as above. */

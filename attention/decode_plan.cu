@@ -755,6 +755,14 @@ extern "C" int32_t mkv_cuda_decode_hi_item_tokens(const mkv_cuda_decode_t *a)
     return mkv_tc_plan::query_plan(a, &w, &fused) && !fused ? w.hi_item : 0;
 }
 
+extern "C" int32_t mkv_cuda_decode_merge_blocks(const mkv_cuda_decode_t *a)
+{
+    mkv_tc_plan::tc_plan w;
+    bool fused;
+    if (!mkv_tc_plan::query_plan(a, &w, &fused) || fused) return 1;
+    return mkv_tc_merge_blocks(a->group_size, a->head_dim, (int64_t)a->n_seq * a->n_heads, w.sec_items);
+}
+
 extern "C" int mkv_cuda_decode_compact_logits(const mkv_cuda_decode_t *a)
 {
     mkv_tc_plan::tc_plan w;

@@ -221,6 +221,11 @@ cudaError_t mkv_tc_zero_counters(int32_t *counters, size_t words, cudaStream_t s
 /* Merge and score write-back after the item kernels; head_dim d (decode_tc_finalize.cu). */
 cudaError_t mkv_tc_finalize(const tc_args &a, int32_t d, int32_t n_seq, cudaStream_t stream);
 
+/* The blocks its merge of each of n_rs head-regions takes (G query heads, head_dim d, at most
+ * sec_items items a section): the outputs cut in a power of two of slices in small calls
+ * (decode_tc_finalize.cu; mkv_tc_merge_blocks_override's where set). */
+int32_t mkv_tc_merge_blocks(int32_t G, int32_t d, int64_t n_rs, int32_t sec_items);
+
 /* Tokens per item for a call of this size on a GPU of sm_count multiprocessors (enough items
  * to fill it several times over). */
 int32_t mkv_tc_item_tokens(int32_t n_seq, int32_t H, int32_t max_tokens, int32_t sm_count);

@@ -12,6 +12,7 @@
 
 #include <math.h>
 
+#include <algorithm>
 #include <type_traits>
 
 #define FIN_THREADS 256
@@ -280,6 +281,32 @@ static __global__ void __launch_bounds__(FIN_THREADS) finalize_kernel(const tc_a
         mkv_tc::griddep_wait();
 }
 
+int32_t mkv_tc_merge_blocks(int32_t G, int32_t d, int64_t n_rs, int32_t sec_items)
+{
+    using T = mkv_decode_tuning;
+    const int32_t n4 = G * d / 4;
+    if (mkv_tc_merge_blocks_override > 0) return std::min(mkv_tc_merge_blocks_override, n4);
+    /* Only small calls (at most a merge block per multiprocessor): where the GPU is full the
+     * merge is not the call's last step, and the extra blocks' own loads cost (H100, the mix
+     * 16 x 4k with up to 8: 60.9 against 57.0 us). */
+    const int64_t sms = mkv_tc_plan::device_attr(cudaDevAttrMultiProcessorCount, T::fallback_sms);
+    const int64_t per_merge = (int64_t)FIN_THREADS * T::merge_min_items;
+    int32_t mb = 1;
+    for (;;) {
+        const int32_t next = 2 * mb;
+        if (next > MKV_TC_MERGE_MAX_BLOCKS || next > n4 || n_rs * next > sms) break;
+        /* each thread keeps at least merge_min_items items of a section's sec_items */
+        const bool few = (int64_t)sec_items * n4 >= next * per_merge;
+        /* or would load them in two batches of MKV_TC_MERGE_BATCH (merge_out's item lanes) */
+        const int32_t lanes = std::max(FIN_THREADS / ((n4 + mb - 1) / mb), 1);
+        const bool two = next <= T::merge_batch_max_blocks && 2 * n_rs * next <= sms &&
+                         (sec_items + lanes - 1) / lanes > MKV_TC_MERGE_BATCH;
+        if (!few && !two) break;
+        mb = next;
+    }
+    return mb;
+}
+
 cudaError_t mkv_tc_finalize(const tc_args &a, int32_t d, int32_t n_seq, cudaStream_t stream)
 {
     /* A block's units (tokens): FIN_TOKENS a thread, twice that on long regions with rows. */
@@ -287,20 +314,10 @@ cudaError_t mkv_tc_finalize(const tc_args &a, int32_t d, int32_t n_seq, cudaStre
     const int32_t per_thread = rows && wide ? 2 * FIN_TOKENS : FIN_TOKENS;
     const int64_t units = a.max_tokens;
     const int64_t per_block = (int64_t)FIN_THREADS * per_thread;
-    /* Score blocks first (none without a score write-back), then the merge blocks: the outputs
-     * cut in a power of two of slices (at most MKV_TC_MERGE_MAX_BLOCKS) while each thread keeps
-     * at least mkv_decode_tuning::merge_min_items of a region's items (sec_items a section). */
+    /* Score blocks first (none without a score write-back), then the merge blocks
+     * (mkv_tc_merge_blocks). */
     const int32_t nsb = a.keep_logits ? (int32_t)((units + per_block - 1) / per_block) : 0;
-    const int64_t n4 = (int64_t)a.G * d / 4, per_merge = (int64_t)FIN_THREADS * mkv_decode_tuning::merge_min_items;
-    /* Only small calls (at most a merge block per multiprocessor): where the GPU is full the
-     * merge is not the call's last step, and the extra blocks' own loads cost (H100, the mix
-     * 16 x 4k with up to 8: 60.9 against 57.0 us). */
-    const int64_t n_rs = (int64_t)n_seq * a.H;
-    const int64_t sms = mkv_tc_plan::device_attr(cudaDevAttrMultiProcessorCount, mkv_decode_tuning::fallback_sms);
-    int32_t mb = 1;
-    while (mb < MKV_TC_MERGE_MAX_BLOCKS && 2 * mb <= n4 && (int64_t)a.sec_items * n4 >= 2 * mb * per_merge &&
-           n_rs * 2 * mb <= sms)
-        mb *= 2;
+    const int32_t mb = mkv_tc_merge_blocks(a.G, d, (int64_t)n_seq * a.H, a.sec_items);
     const unsigned bx = (unsigned)(nsb + mb);
     tc_args f = a; /* the blocks' index last (as the decode pass) where grid z holds them */
     f.x_last = a.x_last && bx <= 65535u;

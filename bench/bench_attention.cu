@@ -231,6 +231,16 @@ int main(int argc, char **argv)
                 return 2;
             }
         }
+        else if (!strcmp(argv[i], "--merge-blocks") && i + 1 < argc) {
+            const char *x = argv[++i];
+            const int n = atoi(x);
+            if (!strcmp(x, "auto")) mkv_tc_merge_blocks_override = 0;
+            else if (n == 1 || n == 2 || n == 4 || n == 8) mkv_tc_merge_blocks_override = n;
+            else {
+                fprintf(stderr, "bench_attention: --merge-blocks takes auto, 1, 2, 4 or 8\n");
+                return 2;
+            }
+        }
         else if (!strcmp(argv[i], "--hi-item") && i + 1 < argc) {
             if (!knob_arg(argv[++i], 16, 4096, &mkv_tc_hi_item_override)) {
                 fprintf(stderr, "bench_attention: --hi-item takes auto, off or 16 to 4096\n");
@@ -287,6 +297,7 @@ int main(int argc, char **argv)
                     "                       [--page-tokens N] [--trace FILE] [--pieces auto|off|N]\n"
                     "                       [--wave-spares auto|off|N] [--ready auto|off|on]\n"
                     "                       [--hi-item auto|off|N] [--head auto|off|N]\n"
+                    "                       [--merge-blocks auto|1|2|4|8]\n"
                     "Decode attention time over batch x length grids (32 query / 8 KV heads, d 128)\n"
                     "for K16V16, K8V8, K8V4, K4V2 and a 20/50/30 high/low/pruned mix, against the\n"
                     "device copy rate. --scores: the score write-back as its own pass (separate),\n"
@@ -327,7 +338,11 @@ int main(int argc, char **argv)
                     "--head: fused K16V16 calls without scores of more than a wave start with\n"
                     "regions of half-size items, so that the first wave's blocks do not all end\n"
                     "together: auto (the library's rule, the default: half the resident blocks),\n"
-                    "off, or N (that many per mille of the resident blocks).\n");
+                    "off, or N (that many per mille of the resident blocks).\n"
+                    "--merge-blocks: the blocks the separate finalize pass cuts each region's\n"
+                    "merge among: auto (the library's rule, the default: in calls of at most a block\n"
+                    "a multiprocessor, while each thread keeps 5 of a region's items; up to 4, in\n"
+                    "calls of half that, while it would load them in two batches of 8), or N.\n");
             return strcmp(argv[i], "-h") && strcmp(argv[i], "--help") ? 2 : 0;
         }
     }
@@ -618,7 +633,7 @@ int main(int argc, char **argv)
                                 "\"fused_scores\": %s, \"compact_logits\": %s, \"tensor\": %s, "
                                 "\"piece_tokens\": %d, \"item_tokens\": %d, \"wave_blocks\": %d, "
                                 "\"ready_flags\": %s, \"hi_item_tokens\": %d, \"head_regions\": %d, "
-                            "\"groups\": [%d, %d, %d, %d]}",
+                                "\"merge_blocks\": %d, \"groups\": [%d, %d, %d, %d]}",
                             first ? "" : ",", v.name, batch, len, n_hi, n_lo, sec * 1e6,
                             *std::min_element(t.begin(), t.end()) * 1e6,
                             *std::max_element(t.begin(), t.end()) * 1e6, bytes, rate / 1e9,
@@ -629,7 +644,8 @@ int main(int argc, char **argv)
                                 ? "true" : "false",
                             (int)mkv_cuda_decode_piece_tokens(&a), (int)mkv_cuda_decode_item_tokens(&a),
                             (int)mkv_cuda_decode_wave_blocks(&a), mkv_cuda_decode_ready_flags(&a) ? "true" : "false",
-                            (int)mkv_cuda_decode_hi_item_tokens(&a), (int)mkv_cuda_decode_head_regions(&a), lh.key.groups, lh.value.groups, ll.key.groups,
+                            (int)mkv_cuda_decode_hi_item_tokens(&a), (int)mkv_cuda_decode_head_regions(&a),
+                            (int)mkv_cuda_decode_merge_blocks(&a), lh.key.groups, lh.value.groups, ll.key.groups,
                             ll.value.groups);
                     first = 0;
                 }

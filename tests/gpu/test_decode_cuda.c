@@ -907,6 +907,18 @@ static mkv_cuda_decode_t mix_query(int32_t n_seq, int32_t max_tokens)
                                .scores = MKV_DECODE_SCORES_SEPARATE};
 }
 
+/* mix_query's call on K16V16 pages of 32 tokens (both sections). */
+static mkv_cuda_decode_t k16_query(int32_t n_seq, int32_t max_tokens)
+{
+    mkv_cuda_decode_t a = mix_query(n_seq, max_tokens);
+    char err[ERR_LEN];
+    cr_assert_eq(mkv_page_bytes_for(MKV_FORMAT_K16V16, 128, 0, 0, 32, &a.page_bytes), MKV_STATUS_OK);
+    cr_assert_eq(mkv_page_layout(MKV_FORMAT_K16V16, 128, 0, 0, a.page_bytes, &a.lay_hi, err), MKV_STATUS_OK, "%s",
+                 err);
+    a.lay_lo = a.lay_hi;
+    return a;
+}
+
 /* The separate pass with ready flags forced on (tc_args::ready, decision 84: the finalize
  * kernel waits on each region's items, whose flags their blocks set to 0 first; batch_gpu
  * poisons the workspace with 0xFF bytes, which a flag left unset would read as done): one
@@ -1140,13 +1152,7 @@ Test(decode_cuda, few_seq_items_fallback)
 {
     const char *why;
     if (gpu_available(&why)) cr_skip_test("a CUDA device is present: few_seq_items checks its plans");
-    mkv_cuda_decode_t q3[3] = {mix_query(1, 0), mix_query(1, 0), mix_query(1, 0)}; /* K16V16, mix, K4V2 */
-    int64_t pb16;
-    mkv_page_layout_t f16;
-    char err[ERR_LEN];
-    cr_assert_eq(mkv_page_bytes_for(MKV_FORMAT_K16V16, 128, 0, 0, 32, &pb16), MKV_STATUS_OK);
-    cr_assert_eq(mkv_page_layout(MKV_FORMAT_K16V16, 128, 0, 0, pb16, &f16, err), MKV_STATUS_OK, "%s", err);
-    q3[0].page_bytes = pb16, q3[0].lay_hi = f16, q3[0].lay_lo = f16;
+    mkv_cuda_decode_t q3[3] = {k16_query(1, 0), mix_query(1, 0), mix_query(1, 0)}; /* K16V16, mix, K4V2 */
     q3[2].lay_hi = q3[2].lay_lo;
     static const struct {
         int f, n_seq, max_tokens, want;
@@ -1192,6 +1198,87 @@ Test(decode_cuda, few_seq_items_fallback)
     cr_assert_eq(mix_hi, 32, "the mix's high items forced to 32: %d", mix_hi);
     cr_assert_eq(k4_hi, 0, "K4V2 alone with high items of %d", k4_hi);
     cr_assert_eq(mix_64, 0, "high items of the item size itself: %d", mix_64);
+}
+
+/* The separate finalize pass's merge blocks (decision 97): the plan's (AUTO's at the mix
+ * 1 x 1.5k, whose 34 items a region had taken two batches of loads a thread in 2 slices, at
+ * 2 x 1.5k, not at 4 x 1.5k nor beyond 4 from the batches, K16V16 at 1 x 1k and 1.5k, one
+ * where the call has more regions than the multiprocessors; forced), asserted on 132
+ * multiprocessors or the fallback's; then, with a device, calls whose regions hold from one
+ * item to the most, AUTO's and forced 1 to 8, with and without scores, against the
+ * reference. */
+Test(decode_cuda, merge_blocks, .timeout = 300)
+{
+    const char *why;
+    const int gpu = gpu_available(&why);
+    int sms = 132;
+    if (gpu) CUDA_CHECK(cudaDeviceGetAttribute(&sms, cudaDevAttrMultiProcessorCount, 0));
+    mkv_cuda_decode_t q2[2] = {k16_query(1, 0), mix_query(1, 0)}; /* K16V16, the mix */
+    if (sms == 132) {
+        static const struct {
+            int f, n_seq, max_tokens, want;
+        } cases[] = {{1, 1, 1075, 4}, {1, 2, 1075, 4}, {1, 4, 1075, 2}, {1, 1, 716, 2},  {1, 1, 2150, 4},
+                     {0, 1, 1536, 4}, {0, 1, 1024, 2}, {0, 4, 1280, 4}, {1, 64, 11468, 1}, {1, 16, 716, 1},
+                     {0, 8, 1024, 1}};
+        for (size_t i = 0; i < sizeof cases / sizeof cases[0]; i++) {
+            mkv_cuda_decode_t *q = &q2[cases[i].f];
+            q->n_seq = cases[i].n_seq, q->max_tokens = cases[i].max_tokens;
+            const int32_t got = mkv_cuda_decode_merge_blocks(q);
+            cr_assert_eq(got, cases[i].want, "%s %d x %d: %d merge blocks, want %d", cases[i].f ? "mix" : "K16V16",
+                         q->n_seq, q->max_tokens, got, cases[i].want);
+        }
+    } else {
+        cr_log_warn("merge_blocks: AUTO's plans not asserted on a GPU of %d multiprocessors", sms);
+    }
+    q2[1].n_seq = 64, q2[1].max_tokens = 11468;
+    mkv_tc_merge_blocks_override = 8;
+    const int32_t forced = mkv_cuda_decode_merge_blocks(&q2[1]);
+    q2[1].scores = MKV_DECODE_SCORES_FUSED;
+    const int32_t fused = mkv_cuda_decode_merge_blocks(&q2[1]); /* no finalize pass: 1 */
+    mkv_tc_merge_blocks_override = 0;
+    cr_assert_eq(forced, 8, "forced to 8: %d merge blocks", forced);
+    cr_assert_eq(fused, 1, "a fused call with %d merge blocks", fused);
+    if (!gpu) {
+        cr_log_warn("merge_blocks: no CUDA device (%s): calls not run", why);
+        return;
+    }
+
+    stats_t ck[3] = {{.what = "out (merge blocks)"}, {.what = "score (merge blocks)"},
+                     {.what = "pool bytes unchanged (merge blocks, no scores)"}};
+    uint64_t r = 0x3e26b;
+    static const mkv_format_t fmt[2][2] = {{MKV_FORMAT_K16V16, MKV_FORMAT_K16V16},
+                                           {MKV_FORMAT_K8V4, MKV_FORMAT_K4V2}};
+    static const struct {
+        int f, n_seq, top;
+    } calls[] = {{1, 1, 1536}, {0, 1, 1024}, {1, 2, 2100}, {0, 4, 1500}};
+    static const int32_t knob[] = {0, 1, 2, 4, 8};
+    const int32_t H = 8;
+    for (int ci = 0; ci < (int)(sizeof calls / sizeof calls[0]); ci++) {
+        const int32_t n_seq = calls[ci].n_seq, top = calls[ci].top;
+        int32_t len[2 * 4 * 8];
+        for (int i = 0; i < n_seq * H; i++) { /* from one item's tokens to the most */
+            const int32_t n = i == 0 ? top : test_rand_range(&r, 1, top);
+            const int32_t h = calls[ci].f ? test_rand_range(&r, 0, n) : n;
+            len[2 * i] = h, len[2 * i + 1] = n - h;
+        }
+        spec_t c = {.hi = fmt[calls[ci].f][0], .lo = fmt[calls[ci].f][1], .d = 128, .G = 4, .tpp = 23,
+                    .n_seq = n_seq, .H = H, .len = len, .seed = test_rand_next(&r)};
+        batch_t b;
+        batch_build(&b, &c);
+        b.scores = MKV_DECODE_SCORES_SEPARATE;
+        for (int ns = 0; ns < 2; ns++) {
+            b.no_scores = ns;
+            for (int k = 0; k < (int)(sizeof knob / sizeof knob[0]); k++) {
+                mkv_tc_merge_blocks_override = knob[k];
+                const int32_t splits[] = {0};
+                batch_check_splits(&b, MKV_DECODE_KERNEL_TENSOR, splits, 1, &ck[0], ns ? &ck[2] : &ck[1], NULL,
+                                   NULL);
+            }
+        }
+        mkv_tc_merge_blocks_override = 0;
+        batch_free(&b);
+    }
+    for (int i = 0; i < 3; i++) stats_expect(&ck[i], "merge_blocks");
 }
 
 /* The two-format separate pass's short high items (tc_args::hi_item, decision 88): forced to
