@@ -67,8 +67,9 @@ __device__ __forceinline__ block_pos locate(const tc_args &a, int32_t bx, int32_
         prefetch_l2(a.table + ip.region * a.T + (threadIdx.x ? a.T - 1 : 0));
     /* And (ITEM_IDS), where the block is in the high section (bx below its blocks there;
      * guessed before the counts that say so arrive), the page ids of each warp's item: a
-     * warp's first window then waits on L2 only. Not in the two-format kernels, where this
-     * made ptxas spill (the fused one-group mix, scripts/decode_regs.sh). */
+     * warp's first window then waits on L2 only. Not in the fused two-format kernels, where
+     * this made ptxas spill (the fused one-group mix, scripts/decode_regs.sh); the separate
+     * pass takes it in every kernel (decision 98). */
     if (ITEM_IDS && (threadIdx.x & 31) == 0) {
         const int64_t pg = (int64_t)(bx * W + warp) * I / a.sec[0].tpp;
         prefetch_l2(a.table + ip.region * a.T + (pg < a.T ? pg : a.T - 1));
@@ -325,7 +326,7 @@ __global__ void __launch_bounds__(FUSED ? MKV_TC_WARPS * 32 : MKV_TC_SEP_WARPS *
         }
         if (threadIdx.x == 0) trace_stamp(a, TR_START, 0);
         prefetch_q<D>(a, (int64_t)j * a.H + hh);
-        const block_pos b = locate<MKV_TC_SEP_WARPS, K::ONE>(a, bx, hh, j, a.sec_mask == 3);
+        const block_pos b = locate<MKV_TC_SEP_WARPS, true>(a, bx, hh, j, a.sec_mask == 3);
         if (b.work) run_section_item<D, HI, LO, false>(a, smem, b.ip);
         if (a.ready && warp > 0) bar_sync(1, NT); /* every warp but 0, with or without an item */
         if (a.ready && b.work) { /* the item's parts and logits, then its flag (release, cumulative) */
