@@ -157,7 +157,8 @@ static bool same_format(const mkv_page_layout_t &x, const mkv_page_layout_t &y)
  * where it is faster (mkv_decode_tuning's fuse_*): small calls of long regions (any format),
  * one format's long regions in any call, K16V16 in large calls, large calls of single-block
  * regions. Shorter regions in larger quantized calls, and two-format calls but small ones of
- * long regions, measured faster with the separate pass. */
+ * long regions, measured faster with the separate pass. On GPUs of fast DRAM per SM (the
+ * H200; decision 99) only K16V16's large calls and single-block regions' are fused. */
 static bool tc_may_fuse(const mkv_cuda_decode_t *a, const tc_kernel &one)
 {
     using T = mkv_decode_tuning;
@@ -165,7 +166,9 @@ static bool tc_may_fuse(const mkv_cuda_decode_t *a, const tc_kernel &one)
     if (a->scores == MKV_DECODE_SCORES_FUSED) return true;
     const mkv_page_layout_t &l = a->lay_hi;
     const int64_t token_heads = (int64_t)a->n_seq * a->n_heads * a->max_tokens;
-    const bool small = token_heads <= T::fuse_max_small_token_heads;
+    const double bpc = mkv_cuda_dram_bytes_per_sm_cycle();
+    const bool long_rules = !(bpc >= T::fuse_long_max_dram_bytes_per_sm_cycle); /* (unknown: as the H100) */
+    const bool small = long_rules && token_heads <= T::fuse_max_small_token_heads;
     /* Without a score write-back the fused kernel only merges (in the region's last block):
      * one launch, as fast or faster from 2^17 token-heads up; the smallest calls are faster
      * without its counters and queue (decode_tuning.h). Two-format calls keep their rule
@@ -182,8 +185,10 @@ static bool tc_may_fuse(const mkv_cuda_decode_t *a, const tc_kernel &one)
         const int32_t item = mkv_tc_item_tokens(a->n_seq, a->n_heads, a->max_tokens, sms);
         if ((int64_t)a->max_tokens <= (int64_t)MKV_TC_WARPS * item) return true;
     }
+    const bool k16v16 = l.key.bits == 16 && l.value.bits == 16;
+    if (!long_rules) return k16v16 && token_heads >= T::fuse_min_k16v16_token_heads;
     return (small && a->max_tokens >= T::fuse_small_min_region_tokens) || a->max_tokens >= T::fuse_min_region_tokens ||
-           (l.key.bits == 16 && l.value.bits == 16 && token_heads >= T::fuse_min_k16v16_token_heads);
+           (k16v16 && token_heads >= T::fuse_min_k16v16_token_heads);
 }
 
 /* Compact logits for a fused call with scores (decode_tc.h, mkv_cuda_decode_logits_t): where

@@ -240,6 +240,20 @@ struct mkv_decode_tuning {
     static constexpr int32_t fuse_small_min_region_tokens = 16384;
     static constexpr int32_t fuse_min_region_tokens = 16384;                /* max_tokens */
     static constexpr int64_t fuse_min_k16v16_token_heads = (int64_t)1 << 21;
+    /* The rules above for small calls and long regions (the fused kernel's gains there were
+     * measured on the H100, 12.8 peak DRAM bytes per SM cycle) hold only below this many
+     * bytes per SM cycle (mkv_cuda_dram_bytes_per_sm_cycle). From it (the H200, 18.4) the
+     * separate pass, its decisions 84 to 98 since, was faster at every such shape measured
+     * (decision 99; H200, 2 x 20 calls, separate against fused, us: the mix 1 x 32k 27.0
+     * against 34.6, 64 x 32k 659 against 912; K16V16 1 x 16k 28.7 against 35.0, 2 x 16k 45.8
+     * against 50.8, 4 x 16k 86.7 against 90.3, 2 x 32k 88.7 against 91.3; K8V4 1 x 16k 20.9
+     * against 30.6, 16 x 32k 285.6 against 297.5; K4V2 4 x 32k 78.7 against 100.2, 64 x 32k
+     * 837.5 against 963.6; K8V4 64 x 32k 1,056 against 1,052, the only tie), so there the
+     * fused kernel takes only K16V16 calls of fuse_min_k16v16_token_heads and more (16 x 16k
+     * 294.5 against 290.3, 32 x 8k 291.8 against 287.1, 8 x 32k 295.7 against 293.3, 64 x 32k
+     * 2,175 against 2,118; below, 16 x 8k 156.1 against 161.5, 8 x 16k 156.9 both, 4 x 32k
+     * 160.1 against 158.4) and, as before, large calls of single-block regions. */
+    static constexpr double fuse_long_max_dram_bytes_per_sm_cycle = 16.0;
     /* One-format calls without scores fuse (the merge in the region's last block, one launch)
      * above this many token-heads, and take the separate pass (no counters to zero, no job
      * queue) at or below it. H100, K16V16 without scores, the grids in the blocks' index last

@@ -53,13 +53,12 @@ static __global__ void fill_kernel(uint8_t *pool, int64_t bytes, uint32_t seed)
     }
 }
 
+/* The floors' kernel: an empty one. */
+static __global__ void empty_kernel(void) {}
+
 /* Reads bytes of buf (a multiple of 16) and writes nothing unless the impossible happens:
  * evicts the L2 without leaving dirty lines behind (the read flush; a memset leaves the L2 full
  * of dirty lines, which the timed call then writes back to DRAM as it reads). */
-#ifdef MKV_TC_TRACE
-static __global__ void empty_kernel(void) {}
-#endif
-
 static __global__ void read_flush_kernel(const uint4 *buf, int64_t n16, uint32_t *sink)
 {
     uint32_t x = 0;
@@ -457,6 +456,35 @@ int main(int argc, char **argv)
     const double bpc = mkv_cuda_dram_bytes_per_sm_cycle();
     printf("%s: device copy rate %.0f GB/s (read + write); peak DRAM %.1f bytes per SM cycle\n",
            prop.name, copy_rate / 1e9, bpc);
+    /* The floors a call's event time stands on, timed as the calls are (after the flush): an
+     * empty kernel of a block per multiprocessor, and a 4 KB memset before it (as the fused
+     * calls' counters). With the DRAM's peak rate (its clock and bus width), they bound each
+     * point: no call can take less than the empty kernel plus its bytes at that rate. */
+    double fl[2];
+    for (int m = 0; m < 2; m++) {
+        std::vector<double> t;
+        for (int r = 0; r < reps + 2; r++) {
+            flush_l2(r);
+            CK(cudaEventRecord(e0, stream));
+            if (m) CK(cudaMemsetAsync(cb, 0, 4096, stream));
+            empty_kernel<<<n_sm, 128, 0, stream>>>();
+            CK(cudaEventRecord(e1, stream));
+            CK(cudaEventSynchronize(e1));
+            float ms;
+            CK(cudaEventElapsedTime(&ms, e0, e1));
+            if (r >= 2) t.push_back(ms * 1e-3);
+        }
+        fl[m] = median(t);
+    }
+    int mem_khz = 0, bus_bits = 0;
+    if (cudaDeviceGetAttribute(&mem_khz, cudaDevAttrMemoryClockRate, 0) != cudaSuccess ||
+        cudaDeviceGetAttribute(&bus_bits, cudaDevAttrGlobalMemoryBusWidth, 0) != cudaSuccess) {
+        (void)cudaGetLastError();
+        mem_khz = bus_bits = 0;
+    }
+    const double peak_rate = 2.0 * mem_khz * 1e3 * bus_bits / 8.0; /* bytes a second; 0 unknown */
+    printf("floors: an empty kernel %.2f us, a 4 KB memset and an empty kernel %.2f us; peak DRAM %.0f GB/s\n",
+           fl[0] * 1e6, fl[1] * 1e6, peak_rate / 1e9);
 
     FILE *jf = json_path ? (strcmp(json_path, "-") ? fopen(json_path, "w") : stdout) : NULL;
     if (jf)
@@ -464,11 +492,12 @@ int main(int argc, char **argv)
                     "\"copy_rate_gbs\": %.1f, \"heads\": %d, \"group_size\": %d, \"head_dim\": %d, "
                     "\"kernel\": \"%s\", \"scores\": \"%s\", \"logits\": \"%s\", \"quant_group_elems\": %d, "
                     "\"dram_bytes_per_sm_cycle\": %.2f, \"flush\": \"%s\", \"no_scores\": %s, \"spread\": %.3f, \"hint\": %s, "
-                    "\"page_tokens\": %d, \"results\": [",
+                    "\"page_tokens\": %d, \"floor_empty_us\": %.3f, \"floor_memset_empty_us\": %.3f, "
+                    "\"peak_dram_gbs\": %.1f, \"results\": [",
                 prop.name, copy_rate / 1e9, H, G, d,
                 k_kernel_names[kernel], k_scores_names[scores], k_logits_names[logits], group, bpc,
                 write_flush ? "write" : "read", no_scores ? "true" : "false", spread, hint ? "true" : "false",
-                page_tokens);
+                page_tokens, fl[0] * 1e6, fl[1] * 1e6, peak_rate / 1e9);
     printf("quantization groups: %s; L2 flushed by %s 256 MiB; %s\n",
            group ? "elements per group as given" : "library defaults", write_flush ? "writing" : "reading",
            no_scores ? "no score write-back" : "scores written back");
@@ -485,24 +514,6 @@ int main(int argc, char **argv)
             fprintf(stderr, "bench_attention: cannot write %s\n", trace_path);
             return 1;
         }
-        double fl[2];
-        for (int m = 0; m < 2; m++) {
-            std::vector<double> t;
-            for (int r = 0; r < reps + 2; r++) {
-                flush_l2(r);
-                CK(cudaEventRecord(e0, stream));
-                if (m) CK(cudaMemsetAsync(trace_buf, 0, 4096, stream));
-                empty_kernel<<<n_sm, 128, 0, stream>>>();
-                CK(cudaEventRecord(e1, stream));
-                CK(cudaEventSynchronize(e1));
-                float ms;
-                CK(cudaEventElapsedTime(&ms, e0, e1));
-                if (r >= 2) t.push_back(ms * 1e-3);
-            }
-            fl[m] = median(t);
-        }
-        printf("floors: an empty kernel %.2f us, a 4 KB memset and an empty kernel %.2f us\n", fl[0] * 1e6,
-               fl[1] * 1e6);
         fprintf(tf, "# floors empty_us %.3f memset_empty_us %.3f\n", fl[0] * 1e6, fl[1] * 1e6);
     }
 #endif
@@ -633,7 +644,7 @@ int main(int argc, char **argv)
                                 "\"fused_scores\": %s, \"compact_logits\": %s, \"tensor\": %s, "
                                 "\"piece_tokens\": %d, \"item_tokens\": %d, \"wave_blocks\": %d, "
                                 "\"ready_flags\": %s, \"hi_item_tokens\": %d, \"head_regions\": %d, "
-                                "\"merge_blocks\": %d, \"groups\": [%d, %d, %d, %d]}",
+                                "\"merge_blocks\": %d, \"bound_us\": %.2f, \"groups\": [%d, %d, %d, %d]}",
                             first ? "" : ",", v.name, batch, len, n_hi, n_lo, sec * 1e6,
                             *std::min_element(t.begin(), t.end()) * 1e6,
                             *std::max_element(t.begin(), t.end()) * 1e6, bytes, rate / 1e9,
@@ -645,7 +656,8 @@ int main(int argc, char **argv)
                             (int)mkv_cuda_decode_piece_tokens(&a), (int)mkv_cuda_decode_item_tokens(&a),
                             (int)mkv_cuda_decode_wave_blocks(&a), mkv_cuda_decode_ready_flags(&a) ? "true" : "false",
                             (int)mkv_cuda_decode_hi_item_tokens(&a), (int)mkv_cuda_decode_head_regions(&a),
-                            (int)mkv_cuda_decode_merge_blocks(&a), lh.key.groups, lh.value.groups, ll.key.groups,
+                            (int)mkv_cuda_decode_merge_blocks(&a),
+                            peak_rate > 0 ? (fl[0] + bytes / peak_rate) * 1e6 : 0.0, lh.key.groups, lh.value.groups, ll.key.groups,
                             ll.value.groups);
                     first = 0;
                 }

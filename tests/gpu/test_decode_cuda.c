@@ -1782,6 +1782,36 @@ Test(decode_cuda, no_scores_fuse_rule)
     }
 }
 
+/* AUTO's choice for calls with scores (tc_may_fuse, decision 99): on GPUs of at least
+ * fuse_long_max_dram_bytes_per_sm_cycle peak DRAM bytes per SM cycle (the H200) only K16V16
+ * from 2^21 token-heads is fused among these long-region calls; below it (the H100) or where the
+ * device cannot be asked (no GPU: as the H100), small calls and long regions are too. Host
+ * arithmetic and device attributes only. */
+Test(decode_cuda, scores_fuse_rule)
+{
+    const double bpc = mkv_cuda_dram_bytes_per_sm_cycle();
+    const int fast = bpc >= 16.0;
+    mkv_cuda_decode_t k16 = k16_query(1, 16384), mix = mix_query(1, 22938), k4 = mix_query(1, 32768);
+    k16.scores = mix.scores = k4.scores = MKV_DECODE_SCORES_AUTO;
+    k4.lay_hi = k4.lay_lo; /* K4V2 alone */
+    static const struct {
+        int f, n_seq, max_tokens, fused_fast, fused_slow;
+    } cases[] = {{0, 1, 16384, 0, 1}, {0, 2, 32768, 0, 1}, {0, 4, 32768, 0, 1}, {0, 8, 32768, 1, 1},
+                 {0, 32, 8192, 1, 1},  {0, 16, 8192, 0, 0},  {1, 1, 22938, 0, 1}, {1, 2, 11468, 0, 0},
+                 {2, 64, 32768, 0, 1}, {2, 4, 16384, 0, 1}};
+    static const char *names[] = {"K16V16", "mix", "K4V2"};
+    for (size_t i = 0; i < sizeof cases / sizeof cases[0]; i++) {
+        mkv_cuda_decode_t *q = cases[i].f == 0 ? &k16 : cases[i].f == 1 ? &mix : &k4;
+        q->n_seq = cases[i].n_seq, q->max_tokens = cases[i].max_tokens;
+        const int want = fast ? cases[i].fused_fast : cases[i].fused_slow, got = mkv_cuda_decode_fuses_scores(q);
+        cr_assert_eq(got, want, "%s %d x %d with scores, %.1f DRAM bytes per SM cycle: fused %d, want %d",
+                     names[cases[i].f], q->n_seq, q->max_tokens, bpc, got, want);
+        q->scores = MKV_DECODE_SCORES_SEPARATE;
+        cr_assert(!mkv_cuda_decode_fuses_scores(q), "%s: SEPARATE not honoured", names[cases[i].f]);
+        q->scores = MKV_DECODE_SCORES_AUTO;
+    }
+}
+
 /* Argument checks only: no pointer is dereferenced, so this runs without a device too. */
 Test(decode_cuda, bad_arguments)
 {
