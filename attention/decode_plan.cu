@@ -484,6 +484,25 @@ static int32_t few_region_item(int32_t basis, int32_t item)
     return i < T::few_region_min_item ? item : (int32_t)std::min<int64_t>(i, MKV_TC_MAX_ITEM);
 }
 
+/* A separate K16V16 call of more than a wave of blocks (resident: the separate kernel's; its
+ * grid is sized by max_tokens, hint or none) whose items (`item`), doubled up to
+ * mkv_decode_tuning::one_wave_max_item tokens while the call keeps small_call_min_items, fit
+ * one wave: the first such size, else `item` (decision 100; the separate pass's form of
+ * one_wave_items). A hint never lengthens the items beyond the plain call's: both double along
+ * the same powers of two to the same bound. */
+static int32_t sep_wave_item(int64_t n_rs, int32_t max_tokens, int32_t item, int64_t resident)
+{
+    using T = mkv_decode_tuning;
+    const auto items = [&](int64_t i) { return (max_tokens + i - 1) / i; };
+    const auto blocks = [&](int64_t i) { return n_rs * ((items(i) + 1 + MKV_TC_SEP_WARPS - 1) / MKV_TC_SEP_WARPS); };
+    if (resident <= 0 || blocks(item) <= resident) return item;
+    for (int64_t i = 2 * (int64_t)item; i <= T::one_wave_max_item; i *= 2) {
+        if (n_rs * items(i) < T::small_call_min_items) break;
+        if (blocks(i) <= resident) return (int32_t)i;
+    }
+    return item;
+}
+
 /* A layout's bytes a token, all its segments. */
 static int64_t token_bytes(const mkv_page_layout_t &l) { return l.tokens > 0 ? l.used_bytes / l.tokens : 0; }
 
@@ -592,6 +611,8 @@ tc_plan plan_call(const mkv_cuda_decode_t *a, const tc_kernel &one, bool *fused,
     } else if (a->split_tokens == 0 && !two && a->lay_hi.key.bits < 16 &&
                n_rs * T::few_region_blocks <= (int64_t)T::few_region_waves * sms) {
         adopt(few_region_item(basis, w.item_tokens), covered());
+    } else if (a->split_tokens == 0 && !two && a->lay_hi.key.bits == 16 && one.launch && one.sep_blocks_per_sm) {
+        adopt(sep_wave_item(n_rs, a->max_tokens, w.item_tokens, (int64_t)one.sep_blocks_per_sm() * sms), covered());
     }
     w.ready = ready_flags(a, one, w);
     high_items(a, one, sms, &w);

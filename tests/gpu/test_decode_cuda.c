@@ -1812,6 +1812,48 @@ Test(decode_cuda, scores_fuse_rule)
     }
 }
 
+/* The separate pass's K16V16 items of a call of more than a wave of blocks, doubled while that
+ * brings the call into one (decision 100): asserted on a GPU of 132 multiprocessors (3 separate
+ * blocks each at d 128), AUTO's item at shapes where it doubles and where it does not; then one
+ * such call against the reference. */
+Test(decode_cuda, sep_wave_items, .timeout = 300)
+{
+    GPU_REQUIRE();
+    int sms = 0;
+    CUDA_CHECK(cudaDeviceGetAttribute(&sms, cudaDevAttrMultiProcessorCount, 0));
+    mkv_cuda_decode_t q = k16_query(2, 32768); /* the separate pass, with scores */
+    if (sms == 132) {
+        static const struct {
+            int n_seq, max_tokens, want;
+        } cases[] = {{2, 32768, 512}, {4, 16384, 512}, {4, 32768, 256}, {2, 16384, 256}, {8, 16384, 256}};
+        for (size_t i = 0; i < sizeof cases / sizeof cases[0]; i++) {
+            q.n_seq = cases[i].n_seq, q.max_tokens = cases[i].max_tokens;
+            const int32_t got = mkv_cuda_decode_item_tokens(&q);
+            cr_assert_eq(got, cases[i].want, "K16V16 %d x %d, separate: items of %d, want %d", q.n_seq, q.max_tokens,
+                         got, cases[i].want);
+        }
+    } else {
+        cr_log_info("sep_wave_items: AUTO's items not asserted on a GPU of %d multiprocessors", sms);
+    }
+    stats_t ck[2] = {{.what = "out (separate wave items)"}, {.what = "score (separate wave items)"}};
+    uint64_t r = 0x5e9a7;
+    const int32_t n_seq = 2, H = 8, top = 30000;
+    int32_t len[2 * 2 * 8];
+    for (int i = 0; i < n_seq * H; i++) {
+        const int32_t n = i == 0 ? top : test_rand_range(&r, 1, top);
+        len[2 * i] = n, len[2 * i + 1] = 0;
+    }
+    spec_t c = {.hi = MKV_FORMAT_K16V16, .lo = MKV_FORMAT_K16V16, .d = 128, .G = 4, .tpp = 32, .n_seq = n_seq,
+                .H = H, .len = len, .seed = test_rand_next(&r)};
+    batch_t b;
+    batch_build(&b, &c);
+    b.scores = MKV_DECODE_SCORES_SEPARATE;
+    const int32_t splits[] = {0};
+    batch_check_splits(&b, MKV_DECODE_KERNEL_TENSOR, splits, 1, &ck[0], &ck[1], NULL, NULL);
+    batch_free(&b);
+    for (int i = 0; i < 2; i++) stats_expect(&ck[i], "sep_wave_items");
+}
+
 /* Argument checks only: no pointer is dereferenced, so this runs without a device too. */
 Test(decode_cuda, bad_arguments)
 {
