@@ -425,11 +425,15 @@ static bool ready_flags(const mkv_cuda_decode_t *a, const tc_kernel &one, const 
     const int32_t o = mkv_tc_ready_override != 0 ? mkv_tc_ready_override : ready_env();
     if (o != 0) return o > 0;
     const int32_t per_sm = one.sep_blocks_per_sm ? one.sep_blocks_per_sm() : 0;
-    if (per_sm <= 0 || w.item_tokens < T::ready_min_item) return false;
-    const int64_t resident = (int64_t)per_sm * device_attr(cudaDevAttrMultiProcessorCount, T::fallback_sms);
+    if (per_sm <= 0) return false;
+    const int64_t sms = device_attr(cudaDevAttrMultiProcessorCount, T::fallback_sms), resident = per_sm * sms;
     const int64_t items = (item_basis(a->max_tokens, a->mean_tokens) + w.item_tokens - 1) / w.item_tokens + 1;
     const int64_t blocks = (int64_t)a->n_seq * a->n_heads * ((items + MKV_TC_SEP_WARPS - 1) / MKV_TC_SEP_WARPS);
-    return blocks >= T::ready_min_waves * resident && blocks * T::ready_wave_tokens <= resident * w.item_tokens;
+    /* Under ready_min_waves waves: from ready_wave_min_sm_blocks blocks a multiprocessor, items
+     * of ready_wave_min_item tokens or more (decision 101). */
+    if (blocks < T::ready_min_waves * resident)
+        return blocks >= T::ready_wave_min_sm_blocks * sms && w.item_tokens >= T::ready_wave_min_item;
+    return w.item_tokens >= T::ready_min_item && blocks * T::ready_wave_tokens <= resident * w.item_tokens;
 }
 
 /* A two-format separate call's item where its plan (item w.item_tokens) fills less than a wave

@@ -380,6 +380,19 @@ struct mkv_decode_tuning {
     static constexpr int32_t ready_min_waves = 2;
     static constexpr int32_t ready_min_item = 256;
     static constexpr int32_t ready_wave_tokens = 16;
+    /* Calls of fewer waves take them too from this many blocks a multiprocessor and items of
+     * ready_wave_min_item tokens or more (decision 101): the finalize's blocks, resident beside
+     * the decode kernel's, then write back each region as its items end instead of after the
+     * whole grid. H200, flags forced on against AUTO (none), 2 x 30 calls, us: the mix 16 x 8k
+     * 65.0 to 61.6, 8 x 16k 65.8 to 63.8, 8 x 8k 35.3 to 34.1, 16 x 4k 35.1 to 34.1, 4 x 16k
+     * 36.0 to 35.0, 2 x 32k 36.6 to 35.9; K16V16 with scores 16 x 4k 80.5 to 78.9, 8 x 8k 80.7
+     * to 79.4, 4 x 16k 81.0 to 79.7, 8 x 4k 46.3 to 45.4; below two blocks a multiprocessor
+     * they lost (the mix 1 x 4k 13.2 to 13.8, 2 x 4k 15.5 to 15.7, 2 x 8k 17.9 to 18.2; K16V16
+     * 1 x 4k 13.8 to 14.3, 1 x 32k 46.7 to 47.4), and with items of 64 tokens the rule lost at
+     * the mix 16 x 1k (16.6 to 17.4) and moved others by -2.4 to +0.8% (the rule's A/B,
+     * bench_attention_h200_decision101_ab.json). */
+    static constexpr int32_t ready_wave_min_sm_blocks = 2;
+    static constexpr int32_t ready_wave_min_item = 128;
 
     /* ---- Stages of the tensor-core kernel (tc_staging.cuh, stage_layout) ----
      * Subtiles per stage: four up to stage4_max_subtile_bytes per subtile, two up to

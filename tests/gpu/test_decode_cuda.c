@@ -997,13 +997,14 @@ Test(decode_cuda, ready_flags, .timeout = 600)
     int sms = 0;
     CUDA_CHECK(cudaDeviceGetAttribute(&sms, cudaDevAttrMultiProcessorCount, 0));
     if (sms != 132) {
-        cr_log_warn("ready_flags: AUTO's choice not asserted on a GPU of %d multiprocessors", sms);
+        cr_log_info("ready_flags: AUTO's choice not asserted on a GPU of %d multiprocessors", sms);
         return;
     }
     static const struct {
         int32_t n_seq, max_tokens, mean_tokens, want;
-    } cases[] = {{1, 1024, 0, 0},  {1, 16384, 0, 0}, {16, 4096, 0, 0},   {256, 1024, 0, 0}, {64, 1024, 0, 0},
-                 {64, 4096, 0, 1}, {16, 16384, 0, 1}, {64, 16384, 0, 1}, {256, 16384, 0, 1}, {81, 6000, 2730, 1}};
+    } cases[] = {{1, 1024, 0, 0},   {1, 16384, 0, 0}, {2, 2867, 0, 0},   {256, 1024, 0, 0},  {64, 1024, 0, 0},
+                 {64, 4096, 0, 1},  {16, 16384, 0, 1}, {64, 16384, 0, 1}, {256, 16384, 0, 1}, {81, 6000, 2730, 1},
+                 {16, 4096, 0, 1},  {8, 8192, 0, 1},  {16, 1024, 0, 0}}; /* (under two waves: decision 101) */
     for (size_t i = 0; i < sizeof cases / sizeof cases[0]; i++) {
         a.n_seq = cases[i].n_seq, a.max_tokens = cases[i].max_tokens, a.mean_tokens = cases[i].mean_tokens;
         cr_assert_eq(mkv_cuda_decode_ready_flags(&a), cases[i].want,
