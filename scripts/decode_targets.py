@@ -2,7 +2,8 @@
 """decode_targets.py -- issue 22's decode-attention targets, checked on measured grids.
 
 Reads a `bench_attention --json` grid (K16V16 and the 20/50/30 mix at least, the default
-batches 1, 16, 64, 256 and lengths 1k, 4k, 16k, 32k) and, for the comparison with the best
+batches 1, 16, 64, 256 and lengths 1k, 4k, 16k, 32k; more files of the same call add their
+points, such as batches 2 to 8 at 8k and longer) and, for the comparison with the best
 dense fp16 kernel, a `scripts/sdpa_reference.py --json` grid measured in the same device call,
 and prints each target with the figures it rests on and whether it is met:
 
@@ -51,6 +52,20 @@ def load(path, schema):
         print(f"decode_targets: {path}: not a {schema} file", file=sys.stderr)
         sys.exit(2)
     return doc
+
+
+def load_all(paths):
+    """bench_attention files of one device call as one: the first file's header, every file's
+    points (a later file's over an earlier one's at the same format, batch and length; each
+    point keeps its own bound, and copy-rate fractions stay each file's)."""
+    docs = [load(p, "mixkv-bench-attention") for p in paths]
+    merged = dict(docs[0])
+    points = {}
+    for d in docs:
+        for r in d["results"]:
+            points[(r["format"], r["batch"], r["length"])] = r
+    merged["results"] = list(points.values())
+    return merged
 
 
 def shape(b, n):
@@ -156,16 +171,18 @@ def lines(grid, sdpa, nosc):
 
 def main():
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    ap.add_argument("grid", help="bench_attention --json output")
+    ap.add_argument("grid", nargs="+", help="bench_attention --json output (several files of one call: their "
+                    "points together, a later file's over an earlier one's)")
     ap.add_argument("--sdpa", help="sdpa_reference.py --json output of the same device call")
-    ap.add_argument("--no-scores", help="bench_attention --no-scores --json output of the same call")
+    ap.add_argument("--no-scores", nargs="+", help="bench_attention --no-scores --json output of the same call "
+                    "(one file or more, as the grid)")
     ap.add_argument("--json", help="write the table as JSON here")
     args = ap.parse_args()
-    grid = load(args.grid, "mixkv-bench-attention")
+    grid = load_all(args.grid)
     sdpa = load(args.sdpa, "mixkv-sdpa-reference") if args.sdpa else None
     if sdpa is not None and grid.get("flush", "write") != sdpa.get("flush", "write"):
         print("decode_targets: warning: the two files flushed the L2 differently", file=sys.stderr)
-    nosc = load(args.no_scores, "mixkv-bench-attention") if args.no_scores else None
+    nosc = load_all(args.no_scores) if args.no_scores else None
     rows = check(grid, sdpa, nosc)
     print(f"{grid['device']}, copy rate {grid['copy_rate_gbs']:.0f} GB/s, flush {grid.get('flush', 'write')}")
     for r in rows:
