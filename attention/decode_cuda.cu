@@ -123,7 +123,7 @@ static mkv_status_t launch_tc(const mkv_cuda_decode_t *a, cudaStream_t stream, c
     }
     f.total_ids = (int32_t)w.total_ids;
     f.last_blocks_last = 0, f.tail_rs = f.n_rs, f.tail_gx = 1, f.head_rs = 0; /* (fused calls below) */
-    f.piece_tokens = 0, f.wave_blocks = 0;
+    f.piece_tokens = 0, f.wave_blocks = 0, f.piece_static = 0;
     f.trace = mkv_tc_trace_buffer;
     f.ready = nullptr;
     f.hi_item = 0, f.hi_cap = 0; /* (the separate pass's one launch below) */
@@ -150,6 +150,7 @@ static mkv_status_t launch_tc(const mkv_cuda_decode_t *a, cudaStream_t stream, c
              * ends (programmatic serialization; a memset would not let it); a persistent grid
              * of what the GPU holds. */
             f.piece_tokens = w.piece_tokens; /* its counters in place of the score jobs */
+            f.piece_static = w.piece_static;
             const size_t words =
                 (size_t)f.n_rs + 4 + (f.keep_logits ? (size_t)f.total_ids : f.piece_tokens > 0 ? (size_t)f.n_rs : 0);
             if ((st = mkv_decode_launched("decode counters' zeroing kernel", err,

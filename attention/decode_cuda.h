@@ -146,6 +146,11 @@ extern int32_t mkv_tc_piece_tokens_override;
  * calls of few long regions); 0 where it does not. Depends on the current device. */
 int32_t mkv_cuda_decode_wave_blocks(const mkv_cuda_decode_t *a);
 
+/* Where such a call runs one wave whose warps first take a static share of their region's
+ * high tokens (decision 102: that per mille of a warp's even share, then pieces from the
+ * region's counter), the per mille; 0 where it does not. Depends on the current device. */
+int32_t mkv_cuda_decode_piece_static(const mkv_cuda_decode_t *a);
+
 /* The wave plans of calls in pieces (above), for measuring and testing them
  * (bench_attention --wave-spares): 0, the library's choice (the default); -1, none (neither
  * the wave of decision 82 nor its spares); N > 0, a wave of floor(resident / regions) blocks a
@@ -173,6 +178,11 @@ extern int32_t mkv_tc_hi_item_override;
  * resident blocks half-size items, wherever the rule's other conditions hold. For tests and
  * bench_attention --head. Process-wide and not thread-safe, as above. */
 extern int32_t mkv_tc_head_override;
+/* Static first pieces (decision 102): 0 AUTO, -1 none, > 0 with a forced piece size
+ * (mkv_tc_piece_tokens_override), a wave of blocks whose warps first take that per mille of
+ * their share of a region's high tokens, then pieces from the counter. For tests and
+ * bench_attention --piece-static. Process-wide and not thread-safe, as above. */
+extern int32_t mkv_tc_piece_static_override;
 /* The blocks a call with a separate finalize pass merges each head-region's items in (the
  * outputs cut in slices in small calls; decision 97), 1 without that pass. Depends on the
  * current device, as above. */

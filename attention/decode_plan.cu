@@ -73,7 +73,8 @@ tc_plan plan_tc(int32_t n_seq, int32_t H, int32_t G, int32_t d, int32_t max_toke
 {
     using T = mkv_decode_tuning;
     tc_plan w;
-    w.compact = false, w.last_blocks_last = false, w.tail_regions = 0, w.head_regions = 0, w.piece_tokens = 0, w.wave_blocks = 0;
+    w.compact = false, w.last_blocks_last = false, w.tail_regions = 0, w.head_regions = 0;
+    w.piece_tokens = 0, w.piece_static = 0, w.wave_blocks = 0;
     w.ready = false;
     const int32_t sms = device_attr(cudaDevAttrMultiProcessorCount, T::fallback_sms);
     if (split_tokens > 0) {
@@ -360,9 +361,13 @@ static int32_t piece_tokens(const mkv_cuda_decode_t *a, const tc_kernel &one, co
  * wave_spares_*): one wave of blocks in pieces, each region b = floor(resident / regions)
  * blocks, its items cut to fill them and the spares after them (a multiple of
  * MKV_TC_MIN_ITEM): where b >= piece_wave_min_region_blocks, no spares and pieces of
- * piece_wave_tokens (decision 82; on GPUs where pieces pay, decision 94); where b >= wave_spares_min_region_blocks, wave_spares
- * blocks a region more, queued after every region's first b (tc_args::wave_blocks; decision
- * 83). mkv_tc_wave_spares_override: -1, neither; > 0, that many spares wherever b >= 1. Only
+ * piece_wave_tokens (decision 82; on GPUs where pieces pay, decision 94); where b >=
+ * wave_spares_min_region_blocks, wave_spares blocks a region more, queued after every region's
+ * first b (tc_args::wave_blocks; decision 83); but where pieces do not pay, at static_wave_*
+ * blocks a region, no spares, pieces of piece_tokens after static first pieces
+ * (tc_plan::piece_static, decision 102). mkv_tc_wave_spares_override: -1, neither; > 0, that
+ * many spares wherever b >= 1. mkv_tc_piece_static_override: -1, no static pieces; > 0 with
+ * mkv_tc_piece_tokens_override > 0, static first pieces of that per mille in a wave. Only
  * where the plan needs no more workspace than the fused plan of AUTO items (w0:
  * mkv_cuda_decode_workspace_size covers that one; longer items give fewer parts), so calls
  * whose AUTO items already fit a wave keep them. True with *w the plan; false, w untouched,
@@ -370,19 +375,28 @@ static int32_t piece_tokens(const mkv_cuda_decode_t *a, const tc_kernel &one, co
 static bool piece_wave(const mkv_cuda_decode_t *a, const tc_kernel &one, const tc_plan &w0, tc_plan *w)
 {
     using T = mkv_decode_tuning;
-    const int32_t ko = mkv_tc_wave_spares_override, o = mkv_tc_piece_tokens_override;
-    if (!pieces_fit(a, one) || ko < 0 || (o != 0 && ko == 0) || a->split_tokens != 0) return false;
+    const int32_t ko = mkv_tc_wave_spares_override, o = mkv_tc_piece_tokens_override, so = mkv_tc_piece_static_override;
+    const bool forced_static = so > 0 && o > 0; /* the knobs: a wave in pieces of o, static first pieces */
+    if (!pieces_fit(a, one) || (!forced_static && (ko < 0 || (o != 0 && ko == 0))) || a->split_tokens != 0)
+        return false;
     const int64_t n_rs = (int64_t)a->n_seq * a->n_heads;
     const int64_t resident = (int64_t)one.pieces_blocks_per_sm() * device_attr(cudaDevAttrMultiProcessorCount, 0);
     const int64_t b = n_rs > 0 && resident > 0 ? resident / n_rs : 0;
-    int64_t spares = ko;
-    if (ko == 0) {
-        const bool wave = b >= T::piece_wave_min_region_blocks;
-        if (wave && !pieces_pay()) return false;
-        spares = wave ? 0 : T::wave_spares;
-        const int64_t min_tokens = wave ? T::piece_wave_min_warp_tokens : T::wave_spares_min_warp_tokens;
-        if (b < T::wave_spares_min_region_blocks || a->max_tokens < (b + spares) * MKV_TC_WARPS * min_tokens)
-            return false;
+    int64_t spares = forced_static ? 0 : ko;
+    int32_t stat = forced_static ? so : 0;
+    if (!forced_static && ko == 0) {
+        if (!pieces_pay() && so == 0 && b >= T::static_wave_min_region_blocks &&
+            b <= T::static_wave_max_region_blocks &&
+            a->max_tokens >= b * MKV_TC_WARPS * T::static_wave_min_warp_tokens) {
+            spares = 0, stat = T::static_wave_per_mille; /* decision 102 */
+        } else {
+            const bool wave = b >= T::piece_wave_min_region_blocks;
+            if (wave && !pieces_pay()) return false;
+            spares = wave ? 0 : T::wave_spares;
+            const int64_t min_tokens = wave ? T::piece_wave_min_warp_tokens : T::wave_spares_min_warp_tokens;
+            if (b < T::wave_spares_min_region_blocks || a->max_tokens < (b + spares) * MKV_TC_WARPS * min_tokens)
+                return false;
+        }
     }
     if (b < 1) return false;
     const int64_t warps = (b + spares) * MKV_TC_WARPS;
@@ -392,7 +406,10 @@ static bool piece_wave(const mkv_cuda_decode_t *a, const tc_kernel &one, const t
                               MKV_TC_MAX_ITEM, a->mean_tokens);
     if (x.bytes > w0.bytes) return false;
     *w = x;
-    w->piece_tokens = o > 0 ? (int32_t)mkv_align_up64(o, 16) : spares > 0 ? T::piece_tokens : T::piece_wave_tokens;
+    w->piece_tokens = o > 0                    ? (int32_t)mkv_align_up64(o, 16)
+                      : spares > 0 || stat > 0 ? T::piece_tokens
+                                               : T::piece_wave_tokens;
+    w->piece_static = stat;
     /* (queue_block: at most the region's blocks but its last) */
     const int64_t bps = (x.sec_items + MKV_TC_WARPS - 1) / MKV_TC_WARPS;
     w->wave_blocks = spares > 0 ? (int32_t)std::min(b, bps) : 0;
@@ -762,6 +779,13 @@ extern "C" int32_t mkv_cuda_decode_piece_tokens(const mkv_cuda_decode_t *a)
     mkv_tc_plan::tc_plan w;
     bool fused;
     return mkv_tc_plan::query_plan(a, &w, &fused) && fused ? w.piece_tokens : 0;
+}
+
+extern "C" int32_t mkv_cuda_decode_piece_static(const mkv_cuda_decode_t *a)
+{
+    mkv_tc_plan::tc_plan w;
+    bool fused;
+    return mkv_tc_plan::query_plan(a, &w, &fused) && fused && w.piece_tokens > 0 ? w.piece_static : 0;
 }
 
 extern "C" int32_t mkv_cuda_decode_wave_blocks(const mkv_cuda_decode_t *a)

@@ -33,6 +33,7 @@ struct tc_plan {
     /* Fused calls without a score write-back: the piece size (tc_args::piece_tokens; 0: none;
      * plan_call). */
     int32_t piece_tokens;
+    int32_t piece_static; /* tc_args::piece_static (0: none; piece_wave) */
     int32_t wave_blocks; /* tc_args::wave_blocks */
     bool ready; /* the separate pass's one launch with ready flags (tc_args::ready; plan_call) */
     /* The separate pass's one launch: the high items' tokens (tc_args::hi_item; 0: the item

@@ -113,6 +113,10 @@ struct tc_args {
      * piece to piece, until the region's pieces are taken; so that a region's blocks end
      * together. Both sections in one layout (sec[0] as sec[1]). */
     int32_t piece_tokens;
+    /* Where > 0 (decision 102): each of a region's warps first takes piece_static per mille of
+     * its even share of the region's high tokens as one piece (locate_pieces), then pieces of
+     * piece_tokens from the counter, the rest of the high section and then the low one. */
+    int32_t piece_static;
     int32_t *counters;
     float *lse;
     /* Compact logits (fused calls, where G >= 2; decision 89; every subtile but an

@@ -151,7 +151,27 @@ __device__ __forceinline__ block_pos locate_pieces(const tc_args &a, int32_t bx,
             prefetch_l2(i < lh ? row + i * per : row + max(0, T - (i - lh + 1) * per));
     }
     pp.counter = a.counters + a.n_rs + 4 + ip.rs;
-    pp.np = np, pp.ph = ph, pp.first_dynamic = b.arrivals * W, pp.hi = b.hi, pp.n = b.n;
+    pp.np = np, pp.ph = ph, pp.first_dynamic = b.arrivals * W, pp.hi = b.hi, pp.n = b.n, pp.s0 = 0;
+    /* Static first pieces (tc_args::piece_static, decision 102): each of the region's nw warps
+     * first takes S high tokens (piece_static per mille of its even share, a multiple of 16),
+     * warp k tokens [k S, (k + 1) S); the counter then hands out the rest of the high section
+     * from nw S, and the low section, in pieces of P. Where S < P, the plain pieces above. */
+    const int32_t nw = b.arrivals * W;
+    const int32_t S = a.piece_static > 0 && nw > 0 ? (int32_t)((int64_t)b.hi * a.piece_static / 1000 / nw) & ~15 : 0;
+    if (S >= P) {
+        const int32_t s0 = nw * S, dh = (b.hi - s0 + P - 1) / P;
+        pp.s0 = s0, pp.ph = dh, pp.np = dh + (b.n - b.hi + P - 1) / P, pp.first_dynamic = 0;
+        ip.sec = 0;
+        ip.sec_n = b.hi;
+        ip.ta = k * S;
+        ip.tb = ip.ta + S;
+        ip.slot_id = k;
+        ip.lg_tok = k * a.item_tokens;
+        b.work = b.any = bx < b.arrivals;
+        b.part.slot = bx;
+        b.part.n_work = b.any ? W : 0;
+        return b;
+    }
     const int32_t sec = k >= ph;
     ip.sec = sec;
     ip.sec_n = sec ? b.n - b.hi : b.hi;

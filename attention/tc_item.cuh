@@ -109,7 +109,9 @@ __device__ __forceinline__ void run_item(const tc_args &a, uint8_t *smem, const 
         const int32_t k = pp.first_dynamic + __shfl_sync(0xffffffffu, claim, 0);
         if (k >= pp.np) return;
         psec = k >= pp.ph;
-        const int32_t t = (k - (psec ? pp.ph : 0)) * a.piece_tokens, sn = psec ? pp.n - pp.hi : pp.hi;
+        /* (the high section's counter pieces start after its static first pieces, pp.s0) */
+        const int32_t t = psec ? (k - pp.ph) * a.piece_tokens : pp.s0 + k * a.piece_tokens;
+        const int32_t sn = psec ? pp.n - pp.hi : pp.hi;
         ptb = min(t + a.piece_tokens, sn);
         sec_pages = (sn + L.tpp - 1) / L.tpp;
         P = walker{t, t / L.tpp, t % L.tpp};

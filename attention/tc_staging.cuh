@@ -184,6 +184,8 @@ __device__ __forceinline__ int32_t high_item_tokens(const tc_args &a, int32_t hi
 struct piece_pos {
     int32_t *counter;
     int32_t np, ph, first_dynamic, hi, n;
+    int32_t s0; /* the high tokens taken as static first pieces (tc_args::piece_static; 0: none):
+                   the counter's high pieces start there */
 };
 
 } // namespace mkv_tc

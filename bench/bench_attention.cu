@@ -224,6 +224,12 @@ int main(int argc, char **argv)
         }
         else if (!strcmp(argv[i], "--format") && i + 1 < argc) only = argv[++i];
         else if (!strcmp(argv[i], "--split") && i + 1 < argc) split = atoi(argv[++i]);
+        else if (!strcmp(argv[i], "--piece-static") && i + 1 < argc) {
+            if (!knob_arg(argv[++i], 1, 1000, &mkv_tc_piece_static_override)) {
+                fprintf(stderr, "bench_attention: --piece-static takes auto, off or 1 to 1000\n");
+                return 2;
+            }
+        }
         else if (!strcmp(argv[i], "--head") && i + 1 < argc) {
             if (!knob_arg(argv[++i], 1, 1000, &mkv_tc_head_override)) {
                 fprintf(stderr, "bench_attention: --head takes auto, off or 1 to 1000\n");
@@ -296,7 +302,7 @@ int main(int argc, char **argv)
                     "                       [--page-tokens N] [--trace FILE] [--pieces auto|off|N]\n"
                     "                       [--wave-spares auto|off|N] [--ready auto|off|on]\n"
                     "                       [--hi-item auto|off|N] [--head auto|off|N]\n"
-                    "                       [--merge-blocks auto|1|2|4|8]\n"
+                    "                       [--merge-blocks auto|1|2|4|8] [--piece-static auto|off|N]\n"
                     "Decode attention time over batch x length grids (32 query / 8 KV heads, d 128)\n"
                     "for K16V16, K8V8, K8V4, K4V2 and a 20/50/30 high/low/pruned mix, against the\n"
                     "device copy rate. --scores: the score write-back as its own pass (separate),\n"
@@ -341,7 +347,11 @@ int main(int argc, char **argv)
                     "--merge-blocks: the blocks the separate finalize pass cuts each region's\n"
                     "merge among: auto (the library's rule, the default: in calls of at most a block\n"
                     "a multiprocessor, while each thread keeps 5 of a region's items; up to 4, in\n"
-                    "calls of half that, while it would load them in two batches of 8), or N.\n");
+                    "calls of half that, while it would load them in two batches of 8), or N.\n"
+                    "--piece-static: fused K16V16 calls without scores of 6 to 12 blocks a region in a\n"
+                    "wave: each warp first takes that per mille of its share of its region, then\n"
+                    "pieces: auto (the library's rule, the default: 900 where pieces do not pay\n"
+                    "otherwise), off, or N with --pieces (a wave of every call).\n");
             return strcmp(argv[i], "-h") && strcmp(argv[i], "--help") ? 2 : 0;
         }
     }
@@ -642,7 +652,7 @@ int main(int argc, char **argv)
                                 "\"time_max_us\": %.2f, \"bytes\": %.0f, \"gbs\": %.1f, "
                                 "\"fraction_of_copy\": %.4f, \"speedup_vs_k16v16\": %.3f, "
                                 "\"fused_scores\": %s, \"compact_logits\": %s, \"tensor\": %s, "
-                                "\"piece_tokens\": %d, \"item_tokens\": %d, \"wave_blocks\": %d, "
+                                "\"piece_tokens\": %d, \"piece_static\": %d, \"item_tokens\": %d, \"wave_blocks\": %d, "
                                 "\"ready_flags\": %s, \"hi_item_tokens\": %d, \"head_regions\": %d, "
                                 "\"merge_blocks\": %d, \"bound_us\": %.2f, \"groups\": [%d, %d, %d, %d]}",
                             first ? "" : ",", v.name, batch, len, n_hi, n_lo, sec * 1e6,
@@ -653,7 +663,8 @@ int main(int argc, char **argv)
                             mkv_cuda_decode_compact_logits(&a) ? "true" : "false",
                             kernel != MKV_DECODE_KERNEL_GENERIC && mkv_cuda_decode_uses_tensor(&lh, &ll, G, d)
                                 ? "true" : "false",
-                            (int)mkv_cuda_decode_piece_tokens(&a), (int)mkv_cuda_decode_item_tokens(&a),
+                            (int)mkv_cuda_decode_piece_tokens(&a), (int)mkv_cuda_decode_piece_static(&a),
+                            (int)mkv_cuda_decode_item_tokens(&a),
                             (int)mkv_cuda_decode_wave_blocks(&a), mkv_cuda_decode_ready_flags(&a) ? "true" : "false",
                             (int)mkv_cuda_decode_hi_item_tokens(&a), (int)mkv_cuda_decode_head_regions(&a),
                             (int)mkv_cuda_decode_merge_blocks(&a),

@@ -1571,18 +1571,21 @@ Test(decode_cuda, no_scores_pieces, .timeout = 600)
      * spares a region where that plan takes no more workspace. On GPUs where AUTO's pieces do
      * not pay (decision 94: from 16 peak DRAM bytes per SM cycle, mkv_decode_tuning::
      * pieces_max_dram_bytes_per_sm_cycle; an H200) the fifth and sixth take none, the fifth
-     * its items of 256 tokens as they are; the spares' wave stays on both. */
+     * its items of 256 tokens as they are; the spares' wave stays on the H100, and the H200
+     * runs the last call's wave without spares, its warps' first pieces static (decision 102:
+     * auto_static, the items of 672 tokens of 6 blocks a region, 900 per mille, then pieces
+     * of 32), and the spares' wave with that rule off. */
     const double dram_b = mkv_cuda_dram_bytes_per_sm_cycle();
     const int pieces_pay = dram_b > 0.0 && dram_b < 16.0;
     static const struct {
-        int32_t d, G, n_seq, H, len, tpp, auto_pieces, auto_item, auto_wave, knob;
+        int32_t d, G, n_seq, H, len, tpp, auto_pieces, auto_item, auto_wave, knob, auto_static;
     } cases[] = {{128, 4, 3, 2, 9000, 23, 0, 0, 0, 1},      {64, 3, 5, 3, 4097, 30, 0, 0, 0, 1},
                  {128, 8, 1, 1, 20000, 32, 0, 0, 0, 1},     {128, 4, 40, 8, 1500, 32, 0, 1024, 0, 1},
                  {64, 2, 24, 8, 9000, 32, 32, 256, 0, 0},   {128, 4, 4, 8, 20000, 32, 16, 448, 0, 0},
-                 {128, 4, 8, 8, 16000, 32, 32, 352, 6, 0}};
+                 {128, 4, 8, 8, 16000, 32, 32, 352, 6, 0, 672}};
     static const int32_t pieces[] = {16, 32, 48, 208};
     const int32_t splits[] = {0, 64, 128}, auto_split[] = {0};
-    int spared = 0;
+    int spared = 0, statics = 0;
     uint64_t r = 0x91ec;
     for (size_t ci = 0; ci < sizeof cases / sizeof cases[0]; ci++) {
         const int32_t n = cases[ci].n_seq * cases[ci].H;
@@ -1601,15 +1604,24 @@ Test(decode_cuda, no_scores_pieces, .timeout = 600)
         mkv_tc_piece_tokens_override = 0;
         const int32_t at = mkv_cuda_decode_piece_tokens(&a);
         const int plain = !pieces_pay && cases[ci].auto_wave == 0; /* AUTO's pieces off here */
+        const int stat = !pieces_pay && cases[ci].auto_static > 0;  /* decision 102's wave */
         const int32_t want_pieces = plain ? 0 : cases[ci].auto_pieces;
-        const int32_t want_item = plain && cases[ci].auto_pieces == 16 ? 0 : cases[ci].auto_item;
+        const int32_t want_item =
+            stat ? cases[ci].auto_static : plain && cases[ci].auto_pieces == 16 ? 0 : cases[ci].auto_item;
         cr_assert_eq(at, want_pieces, "%s: AUTO pieces of %d, expected %d (%.1f DRAM bytes an SM cycle)", b.ctx, at,
                      want_pieces, dram_b);
         const int32_t item = mkv_cuda_decode_item_tokens(&a);
         cr_assert(!want_item || item == want_item, "%s: AUTO items of %d, expected %d", b.ctx, item, want_item);
-        const int32_t wave = mkv_cuda_decode_wave_blocks(&a);
-        cr_assert_eq(wave, cases[ci].auto_wave, "%s: AUTO wave of %d blocks a region, expected %d", b.ctx, wave,
-                     cases[ci].auto_wave);
+        const int32_t wave = mkv_cuda_decode_wave_blocks(&a), st = mkv_cuda_decode_piece_static(&a);
+        cr_assert_eq(wave, stat ? 0 : cases[ci].auto_wave, "%s: AUTO wave of %d blocks a region, expected %d", b.ctx,
+                     wave, stat ? 0 : cases[ci].auto_wave);
+        cr_assert_eq(st, stat ? 900 : 0, "%s: AUTO static pieces of %d per mille", b.ctx, st);
+        if (stat) { /* the rule off: decision 83's spares */
+            mkv_tc_piece_static_override = -1;
+            cr_assert_eq(mkv_cuda_decode_wave_blocks(&a), cases[ci].auto_wave, "%s: spares with the rule off", b.ctx);
+            cr_assert_eq(mkv_cuda_decode_piece_static(&a), 0, "%s: static pieces with the rule off", b.ctx);
+            mkv_tc_piece_static_override = 0;
+        }
         if (at > 0 || cases[ci].auto_item || cases[ci].auto_pieces)
             batch_check_splits(&b, MKV_DECODE_KERNEL_TENSOR, auto_split, 1, &ck[0], &ck[1], NULL, NULL);
         if (cases[ci].knob) {
@@ -1619,6 +1631,19 @@ Test(decode_cuda, no_scores_pieces, .timeout = 600)
                 cr_assert_eq(pt, pieces[pi], "%s: pieces of %d, asked %d", b.ctx, pt, pieces[pi]);
                 batch_check_splits(&b, MKV_DECODE_KERNEL_TENSOR, splits, 3, &ck[0], &ck[1], NULL, NULL);
             }
+            /* static first pieces (decision 102) of 700 and 900 per mille, then pieces of 32 or 48
+             * from the counter: in a wave where its workspace allows, else AUTO's items with
+             * plain pieces */
+            for (int ps = 0; ps < 2; ps++) {
+                mkv_tc_piece_static_override = ps ? 900 : 700;
+                mkv_tc_piece_tokens_override = ps ? 48 : 32;
+                const int32_t st = mkv_cuda_decode_piece_static(&a);
+                cr_assert(st == 0 || st == mkv_tc_piece_static_override, "%s: static pieces of %d per mille, asked %d",
+                          b.ctx, st, mkv_tc_piece_static_override);
+                statics += st > 0;
+                batch_check_splits(&b, MKV_DECODE_KERNEL_TENSOR, auto_split, 1, &ck[0], &ck[1], NULL, NULL);
+            }
+            mkv_tc_piece_static_override = 0;
             /* a wave with 2 spares a region, pieces of 48, where its items need no more
              * workspace than AUTO's (not where the wave's items would be shorter) */
             mkv_tc_piece_tokens_override = 48;
@@ -1643,6 +1668,9 @@ Test(decode_cuda, no_scores_pieces, .timeout = 600)
     /* On an H100 or H200, the first call (a wave of 36 blocks a region: its items are AUTO's
      * 64) and the fourth (1 block a region and 2 spares) */
     cr_assert_geq(spared, 2, "the knob's spares ran on %d calls", spared);
+    /* and the knob's static first pieces in a wave on some (the first's wave needs no more
+     * workspace than AUTO's items) */
+    cr_assert_geq(statics, 1, "the knob's static pieces ran in a wave on %d calls", statics);
     /* not for K4V2 (no variant in pieces) */
     mkv_page_layout_t l;
     char err[ERR_LEN] = "";
