@@ -363,9 +363,10 @@ static int32_t piece_tokens(const mkv_cuda_decode_t *a, const tc_kernel &one, co
  * MKV_TC_MIN_ITEM): where b >= piece_wave_min_region_blocks, no spares and pieces of
  * piece_wave_tokens (decision 82; on GPUs where pieces pay, decision 94); where b >=
  * wave_spares_min_region_blocks, wave_spares blocks a region more, queued after every region's
- * first b (tc_args::wave_blocks; decision 83); but where pieces do not pay, at static_wave_*
- * blocks a region, no spares, pieces of piece_tokens after static first pieces
- * (tc_plan::piece_static, decision 102). mkv_tc_wave_spares_override: -1, neither; > 0, that
+ * first b (tc_args::wave_blocks; decision 83); but where pieces do not pay, from
+ * static_wave_min_region_blocks blocks a region and static_wave_min_warp_tokens a warp, no
+ * spares, pieces of piece_tokens after static first pieces (tc_plan::piece_static, decision
+ * 102). mkv_tc_wave_spares_override: -1, neither; > 0, that
  * many spares wherever b >= 1. mkv_tc_piece_static_override: -1, no static pieces; > 0 with
  * mkv_tc_piece_tokens_override > 0, static first pieces of that per mille in a wave. Only
  * where the plan needs no more workspace than the fused plan of AUTO items (w0:
@@ -386,7 +387,6 @@ static bool piece_wave(const mkv_cuda_decode_t *a, const tc_kernel &one, const t
     int32_t stat = forced_static ? so : 0;
     if (!forced_static && ko == 0) {
         if (!pieces_pay() && so == 0 && b >= T::static_wave_min_region_blocks &&
-            b <= T::static_wave_max_region_blocks &&
             a->max_tokens >= b * MKV_TC_WARPS * T::static_wave_min_warp_tokens) {
             spares = 0, stat = T::static_wave_per_mille; /* decision 102 */
         } else {

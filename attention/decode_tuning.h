@@ -187,27 +187,29 @@ struct mkv_decode_tuning {
      * (8 x 8k at 171: 99.8 against 100.9). 4 spares gained about as much (8 x 16k 185.9, 16 x
      * 16k 359.0 to 362.0 in two runs), 12 less (16 x 16k 365.8). */
     static constexpr int32_t wave_spares = 6;
-    /* On GPUs where pieces do not pay (the H200), such calls of static_wave_min_region_blocks
-     * to static_wave_max_region_blocks blocks a region in a wave, where a warp keeps at least
-     * static_wave_min_warp_tokens tokens, run that wave without spares: each warp first takes
-     * static_wave_per_mille of its even share of its region's high tokens as one piece, then
-     * pieces of piece_tokens from the region's counter (tc_args::piece_static, decision 102):
-     * the counter's round trips come only at the end, where they even the warps' ends. H200,
-     * 2 x 20 calls, K16V16 without scores, us, AUTO (decision 83's spares at 6 x and 8 x,
-     * plain at 4 x) against it: 4 x 32k 139.3 / 135.0 (A/B of the rule: 139.6 / 134.6),
-     * 6 x 16k 106.4 / 104.6, 6 x 32k 199.5 / 195.2, 8 x 16k 142.2 / 134.8 (141.7 / 135.2),
-     * 8 x 32k 269.7 / 255.6 (in the A/B, the spares 256.5 / 256.7);
-     * 800 and 950 per mille within 1% of 900. Left out where it lost or held: more blocks a
-     * region (1 x 16k at 49: 26.9 / 29.9; 2 x 16k at 24: 42.3 / 43.9; 2 x 32k 74.0 / 73.9),
-     * fewer tokens a warp (4 x 8k at 171: 42.5 / 43.5; 4 x 16k 73.8 / 73.3; 8 x 8k 73.4 /
-     * 74.0), 3 blocks a region (16 x 16k 253.1 / 254.9, 16 x 32k 489.1 / 495.6; 16 x 8k 136.4 /
-     * 133.9). */
-    static constexpr int32_t static_wave_min_region_blocks = 6;
-    static constexpr int32_t static_wave_max_region_blocks = 12;
-    static constexpr int32_t static_wave_min_warp_tokens = 512;
-    static constexpr int32_t static_wave_per_mille = 900;
     static constexpr int32_t wave_spares_min_region_blocks = 3;
     static constexpr int32_t wave_spares_min_warp_tokens = 256;
+    /* On GPUs where pieces do not pay (the H200), such calls of static_wave_min_region_blocks
+     * or more blocks a region in a wave (any number: decision 82's wave of 12 or more is off
+     * there), where a warp keeps at least static_wave_min_warp_tokens tokens, run that wave
+     * without spares: each warp first takes static_wave_per_mille of its even share of its
+     * region's high tokens as one piece, then pieces of piece_tokens from the region's counter
+     * (tc_args::piece_static, decision 102): the counter's round trips come only at the end,
+     * where they even the warps' ends. H200, 2 x 20 calls, K16V16 without scores, us, AUTO
+     * (decision 83's spares at 6 x and 8 x, plain at 4 x) against it: 4 x 32k 139.3 / 135.0
+     * (A/B of the rule: 139.6 / 134.6), 6 x 16k 106.4 / 104.6, 6 x 32k 199.5 / 195.2, 8 x 16k
+     * 142.2 / 134.8 (141.7 / 135.2), 8 x 32k 269.7 / 255.6 (in the A/B, the spares 256.5 /
+     * 256.7); and from 12 blocks a region, where AUTO had plain items (forced, 2 x 20 calls):
+     * 1 x 128k 155.2 / 134.9, 2 x 64k 142.9 / 134.0, 2 x 128k 272.5 / 253.3, 3 x 32k 114.4 /
+     * 104.9, 3 x 64k 202.4 / 194.7, 3 x 128k 382.3 / 376.2. 800 and 950 per mille within 1%
+     * of 900. Left out where it lost or held: fewer tokens a warp (1 x 16k at 84: 26.9 /
+     * 29.9; 1 x 32k at 167: 43.7 / 45.2; 1 x 64k at 334: 75.1 / 75.0; 2 x 16k at 171: 42.3 /
+     * 43.9; 2 x 32k at 341: 74.0 / 73.9; 4 x 8k at 171: 42.5 / 43.5; 4 x 16k 73.8 / 73.3;
+     * 8 x 8k 73.4 / 74.0) and 3 blocks a region (16 x 16k 253.1 / 254.9, 16 x 32k 489.1 /
+     * 495.6; but 16 x 8k 136.4 / 133.9). */
+    static constexpr int32_t static_wave_min_region_blocks = 6;
+    static constexpr int32_t static_wave_min_warp_tokens = 512;
+    static constexpr int32_t static_wave_per_mille = 900;
     /* The separate pass's finalize (decode_tc_finalize.cu) cuts a small call's merge into
      * slices while each thread keeps at least this many of a region's items (its loop loads
      * them in predicated batches of 8). H100, 2 x 30 calls, us, at least 8 against at least 4

@@ -348,8 +348,8 @@ int main(int argc, char **argv)
                     "merge among: auto (the library's rule, the default: in calls of at most a block\n"
                     "a multiprocessor, while each thread keeps 5 of a region's items; up to 4, in\n"
                     "calls of half that, while it would load them in two batches of 8), or N.\n"
-                    "--piece-static: fused K16V16 calls without scores of 6 to 12 blocks a region in a\n"
-                    "wave: each warp first takes that per mille of its share of its region, then\n"
+                    "--piece-static: fused K16V16 calls without scores of 6 or more blocks a region\n"
+                    "in a wave: each warp first takes that per mille of its share of its region, then\n"
                     "pieces: auto (the library's rule, the default: 900 where pieces do not pay\n"
                     "otherwise), off, or N with --pieces (a wave of every call).\n");
             return strcmp(argv[i], "-h") && strcmp(argv[i], "--help") ? 2 : 0;
