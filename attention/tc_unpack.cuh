@@ -112,11 +112,12 @@ __device__ __forceinline__ void unpack_values(const uint32_t (&a)[WORDS], const 
     }
 }
 
-/* x & m as one instruction that the compiler does not fold into its operands' expressions. */
-__device__ __forceinline__ uint32_t and_b32(uint32_t x, uint32_t m)
+/* (x & m) | e as one LOP3: a code masked out of its byte pair with the fp16 exponent e ORed
+ * in, without a separate OR of e into the pair (the compiler, left to it, does not fold). */
+__device__ __forceinline__ uint32_t and_or_b32(uint32_t x, uint32_t m, uint32_t e)
 {
     uint32_t r;
-    asm("and.b32 %0, %1, %2;" : "=r"(r) : "r"(x), "r"(m));
+    asm("lop3.b32 %0, %1, %2, %3, 0xEA;" : "=r"(r) : "r"(x), "r"(m), "r"(e));
     return r;
 }
 
@@ -138,14 +139,14 @@ __device__ __forceinline__ void unpack_values_scaled(const uint32_t (&a)[WORDS],
     static_assert(VB < 16, "quantized values");
     constexpr int EPB = 8 / VB; /* codes per byte */
     const uint32_t ns = hmul2(s, 0xE400E400u); /* -1024 s */
-    /* The exponent ORed into the byte pair once: (y | E) & (m | E) = (y & m) | E, one AND a code. */
-    constexpr uint32_t E = 0x64006400u;
+    /* The exponent ORed in by the mask's own LOP3, (y & m) | E: one instruction a code. */
+    const uint32_t E = 0x64006400u;
 #pragma unroll
     for (int q = 0; q < RUN / EPB; q++) {
-        const uint32_t y = __byte_perm(a[q / 4], b[q / 4], (q % 4) | ((4 + q % 4) << 8)) | E;
+        const uint32_t y = __byte_perm(a[q / 4], b[q / 4], (q % 4) | ((4 + q % 4) << 8));
 #pragma unroll
         for (int k = 0; k < EPB; k++)
-            vp[q * EPB + k] = hfma2(and_b32(y, ((((1u << VB) - 1u) << (VB * k)) * 0x00010001u) | E), s, ns);
+            vp[q * EPB + k] = hfma2(and_or_b32(y, (((1u << VB) - 1u) << (VB * k)) * 0x00010001u, E), s, ns);
     }
 }
 
