@@ -2,10 +2,10 @@
  * tc_item.cuh — one warp's item in the tensor-core decode kernel (run_item): the walk over its
  * tokens 16 at a time (a subtile), staged in shared memory by cp.async two or three stages
  * ahead (the whole warp copies the subtile's page segments in 16-byte units; every sector is
- * read once), and the loop of named steps over them: load_q once (tc_query.cuh), then per
- * subtile subtile_logits (tc_subtile.cuh), per softmax step softmax_step (and
- * store_compact_step in fused calls with compact logits; tc_softmax.cuh), per subtile
- * subtile_values, and write_partial (tc_softmax.cuh) at the end. PIECES (tc_args::piece_tokens):
+ * read once), and the loop of named steps over them: q once (load_q_raw, form_q;
+ * tc_query.cuh), then per subtile subtile_logits (tc_subtile.cuh), per softmax step
+ * softmax_step (and store_compact_step in fused calls with compact logits; tc_softmax.cuh),
+ * per subtile subtile_values, and write_partial (tc_softmax.cuh) at the end. PIECES (tc_args::piece_tokens):
  * the item is the warp's first piece, the producer moving on to the region's next pieces as it
  * claims them, the consumer following the stages' recorded token counts. Part of the kernel
  * template (tc_decode.cuh); the staging layout is tc_staging.cuh's.
@@ -48,8 +48,6 @@ __device__ __forceinline__ void run_item(const tc_args &a, uint8_t *smem, const 
     const int G = a.G;
     const int32_t sec_n = ip.sec_n;
 
-    item_q<KB, D, KG, HALVES> Q;
-    load_q(a, rs, gr, tc, Q);
     static_assert(item_q<KB, D, KG, HALVES>::KQ == KQ, "one notion of quantized keys");
 
     softmax_state<MTILES> sm;
@@ -229,8 +227,15 @@ __device__ __forceinline__ void run_item(const tc_args &a, uint8_t *smem, const 
 
     /* The loop: a stage refilled, the next one computed (its logits, PAIR subtiles a softmax
      * step, their values), until the item's tokens are done. */
+    /* q's loads first, then the first stages' page ids and copies, then q formed: its loads,
+     * the page ids' and its forming overlap instead of following each other (every item's
+     * start). */
+    float qv[D / 4];
+    load_q_raw<KB, D, KG, HALVES>(a, rs, gr, tc, qv);
 #pragma unroll
     for (int s = 0; s < S - 1; s++) produce(s);
+    item_q<KB, D, KG, HALVES> Q;
+    form_q(a, qv, gr, tc, Q);
     if constexpr (PIECES)
         if (lane == 0 && claim < 0) take_claim();
 

@@ -1,8 +1,8 @@
 /*
  * tc_query.cuh — q of a warp's item in the tensor-core decode kernel, in the form its key
- * format's mma takes (item_q, load_q; used by subtile_logits, tc_subtile.cuh): three signed
- * 8-bit digits of q scaled to integers (the integer mma's keys), or fp16 hi + lo (16-bit keys,
- * and 4-bit keys through the fp16 mma), with the logits' per-head factors and q's sums over
+ * format's mma takes (item_q, load_q_raw and form_q; used by subtile_logits, tc_subtile.cuh):
+ * three signed 8-bit digits of q scaled to integers (the integer mma's keys), or fp16 hi + lo
+ * (16-bit keys, and 4-bit keys through the fp16 mma), with the logits' per-head factors and q's sums over
  * each key group. Formed once per item.
  */
 #ifndef MKV_ATTENTION_TC_QUERY_CUH
@@ -52,14 +52,13 @@ struct item_q {
  * hi + lo. Other quantized keys: q scaled to integers (max |q| in [2^21, 2^22)) and cut into
  * three signed 8-bit digits, q = d0 + 256 d1 + 65536 d2, in key_byte_elem order; qsum[g] =
  * sum of q over group g. */
+/* The thread's elements of q (the loads, issued ahead of the item's first copies so that
+ * their latencies overlap; form_q then waits on them). */
 template <int KB, int D, int KG, bool HALVES>
-__device__ __forceinline__ void load_q(const tc_args &a, int64_t rs, int32_t gr, int32_t tc, item_q<KB, D, KG, HALVES> &Q)
+__device__ __forceinline__ void load_q_raw(const tc_args &a, int64_t rs, int32_t gr, int32_t tc, float (&qv)[D / 4])
 {
-    constexpr bool KQ = KB < 16, KH = item_q<KB, D, KG, HALVES>::KH;
-    constexpr int KRUN = D / 4, QWORDS = item_q<KB, D, KG, HALVES>::QWORDS;
-    constexpr int KSPG = D / 32 / KG; /* k-steps per key group (KG > 1) */
+    constexpr int KRUN = D / 4;
     const int G = a.G;
-    float qv[KRUN];
     const float *qp = a.q + (rs * G + gr) * D;
     const auto quad = [&](int u) { /* element of the thread's q element u (u % 4 == 0) */
         if constexpr (KG == 1 && !item_q<KB, D, KG, HALVES>::KLD) return tc * KRUN + u;
@@ -72,6 +71,17 @@ __device__ __forceinline__ void load_q(const tc_args &a, int64_t rs, int32_t gr,
         if (gr < G) v = __ldg(reinterpret_cast<const float4 *>(qp + quad(u)));
         qv[u] = v.x, qv[u + 1] = v.y, qv[u + 2] = v.z, qv[u + 3] = v.w;
     }
+}
+
+/* Q from the thread's elements qv (load_q_raw). */
+template <int KB, int D, int KG, bool HALVES>
+__device__ __forceinline__ void form_q(const tc_args &a, float (&qv)[D / 4], int32_t gr, int32_t tc,
+                                       item_q<KB, D, KG, HALVES> &Q)
+{
+    constexpr bool KQ = KB < 16, KH = item_q<KB, D, KG, HALVES>::KH;
+    constexpr int KRUN = D / 4, QWORDS = item_q<KB, D, KG, HALVES>::QWORDS;
+    constexpr int KSPG = D / 32 / KG; /* k-steps per key group (KG > 1) */
+    const int G = a.G;
     float mx = 0.0f;
 #pragma unroll
     for (int u = 0; u < KRUN; u++) mx = fmaxf(mx, fabsf(qv[u]));

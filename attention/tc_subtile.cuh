@@ -26,9 +26,9 @@
  * output use the same maps). Tokens past the item's end are masked: zero codes, zero metadata
  * and a -inf logit, so that NaN-poisoned slots never reach an mma.
  *
- * run_item takes, per item: load_q (tc_query.cuh), then per subtile subtile_logits, per step
- * softmax_step (and store_compact_step; tc_softmax.cuh), per subtile subtile_values, and
- * write_partial (tc_softmax.cuh) at the end.
+ * run_item takes, per item: load_q_raw and form_q (tc_query.cuh), then per subtile
+ * subtile_logits, per step softmax_step (and store_compact_step; tc_softmax.cuh), per subtile
+ * subtile_values, and write_partial (tc_softmax.cuh) at the end.
  */
 #ifndef MKV_ATTENTION_TC_SUBTILE_CUH
 #define MKV_ATTENTION_TC_SUBTILE_CUH
@@ -102,7 +102,7 @@ __device__ __forceinline__ void subtile_logits(const uint8_t *sub, int32_t cnt, 
         /* 4-bit keys through the fp16 mma (key_halves), q as hi + lo: word j of the thread's
          * codes (token gr, gr + 8) is k-steps 2j and 2j + 1; one fp32 chain per key group (two
          * for one group), then c = sum over groups of s_g S_g + z_g sum(q over g), S_g 2^24 and
-         * the sums of q 2^-24 (load_q). */
+         * the sums of q 2^-24 (form_q). */
         constexpr int KWORDS = D / 32; /* words of codes per thread and token */
         uint32_t w0[KWORDS], w1[KWORDS];
         if constexpr (KG > 1) {
