@@ -56,6 +56,19 @@ __device__ __forceinline__ uint32_t touch(const uint8_t *st, int bytes, int lane
     return x;
 }
 
+/* A warp's item: its index, its region's row of page ids and its first page there. */
+struct warp_item {
+    int64_t item;
+    const int32_t *row;
+    int32_t p0;
+};
+
+__device__ __forceinline__ warp_item item_of(const args_t &a, int warp)
+{
+    const int64_t item = (int64_t)blockIdx.x * WARPS + warp;
+    return warp_item{item, a.table + item / a.items * a.pages, (int32_t)(item % a.items) * a.item_pages};
+}
+
 /* Work on a landed stage: FMAS fp32 multiply-adds a lane in 8 independent chains (the decode
  * kernel's subtile is about 470 instructions, its mma and softmax chains dependent), seeded by
  * the stage's data so that it cannot start before the data lands. */
@@ -87,10 +100,9 @@ __global__ void __launch_bounds__(WARPS * 32) stream_lanes(args_t a)
     extern __shared__ __align__(128) uint8_t sm[];
     constexpr int SB = STAGE_TOKENS * TOKEN_BYTES;
     const int warp = threadIdx.x >> 5, lane = threadIdx.x & 31;
-    const int64_t item = (int64_t)blockIdx.x * WARPS + warp;
-    const int64_t region = item / a.items;
-    const int32_t p0 = (int32_t)(item % a.items) * a.item_pages;
-    const int32_t *row = a.table + region * a.pages;
+    const warp_item wi = item_of(a, warp);
+    const int64_t item = wi.item;
+    const int32_t *row = wi.row, p0 = wi.p0;
     uint8_t *ws = sm + warp * S * SB;
     const int n_stages = a.item_pages * PAGE_TOKENS / STAGE_TOKENS;
     if (a.stamps && lane == 0) a.stamps[3 * item] = now_ns();
@@ -132,10 +144,8 @@ __global__ void __launch_bounds__(WARPS * 32) stream_bulk(args_t a)
     extern __shared__ __align__(128) uint8_t sm[];
     __shared__ __align__(8) uint64_t bar[WARPS][S];
     const int warp = threadIdx.x >> 5, lane = threadIdx.x & 31;
-    const int64_t item = (int64_t)blockIdx.x * WARPS + warp;
-    const int64_t region = item / a.items;
-    const int32_t p0 = (int32_t)(item % a.items) * a.item_pages;
-    const int32_t *row = a.table + region * a.pages;
+    const warp_item wi = item_of(a, warp);
+    const int32_t *row = wi.row, p0 = wi.p0;
     uint8_t *ws = sm + warp * S * PAGE_BYTES;
     if (lane == 0)
         for (int s = 0; s < S; s++)
