@@ -29,6 +29,12 @@ bytes it reads (time = fixed + bytes / rate): the rate at
 which it streams and the fixed cost of a call (launch, start, tail), ours beside SDPA's, so
 that a gap can be told as one of stream or of fixed cost.
 
+With --stream (a `bench_stream --json` run of the same call), each K16V16 point of a copy-rate
+target also shows the most of the copy rate a kernel that only streams the call's pages reaches
+(the best of its cp.async and bulk-copy variants, without added work, at any item size), and
+the target lists the points where even that is below the target: a measured ceiling, tighter
+than the bound above.
+
 Both files should flush the L2 the same way (their `flush`; files without it flushed by
 writing). Exit status 0 when every target is met, 1 when one is not, 2 on a bad file.
 Standard library only; nothing in the build or the tests needs it.
@@ -80,28 +86,47 @@ def most(r, doc):
     return r["bytes"] / (b * 1e-6) / (rate * 1e9) if b and rate else None
 
 
-def check(grid, sdpa, nosc=None):
+def stream_ceiling(stream):
+    """(batch, length) -> the best fraction of the copy rate of bench_stream's variants that only
+    stream (not its `work*` ones), over every item size."""
+    best = {}
+    for r in stream["results"]:
+        if r["variant"].startswith("work"):
+            continue
+        k = (r["batch"], r["length"])
+        best[k] = max(best.get(k, 0.0), r["fraction_of_copy"])
+    return best
+
+
+def check(grid, sdpa, nosc=None, ceiling=None):
     by = {(r["format"], r["batch"], r["length"]): r for r in grid["results"]}
     bn = {(r["format"], r["batch"], r["length"]): r for r in nosc["results"]} if nosc else None
     rows = []
 
-    def target(name, points, met, unreachable=None):
+    def target(name, points, met, unreachable=None, beyond_stream=None):
         row = {"target": name, "points": points, "met": met}
         if unreachable:
             row["unreachable"] = unreachable
+        if beyond_stream:
+            row["beyond_stream"] = beyond_stream
         rows.append(row)
 
     def copy_target(name, table, doc, fmt, keep):
         """A target of 80% of the copy rate over table's points of format fmt that keep(b, n)."""
         pts = sorted((b, n, table[(f, b, n)]) for (f, b, n) in table if f == fmt and keep(b, n))
-        shown, out = [], []
+        shown, out, beyond = [], [], []
         for b, n, r in pts:
             m = most(r, doc)
+            c = ceiling.get((b, n)) if ceiling and fmt == "K16V16" else None
+            notes = ([f"at most {100 * m:.1f}%"] if m is not None else []) + \
+                    ([f"stream {100 * c:.1f}%"] if c is not None else [])
             shown.append(f"{shape(b, n)}: {100 * r['fraction_of_copy']:.1f}%" +
-                         (f" (at most {100 * m:.1f}%)" if m is not None else ""))
+                         (f" ({', '.join(notes)})" if notes else ""))
             if m is not None and m < 0.80:
                 out.append(shape(b, n))
-        target(name, shown, bool(pts) and all(r["fraction_of_copy"] >= 0.80 for _, _, r in pts), out)
+            if c is not None and c < 0.80:
+                beyond.append(shape(b, n))
+        target(name, shown, bool(pts) and all(r["fraction_of_copy"] >= 0.80 for _, _, r in pts), out, beyond)
 
     copy_target("mix at 80% of the copy rate, 64 x 16k and above", by, grid, MIX,
                 lambda b, n: b >= 64 and n >= 16384)
@@ -176,6 +201,7 @@ def main():
     ap.add_argument("--sdpa", help="sdpa_reference.py --json output of the same device call")
     ap.add_argument("--no-scores", nargs="+", help="bench_attention --no-scores --json output of the same call "
                     "(one file or more, as the grid)")
+    ap.add_argument("--stream", help="bench_stream --json output of the same call (the streaming ceiling)")
     ap.add_argument("--json", help="write the table as JSON here")
     args = ap.parse_args()
     grid = load_all(args.grid)
@@ -183,7 +209,8 @@ def main():
     if sdpa is not None and grid.get("flush", "write") != sdpa.get("flush", "write"):
         print("decode_targets: warning: the two files flushed the L2 differently", file=sys.stderr)
     nosc = load_all(args.no_scores) if args.no_scores else None
-    rows = check(grid, sdpa, nosc)
+    ceiling = stream_ceiling(load(args.stream, "mixkv-bench-stream")) if args.stream else None
+    rows = check(grid, sdpa, nosc, ceiling)
     print(f"{grid['device']}, copy rate {grid['copy_rate_gbs']:.0f} GB/s, flush {grid.get('flush', 'write')}")
     for r in rows:
         print(f"{'met    ' if r['met'] else 'NOT MET'}  {r['target']}")
@@ -191,6 +218,9 @@ def main():
         if r.get("unreachable"):
             print("         out of reach on this device (an empty kernel plus the bytes at peak DRAM): " +
                   ", ".join(r["unreachable"]))
+        if r.get("beyond_stream"):
+            print("         beyond a kernel that only streams the pages (bench_stream): " +
+                  ", ".join(r["beyond_stream"]))
     fits = lines(grid, sdpa, nosc) if sdpa is not None else []
     if fits:
         print("stream rate and fixed cost (time = fixed + bytes / rate, least squares over lengths of 4k and up):")
