@@ -123,7 +123,7 @@ static mkv_status_t launch_tc(const mkv_cuda_decode_t *a, cudaStream_t stream, c
     }
     f.total_ids = (int32_t)w.total_ids;
     f.last_blocks_last = 0, f.tail_rs = f.n_rs, f.tail_gx = 1, f.head_rs = 0; /* (fused calls below) */
-    f.piece_tokens = 0, f.wave_blocks = 0, f.piece_static = 0;
+    f.piece_tokens = 0, f.wave_blocks = 0, f.piece_static = 0, f.merge_split = 1;
     f.trace = mkv_tc_trace_buffer;
     f.ready = nullptr;
     f.hi_item = 0, f.hi_cap = 0; /* (the separate pass's one launch below) */
@@ -151,6 +151,7 @@ static mkv_status_t launch_tc(const mkv_cuda_decode_t *a, cudaStream_t stream, c
              * of what the GPU holds. */
             f.piece_tokens = w.piece_tokens; /* its counters in place of the score jobs */
             f.piece_static = w.piece_static;
+            f.merge_split = w.merge_split;
             const size_t words =
                 (size_t)f.n_rs + 4 + (f.keep_logits ? (size_t)f.total_ids : f.piece_tokens > 0 ? (size_t)f.n_rs : 0);
             if ((st = mkv_decode_launched("decode counters' zeroing kernel", err,
@@ -166,6 +167,7 @@ static mkv_status_t launch_tc(const mkv_cuda_decode_t *a, cudaStream_t stream, c
                 f.total_ids = (f.tail_rs - f.head_rs) * f.grid_x + (f.n_rs - f.tail_rs + f.head_rs) * f.tail_gx;
             }
             const dim3 gp((unsigned)(resident > 0 && resident < f.total_ids ? resident : f.total_ids));
+            if ((int64_t)gp.x < f.total_ids) f.merge_split = 1; /* its waits need every block resident */
             return mkv_decode_launched("tensor-core decode kernel (fused scores)", err, one.launch(f, gp, stream));
         }
         /* the separate pass packs a region's items, high then low, into full blocks */

@@ -190,6 +190,18 @@ int32_t mkv_cuda_decode_merge_blocks(const mkv_cuda_decode_t *a);
 /* Those forced (bench_attention --merge-blocks): 0 AUTO, N > 0 N slices (at most G head_dim
  * / 4). Process-wide and not thread-safe, as above. */
 extern int32_t mkv_tc_merge_blocks_override;
+/* The blocks a fused call merges each head-region in, a slice of its outputs each (decision
+ * 105; 1: its last block alone), where the call's grid holds every block at once. Depends on
+ * the current device, as above. */
+int32_t mkv_cuda_decode_merge_split(const mkv_cuda_decode_t *a);
+/* Those forced (bench_attention --merge-split): 0 AUTO, -1 or 1 one block, N > 1 N (at most G
+ * head_dim / 4) wherever the grid holds every block. Process-wide and not thread-safe, as
+ * above. */
+extern int32_t mkv_tc_merge_split_override;
+/* The blocks a region of a wave in pieces takes (piece_wave: decisions 82, 83 and 102): 0 AUTO
+ * (the resident blocks over the regions), N > 0 N where N blocks a region stay resident
+ * (bench_attention --wave-blocks). Process-wide and not thread-safe, as above. */
+extern int32_t mkv_tc_wave_blocks_override;
 /* The high items' tokens of such a two-format separate call where they differ from its item
  * size (decision 88; a region whose high share would overflow its blocks keeps one size),
  * else 0; depends on the current device, as above. */

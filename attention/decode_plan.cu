@@ -74,7 +74,7 @@ tc_plan plan_tc(int32_t n_seq, int32_t H, int32_t G, int32_t d, int32_t max_toke
     using T = mkv_decode_tuning;
     tc_plan w;
     w.compact = false, w.last_blocks_last = false, w.tail_regions = 0, w.head_regions = 0;
-    w.piece_tokens = 0, w.piece_static = 0, w.wave_blocks = 0;
+    w.piece_tokens = 0, w.piece_static = 0, w.wave_blocks = 0, w.merge_split = 1;
     w.ready = false;
     const int32_t sms = device_attr(cudaDevAttrMultiProcessorCount, T::fallback_sms);
     if (split_tokens > 0) {
@@ -382,7 +382,9 @@ static bool piece_wave(const mkv_cuda_decode_t *a, const tc_kernel &one, const t
         return false;
     const int64_t n_rs = (int64_t)a->n_seq * a->n_heads;
     const int64_t resident = (int64_t)one.pieces_blocks_per_sm() * device_attr(cudaDevAttrMultiProcessorCount, 0);
-    const int64_t b = n_rs > 0 && resident > 0 ? resident / n_rs : 0;
+    const int64_t wb = mkv_tc_wave_blocks_override; /* (forced: that many blocks a region) */
+    const int64_t b = wb > 0 ? wb : n_rs > 0 && resident > 0 ? resident / n_rs : 0;
+    if (wb > 0 && wb * n_rs > resident) return false;
     int64_t spares = forced_static ? 0 : ko;
     int32_t stat = forced_static ? so : 0;
     if (!forced_static && ko == 0) {
@@ -569,6 +571,26 @@ static void high_items(const mkv_cuda_decode_t *a, const tc_kernel &one, int32_t
     w->hi_item = h, w->sep_slots = std::max(w->sep_slots, slots(h));
 }
 
+/* The blocks that merge each region of fused plan w (tc_args::merge_split, decision 105): where
+ * the grid holds every block id at once (the waits of a region's last blocks for its last are
+ * then on running blocks) and its regions have merge_split_min_parts parts or more, the last
+ * merge_split of them, each a slice; else 1. mkv_tc_merge_split_override: -1 or 1, 1; N > 1, N
+ * wherever the grid holds every id. */
+static int32_t merge_split(const mkv_cuda_decode_t *a, const tc_plan &w, int32_t blocks)
+{
+    using T = mkv_decode_tuning;
+    const int64_t n_rs = (int64_t)a->n_seq * a->n_heads;
+    const int64_t half = w.tail_regions + w.head_regions; /* regions of half-size items */
+    const int64_t gx = (w.sec_items + MKV_TC_WARPS - 1) / MKV_TC_WARPS + 1;
+    const int64_t tgx = (2 * w.sec_items + MKV_TC_WARPS - 1) / MKV_TC_WARPS + 1;
+    const int64_t ids = (n_rs - half) * gx + half * tgx; /* (decode_cuda.cu's total_ids) */
+    const int64_t resident = (int64_t)blocks * device_attr(cudaDevAttrMultiProcessorCount, 0);
+    const int32_t o = mkv_tc_merge_split_override, n4 = a->group_size * a->head_dim / 4;
+    if (resident <= 0 || ids > resident || o < 0 || o == 1) return 1;
+    if (o > 1) return std::min(o, n4);
+    return gx - 1 >= T::merge_split_min_parts ? std::min(T::merge_split, n4) : 1;
+}
+
 tc_plan plan_call(const mkv_cuda_decode_t *a, const tc_kernel &one, bool *fused, int32_t *blocks)
 {
     *blocks = 0;
@@ -584,6 +606,7 @@ tc_plan plan_call(const mkv_cuda_decode_t *a, const tc_kernel &one, bool *fused,
             w.last_blocks_last = last_blocks_last(a, w);
             w.tail_regions = w.total_ids < INT32_MAX / 4 && w.wave_blocks == 0 ? tail_regions(a, w, *blocks) : 0;
             w.head_regions = w.total_ids < INT32_MAX / 4 ? head_regions(a, w, *blocks) : 0;
+            w.merge_split = merge_split(a, w, *blocks);
             *fused = true;
             return w;
         }
@@ -815,6 +838,13 @@ extern "C" int32_t mkv_cuda_decode_merge_blocks(const mkv_cuda_decode_t *a)
     bool fused;
     if (!mkv_tc_plan::query_plan(a, &w, &fused) || fused) return 1;
     return mkv_tc_merge_blocks(a->group_size, a->head_dim, (int64_t)a->n_seq * a->n_heads, w.sec_items);
+}
+
+extern "C" int32_t mkv_cuda_decode_merge_split(const mkv_cuda_decode_t *a)
+{
+    mkv_tc_plan::tc_plan w;
+    bool fused;
+    return mkv_tc_plan::query_plan(a, &w, &fused) && fused ? w.merge_split : 1;
 }
 
 extern "C" int mkv_cuda_decode_compact_logits(const mkv_cuda_decode_t *a)

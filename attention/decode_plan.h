@@ -35,6 +35,7 @@ struct tc_plan {
     int32_t piece_tokens;
     int32_t piece_static; /* tc_args::piece_static (0: none; piece_wave) */
     int32_t wave_blocks; /* tc_args::wave_blocks */
+    int32_t merge_split; /* tc_args::merge_split (fused calls; plan_call) */
     bool ready; /* the separate pass's one launch with ready flags (tc_args::ready; plan_call) */
     /* The separate pass's one launch: the high items' tokens (tc_args::hi_item; 0: the item
      * size) and the item slots a region's blocks hold (sep_slots / MKV_TC_SEP_WARPS blocks). */

@@ -117,6 +117,12 @@ struct tc_args {
      * its even share of the region's high tokens as one piece (locate_pieces), then pieces of
      * piece_tokens from the counter, the rest of the high section and then the low one. */
     int32_t piece_static;
+    /* The fused kernel's blocks that merge a region's parts into out (0 or 1: its last block
+     * alone): where > 1, the region's last min(merge_split, arrivals) blocks to arrive each
+     * merge a slice of its G d outputs, those before the last waiting for it. Only where every
+     * block of the call is resident at once (a grid of total_ids blocks), so that the blocks
+     * awaited are running (decision 105). */
+    int32_t merge_split;
     int32_t *counters;
     float *lse;
     /* Compact logits (fused calls, where G >= 2; decision 89; every subtile but an

@@ -16,6 +16,8 @@ int32_t mkv_tc_hi_item_override = 0;
 int32_t mkv_tc_head_override = 0;
 int32_t mkv_tc_piece_static_override = 0;
 int32_t mkv_tc_merge_blocks_override = 0;
+int32_t mkv_tc_merge_split_override = 0;
+int32_t mkv_tc_wave_blocks_override = 0;
 
 /* Its dependent (the fused kernel, launched with programmatic serialization) may start at once:
  * it runs its first item before it waits for this kernel. */

@@ -274,6 +274,7 @@ template <class SC>
 static __global__ void __launch_bounds__(FIN_THREADS) finalize_kernel(const tc_args a, int32_t d, int32_t nsb,
                                                                        int32_t mb)
 {
+    mkv_tc::trace_init(a);
     finalize_block<SC>(a, d, nsb, mb);
     /* With ready flags no block waits for the decode kernel's end, which the kernels after
      * this one in the stream count on: the grid's last block does, once done. */

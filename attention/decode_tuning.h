@@ -210,6 +210,16 @@ struct mkv_decode_tuning {
     static constexpr int32_t static_wave_min_region_blocks = 6;
     static constexpr int32_t static_wave_min_warp_tokens = 512;
     static constexpr int32_t static_wave_per_mille = 900;
+    /* The fused kernel's region merge split between a region's last merge_split blocks to
+     * arrive, a slice of its outputs each (tc_args::merge_split, decision 105), where the grid
+     * holds every block at once and a region has merge_split_min_parts blocks or more: there
+     * one block's copies of every part (2 KB each at G 4, d 128) outlast the others' wait for
+     * the last arrival. H200, K16V16 without scores, 2 x 20 calls, us, 8 against 1: 1 x 32k
+     * (32 parts) 41.7 / 42.2 and 42.1 / 43.2 in two calls; where regions have fewer (16 at
+     * 1 x 16k) it lost: 1 x 16k 26.4 / 25.8 and 26.8 / 26.4, 2 x 16k 41.5 / 40.9 and 42.1 /
+     * 41.7, 4 x 8k 41.5 / 40.9 and 41.9 / 41.6. 4 and 16 within 1% of 8. */
+    static constexpr int32_t merge_split = 8;
+    static constexpr int32_t merge_split_min_parts = 24;
     /* The separate pass's finalize (decode_tc_finalize.cu) cuts a small call's merge into
      * slices while each thread keeps at least this many of a region's items (its loop loads
      * them in predicated batches of 8). H100, 2 x 30 calls, us, at least 8 against at least 4

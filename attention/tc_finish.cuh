@@ -11,6 +11,7 @@
 #include "attention/tc_merge.cuh"
 #include "attention/tc_ptx.cuh"
 #include "attention/tc_staging.cuh"
+#include "attention/tc_trace.cuh"
 
 #include <type_traits>
 
@@ -101,25 +102,35 @@ struct region_finish {
         }
     }
 
-    /* out = the parts' partial outputs (a part per block of the region: g.arrivals), each
-     * weighted by 2^(m - M) / S: chunks of whole parts (outputs, then max and sum), weights
-     * computed once per part and head; the first chunk's copies issued by merge_first. */
+    /* out's float4s [lo4, lo4 + n4) of the region (all G D / 4 of them, or a slice: the
+     * region's merge split between blocks, tc_args::merge_split) = the parts' partial outputs
+     * (a part per block of the region: g.arrivals) at those float4s, each weighted by
+     * 2^(m - M) / S: chunks of whole parts (their slices, then max and sum of every head),
+     * weights computed once per part and head; the first chunk's copies issued by
+     * merge_first. */
     /* Parts per chunk of merge, and the copies of parts [s0, s0 + cnt) into the area. */
-    static __device__ __forceinline__ int32_t merge_chunk(const tc_args &a)
+    static __device__ __forceinline__ int32_t merge_chunk(const tc_args &a, int32_t n4)
     {
-        return AREA / (a.G * D * 4 + a.G * 12); /* outputs, max and sum, weight */
+        return AREA / (n4 * 16 + a.G * 12); /* outputs, max and sum, weight */
     }
     static __device__ __forceinline__ void merge_issue(const tc_args &a, uint8_t *smem, const region_info &g,
-                                                       int32_t s0, int32_t cnt)
+                                                       int32_t s0, int32_t cnt, int32_t lo4, int32_t n4)
     {
-        const int32_t tid = threadIdx.x, G = a.G, GD = G * D;
+        const int32_t tid = threadIdx.x, G = a.G, GD = G * D, GD4 = GD / 4;
         const uint32_t po_s = (uint32_t)__cvta_generic_to_shared(smem);
-        const uint32_t ml_s = po_s + cnt * GD * 4;
+        const uint32_t ml_s = po_s + cnt * n4 * 16;
         const int64_t part = g.rs * 2 * a.sec_items;
         const uint8_t *src_o = reinterpret_cast<const uint8_t *>(a.part_o + (part + s0) * GD);
         const uint8_t *src_ml = reinterpret_cast<const uint8_t *>(a.part_ml + (part + s0) * G * 2);
-        for (int32_t off = tid * 16; off < cnt * GD * 4; off += NTH * 16)
-            cp_async<16>(po_s + off, src_o + off, true);
+        if (n4 == GD4) { /* whole parts: one run */
+            for (int32_t off = tid * 16; off < cnt * GD * 4; off += NTH * 16)
+                cp_async<16>(po_s + off, src_o + off, true);
+        } else {
+            for (int32_t i = tid; i < cnt * n4; i += NTH) {
+                const int32_t s = i / n4;
+                cp_async<16>(po_s + i * 16, src_o + (int64_t)(s * GD4 + lo4 + i - s * n4) * 16, true);
+            }
+        }
         for (int32_t off = tid * 8; off < cnt * G * 8; off += NTH * 8)
             cp_async<8>(ml_s + off, src_ml + off, true);
         cp_async_commit();
@@ -127,40 +138,47 @@ struct region_finish {
 
     /* merge_first: its first chunk's copies (merge_issue), on their way while the caller finds
      * M and S (region_ms). */
-    static __device__ __forceinline__ void merge_first(const tc_args &a, uint8_t *smem, const region_info &g)
+    static __device__ __forceinline__ void merge_first(const tc_args &a, uint8_t *smem, const region_info &g,
+                                                       int32_t lo4, int32_t n4)
     {
-        merge_issue(a, smem, g, 0, min(merge_chunk(a), g.arrivals));
+        merge_issue(a, smem, g, 0, min(merge_chunk(a, n4), g.arrivals), lo4, n4);
     }
 
+    /* Where the slice is narrower than the block (n4 < NTH), its parts are shared between
+     * NTH / n4 groups of n4 threads (group q the chunk's parts q, q + groups, ...), their sums
+     * added in group order after the last chunk: short chains where a slice has few float4s. */
     static __device__ __forceinline__ void merge(const tc_args &a, uint8_t *smem, const region_info &g,
-                                                 const float *M, const float *S)
+                                                 const float *M, const float *S, int32_t lo4, int32_t n4)
     {
-        const int32_t tid = threadIdx.x, G = a.G, GD = G * D, GD4 = GD / 4;
-        const int32_t c = merge_chunk(a);
+        const int32_t tid = threadIdx.x, G = a.G;
+        const int32_t c = merge_chunk(a, n4);
+        const int32_t span = min(n4, NTH), groups = NTH / span, grp = tid / span;
         float *po = reinterpret_cast<float *>(smem);
-        /* Thread t's outputs: float4s t + j NTH, each part's weighted in order (fma chains of
-         * the four components side by side, the parts' loads unrolled ahead of them). */
+        /* Thread t's outputs: float4s t % span + j span, each part's weighted in order (fma
+         * chains of the four components side by side, the parts' loads unrolled ahead of
+         * them). */
         float4 o[E4];
 #pragma unroll
         for (int j = 0; j < E4; j++) o[j] = make_float4(0.0f, 0.0f, 0.0f, 0.0f);
         for (int32_t s0 = 0; s0 < g.arrivals; s0 += c) {
             const int32_t cnt = min(c, g.arrivals - s0);
-            float *ml = po + cnt * GD, *w = ml + cnt * G * 2;
-            if (s0 > 0) merge_issue(a, smem, g, s0, cnt); /* the first chunk's: merge_first */
+            float *ml = po + cnt * n4 * 4, *w = ml + cnt * G * 2;
+            if (s0 > 0) merge_issue(a, smem, g, s0, cnt, lo4, n4); /* the first chunk's: merge_first */
             cp_async_wait<0>();
             __syncthreads();
+            if (tid == 0 && s0 == 0) trace_stamp(a, TR_LANDED, cnt);
             for (int32_t i = tid; i < cnt * G; i += NTH) w[i] = exp2f(ml[2 * i] - M[i % G]);
             __syncthreads();
 #pragma unroll
             for (int j = 0; j < E4; j++) {
-                const int32_t e4 = tid + j * NTH;
-                if (e4 >= GD4) break;
-                const int32_t h = 4 * e4 / D;
+                const int32_t e4 = tid - grp * span + j * span;
+                if (e4 >= n4 || grp >= groups) break;
+                const int32_t h = 4 * (lo4 + e4) / D;
                 const float4 *p4 = reinterpret_cast<const float4 *>(po) + e4;
                 float4 acc = o[j];
 #pragma unroll 4
-                for (int32_t s = 0; s < cnt; s++) {
-                    const float4 x = p4[s * GD4];
+                for (int32_t s = grp; s < cnt; s += groups) {
+                    const float4 x = p4[s * n4];
                     const float f = w[s * G + h];
                     acc.x = fmaf(x.x, f, acc.x), acc.y = fmaf(x.y, f, acc.y);
                     acc.z = fmaf(x.z, f, acc.z), acc.w = fmaf(x.w, f, acc.w);
@@ -169,13 +187,24 @@ struct region_finish {
             }
             __syncthreads(); /* the next chunk reuses the area */
         }
+        if (groups > 1) { /* (n4 < NTH: one float4 a thread) */
+            float4 *red = reinterpret_cast<float4 *>(smem);
+            if (grp < groups && grp > 0) red[(grp - 1) * span + tid - grp * span] = o[0];
+            __syncthreads();
+            if (grp == 0)
+                for (int32_t q = 1; q < groups; q++) {
+                    const float4 x = red[(q - 1) * span + tid];
+                    o[0].x += x.x, o[0].y += x.y, o[0].z += x.z, o[0].w += x.w;
+                }
+            if (grp > 0) return;
+        }
 #pragma unroll
         for (int j = 0; j < E4; j++) {
-            const int32_t e4 = tid + j * NTH;
-            if (e4 >= GD4) break;
-            const float sum = S[4 * e4 / D];
+            const int32_t e4 = tid + j * span;
+            if (e4 >= n4) break;
+            const float sum = S[4 * (lo4 + e4) / D];
             const float r[4] = {o[j].x / sum, o[j].y / sum, o[j].z / sum, o[j].w / sum};
-            const int64_t at = g.rs * GD + 4 * e4;
+            const int64_t at = g.rs * G * D + 4 * (lo4 + e4);
 #pragma unroll
             for (int k = 0; k < 4; k++) {
                 if (a.out16) a.out16[at + k] = a.out_bf16 ? mkv_f32_to_bf16(r[k]) : mkv_f32_to_f16(r[k]);

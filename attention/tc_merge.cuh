@@ -80,7 +80,7 @@ __device__ __forceinline__ void block_merge(const tc_args &a, const uint8_t *sme
 
 /* The final max M and sum S (log2 units) of head g over the n_items part slots from part (an
  * item's each in the separate pass, a block's in the fused kernel):
- * one online pass, a slot per lane, then a warp merge. Reads through L2 (in the fused kernel,
+ * one online pass, a slot per lane, then a warp reduction. Reads through L2 (in the fused kernel,
  * other blocks wrote them). UNIFORM (the finalize kernel's): every lane runs the same
  * instructions, the loads predicated, even where n_items is not a multiple of 32: with lanes
  * left out of the loop, the warp merge after it took 1,900 cycles instead of 714 (the mix's
@@ -99,22 +99,32 @@ __device__ __forceinline__ float2 head_ms(const tc_args &a, int64_t part, int32_
             S = S * exp2f(M - mn) + ml.y * exp2f(ml.x - mn);
             M = mn;
         }
+        /* The warp's maximum first, then one rescale a lane and a plain sum: two chains of five
+         * shuffles with one ex2 between them, where merging (M, S) pairs put two ex2 in each of
+         * the five rounds (the region merge's first step after the last arrival; decision
+         * 105). */
+        float Mx = M;
+        for (int x = 16; x > 0; x >>= 1) Mx = fmaxf(Mx, __shfl_xor_sync(0xffffffffu, Mx, x));
+        S = S > 0.0f ? S * exp2f(M - Mx) : 0.0f;
+        for (int x = 16; x > 0; x >>= 1) S += __shfl_xor_sync(0xffffffffu, S, x);
+        return make_float2(Mx, S);
+    } else {
+        for (int32_t s0 = 0; s0 < n_items; s0 += 32) {
+            const int32_t s = s0 + lane;
+            float2 ml = make_float2(-INFINITY, 0.0f);
+            if (s < n_items) ml = __ldcg(reinterpret_cast<const float2 *>(a.part_ml + ((part + s) * a.G + g) * 2));
+            const float mn = fmaxf(M, ml.x);
+            S = (S > 0.0f ? S * exp2f(M - mn) : 0.0f) + (ml.y > 0.0f ? ml.y * exp2f(ml.x - mn) : 0.0f);
+            M = mn;
+        }
+        for (int x = 16; x > 0; x >>= 1) {
+            const float Mo = __shfl_xor_sync(0xffffffffu, M, x), So = __shfl_xor_sync(0xffffffffu, S, x);
+            const float mn = fmaxf(M, Mo);
+            S = (S > 0.0f ? S * exp2f(M - mn) : 0.0f) + (So > 0.0f ? So * exp2f(Mo - mn) : 0.0f);
+            M = mn;
+        }
+        return make_float2(M, S);
     }
-    for (int32_t s0 = 0; UNIFORM && s0 < n_items; s0 += 32) {
-        const int32_t s = s0 + lane;
-        float2 ml = make_float2(-INFINITY, 0.0f);
-        if (s < n_items) ml = __ldcg(reinterpret_cast<const float2 *>(a.part_ml + ((part + s) * a.G + g) * 2));
-        const float mn = fmaxf(M, ml.x);
-        S = (S > 0.0f ? S * exp2f(M - mn) : 0.0f) + (ml.y > 0.0f ? ml.y * exp2f(ml.x - mn) : 0.0f);
-        M = mn;
-    }
-    for (int x = 16; x > 0; x >>= 1) {
-        const float Mo = __shfl_xor_sync(0xffffffffu, M, x), So = __shfl_xor_sync(0xffffffffu, S, x);
-        const float mn = fmaxf(M, Mo);
-        S = (S > 0.0f ? S * exp2f(M - mn) : 0.0f) + (So > 0.0f ? So * exp2f(Mo - mn) : 0.0f);
-        M = mn;
-    }
-    return make_float2(M, S);
 }
 
 /* A token's probability from its row of G logits l (log2 units; global or shared memory,

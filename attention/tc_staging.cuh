@@ -75,6 +75,7 @@ struct block_shared {
                         the items) */
     block_part part; /* the block's current part (likewise) */
     int32_t cmd, arg, last;
+    int32_t slice;           /* the fused kernel's: the block's arrival, counted from the last */
     int32_t nap;             /* thread 0's: its next pause (ns) while nothing is to be taken */
     int32_t owed, exhausted; /* thread 0's: the score job ticket it holds (-1: none); whether
                                 every decode id has been taken */

@@ -3,7 +3,9 @@
  * into the kernels where MKV_TC_TRACE is defined (a build of its own, docs/decode-kernel.md,
  * "Timeline stamps"), and nothing otherwise. A stamp appends the record {globaltimer, clock64,
  * tag | SM << 8 | warp << 16, block, arg} to tc_args::trace (when non-null): trace[0] counts
- * the records, record k is the four words trace[4 + 4 k ..] (MKV_TC_TRACE_CAP at most).
+ * the records reserved (a warp's in chunks), record k is the four words trace[4 + 4 k ..]
+ * (MKV_TC_TRACE_CAP at most), tag 0 where its chunk left it unused (the buffer is zeroed
+ * before a traced call).
  */
 #ifndef MKV_ATTENTION_TC_TRACE_CUH
 #define MKV_ATTENTION_TC_TRACE_CUH
@@ -24,8 +26,35 @@ enum trace_tag {
     TR_FIN_END,   /* a finalize block ends (thread 0) */
     TR_FIN_WAITED, /* a finalize block's wait for the decode kernel has returned (thread 0) */
     TR_FIN_MS,     /* a finalize block has its heads' maxima and sums (thread 0) */
+    TR_WAITED,     /* a merging block that is not its region's last has seen the last arrive (thread 0) */
+    TR_MS,         /* a merging block has its region's maxima and sums (thread 0) */
+    TR_LANDED,     /* a merging block's first chunk of parts has landed (thread 0) */
 };
 
+#ifdef MKV_TC_TRACE
+/* Records a warp reserves at a time (one atomic on trace[0] per chunk: a global atomic per stamp
+ * made each stamping thread wait a round trip, and at a call's end, where every block stamps,
+ * queue behind the others on one address, which moved the stamps after it by a microsecond and
+ * more). A warp's state, in shared memory: its chunk's first record << 6 | records used. */
+#define MKV_TC_TRACE_CHUNK 32
+__device__ __forceinline__ uint32_t *trace_warps()
+{
+    __shared__ uint32_t w[32];
+    return w;
+}
+#endif
+
+/* At a stamping kernel's start, by every warp before its first stamp: its chunk used up. */
+__device__ __forceinline__ void trace_init(const tc_args &a)
+{
+#ifdef MKV_TC_TRACE
+    if (a.trace && (threadIdx.x & 31) == 0) trace_warps()[threadIdx.x >> 5] = MKV_TC_TRACE_CHUNK;
+#else
+    (void)a;
+#endif
+}
+
+/* Lane 0 of a warp only (each warp's chunk is its lane 0's). */
 __device__ __forceinline__ void trace_stamp(const tc_args &a, int tag, int32_t arg)
 {
 #ifdef MKV_TC_TRACE
@@ -35,11 +64,17 @@ __device__ __forceinline__ void trace_stamp(const tc_args &a, int tag, int32_t a
     asm volatile("mov.u64 %0, %%globaltimer;" : "=l"(gt));
     asm volatile("mov.u32 %0, %%smid;" : "=r"(sm));
     const unsigned long long clk = (unsigned long long)clock64();
-    const unsigned long long k = atomicAdd(a.trace, 1ull);
+    uint32_t &st = trace_warps()[threadIdx.x >> 5];
+    if ((st & 63) >= MKV_TC_TRACE_CHUNK) {
+        const unsigned long long c = atomicAdd(a.trace, (unsigned long long)MKV_TC_TRACE_CHUNK);
+        st = c + MKV_TC_TRACE_CHUNK <= MKV_TC_TRACE_CAP ? (uint32_t)c << 6 : (uint32_t)MKV_TC_TRACE_CAP << 6;
+    }
+    const uint32_t k = (st >> 6) + (st & 63);
+    st += 1;
     if (k >= MKV_TC_TRACE_CAP) return;
     const unsigned long long block =
         blockIdx.x + (unsigned long long)gridDim.x * (blockIdx.y + (unsigned long long)gridDim.y * blockIdx.z);
-    unsigned long long *r = a.trace + 4 + 4 * k;
+    unsigned long long *r = a.trace + 4 + 4 * (unsigned long long)k;
     r[0] = gt, r[1] = clk;
     r[2] = (unsigned long long)tag | (unsigned long long)sm << 8 | (unsigned long long)(threadIdx.x >> 5) << 16;
     r[3] = block | (unsigned long long)(uint32_t)arg << 32;

@@ -246,6 +246,22 @@ int main(int argc, char **argv)
                 return 2;
             }
         }
+        else if (!strcmp(argv[i], "--wave-blocks") && i + 1 < argc) {
+            if (!knob_arg(argv[++i], 1, 4096, &mkv_tc_wave_blocks_override)) {
+                fprintf(stderr, "bench_attention: --wave-blocks takes auto or 1 to 4096\n");
+                return 2;
+            }
+        }
+        else if (!strcmp(argv[i], "--merge-split") && i + 1 < argc) {
+            const char *x = argv[++i];
+            const int n = atoi(x);
+            if (!strcmp(x, "auto")) mkv_tc_merge_split_override = 0;
+            else if (n >= 1 && n <= 32) mkv_tc_merge_split_override = n;
+            else {
+                fprintf(stderr, "bench_attention: --merge-split takes auto or 1 to 32\n");
+                return 2;
+            }
+        }
         else if (!strcmp(argv[i], "--hi-item") && i + 1 < argc) {
             if (!knob_arg(argv[++i], 16, 4096, &mkv_tc_hi_item_override)) {
                 fprintf(stderr, "bench_attention: --hi-item takes auto, off or 16 to 4096\n");
@@ -303,6 +319,7 @@ int main(int argc, char **argv)
                     "                       [--wave-spares auto|off|N] [--ready auto|off|on]\n"
                     "                       [--hi-item auto|off|N] [--head auto|off|N]\n"
                     "                       [--merge-blocks auto|1|2|4|8] [--piece-static auto|off|N]\n"
+                    "                       [--merge-split auto|N] [--wave-blocks auto|N]\n"
                     "Decode attention time over batch x length grids (32 query / 8 KV heads, d 128)\n"
                     "for K16V16, K8V8, K8V4, K4V2 and a 20/50/30 high/low/pruned mix, against the\n"
                     "device copy rate. --scores: the score write-back as its own pass (separate),\n"
@@ -351,7 +368,12 @@ int main(int argc, char **argv)
                     "--piece-static: fused K16V16 calls without scores of 6 or more blocks a region\n"
                     "in a wave: each warp first takes that per mille of its share of its region, then\n"
                     "pieces: auto (the library's rule, the default: 900 where pieces do not pay\n"
-                    "otherwise), off, or N with --pieces (a wave of every call).\n");
+                    "otherwise), off, or N with --pieces (a wave of every call).\n"
+                    "--merge-split: the blocks a fused call merges each region among, a slice of its\n"
+                    "outputs each, where its grid holds every block at once: auto (the library's rule,\n"
+                    "the default: 8 where a region has 24 blocks or more), or N (1: its last block).\n"
+                    "--wave-blocks: the blocks each region takes in a wave in pieces (--wave-spares,\n"
+                    "--piece-static): auto (the resident blocks over the regions) or N.\n");
             return strcmp(argv[i], "-h") && strcmp(argv[i], "--help") ? 2 : 0;
         }
     }
@@ -605,8 +627,8 @@ int main(int argc, char **argv)
                 }
 #ifdef MKV_TC_TRACE
                 if (tf) { /* one more call, stamped */
+                    CK(cudaMemsetAsync(trace_buf, 0, (4 + 4 * (size_t)MKV_TC_TRACE_CAP) * 8, stream));
                     flush_l2(0);
-                    CK(cudaMemsetAsync(trace_buf, 0, 32, stream));
                     mkv_tc_trace_buffer = trace_buf;
                     CK(cudaEventRecord(e0, stream));
                     const mkv_status_t st = mkv_cuda_decode(&a, stream, err);
@@ -628,6 +650,7 @@ int main(int argc, char **argv)
                             ms * 1e3, median(t) * 1e6, cnt);
                     for (unsigned long long k = 0; k < cnt; k++) {
                         const unsigned long long *r = &rec[4 * k];
+                        if ((r[2] & 255) == 0) continue; /* a chunk's unused record (tc_trace.cuh) */
                         fprintf(tf, "%llu %llu %llu %llu %llu %llu %d\n", r[0], r[1], r[2] & 255, (r[2] >> 8) & 255,
                                 (r[2] >> 16) & 255, r[3] & 0xffffffffull, (int)(int32_t)(r[3] >> 32));
                     }
@@ -654,7 +677,7 @@ int main(int argc, char **argv)
                                 "\"fused_scores\": %s, \"compact_logits\": %s, \"tensor\": %s, "
                                 "\"piece_tokens\": %d, \"piece_static\": %d, \"item_tokens\": %d, \"wave_blocks\": %d, "
                                 "\"ready_flags\": %s, \"hi_item_tokens\": %d, \"head_regions\": %d, "
-                                "\"merge_blocks\": %d, \"bound_us\": %.2f, \"groups\": [%d, %d, %d, %d]}",
+                                "\"merge_blocks\": %d, \"merge_split\": %d, \"bound_us\": %.2f, \"groups\": [%d, %d, %d, %d]}",
                             first ? "" : ",", v.name, batch, len, n_hi, n_lo, sec * 1e6,
                             *std::min_element(t.begin(), t.end()) * 1e6,
                             *std::max_element(t.begin(), t.end()) * 1e6, bytes, rate / 1e9,
@@ -667,7 +690,7 @@ int main(int argc, char **argv)
                             (int)mkv_cuda_decode_item_tokens(&a),
                             (int)mkv_cuda_decode_wave_blocks(&a), mkv_cuda_decode_ready_flags(&a) ? "true" : "false",
                             (int)mkv_cuda_decode_hi_item_tokens(&a), (int)mkv_cuda_decode_head_regions(&a),
-                            (int)mkv_cuda_decode_merge_blocks(&a),
+                            (int)mkv_cuda_decode_merge_blocks(&a), (int)mkv_cuda_decode_merge_split(&a),
                             peak_rate > 0 ? (fl[0] + bytes / peak_rate) * 1e6 : 0.0, lh.key.groups, lh.value.groups, ll.key.groups,
                             ll.value.groups);
                     first = 0;

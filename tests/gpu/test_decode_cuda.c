@@ -1283,6 +1283,87 @@ Test(decode_cuda, merge_blocks, .timeout = 300)
     for (int i = 0; i < 3; i++) stats_expect(&ck[i], "merge_blocks");
 }
 
+/* The fused kernel's region merge split between a region's last blocks to arrive (tc_args::
+ * merge_split, decision 105): the plan's (AUTO's 8 at K16V16 1 x 32k without scores, one grid of
+ * every block, 32 blocks a region; 1 at 1 x 16k, 16 a region; 1 at 64 x 16k, more blocks than
+ * resident, also where forced; 1 for separate calls; forced 3, and forced off, asserted on 132
+ * multiprocessors); then calls
+ * of one wave whose regions hold from one block to the most (so that some have fewer blocks
+ * than the split), d 128 G 4 and d 64 G 3 (slices of uneven size), K16V16 and the mix, with and
+ * without scores, AUTO's split and forced 1, 2, 3, 8 and 32, against the reference. */
+Test(decode_cuda, merge_split, .timeout = 600)
+{
+    GPU_REQUIRE();
+    int sms = 0;
+    CUDA_CHECK(cudaDeviceGetAttribute(&sms, cudaDevAttrMultiProcessorCount, 0));
+    if (sms == 132) {
+        mkv_cuda_decode_t k = k16_query(1, 32768), m = mix_query(1, 16384);
+        k.no_scores = 1, k.scores = MKV_DECODE_SCORES_FUSED;
+        const int32_t k_auto = mkv_cuda_decode_merge_split(&k);
+        k.max_tokens = 16384;
+        const int32_t k_16k = mkv_cuda_decode_merge_split(&k);
+        k.n_seq = 64;
+        const int32_t k_big = mkv_cuda_decode_merge_split(&k);
+        mkv_tc_merge_split_override = 3;
+        const int32_t k_big3 = mkv_cuda_decode_merge_split(&k);
+        const int32_t m_sep = mkv_cuda_decode_merge_split(&m);
+        k.n_seq = 1, k.max_tokens = 32768;
+        const int32_t k_3 = mkv_cuda_decode_merge_split(&k);
+        mkv_tc_merge_split_override = -1;
+        const int32_t k_off = mkv_cuda_decode_merge_split(&k);
+        mkv_tc_merge_split_override = 0;
+        cr_assert(mkv_cuda_decode_fuses_scores(&k), "K16V16 1 x 32k without scores not fused");
+        cr_assert(!mkv_cuda_decode_fuses_scores(&m), "the mix 1 x 16k with scores fused");
+        cr_assert_eq(k_auto, 8, "K16V16 1 x 32k without scores: merge split %d, want 8", k_auto);
+        cr_assert_eq(k_16k, 1, "K16V16 1 x 16k without scores: merge split %d, want 1", k_16k);
+        cr_assert_eq(k_big, 1, "K16V16 64 x 16k: merge split %d, want 1 (more blocks than resident)", k_big);
+        cr_assert_eq(k_big3, 1, "K16V16 64 x 16k forced to 3: merge split %d, want 1", k_big3);
+        cr_assert_eq(m_sep, 1, "a separate call with merge split %d", m_sep);
+        cr_assert_eq(k_3, 3, "forced to 3: merge split %d", k_3);
+        cr_assert_eq(k_off, 1, "forced off: merge split %d", k_off);
+    } else {
+        cr_log_info("merge_split: AUTO's plans not asserted on a GPU of %d multiprocessors", sms);
+    }
+
+    stats_t ck[3] = {{.what = "out (merge split)"}, {.what = "score (merge split)"},
+                     {.what = "pool bytes unchanged (merge split, no scores)"}};
+    uint64_t r = 0x5b117;
+    static const struct {
+        mkv_format_t hi, lo;
+        int32_t d, G, n_seq, top;
+    } calls[] = {{MKV_FORMAT_K16V16, MKV_FORMAT_K16V16, 128, 4, 1, 20000},
+                 {MKV_FORMAT_K8V4, MKV_FORMAT_K4V2, 128, 4, 2, 9000},
+                 {MKV_FORMAT_K16V16, MKV_FORMAT_K16V16, 64, 3, 1, 12000}};
+    static const int32_t knob[] = {0, 1, 2, 3, 8, 32};
+    const int32_t H = 8;
+    for (int ci = 0; ci < (int)(sizeof calls / sizeof calls[0]); ci++) {
+        const int32_t n_seq = calls[ci].n_seq, top = calls[ci].top;
+        int32_t len[2 * 2 * 8];
+        for (int i = 0; i < n_seq * H; i++) { /* from one block's tokens to the most */
+            const int32_t n = i == 0 ? top : i == 1 ? 300 : test_rand_range(&r, 1, top);
+            const int32_t h = calls[ci].hi != calls[ci].lo ? test_rand_range(&r, 0, n) : n;
+            len[2 * i] = h, len[2 * i + 1] = n - h;
+        }
+        spec_t c = {.hi = calls[ci].hi, .lo = calls[ci].lo, .d = calls[ci].d, .G = calls[ci].G, .tpp = 23 + 9 * ci,
+                    .n_seq = n_seq, .H = H, .len = len, .seed = test_rand_next(&r)};
+        batch_t b;
+        batch_build(&b, &c);
+        b.scores = MKV_DECODE_SCORES_FUSED;
+        for (int ns = 0; ns < 2; ns++) {
+            b.no_scores = ns;
+            for (int k = 0; k < (int)(sizeof knob / sizeof knob[0]); k++) {
+                mkv_tc_merge_split_override = knob[k];
+                const int32_t splits[] = {0};
+                batch_check_splits(&b, MKV_DECODE_KERNEL_TENSOR, splits, 1, &ck[0], ns ? &ck[2] : &ck[1], NULL,
+                                   NULL);
+            }
+        }
+        mkv_tc_merge_split_override = 0;
+        batch_free(&b);
+    }
+    for (int i = 0; i < 3; i++) stats_expect(&ck[i], "merge_split");
+}
+
 /* The two-format separate pass's short high items (tc_args::hi_item, decision 88): forced to
  * 16 and 48 tokens against items of AUTO's size, 64, 96 and 128, with and without ready flags
  * and scores, on regions whose high share leaves room for them and regions whose share does not
