@@ -253,12 +253,8 @@ int main(int argc, char **argv)
             }
         }
         else if (!strcmp(argv[i], "--merge-split") && i + 1 < argc) {
-            const char *x = argv[++i];
-            const int n = atoi(x);
-            if (!strcmp(x, "auto")) mkv_tc_merge_split_override = 0;
-            else if (n >= 1 && n <= 32) mkv_tc_merge_split_override = n;
-            else {
-                fprintf(stderr, "bench_attention: --merge-split takes auto or 1 to 32\n");
+            if (!knob_arg(argv[++i], 1, 32, &mkv_tc_merge_split_override)) {
+                fprintf(stderr, "bench_attention: --merge-split takes auto, off or 1 to 32\n");
                 return 2;
             }
         }
@@ -319,7 +315,7 @@ int main(int argc, char **argv)
                     "                       [--wave-spares auto|off|N] [--ready auto|off|on]\n"
                     "                       [--hi-item auto|off|N] [--head auto|off|N]\n"
                     "                       [--merge-blocks auto|1|2|4|8] [--piece-static auto|off|N]\n"
-                    "                       [--merge-split auto|N] [--wave-blocks auto|N]\n"
+                    "                       [--merge-split auto|off|N] [--wave-blocks auto|N]\n"
                     "Decode attention time over batch x length grids (32 query / 8 KV heads, d 128)\n"
                     "for K16V16, K8V8, K8V4, K4V2 and a 20/50/30 high/low/pruned mix, against the\n"
                     "device copy rate. --scores: the score write-back as its own pass (separate),\n"
@@ -371,7 +367,7 @@ int main(int argc, char **argv)
                     "otherwise), off, or N with --pieces (a wave of every call).\n"
                     "--merge-split: the blocks a fused call merges each region among, a slice of its\n"
                     "outputs each, where its grid holds every block at once: auto (the library's rule,\n"
-                    "the default: 8 where a region has 24 blocks or more), or N (1: its last block).\n"
+                    "the default: 8 where a region has 24 blocks or more), off (its last block), or N.\n"
                     "--wave-blocks: the blocks each region takes in a wave in pieces (--wave-spares,\n"
                     "--piece-static): auto (the resident blocks over the regions) or N.\n");
             return strcmp(argv[i], "-h") && strcmp(argv[i], "--help") ? 2 : 0;

@@ -1201,6 +1201,21 @@ Test(decode_cuda, few_seq_items_fallback)
     cr_assert_eq(mix_64, 0, "high items of the item size itself: %d", mix_64);
 }
 
+/* Batch b with and without scores at each setting of a process-wide knob (left at 0, AUTO),
+ * against the reference: ck[0] the outputs, ck[1] the scores, ck[2] the pool unchanged. */
+static void check_knob_settings(batch_t *b, int32_t *knob, const int32_t *settings, int n, stats_t ck[3])
+{
+    const int32_t splits[] = {0};
+    for (int ns = 0; ns < 2; ns++) {
+        b->no_scores = ns;
+        for (int k = 0; k < n; k++) {
+            *knob = settings[k];
+            batch_check_splits(b, MKV_DECODE_KERNEL_TENSOR, splits, 1, &ck[0], ns ? &ck[2] : &ck[1], NULL, NULL);
+        }
+    }
+    *knob = 0;
+}
+
 /* The separate finalize pass's merge blocks (decision 97): the plan's (AUTO's at the mix
  * 1 x 1.5k, whose 34 items a region had taken two batches of loads a thread in 2 slices, at
  * 2 x 1.5k, not at 4 x 1.5k nor beyond 4 from the batches, K16V16 at 1 x 1k and 1.5k, one
@@ -1268,16 +1283,7 @@ Test(decode_cuda, merge_blocks, .timeout = 300)
         batch_t b;
         batch_build(&b, &c);
         b.scores = MKV_DECODE_SCORES_SEPARATE;
-        for (int ns = 0; ns < 2; ns++) {
-            b.no_scores = ns;
-            for (int k = 0; k < (int)(sizeof knob / sizeof knob[0]); k++) {
-                mkv_tc_merge_blocks_override = knob[k];
-                const int32_t splits[] = {0};
-                batch_check_splits(&b, MKV_DECODE_KERNEL_TENSOR, splits, 1, &ck[0], ns ? &ck[2] : &ck[1], NULL,
-                                   NULL);
-            }
-        }
-        mkv_tc_merge_blocks_override = 0;
+        check_knob_settings(&b, &mkv_tc_merge_blocks_override, knob, (int)(sizeof knob / sizeof knob[0]), ck);
         batch_free(&b);
     }
     for (int i = 0; i < 3; i++) stats_expect(&ck[i], "merge_blocks");
@@ -1349,16 +1355,7 @@ Test(decode_cuda, merge_split, .timeout = 600)
         batch_t b;
         batch_build(&b, &c);
         b.scores = MKV_DECODE_SCORES_FUSED;
-        for (int ns = 0; ns < 2; ns++) {
-            b.no_scores = ns;
-            for (int k = 0; k < (int)(sizeof knob / sizeof knob[0]); k++) {
-                mkv_tc_merge_split_override = knob[k];
-                const int32_t splits[] = {0};
-                batch_check_splits(&b, MKV_DECODE_KERNEL_TENSOR, splits, 1, &ck[0], ns ? &ck[2] : &ck[1], NULL,
-                                   NULL);
-            }
-        }
-        mkv_tc_merge_split_override = 0;
+        check_knob_settings(&b, &mkv_tc_merge_split_override, knob, (int)(sizeof knob / sizeof knob[0]), ck);
         batch_free(&b);
     }
     for (int i = 0; i < 3; i++) stats_expect(&ck[i], "merge_split");
