@@ -1,8 +1,9 @@
 #!/usr/bin/env python3
 """Summarise bench_attention --trace output (timeline stamps of the tensor-core decode kernels,
 attention/tc_trace.cuh): per traced call, when blocks start, when warps' first subtiles land,
-when items end, when regions merge and blocks exit, relative to the first block's start (us),
-and how many warps stream (between their first subtile and their item's end) over time.
+when items end, when regions merge and blocks exit, relative to the first block's start (us);
+the merging blocks' phases in SM cycles; the items' streaming time by multiprocessor; and how
+many warps stream (between their first subtile and their item's end) over time.
 
 usage: trace_summary.py TRACE_FILE [--buckets US]"""
 import argparse
@@ -10,7 +11,7 @@ import statistics
 import sys
 
 TAGS = {1: "START", 2: "CMD", 3: "FIRST", 4: "ITEM", 5: "ARRIVE", 6: "MERGED", 7: "EXIT",
-        8: "FIN_START", 9: "FIN_END", 10: "FIN_WAITED", 11: "FIN_MS"}
+        8: "FIN_START", 9: "FIN_END", 10: "FIN_WAITED", 11: "FIN_MS", 12: "WAITED", 13: "MS", 14: "LANDED"}
 
 
 def pct(xs, p):
@@ -97,6 +98,69 @@ def tail(recs, t0):
           f"left, {left / rate:.2f} us at the steady {rate:.1f} items/us")
 
 
+def merge_phases(recs):
+    """The fused kernel's merging blocks (MS stamps), phase by phase in SM cycles (clock64 of one
+    block, one SM): its last item to its arrival, the arrival (or, for a block that waited for
+    the region's last arrival, that wait's end) to the region's maxima and sums, to the first
+    parts landed, to the merge done, to the block's exit; median and max over the blocks. Each
+    span holds one stamp's own cost."""
+    by = {}
+    for r in sorted(recs, key=lambda r: r[0]):
+        by.setdefault(r[5], []).append(r)
+    names = ("last item to arrival", "arrival or wait to maxima", "maxima to parts landed",
+             "parts landed to merged", "merged to exit", "arrival to wait's end")
+    spans = {k: [] for k in names}
+    for ev in by.values():
+        ms = [i for i, r in enumerate(ev) if r[2] == 13]
+        if not ms:
+            continue
+        i = ms[-1]
+        arr = [r for r in ev[:i] if r[2] == 5]
+        items = [r for r in ev[:i] if r[2] == 4]
+        waited = [r for r in ev[:i] if r[2] == 12]
+        after = ev[i + 1:]
+        landed = next((r for r in after if r[2] == 14), None)
+        merged = next((r for r in after if r[2] == 6), None)
+        ex = next((r for r in after if r[2] == 7), None)
+        if arr and items:
+            spans["last item to arrival"].append(arr[-1][1] - items[-1][1])
+        start = waited[-1] if waited else (arr[-1] if arr else None)
+        if start:
+            spans["arrival or wait to maxima"].append(ev[i][1] - start[1])
+        if waited and arr:
+            spans["arrival to wait's end"].append(waited[-1][1] - arr[-1][1])
+        if landed:
+            spans["maxima to parts landed"].append(landed[1] - ev[i][1])
+        if landed and merged:
+            spans["parts landed to merged"].append(merged[1] - landed[1])
+        if merged and ex:
+            spans["merged to exit"].append(ex[1] - merged[1])
+    if not any(spans.values()):
+        return
+    print("   merging blocks (fused kernel), SM cycles:")
+    for k in names:
+        if spans[k]:
+            xs = spans[k]
+            print(f"     {k:<34} {len(xs):>6}  median {statistics.median(xs):7.0f}  max {max(xs):7.0f}")
+
+
+def items_by_sm(recs, t0):
+    """The items' streaming time (first landed subtile to end) by multiprocessor: the spread of
+    the multiprocessors' means against the spread within one."""
+    first, per = {}, {}
+    for r in sorted(recs, key=lambda r: r[0]):
+        if r[2] == 3:
+            first[(r[5], r[4])] = r[0]
+        elif r[2] == 4 and (r[5], r[4]) in first:
+            per.setdefault(r[3], []).append(1e-3 * (r[0] - first.pop((r[5], r[4]))))
+    if len(per) < 2:
+        return
+    means = sorted(statistics.mean(v) for v in per.values())
+    within = statistics.mean(statistics.pstdev(v) for v in per.values())
+    print(f"   items by multiprocessor ({len(per)}): mean streaming time {means[0]:.2f} .. {means[-1]:.2f} us, "
+          f"sd of the means {statistics.pstdev(means):.2f}, mean sd within one {within:.2f}")
+
+
 def finalize_blocks(recs, t0):
     """The separate pass's finalize blocks by their index along the region (FIN_* stamps carry
     it: score blocks first, the merge blocks last): per index, how many, and the median and
@@ -146,8 +210,10 @@ def summarise(name, hdr, recs, bucket):
     if lasts:
         print(f"   last arrivals: {len(lasts)}, {min(lasts):.2f} .. {max(lasts):.2f} us")
     transitions(recs, t0)
+    merge_phases(recs)
     tail(recs, t0)
     finalize_blocks(recs, t0)
+    items_by_sm(recs, t0)
     # A warp streams from its first landed subtile to its item's end.
     seq = {}
     for r in sorted(recs, key=lambda r: r[0]):
