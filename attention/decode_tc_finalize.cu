@@ -93,54 +93,81 @@ struct score_rows {
 #define MKV_TC_MERGE_MAX_BLOCKS 8
 
 /* out of head-region rs = its n_items parts' partial outputs (from part), each weighted by
- * 2^(m - M), over S; block-wide (all NTH threads call it: it holds barriers). The block is
- * merge block k of mb: it takes slice k of the G x d outputs as float4s (n4 of them, cut in
- * mb slices of w4), thread t float4 t % w4 of the slice for the items congruent to t / w4
- * modulo NTH / w4 (MKV_TC_MERGE_BATCH loads in flight per thread, where one thread per output
- * element had walked every item with scalar loads), the item lanes then summed through shared
- * memory. The weights are computed once per item and head into W, a round of
- * MKV_TC_MERGE_ROUND items at a time. */
+ * 2^(m - M), over S; block-wide (all NTH threads call it: it holds barriers), and it finds M
+ * and S itself (warp h < G head h's, into M and S). The block is merge block k of mb: it takes
+ * slice k of the G x d outputs as float4s (n4 of them, cut in mb slices of w4), thread t
+ * float4 t % w4 of the slice for the items congruent to t / w4 modulo NTH / w4
+ * (MKV_TC_MERGE_BATCH loads in flight per thread, where one thread per output element had
+ * walked every item with scalar loads), the item lanes then summed through shared memory. The
+ * weights are computed once per item and head into W, a round of MKV_TC_MERGE_ROUND items at a
+ * time. The first round's first batch of parts is loaded before the maxima, and the first
+ * round's weights come from the maxima's own loads: the parts, the maxima and the weights had
+ * been three round trips one after the other, the call's last step at batch 1. */
 template <int NTH>
 static __device__ __forceinline__ void merge_out(const tc_args &a, int64_t part, int32_t n_items, int64_t rs,
-                                          int32_t d, const float *M, const float *S,
-                                          float (&W)[MKV_TC_MERGE_ROUND][MKV_TC_MAX_G], float4 (&R)[NTH],
-                                          int32_t k, int32_t mb)
+                                                 int32_t d, float *M, float *S,
+                                                 float (&W)[MKV_TC_MERGE_ROUND][MKV_TC_MAX_G], float4 (&R)[NTH],
+                                                 int32_t k, int32_t mb)
 {
     static_assert(MKV_TC_MAX_G * 128 / 4 <= NTH, "a thread per float4 of the G x d outputs (d <= 128)");
+    static_assert(MKV_TC_MERGE_ROUND == 64, "a round's weights: two item slots a lane");
     constexpr int BATCH = MKV_TC_MERGE_BATCH;
-    const int32_t G = a.G, n4 = G * d / 4, tid = threadIdx.x;
+    const int32_t G = a.G, n4 = G * d / 4, tid = threadIdx.x, warp = tid >> 5, lane = tid & 31;
     const int32_t w4 = (n4 + mb - 1) / mb, e0 = k * w4, we = min(w4, n4 - e0); /* the slice */
     const int32_t lanes = NTH / w4 > 0 ? NTH / w4 : 1; /* item lanes */
     const int32_t p = tid / w4, e4 = e0 + tid - p * w4, g = 4 * e4 / d;
     const bool mine = p < lanes && tid - p * w4 < we;
     const float4 *po = reinterpret_cast<const float4 *>(a.part_o + part * G * d) + e4;
+    /* BATCH items' loads issued before any is used, predicated: `#pragma unroll` left the
+     * trip count's remainder a chain of load, use, branch (SASS), a round trip per item.
+     * Items past nr add fmaf(0, 0, o) = o: the sums are the loop's, bit for bit. */
+    float4 x[BATCH];
+    const auto load = [&](int32_t s0, int32_t s1, int32_t nr) {
+#pragma unroll
+        for (int b = 0; b < BATCH; b++) {
+            const int32_t s = s1 + b * lanes;
+            x[b] = mine && s < nr ? __ldcg(po + (int64_t)(s0 + s) * n4) : make_float4(0.0f, 0.0f, 0.0f, 0.0f);
+        }
+    };
     float4 o = make_float4(0.0f, 0.0f, 0.0f, 0.0f);
+    const auto add = [&](int32_t s1, int32_t nr) {
+#pragma unroll
+        for (int b = 0; b < BATCH; b++) {
+            const int32_t s = s1 + b * lanes;
+            const float w = s < nr ? W[s][g] : 0.0f;
+            o.x = fmaf(x[b].x, w, o.x), o.y = fmaf(x[b].y, w, o.y), o.z = fmaf(x[b].z, w, o.z);
+            o.w = fmaf(x[b].w, w, o.w);
+        }
+    };
+    const int32_t nr0 = min(MKV_TC_MERGE_ROUND, n_items);
+    load(0, p, nr0);
+    /* Warp h: head h's M and S over every item slot (head_ms), and the first round's weights
+     * from its lanes' own (max, sum) of slots lane and lane + 32, loaded beside head_ms's. */
+    if (warp < G) {
+        const float2 *ml = reinterpret_cast<const float2 *>(a.part_ml) + part * G + warp;
+        const float m0 = lane < nr0 ? __ldcg(ml + (int64_t)lane * G).x : 0.0f;
+        const float m1 = lane + 32 < nr0 ? __ldcg(ml + (int64_t)(lane + 32) * G).x : 0.0f;
+        const float2 ms = mkv_tc::head_ms(a, part, n_items, warp);
+        if (lane == 0) M[warp] = ms.x, S[warp] = ms.y;
+        if (lane < nr0) W[lane][warp] = exp2f(m0 - ms.x);
+        if (lane + 32 < nr0) W[lane + 32][warp] = exp2f(m1 - ms.x);
+    }
+    __syncthreads();
+    if (tid == 0) mkv_tc::trace_stamp(a, mkv_tc::TR_FIN_MS, k);
     for (int32_t s0 = 0; s0 < n_items; s0 += MKV_TC_MERGE_ROUND) {
         const int32_t nr = min(MKV_TC_MERGE_ROUND, n_items - s0);
-        __syncthreads(); /* the previous round's W is read */
-        for (int32_t i = tid; i < nr * G; i += NTH) {
-            const int32_t s = i / G, h = i - s * G;
-            W[s][h] = exp2f(__ldcg(a.part_ml + ((part + s0 + s) * G + h) * 2) - M[h]);
+        if (s0 > 0) {
+            __syncthreads(); /* the previous round's W is read */
+            for (int32_t i = tid; i < nr * G; i += NTH) {
+                const int32_t s = i / G, h = i - s * G;
+                W[s][h] = exp2f(__ldcg(a.part_ml + ((part + s0 + s) * G + h) * 2) - M[h]);
+            }
+            __syncthreads();
         }
-        __syncthreads();
         if (!mine) continue;
-        /* BATCH items' loads issued before any is used, predicated: `#pragma unroll` left the
-         * trip count's remainder a chain of load, use, branch (SASS), a round trip per item.
-         * Items past nr add fmaf(0, 0, o) = o: the sums are the loop's, bit for bit. */
         for (int32_t s1 = p; s1 < nr; s1 += BATCH * lanes) {
-            float4 x[BATCH];
-#pragma unroll
-            for (int b = 0; b < BATCH; b++) {
-                const int32_t s = s1 + b * lanes;
-                x[b] = s < nr ? __ldcg(po + (int64_t)(s0 + s) * n4) : make_float4(0.0f, 0.0f, 0.0f, 0.0f);
-            }
-#pragma unroll
-            for (int b = 0; b < BATCH; b++) {
-                const int32_t s = s1 + b * lanes;
-                const float w = s < nr ? W[s][g] : 0.0f;
-                o.x = fmaf(x[b].x, w, o.x), o.y = fmaf(x[b].y, w, o.y), o.z = fmaf(x[b].z, w, o.z);
-                o.w = fmaf(x[b].w, w, o.w);
-            }
+            if (s0 > 0 || s1 > p) load(s0, s1, nr); /* (round 0's first batch: above) */
+            add(s1, nr);
         }
     }
     if (lanes > 1) {
@@ -148,8 +175,8 @@ static __device__ __forceinline__ void merge_out(const tc_args &a, int64_t part,
         __syncthreads();
         if (p != 0 || !mine) return;
         for (int32_t q = 1; q < lanes; q++) {
-            const float4 x = R[q * w4 + e4 - e0];
-            o.x += x.x, o.y += x.y, o.z += x.z, o.w += x.w;
+            const float4 y = R[q * w4 + e4 - e0];
+            o.x += y.x, o.y += y.y, o.z += y.z, o.w += y.w;
         }
     } else if (!mine) {
         return;
@@ -238,17 +265,9 @@ static __device__ __forceinline__ void finalize_block(const tc_args &a, int32_t 
     }
 
     /* Warp g finds head g's M and S, its lanes taking every 32nd item slot (the low items'
-     * slots follow the high ones'). */
+     * slots follow the high ones'); the merge blocks, in merge_out. */
     static_assert(FIN_THREADS / 32 >= MKV_TC_MAX_G, "a warp per query head");
     __shared__ float M_s[MKV_TC_MAX_G], S_s[MKV_TC_MAX_G], LSE_s[MKV_TC_MAX_G];
-    const int32_t warp = tid >> 5, lane = tid & 31;
-    if (warp < G) {
-        const float2 ms = mkv_tc::head_ms(a, part, slots, warp);
-        if (lane == 0) M_s[warp] = ms.x, S_s[warp] = ms.y, LSE_s[warp] = ms.x + log2f(ms.y);
-    }
-    __syncthreads();
-    if (tid == 0) mkv_tc::trace_stamp(a, mkv_tc::TR_FIN_MS, bx);
-
     if (merging) {
         __shared__ float W_s[MKV_TC_MERGE_ROUND][MKV_TC_MAX_G];
         __shared__ float4 R_s[FIN_THREADS];
@@ -256,6 +275,13 @@ static __device__ __forceinline__ void finalize_block(const tc_args &a, int32_t 
         if (tid == 0) mkv_tc::trace_stamp(a, mkv_tc::TR_FIN_END, bx);
         return;
     }
+    const int32_t warp = tid >> 5, lane = tid & 31;
+    if (warp < G) {
+        const float2 ms = mkv_tc::head_ms(a, part, slots, warp);
+        if (lane == 0) M_s[warp] = ms.x, S_s[warp] = ms.y, LSE_s[warp] = ms.x + log2f(ms.y);
+    }
+    __syncthreads();
+    if (tid == 0) mkv_tc::trace_stamp(a, mkv_tc::TR_FIN_MS, bx);
 
     if constexpr (!ANY_G) {
         if (one) rows.template add<true>(a, secs, base, un, first, LSE_s);

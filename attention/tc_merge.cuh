@@ -109,13 +109,24 @@ __device__ __forceinline__ float2 head_ms(const tc_args &a, int64_t part, int32_
         for (int x = 16; x > 0; x >>= 1) S += __shfl_xor_sync(0xffffffffu, S, x);
         return make_float2(Mx, S);
     } else {
-        for (int32_t s0 = 0; s0 < n_items; s0 += 32) {
-            const int32_t s = s0 + lane;
-            float2 ml = make_float2(-INFINITY, 0.0f);
-            if (s < n_items) ml = __ldcg(reinterpret_cast<const float2 *>(a.part_ml + ((part + s) * a.G + g) * 2));
-            const float mn = fmaxf(M, ml.x);
-            S = (S > 0.0f ? S * exp2f(M - mn) : 0.0f) + (ml.y > 0.0f ? ml.y * exp2f(ml.x - mn) : 0.0f);
-            M = mn;
+        /* Four slots a lane loaded before any is used: one round trip for up to 128 slots,
+         * where a loop of one slot a lane had taken one per 32 (the finalize's maxima at
+         * batch 1, 33 to 64 item slots: two). */
+        constexpr int B = 4;
+        for (int32_t s0 = 0; s0 < n_items; s0 += 32 * B) {
+            float2 ml[B];
+#pragma unroll
+            for (int b = 0; b < B; b++) {
+                const int32_t s = s0 + b * 32 + lane;
+                ml[b] = s < n_items ? __ldcg(reinterpret_cast<const float2 *>(a.part_ml + ((part + s) * a.G + g) * 2))
+                                    : make_float2(-INFINITY, 0.0f);
+            }
+#pragma unroll
+            for (int b = 0; b < B; b++) {
+                const float mn = fmaxf(M, ml[b].x);
+                S = (S > 0.0f ? S * exp2f(M - mn) : 0.0f) + (ml[b].y > 0.0f ? ml[b].y * exp2f(ml[b].x - mn) : 0.0f);
+                M = mn;
+            }
         }
         for (int x = 16; x > 0; x >>= 1) {
             const float Mo = __shfl_xor_sync(0xffffffffu, M, x), So = __shfl_xor_sync(0xffffffffu, S, x);
