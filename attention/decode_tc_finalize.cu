@@ -154,6 +154,9 @@ static __device__ __forceinline__ void merge_out(const tc_args &a, int64_t part,
     }
     __syncthreads();
     if (tid == 0) mkv_tc::trace_stamp(a, mkv_tc::TR_FIN_MS, k);
+    /* 1 / S, its latency beside the sums' (four divisions at the end had been a chain of
+     * their own after them). */
+    const float inv = mine ? 1.0f / S[g] : 0.0f;
     for (int32_t s0 = 0; s0 < n_items; s0 += MKV_TC_MERGE_ROUND) {
         const int32_t nr = min(MKV_TC_MERGE_ROUND, n_items - s0);
         if (s0 > 0) {
@@ -181,7 +184,7 @@ static __device__ __forceinline__ void merge_out(const tc_args &a, int64_t part,
     } else if (!mine) {
         return;
     }
-    const float r[4] = {o.x / S[g], o.y / S[g], o.z / S[g], o.w / S[g]};
+    const float r[4] = {o.x * inv, o.y * inv, o.z * inv, o.w * inv};
     const int64_t at = rs * G * d + 4 * e4;
 #pragma unroll
     for (int k = 0; k < 4; k++) {

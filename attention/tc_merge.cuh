@@ -128,13 +128,13 @@ __device__ __forceinline__ float2 head_ms(const tc_args &a, int64_t part, int32_
                 M = mn;
             }
         }
-        for (int x = 16; x > 0; x >>= 1) {
-            const float Mo = __shfl_xor_sync(0xffffffffu, M, x), So = __shfl_xor_sync(0xffffffffu, S, x);
-            const float mn = fmaxf(M, Mo);
-            S = (S > 0.0f ? S * exp2f(M - mn) : 0.0f) + (So > 0.0f ? So * exp2f(Mo - mn) : 0.0f);
-            M = mn;
-        }
-        return make_float2(M, S);
+        /* The warp's maximum, then one rescale a lane and a plain sum (as above: two chains of
+         * five shuffles with one ex2 between them, not five rounds of two ex2 each). */
+        float Mx = M;
+        for (int x = 16; x > 0; x >>= 1) Mx = fmaxf(Mx, __shfl_xor_sync(0xffffffffu, Mx, x));
+        S = S > 0.0f ? S * exp2f(M - Mx) : 0.0f;
+        for (int x = 16; x > 0; x >>= 1) S += __shfl_xor_sync(0xffffffffu, S, x);
+        return make_float2(Mx, S);
     }
 }
 
