@@ -99,15 +99,6 @@ __device__ __forceinline__ float2 head_ms(const tc_args &a, int64_t part, int32_
             S = S * exp2f(M - mn) + ml.y * exp2f(ml.x - mn);
             M = mn;
         }
-        /* The warp's maximum first, then one rescale a lane and a plain sum: two chains of five
-         * shuffles with one ex2 between them, where merging (M, S) pairs put two ex2 in each of
-         * the five rounds (the region merge's first step after the last arrival; decision
-         * 105). */
-        float Mx = M;
-        for (int x = 16; x > 0; x >>= 1) Mx = fmaxf(Mx, __shfl_xor_sync(0xffffffffu, Mx, x));
-        S = S > 0.0f ? S * exp2f(M - Mx) : 0.0f;
-        for (int x = 16; x > 0; x >>= 1) S += __shfl_xor_sync(0xffffffffu, S, x);
-        return make_float2(Mx, S);
     } else {
         /* Four slots a lane loaded before any is used: one round trip for up to 128 slots,
          * where a loop of one slot a lane had taken one per 32 (the finalize's maxima at
@@ -128,14 +119,16 @@ __device__ __forceinline__ float2 head_ms(const tc_args &a, int64_t part, int32_
                 M = mn;
             }
         }
-        /* The warp's maximum, then one rescale a lane and a plain sum (as above: two chains of
-         * five shuffles with one ex2 between them, not five rounds of two ex2 each). */
-        float Mx = M;
-        for (int x = 16; x > 0; x >>= 1) Mx = fmaxf(Mx, __shfl_xor_sync(0xffffffffu, Mx, x));
-        S = S > 0.0f ? S * exp2f(M - Mx) : 0.0f;
-        for (int x = 16; x > 0; x >>= 1) S += __shfl_xor_sync(0xffffffffu, S, x);
-        return make_float2(Mx, S);
     }
+    /* The warp's maximum first, then one rescale a lane and a plain sum: two chains of five
+     * shuffles with one ex2 between them, where merging (M, S) pairs put two ex2 in each of the
+     * five rounds (the fused region merge's first step after the last arrival, decision 105;
+     * the finalize's, decision 107). */
+    float Mx = M;
+    for (int x = 16; x > 0; x >>= 1) Mx = fmaxf(Mx, __shfl_xor_sync(0xffffffffu, Mx, x));
+    S = S > 0.0f ? S * exp2f(M - Mx) : 0.0f;
+    for (int x = 16; x > 0; x >>= 1) S += __shfl_xor_sync(0xffffffffu, S, x);
+    return make_float2(Mx, S);
 }
 
 /* A token's probability from its row of G logits l (log2 units; global or shared memory,
