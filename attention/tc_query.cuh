@@ -82,32 +82,41 @@ __device__ __forceinline__ void form_q(const tc_args &a, float (&qv)[D / 4], int
     constexpr int KRUN = D / 4, QWORDS = item_q<KB, D, KG, HALVES>::QWORDS;
     constexpr int KSPG = D / 32 / KG; /* k-steps per key group (KG > 1) */
     const int G = a.G;
-    float mx = 0.0f;
+    /* max |q| over four chains (an item's start waits on this at one warp a scheduler) */
+    float m4[4] = {};
 #pragma unroll
-    for (int u = 0; u < KRUN; u++) mx = fmaxf(mx, fabsf(qv[u]));
+    for (int u = 0; u < KRUN; u++) m4[u % 4] = fmaxf(m4[u % 4], fabsf(qv[u]));
+    float mx = fmaxf(fmaxf(m4[0], m4[1]), fmaxf(m4[2], m4[3]));
     mx = fmaxf(mx, __shfl_xor_sync(0xffffffffu, mx, 1));
     mx = fmaxf(mx, __shfl_xor_sync(0xffffffffu, mx, 2));
     int ex = 0;
     if (mx > 0.0f) frexpf(mx, &ex);
     const int E = mx > 0.0f ? (KQ && !KH ? 22 : 15) - ex : 0;
-    /* x 2^E as two exact multiplies by powers of two (|E| <= 252, each half within a
-     * float's exponent range): ldexpf costs several instructions per element. */
-    const float p2a = __int_as_float((127 + E / 2) << 23), p2b = __int_as_float((127 + E - E / 2) << 23);
+    /* x 2^E (|E| <= 252) by one exact multiply by p = 2^E where that is a normal float (max |q|
+     * from 2^-105 up: any q a model gives); otherwise q is first multiplied by 2^(E / 2) and p
+     * is the rest (a warp-uniform branch). ldexpf costs several instructions per element. */
+    float p = __int_as_float((127 + E) << 23);
+    if (__any_sync(0xffffffffu, E < -126 || E > 127)) {
+        const float p2a = __int_as_float((127 + E / 2) << 23);
+#pragma unroll
+        for (int u = 0; u < KRUN; u++) qv[u] *= p2a;
+        p = __int_as_float((127 + E - E / 2) << 23);
+    }
     float qs[KG]; /* q summed over each key group, as the logits take it */
     if constexpr (KH) {
         /* Word j of the thread's key codes holds its elements 8j to 8j + 7 (one per nibble);
          * key_halves makes it the pairs (0, 4), 16 (1, 5), (2, 6), 16 (3, 7), so q's pair 4j + k
-         * is the same elements, the nibbles at bits 4 to 7 divided by their factor 16. */
+         * is the same elements, the nibbles at bits 4 to 7 divided by their factor 16 (p / 16:
+         * p >= 2^-113, so a normal float). The group sums are of q unscaled, then times p (both
+         * exact scalings by powers of two). */
         float gs[KG] = {};
 #pragma unroll
-        for (int u = 0; u < KRUN; u++) {
-            qv[u] = qv[u] * p2a * p2b;
-            gs[KG == 1 ? 0 : u / 8 / KSPG] += qv[u];
-        }
+        for (int u = 0; u < KRUN; u++) gs[KG == 1 ? 0 : u / 8 / KSPG] += qv[u];
+        const float p16 = p * 0.0625f;
 #pragma unroll
         for (int pp = 0; pp < QWORDS; pp++) {
             const int k = pp % 4, ea = 8 * (pp / 4) + k; /* nibbles k and k + 4 of word pp / 4 */
-            const float f = k % 2 ? 0.0625f : 1.0f;
+            const float f = k % 2 ? p16 : p;
             const float x = qv[ea] * f, y = qv[ea + 4] * f;
             Q.qw[0][pp] = pack_h2(x, y);
             Q.qw[1][pp] = pack_h2(x - lo_f(Q.qw[0][pp]), y - hi_f(Q.qw[0][pp]));
@@ -116,7 +125,7 @@ __device__ __forceinline__ void form_q(const tc_args &a, float (&qv)[D / 4], int
         for (int g = 0; g < KG; g++) {
             gs[g] += __shfl_xor_sync(0xffffffffu, gs[g], 1);
             gs[g] += __shfl_xor_sync(0xffffffffu, gs[g], 2);
-            qs[g] = gs[g] * 5.9604644775390625e-8f; /* 2^-24: the codes' scale in key_halves */
+            qs[g] = gs[g] * p * 5.9604644775390625e-8f; /* 2^-24: the codes' scale in key_halves */
         }
         if constexpr (KG > 1) {
             static_assert(KG == 2 || KG == 4, "4-bit key groups of 32 elements or more");
@@ -131,7 +140,7 @@ __device__ __forceinline__ void form_q(const tc_args &a, float (&qv)[D / 4], int
         int qi[KRUN], is[KG] = {};
 #pragma unroll
         for (int u = 0; u < KRUN; u++) {
-            qi[u] = __float2int_rn(qv[u] * p2a * p2b);
+            qi[u] = __float2int_rn(qv[u] * p);
             is[KG == 1 ? 0 : u / 8 / KSPG] += qi[u];
         }
         /* The three signed digits of four elements at a time: with y = q + 0x8080, digit k
@@ -159,16 +168,13 @@ __device__ __forceinline__ void form_q(const tc_args &a, float (&qv)[D / 4], int
     } else {
         float s = 0.0f;
 #pragma unroll
-        for (int u = 0; u < KRUN; u++) {
-            qv[u] = qv[u] * p2a * p2b;
-            s += qv[u];
-        }
+        for (int u = 0; u < KRUN; u++) s += qv[u];
         s += __shfl_xor_sync(0xffffffffu, s, 1);
         s += __shfl_xor_sync(0xffffffffu, s, 2);
-        qs[0] = s;
+        qs[0] = s * p;
 #pragma unroll
         for (int pp = 0; pp < QWORDS; pp++) {
-            const float x = qv[2 * pp], y = qv[2 * pp + 1];
+            const float x = qv[2 * pp] * p, y = qv[2 * pp + 1] * p;
             Q.qw[0][pp] = pack_h2(x, y);
             Q.qw[1][pp] = pack_h2(x - lo_f(Q.qw[0][pp]), y - hi_f(Q.qw[0][pp]));
         }

@@ -192,18 +192,20 @@ __device__ __forceinline__ void write_partial(const tc_args &a, uint8_t *smem, c
     for (int i = 0; i < 2; i++) {
         const int32_t h = 2 * tc + i;
         if (h >= G) continue;
+        /* The lane's VRUN consecutive outputs of head h (tile t's rows hold elements 2t and
+         * 2t + 1 of its run), 16 bytes a store: half the store instructions of 8-byte ones,
+         * which had queued behind each other at the item's end. */
         float *po = po_s + h * D + gr * VRUN;
+        static_assert(MTILES % 2 == 0, "runs of whole float4s");
 #pragma unroll
-        for (int t = 0; t < MTILES; t++) {
-            float2 r = make_float2(sm.o[t][i], sm.o[t][2 + i]);
-            if constexpr (VQ && VG > 1) {
-                r.x = fmaf(r.x, 1.0f / value_factor<VB>(2 * t), sm.zsum[i]);
-                r.y = fmaf(r.y, 1.0f / value_factor<VB>(2 * t + 1), sm.zsum[i]);
-            } else if constexpr (VQ) {
-                r.x = fmaf(r.x, 16777216.0f / value_factor<VB>(2 * t), sm.zsum[i]);
-                r.y = fmaf(r.y, 16777216.0f / value_factor<VB>(2 * t + 1), sm.zsum[i]);
+        for (int t = 0; t < MTILES; t += 2) {
+            float r[4] = {sm.o[t][i], sm.o[t][2 + i], sm.o[t + 1][i], sm.o[t + 1][2 + i]};
+#pragma unroll
+            for (int e = 0; e < 4; e++) {
+                if constexpr (VQ && VG > 1) r[e] = fmaf(r[e], 1.0f / value_factor<VB>(2 * t + e), sm.zsum[i]);
+                else if constexpr (VQ) r[e] = fmaf(r[e], 16777216.0f / value_factor<VB>(2 * t + e), sm.zsum[i]);
             }
-            *reinterpret_cast<float2 *>(po + 2 * t) = r;
+            *reinterpret_cast<float4 *>(po + 2 * t) = make_float4(r[0], r[1], r[2], r[3]);
         }
         if (gr == 0) *reinterpret_cast<float2 *>(pml + 2 * h) = make_float2(sm.m[i], sm.lsum[i]);
     }

@@ -88,7 +88,18 @@ typedef struct spec {
                                   and keys far from zero with a small spread, so that the
                                   zeros' term and the codes' nearly cancel (else q uniform in
                                   [-3, 3], keys within about [-3, 3]) */
+    int qshift;                /* q times 2^-qshift: every query head's, the softmax scale
+                                  times 2^qshift (the same logits, q's scale 2^E beyond a
+                                  float's normal range), or with qshift_half the even query
+                                  heads' only (the scale as is) */
+    int qshift_half;
 } spec_t;
+
+/* The call's softmax scale (the reference's and the GPU's). */
+static float spec_scale(const spec_t *c)
+{
+    return ldexpf((float)(1.0 / sqrt((double)c->d)), c->qshift_half ? 0 : c->qshift);
+}
 
 typedef struct batch {
     spec_t c;
@@ -236,6 +247,7 @@ static void batch_build(batch_t *b, const spec_t *c)
             const float m = (x & 15) == 0 ? 0.0f : 3.0f * exp2f(-20.0f * frand(&r, 0, 1));
             b->q[i] = x & 16 ? -m : m;
         }
+        if (c->qshift && (!c->qshift_half || (i / (size_t)d) % 2 == 0)) b->q[i] = ldexpf(b->q[i], -c->qshift);
     }
     free(k), free(v), free(rperm), free(perm);
 
@@ -251,7 +263,7 @@ static void batch_build(batch_t *b, const spec_t *c)
             .lay_lo = &b->lay_lo, .row = b->table + (int64_t)row * b->T, .row_entries = b->T,
             .n_hi = b->n_hi[row], .n_lo = b->n_lo[row]};
         const size_t at = (size_t)i * (size_t)c->G * (size_t)d;
-        mkv_attn_decode_region(&reg, c->G, d, b->q + at, (float)(1.0 / sqrt((double)d)),
+        mkv_attn_decode_region(&reg, c->G, d, b->q + at, spec_scale(c),
                                b->ref_out + at, scratch);
     }
     free(scratch);
@@ -303,7 +315,7 @@ static void batch_gpu(batch_t *b, int32_t kernel, int32_t split, float *got_out,
         .table = b->d_table, .n_hi = b->d_n_hi, .n_lo = b->d_n_lo, .row_entries = b->T,
         .regions = b->d_regions, .n_seq = c->n_seq, .n_heads = c->H, .group_size = c->G,
         .head_dim = c->d, .max_tokens = b->max_tokens, .q = b->d_q, .out = b->d_out,
-        .softmax_scale = (float)(1.0 / sqrt((double)c->d)), .split_tokens = split,
+        .softmax_scale = spec_scale(c), .split_tokens = split,
         .workspace = d_ws, .kernel = kernel, .scores = b->scores, .logits = b->logits,
         .no_scores = b->no_scores, .mean_tokens = b->mean_tokens};
     const size_t used = mkv_cuda_decode_plan_bytes(&a);
@@ -1475,6 +1487,46 @@ Test(decode_cuda, wide_range_q, .timeout = 300)
                 batch_free(&b);
             }
     for (int i = 0; i < 4; i++) stats_expect(&ck[i], "wide_range_q");
+}
+
+/* q far below a float's normal range (max |q| about 2^-116: its scale 2^E is no normal
+ * float, so form_q scales it in two steps), every query head's with the softmax scale raised to
+ * match, or the even heads' only (a warp's lanes then mix both cases): the two-format kernel,
+ * K16V16, K8V4 and K4V2, d 64 and 128, G 4 and 8, fused and separate. */
+Test(decode_cuda, tiny_q, .timeout = 300)
+{
+    GPU_REQUIRE();
+    static const mkv_format_t pairs[][2] = {{MKV_FORMAT_K8V4, MKV_FORMAT_K4V2}, {MKV_FORMAT_K16V16, MKV_FORMAT_K16V16},
+                                            {MKV_FORMAT_K8V4, MKV_FORMAT_K8V4}, {MKV_FORMAT_K4V2, MKV_FORMAT_K4V2}};
+    static const int32_t lens[] = {1, 70, 333, 1200};
+    stats_t ck[4] = {{.what = "out (fused)"}, {.what = "score (fused)"},
+                     {.what = "out (separate)"}, {.what = "score (separate)"}};
+    uint64_t r = 0x7195;
+    int n_case = 0;
+    for (int pi = 0; pi < 4; pi++)
+        for (int di = 0; di < 2; di++)
+            for (int half = 0; half < 2; half++, n_case++) {
+                const int32_t H = 2, n_seq = 2;
+                int32_t len[2 * 2 * 2];
+                for (int i = 0; i < n_seq * H; i++) {
+                    const int32_t n = lens[(i + n_case) % 4], hi = test_rand_range(&r, 0, n);
+                    len[2 * i] = hi, len[2 * i + 1] = n - hi;
+                }
+                spec_t c = {.hi = pairs[pi][0], .lo = pairs[pi][1], .d = di ? 128 : 64,
+                            .G = n_case % 2 ? 8 : 4, .tpp = 16 + 5 * (n_case % 3), .n_seq = n_seq,
+                            .H = H, .len = len, .seed = test_rand_next(&r), .zero_scores = 1,
+                            .qshift = 118, .qshift_half = half};
+                batch_t b;
+                batch_build(&b, &c);
+                const int32_t splits[] = {0, 64};
+                b.scores = MKV_DECODE_SCORES_FUSED;
+                b.logits = MKV_DECODE_LOGITS_FP32;
+                batch_check_splits(&b, MKV_DECODE_KERNEL_TENSOR, splits, 2, &ck[0], &ck[1], NULL, NULL);
+                b.scores = MKV_DECODE_SCORES_SEPARATE;
+                batch_check_splits(&b, MKV_DECODE_KERNEL_TENSOR, splits, 2, &ck[2], &ck[3], NULL, NULL);
+                batch_free(&b);
+            }
+    for (int i = 0; i < 4; i++) stats_expect(&ck[i], "tiny_q");
 }
 
 /* Calls planned from a mean_tokens hint (items sized for shorter regions than max_tokens, which
