@@ -126,7 +126,7 @@ static mkv_status_t launch_tc(const mkv_cuda_decode_t *a, cudaStream_t stream, c
     f.piece_tokens = 0, f.wave_blocks = 0, f.piece_static = 0, f.merge_split = 1;
     f.trace = mkv_tc_trace_buffer;
     f.ready = nullptr;
-    f.hi_item = 0, f.hi_cap = 0; /* (the separate pass's one launch below) */
+    f.hi_item = 0, f.hi_cap = 0, f.hi_align = 0; /* (the separate pass's one launch below) */
     /* The separate and finalize passes' grids put the blocks' index last where grid z holds
      * them (tc_args::x_last): every region's first blocks start before any region's later,
      * often empty, ones. */
@@ -172,7 +172,7 @@ static mkv_status_t launch_tc(const mkv_cuda_decode_t *a, cudaStream_t stream, c
         }
         /* the separate pass packs a region's items, high then low, into full blocks */
         if (w.ready) f.ready = reinterpret_cast<int32_t *>(ws + w.off_ready);
-        f.hi_item = w.hi_item, f.hi_cap = std::min(w.sep_slots, 2 * w.sec_items);
+        f.hi_item = w.hi_item, f.hi_cap = std::min(w.sep_slots, 2 * w.sec_items), f.hi_align = w.hi_align;
         const dim3 g2 = order((unsigned)(w.sep_slots / MKV_TC_SEP_WARPS), x_last);
         if ((st = mkv_decode_launched("tensor-core decode kernel", err, one.launch(f, g2, stream))) != MKV_STATUS_OK)
             return st;

@@ -174,6 +174,10 @@ extern int32_t mkv_tc_ready_override;
  * (rounded up to a multiple of 16; AUTO's are below the item size, forced ones may be above)
  * wherever the pass is one launch. For tests and bench_attention --hi-item. */
 extern int32_t mkv_tc_hi_item_override;
+/* The low items of those calls from a block of their own (tc_args::hi_align, decision 108): 0
+ * AUTO, -1 never, 1 wherever the pass is one launch without ready flags or high items of their
+ * own. For tests and bench_attention --hi-align. */
+extern int32_t mkv_tc_hi_align_override;
 /* Those head regions (decision 96): 0 AUTO, -1 none, > 0 as many as give that per mille of the
  * resident blocks half-size items, wherever the rule's other conditions hold. For tests and
  * bench_attention --head. Process-wide and not thread-safe, as above. */
@@ -206,6 +210,9 @@ extern int32_t mkv_tc_wave_blocks_override;
  * size (decision 88; a region whose high share would overflow its blocks keeps one size),
  * else 0; depends on the current device, as above. */
 int32_t mkv_cuda_decode_hi_item_tokens(const mkv_cuda_decode_t *a);
+/* 1 where such a call's low items start at a block of their own (decision 108), else 0;
+ * depends on the current device, as above. */
+int mkv_cuda_decode_hi_align(const mkv_cuda_decode_t *a);
 
 /* The item size a call with these arguments (pointers unused) plans on the tensor-core path,
  * and the workspace bytes that plan uses; 0 where the call takes the generic kernels. */

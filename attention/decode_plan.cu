@@ -117,6 +117,7 @@ tc_plan plan_tc(int32_t n_seq, int32_t H, int32_t G, int32_t d, int32_t max_toke
     if (!fused) off += mkv_align_up64((int64_t)(rs * 2 * (size_t)w.sec_items * sizeof(int32_t)), WS_ALIGN);
     w.total_ids = ((w.sec_items + MKV_TC_WARPS - 1) / MKV_TC_WARPS + 1) * (int64_t)rs;
     w.hi_item = 0, w.sep_slots = (int32_t)mkv_align_up64(w.sec_items + 1, MKV_TC_SEP_WARPS);
+    w.hi_align = false;
     w.off_counters = off; /* the fused kernel's only */
     if (fused) off += mkv_align_up64((int64_t)((rs + 4 + (size_t)w.total_ids) * sizeof(int32_t)), WS_ALIGN);
     w.off_lse = off;
@@ -571,6 +572,28 @@ static void high_items(const mkv_cuda_decode_t *a, const tc_kernel &one, int32_t
     w->hi_item = h, w->sep_slots = std::max(w->sep_slots, slots(h));
 }
 
+/* A two-format separate call's low items from a block of their own (tc_args::hi_align,
+ * decision 108) where its grid, with the high section's last block padded, holds at most a
+ * block a multiprocessor: the straddling block, whose warps run both formats' code, had
+ * started its items 0.3 to 0.6 us after the others at 1 x 1.5k (H200, timeline stamps) and
+ * ended the call's items last; where blocks share multiprocessors the padding's extra full
+ * block lost more (2 x 1.5k and 4 x 1.5k, 4 to 5%). Not with ready flags (their slots are the
+ * blocks' own) nor high items of their own. mkv_tc_hi_align_override: -1 never, 1 wherever
+ * those allow. */
+static void align_sections(const mkv_cuda_decode_t *a, const tc_kernel &one, int32_t sms, tc_plan *w)
+{
+    w->hi_align = false;
+    const int32_t o = mkv_tc_hi_align_override;
+    if (one.launch == nullptr || same_format(a->lay_hi, a->lay_lo) || w->ready || w->hi_item != 0 || o < 0) return;
+    /* a region's items with the padding: at most sec_items + 1 and MKV_TC_SEP_WARPS - 1 idle */
+    const int32_t slots = (int32_t)mkv_align_up64(w->sec_items + MKV_TC_SEP_WARPS, MKV_TC_SEP_WARPS);
+    if (o == 0) {
+        const int64_t n_rs = (int64_t)a->n_seq * a->n_heads;
+        if (n_rs * (slots / MKV_TC_SEP_WARPS) > sms) return;
+    }
+    w->hi_align = true, w->sep_slots = std::max(w->sep_slots, slots);
+}
+
 /* The blocks that merge each region of fused plan w (tc_args::merge_split, decision 105): where
  * the grid holds every block id at once (the waits of a region's last blocks for its last are
  * then on running blocks) and its regions have merge_split_min_parts parts or more, the last
@@ -674,6 +697,7 @@ tc_plan plan_call(const mkv_cuda_decode_t *a, const tc_kernel &one, bool *fused,
         high_items(a, one, sms, &x);
         if (x.hi_item > x.item_tokens && x.bytes <= covered()) w = x;
     }
+    align_sections(a, one, sms, &w);
     return w;
 }
 
@@ -830,6 +854,13 @@ extern "C" int32_t mkv_cuda_decode_hi_item_tokens(const mkv_cuda_decode_t *a)
     mkv_tc_plan::tc_plan w;
     bool fused;
     return mkv_tc_plan::query_plan(a, &w, &fused) && !fused ? w.hi_item : 0;
+}
+
+extern "C" int mkv_cuda_decode_hi_align(const mkv_cuda_decode_t *a)
+{
+    mkv_tc_plan::tc_plan w;
+    bool fused;
+    return mkv_tc_plan::query_plan(a, &w, &fused) && !fused && w.hi_align;
 }
 
 extern "C" int32_t mkv_cuda_decode_merge_blocks(const mkv_cuda_decode_t *a)

@@ -40,6 +40,7 @@ struct tc_plan {
     /* The separate pass's one launch: the high items' tokens (tc_args::hi_item; 0: the item
      * size) and the item slots a region's blocks hold (sep_slots / MKV_TC_SEP_WARPS blocks). */
     int32_t hi_item, sep_slots;
+    bool hi_align; /* tc_args::hi_align (plan_call) */
     size_t off_logits, off_part_o, off_part_ml, off_ready, off_counters, off_lse, bytes;
 };
 

@@ -13,6 +13,7 @@ int32_t mkv_tc_piece_tokens_override = 0;
 int32_t mkv_tc_wave_spares_override = 0;
 int32_t mkv_tc_ready_override = 0;
 int32_t mkv_tc_hi_item_override = 0;
+int32_t mkv_tc_hi_align_override = 0;
 int32_t mkv_tc_head_override = 0;
 int32_t mkv_tc_piece_static_override = 0;
 int32_t mkv_tc_merge_blocks_override = 0;

@@ -89,17 +89,19 @@ __device__ __forceinline__ block_pos locate(const tc_args &a, int32_t bx, int32_
         /* The separate pass's one launch: block x takes items W x .. W x + W - 1 of the region's
          * items, high then low, so that a block holds items of both sections where the high
          * one ends (a warp's format is its own) and a region's blocks are full but its last. */
-        const int32_t k = bx * W + warp;
-        sec = k >= b.items_hi;
-        const int32_t item = k - sec * b.items_hi, It = sec ? I : Ih;
+        /* (hi_align: the low items from block bh, the high section's last block's spare
+         * warps idle; the slots stay high then low) */
+        const int32_t k = bx * W + warp, k0 = a.hi_align ? bh * W : b.items_hi;
+        sec = k >= k0;
+        const int32_t item = k - sec * k0, It = sec ? I : Ih;
         ip.sec = sec;
         ip.sec_n = sec ? n - hi : hi;
         ip.ta = item * It;
         ip.tb = min(ip.ta + It, ip.sec_n);
-        ip.slot_id = k;
+        ip.slot_id = sec ? b.items_hi + item : k;
         ip.lg_tok = (sec ? (hi + I - 1) / I * I : 0) + ip.ta; /* (item_tokens' layout) */
-        b.work = k < b.n_items; /* warp-uniform */
-        b.any = bx * W < b.n_items;
+        b.work = sec ? ip.ta < ip.sec_n : k < b.items_hi; /* warp-uniform */
+        b.any = bx * W < k0 + b.n_items - b.items_hi;
         b.part = block_part{0, 0, 0};
         b.bta = b.btb = 0;
         return b;

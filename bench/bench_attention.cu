@@ -273,12 +273,13 @@ int main(int argc, char **argv)
             }
             i++;
         }
-        else if (!strcmp(argv[i], "--ready") && i + 1 < argc) {
+        else if ((!strcmp(argv[i], "--ready") || !strcmp(argv[i], "--hi-align")) && i + 1 < argc) {
+            const bool ready = argv[i][2] == 'r';
             const char *x = argv[++i];
             if (!strcmp(x, "auto") || !strcmp(x, "off") || !strcmp(x, "on")) {
-                mkv_tc_ready_override = x[1] == 'u' ? 0 : x[1] == 'f' ? -1 : 1;
+                *(ready ? &mkv_tc_ready_override : &mkv_tc_hi_align_override) = x[1] == 'u' ? 0 : x[1] == 'f' ? -1 : 1;
             } else {
-                fprintf(stderr, "bench_attention: --ready takes auto, off or on\n");
+                fprintf(stderr, "bench_attention: %s takes auto, off or on\n", ready ? "--ready" : "--hi-align");
                 return 2;
             }
         }
@@ -313,7 +314,8 @@ int main(int argc, char **argv)
                     "                       [--flush read|write] [--no-scores] [--spread F] [--hint]\n"
                     "                       [--page-tokens N] [--trace FILE] [--pieces auto|off|N]\n"
                     "                       [--wave-spares auto|off|N] [--ready auto|off|on]\n"
-                    "                       [--hi-item auto|off|N] [--head auto|off|N]\n"
+                    "                       [--hi-item auto|off|N] [--hi-align auto|off|on]\n"
+                    "                       [--head auto|off|N]\n"
                     "                       [--merge-blocks auto|1|2|4|8] [--piece-static auto|off|N]\n"
                     "                       [--merge-split auto|off|N] [--wave-blocks auto|N]\n"
                     "Decode attention time over batch x length grids (32 query / 8 KV heads, d 128)\n"
@@ -353,6 +355,10 @@ int main(int argc, char **argv)
                     "a block a multiprocessor):\n"
                     "auto (the library's rule, the default), off (one item size), or N (rounded\n"
                     "up to a multiple of 16; shorter or longer than the item size).\n"
+                    "--hi-align: in those calls, the low items start at a block of their own (no\n"
+                    "block runs both formats): auto (the library's rule, the default: calls of at most\n"
+                    "a block a multiprocessor without ready flags or high items of their own), off\n"
+                    "or on.\n"
                     "--head: fused K16V16 calls without scores of more than a wave start with\n"
                     "regions of half-size items, so that the first wave's blocks do not all end\n"
                     "together: auto (the library's rule, the default: half the resident blocks),\n"
@@ -672,7 +678,7 @@ int main(int argc, char **argv)
                                 "\"fraction_of_copy\": %.4f, \"speedup_vs_k16v16\": %.3f, "
                                 "\"fused_scores\": %s, \"compact_logits\": %s, \"tensor\": %s, "
                                 "\"piece_tokens\": %d, \"piece_static\": %d, \"item_tokens\": %d, \"wave_blocks\": %d, "
-                                "\"ready_flags\": %s, \"hi_item_tokens\": %d, \"head_regions\": %d, "
+                                "\"ready_flags\": %s, \"hi_item_tokens\": %d, \"hi_align\": %s, \"head_regions\": %d, "
                                 "\"merge_blocks\": %d, \"merge_split\": %d, \"bound_us\": %.2f, \"groups\": [%d, %d, %d, %d]}",
                             first ? "" : ",", v.name, batch, len, n_hi, n_lo, sec * 1e6,
                             *std::min_element(t.begin(), t.end()) * 1e6,
@@ -685,7 +691,8 @@ int main(int argc, char **argv)
                             (int)mkv_cuda_decode_piece_tokens(&a), (int)mkv_cuda_decode_piece_static(&a),
                             (int)mkv_cuda_decode_item_tokens(&a),
                             (int)mkv_cuda_decode_wave_blocks(&a), mkv_cuda_decode_ready_flags(&a) ? "true" : "false",
-                            (int)mkv_cuda_decode_hi_item_tokens(&a), (int)mkv_cuda_decode_head_regions(&a),
+                            (int)mkv_cuda_decode_hi_item_tokens(&a), mkv_cuda_decode_hi_align(&a) ? "true" : "false",
+                            (int)mkv_cuda_decode_head_regions(&a),
                             (int)mkv_cuda_decode_merge_blocks(&a), (int)mkv_cuda_decode_merge_split(&a),
                             peak_rate > 0 ? (fl[0] + bytes / peak_rate) * 1e6 : 0.0, lh.key.groups, lh.value.groups, ll.key.groups,
                             ll.value.groups);

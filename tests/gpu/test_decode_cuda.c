@@ -1448,6 +1448,86 @@ Test(decode_cuda, hi_items, .timeout = 600)
     }
 }
 
+/* The two-format separate pass with its low items from a block of their own (tc_args::hi_align,
+ * decision 108) forced on and off against the reference: regions whose high items fill their
+ * last block or leave 1 to 3 warps idle, none or all of them high, G 4 and 8, d 64 and 128,
+ * pages of 23 and 32 tokens, several splits, with and without scores (the pool unchanged);
+ * then AUTO's choice. */
+Test(decode_cuda, hi_align, .timeout = 600)
+{
+    GPU_REQUIRE();
+    stats_t ck[2][2] = {{{.what = "out (aligned)"}, {.what = "score (aligned)"}},
+                        {{.what = "out (packed)"}, {.what = "score (packed)"}}};
+    stats_t ckn[2] = {{.what = "out (aligned, no scores)"}, {.what = "pool bytes unchanged (aligned)"}};
+    uint64_t r = 0xa11a;
+    for (int on = 0; on < 2; on++)
+        for (int cse = 0; cse < 4; cse++) {
+            const int32_t H = 3, n_seq = 2;
+            int32_t len[2 * 3 * 2];
+            for (int i = 0; i < n_seq * H; i++) {
+                const int32_t n = test_rand_range(&r, 1, 1500);
+                len[2 * i] = test_rand_range(&r, 0, n / 2), len[2 * i + 1] = n - len[2 * i];
+            }
+            /* high sections of 4, 5, 6 and 7 items of 32 tokens, none, and all of a region */
+            len[0] = 32 * (4 + cse) - 5, len[1] = 700;
+            len[2] = 0, len[3] = 333;
+            len[4] = 410, len[5] = 0;
+            spec_t c = {.hi = MKV_FORMAT_K8V4, .lo = MKV_FORMAT_K4V2, .d = cse % 2 ? 64 : 128,
+                        .G = cse / 2 ? 8 : 4, .tpp = cse % 2 ? 32 : 23, .n_seq = n_seq, .H = H,
+                        .len = len, .seed = test_rand_next(&r)};
+            batch_t b;
+            batch_build(&b, &c);
+            b.scores = MKV_DECODE_SCORES_SEPARATE;
+            mkv_tc_hi_align_override = on ? 1 : -1;
+            const int32_t splits[] = {0, 64, 96};
+            batch_check_splits(&b, MKV_DECODE_KERNEL_TENSOR, splits, 3, &ck[!on][0], &ck[!on][1], NULL, NULL);
+            if (on) {
+                b.no_scores = 1;
+                batch_check_splits(&b, MKV_DECODE_KERNEL_TENSOR, splits, 3, &ckn[0], &ckn[1], NULL, NULL);
+            }
+            batch_free(&b);
+        }
+    mkv_tc_hi_align_override = 0;
+    for (int i = 0; i < 2; i++) {
+        stats_expect(&ck[i][0], "hi_align");
+        stats_expect(&ck[i][1], "hi_align");
+        stats_expect(&ckn[i], "hi_align");
+    }
+
+    /* The choice (plan queries only): never with ready flags, high items of their own or one
+     * format; forced on elsewhere; AUTO on in calls of a wave. */
+    mkv_cuda_decode_t a = mix_query(1, 1536), k4 = a;
+    k4.lay_hi = k4.lay_lo;
+    mkv_tc_hi_align_override = 1;
+    cr_assert_eq(mkv_cuda_decode_hi_align(&k4), 0, "one format aligned");
+    mkv_tc_ready_override = 1;
+    cr_assert_eq(mkv_cuda_decode_hi_align(&a), 0, "aligned with ready flags");
+    mkv_tc_ready_override = 0;
+    mkv_tc_hi_item_override = 48;
+    cr_assert_eq(mkv_cuda_decode_hi_align(&a), 0, "aligned with high items of 48");
+    mkv_tc_hi_item_override = 0;
+    a.n_seq = 64, a.max_tokens = 16384;
+    cr_assert_eq(mkv_cuda_decode_hi_align(&a), !mkv_cuda_decode_ready_flags(&a), "forced on at 64 x 16k");
+    mkv_tc_hi_align_override = -1;
+    a.n_seq = 1, a.max_tokens = 1536;
+    cr_assert_eq(mkv_cuda_decode_hi_align(&a), 0, "forced off");
+    mkv_tc_hi_align_override = 0;
+    a.n_seq = 64, a.max_tokens = 16384;
+    cr_assert_eq(mkv_cuda_decode_hi_align(&a), 0, "AUTO at 64 x 16k");
+    int sms = 0;
+    CUDA_CHECK(cudaDeviceGetAttribute(&sms, cudaDevAttrMultiProcessorCount, 0));
+    if (sms != 132) {
+        cr_log_warn("hi_align: AUTO's choice at a block a multiprocessor not asserted on %d of them", sms);
+        return;
+    }
+    /* 8 regions of 13 blocks (1.5k tokens in items of 32) fit 132 multiprocessors; 32 regions
+     * of 7 (items of 64) do not */
+    a.n_seq = 1, a.max_tokens = 1536;
+    cr_assert_eq(mkv_cuda_decode_hi_align(&a), 1, "AUTO at 1 x 1.5k");
+    a.n_seq = 4;
+    cr_assert_eq(mkv_cuda_decode_hi_align(&a), 0, "AUTO at 4 x 1.5k");
+}
+
 /* q of a wide dynamic range (20 binades) against keys far from zero (zeros' and codes' terms
  * nearly cancel): the formats whose keys take the fp16 mma as subnormals (4-bit: one format,
  * default groups and one group, and the two-format kernel, whose fused pass keeps the integer
