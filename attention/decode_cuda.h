@@ -174,7 +174,7 @@ extern int32_t mkv_tc_ready_override;
  * (rounded up to a multiple of 16; AUTO's are below the item size, forced ones may be above)
  * wherever the pass is one launch. For tests and bench_attention --hi-item. */
 extern int32_t mkv_tc_hi_item_override;
-/* The low items of those calls from a block of their own (tc_args::hi_align, decision 108): 0
+/* The low items of those calls from a block of their own (tc_args::hi_align, decision 109): 0
  * AUTO, -1 never, 1 wherever the pass is one launch without ready flags or high items of their
  * own. For tests and bench_attention --hi-align. */
 extern int32_t mkv_tc_hi_align_override;
@@ -210,7 +210,7 @@ extern int32_t mkv_tc_wave_blocks_override;
  * size (decision 88; a region whose high share would overflow its blocks keeps one size),
  * else 0; depends on the current device, as above. */
 int32_t mkv_cuda_decode_hi_item_tokens(const mkv_cuda_decode_t *a);
-/* 1 where such a call's low items start at a block of their own (decision 108), else 0;
+/* 1 where such a call's low items start at a block of their own (decision 109), else 0;
  * depends on the current device, as above. */
 int mkv_cuda_decode_hi_align(const mkv_cuda_decode_t *a);
 

@@ -573,7 +573,7 @@ static void high_items(const mkv_cuda_decode_t *a, const tc_kernel &one, int32_t
 }
 
 /* A two-format separate call's low items from a block of their own (tc_args::hi_align,
- * decision 108) where its grid, with the high section's last block padded, holds at most a
+ * decision 109) where its grid, with the high section's last block padded, holds at most a
  * block a multiprocessor: the straddling block, whose warps run both formats' code, had
  * started its items 0.3 to 0.6 us after the others at 1 x 1.5k (H200, timeline stamps) and
  * ended the call's items last; where blocks share multiprocessors the padding's extra full

@@ -156,7 +156,7 @@ struct tc_args {
      * block of their own (item slot k of block x, warp w: x W + w less the high items' padding
      * to a whole block), so that no block runs both formats; the part slots stay contiguous
      * (high items, then low ones). Calls of at most a block a multiprocessor without ready
-     * flags or hi_item (decision 108: a block of both formats had started its items 0.3 to
+     * flags or hi_item (decision 109: a block of both formats had started its items 0.3 to
      * 0.6 us late). */
     int32_t hi_align;
     /* Timeline stamps (tc_trace.cuh; MKV_TC_TRACE builds only, else ignored): null for none. */

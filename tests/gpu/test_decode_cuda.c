@@ -1449,7 +1449,7 @@ Test(decode_cuda, hi_items, .timeout = 600)
 }
 
 /* The two-format separate pass with its low items from a block of their own (tc_args::hi_align,
- * decision 108) forced on and off against the reference: regions whose high items fill their
+ * decision 109) forced on and off against the reference: regions whose high items fill their
  * last block or leave 1 to 3 warps idle, none or all of them high, G 4 and 8, d 64 and 128,
  * pages of 23 and 32 tokens, several splits, with and without scores (the pool unchanged);
  * then AUTO's choice. */
