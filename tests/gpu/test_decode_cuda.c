@@ -1528,6 +1528,22 @@ Test(decode_cuda, hi_align, .timeout = 600)
     cr_assert_eq(mkv_cuda_decode_hi_align(&a), 0, "AUTO at 4 x 1.5k");
 }
 
+/* Spec c's batch on the tensor-core kernels, items of the plan's size and of 64 tokens, with the
+ * fused write-back (fp32 logits) into ck[0] (outputs) and ck[1] (scores), with the separate
+ * pass into ck[2] and ck[3]. */
+static void check_fused_and_separate(const spec_t *c, stats_t ck[4])
+{
+    batch_t b;
+    batch_build(&b, c);
+    const int32_t splits[] = {0, 64};
+    b.scores = MKV_DECODE_SCORES_FUSED;
+    b.logits = MKV_DECODE_LOGITS_FP32;
+    batch_check_splits(&b, MKV_DECODE_KERNEL_TENSOR, splits, 2, &ck[0], &ck[1], NULL, NULL);
+    b.scores = MKV_DECODE_SCORES_SEPARATE;
+    batch_check_splits(&b, MKV_DECODE_KERNEL_TENSOR, splits, 2, &ck[2], &ck[3], NULL, NULL);
+    batch_free(&b);
+}
+
 /* q of a wide dynamic range (20 binades) against keys far from zero (zeros' and codes' terms
  * nearly cancel): the formats whose keys take the fp16 mma as subnormals (4-bit: one format,
  * default groups and one group, and the two-format kernel, whose fused pass keeps the integer
@@ -1556,15 +1572,7 @@ Test(decode_cuda, wide_range_q, .timeout = 300)
                             .G = n_case % 2 ? 8 : 4, .groups = {eg, eg, eg, eg}, .tpp = 16 + 5 * (n_case % 3),
                             .n_seq = n_seq, .H = H, .len = len, .seed = test_rand_next(&r),
                             .zero_scores = 1, .qwide = 1};
-                batch_t b;
-                batch_build(&b, &c);
-                const int32_t splits[] = {0, 64};
-                b.scores = MKV_DECODE_SCORES_FUSED;
-                b.logits = MKV_DECODE_LOGITS_FP32;
-                batch_check_splits(&b, MKV_DECODE_KERNEL_TENSOR, splits, 2, &ck[0], &ck[1], NULL, NULL);
-                b.scores = MKV_DECODE_SCORES_SEPARATE;
-                batch_check_splits(&b, MKV_DECODE_KERNEL_TENSOR, splits, 2, &ck[2], &ck[3], NULL, NULL);
-                batch_free(&b);
+                check_fused_and_separate(&c, ck);
             }
     for (int i = 0; i < 4; i++) stats_expect(&ck[i], "wide_range_q");
 }
@@ -1596,15 +1604,7 @@ Test(decode_cuda, tiny_q, .timeout = 300)
                             .G = n_case % 2 ? 8 : 4, .tpp = 16 + 5 * (n_case % 3), .n_seq = n_seq,
                             .H = H, .len = len, .seed = test_rand_next(&r), .zero_scores = 1,
                             .qshift = 118, .qshift_half = half};
-                batch_t b;
-                batch_build(&b, &c);
-                const int32_t splits[] = {0, 64};
-                b.scores = MKV_DECODE_SCORES_FUSED;
-                b.logits = MKV_DECODE_LOGITS_FP32;
-                batch_check_splits(&b, MKV_DECODE_KERNEL_TENSOR, splits, 2, &ck[0], &ck[1], NULL, NULL);
-                b.scores = MKV_DECODE_SCORES_SEPARATE;
-                batch_check_splits(&b, MKV_DECODE_KERNEL_TENSOR, splits, 2, &ck[2], &ck[3], NULL, NULL);
-                batch_free(&b);
+                check_fused_and_separate(&c, ck);
             }
     for (int i = 0; i < 4; i++) stats_expect(&ck[i], "tiny_q");
 }
