@@ -90,7 +90,12 @@ __device__ __forceinline__ block_pos locate(const tc_args &a, int32_t bx, int32_
          * items, high then low, so that a block holds items of both sections where the high
          * one ends (a warp's format is its own) and a region's blocks are full but its last. */
         /* (hi_align: the low items from block bh, the high section's last block's spare
-         * warps idle; the slots stay high then low) */
+         * warps idle; the slots stay high then low. The low blocks go first in the grid's
+         * order: their items, longer to start, end last otherwise.) */
+        if (a.hi_align) {
+            const int32_t nlb = (b.n_items - b.items_hi + W - 1) / W;
+            bx = bx < nlb ? bh + bx : bx < nlb + bh ? bx - nlb : bx;
+        }
         const int32_t k = bx * W + warp, k0 = a.hi_align ? bh * W : b.items_hi;
         sec = k >= k0;
         const int32_t item = k - sec * k0, It = sec ? I : Ih;
