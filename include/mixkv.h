@@ -100,15 +100,18 @@ mkv_status_t mkv_format_from_name(const char *name, mkv_format_t *out_format);
  * dimension d (16, 32, 64, 128 or 256) and key_group / value_group elements per quantization
  * group of a key / value vector (16, 32, 64, 128 or 256; a size >= d means one group for the
  * whole vector; 0 means the library's default for that side's bit width; ignored for 16-bit
- * sides, which have no metadata). The page's six segments each start on a 16-byte boundary
- * (docs/page-layout.md). Fails with INVALID_ARGUMENT when not even one token fits. */
+ * sides, which have no metadata). The page's six segments each start on a 16-byte boundary;
+ * where 16 tokens or more fit, the page holds a multiple of 16 (MKV_PAGE_TOKEN_ALIGN: every
+ * 16-token run of a segment then starts on a 64-byte boundary, docs/page-layout.md). Fails
+ * with INVALID_ARGUMENT when not even one token fits. */
 mkv_status_t mkv_tokens_per_page(mkv_format_t format, int32_t head_dim, int32_t key_group,
                                  int32_t value_group, int64_t page_bytes, int32_t *out_tokens);
 
-/* The smallest page size (a multiple of 16 bytes) that holds at least `tokens` tokens in this
- * format, groups as for mkv_tokens_per_page. It holds exactly `tokens` unless no multiple of
- * 16 does (a few formats at d = 16, e.g. one-group K4V4: one token needs 84 bytes, and 96 hold
- * two). */
+/* The smallest page size (a multiple of 16 bytes) into which `tokens` tokens of this format
+ * fit, groups as for mkv_tokens_per_page. Such a page holds exactly `tokens` where tokens is
+ * below 16 or a multiple of 16 (else the multiple of 16 below it), unless no multiple of 16
+ * bytes does (a few formats at d = 16, e.g. one-group K4V4: one token needs 84 bytes, and 96
+ * hold two). */
 mkv_status_t mkv_page_bytes_for(mkv_format_t format, int32_t head_dim, int32_t key_group,
                                 int32_t value_group, int32_t tokens, int64_t *out_bytes);
 

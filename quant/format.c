@@ -136,6 +136,7 @@ mkv_status_t mkv_page_layout(mkv_format_t format, int32_t head_dim, int32_t key_
     int64_t n = page_bytes > 0 ? page_bytes / sum : 0;
     if (n > INT32_MAX) n = INT32_MAX;
     while (n > 0 && layout_for(per_token, (int32_t)n, NULL) > page_bytes) n--;
+    n = MKV_PAGE_TOKENS_OF_FIT(n); /* fewer tokens only shrink the layout */
     if (n < 1) {
         if (err)
             mkv_fail(err, MKV_STATUS_INVALID_ARGUMENT,

@@ -51,6 +51,10 @@ extern "C" {
 #define MKV_SEGMENT_ALIGN 16
 #define MKV_PAGE_SEGMENTS 6
 #define MKV_DEFAULT_TOKENS_PER_PAGE 32 /* default page: 32 tokens of the high format */
+/* A page where 16 tokens or more fit holds a multiple of 16 (decision 111): a 16-token run
+ * (the decode kernel's subtile) of every code and metadata segment then starts on a 64-byte
+ * boundary and never crosses a page, so that the kernel's reads cover whole 128-byte lines. */
+#define MKV_PAGE_TOKEN_ALIGN 16
 
 enum { MKV_SEG_KEY = 0, MKV_SEG_KEY_META, MKV_SEG_VALUE, MKV_SEG_VALUE_META, MKV_SEG_SCORE,
        MKV_SEG_POS };
@@ -124,7 +128,8 @@ mkv_status_t mkv_segment_bytes(mkv_format_t format, int32_t head_dim, int32_t ke
                                int32_t value_group, int64_t per_token[MKV_PAGE_SEGMENTS],
                                char *err);
 
-/* Layout of a page of page_bytes: the most tokens that fit, with segment offsets. */
+/* Layout of a page of page_bytes: the most tokens that fit (a multiple of MKV_PAGE_TOKEN_ALIGN
+ * where that many fit), with segment offsets. */
 mkv_status_t mkv_page_layout(mkv_format_t format, int32_t head_dim, int32_t key_group,
                              int32_t value_group, int64_t page_bytes, mkv_page_layout_t *out,
                              char *err);
@@ -164,6 +169,8 @@ mkv_status_t mkv_page_layout(mkv_format_t format, int32_t head_dim, int32_t key_
     (MKV_ALIGN16((n) * MKV_CODE_BYTES(d, kb)) + MKV_ALIGN16((n) * MKV_META_BYTES(kg, kb)) +     \
      MKV_ALIGN16((n) * MKV_CODE_BYTES(d, vb)) + MKV_ALIGN16((n) * MKV_META_BYTES(vg, vb)) +     \
      MKV_ALIGN16((n) * 4) + (n) * 4)
+/* The tokens a page holds where n fit (MKV_PAGE_TOKEN_ALIGN). */
+#define MKV_PAGE_TOKENS_OF_FIT(n) ((n) >= MKV_PAGE_TOKEN_ALIGN ? (n) / MKV_PAGE_TOKEN_ALIGN * MKV_PAGE_TOKEN_ALIGN : (n))
 /* Groups per vector of one side with the default group size. */
 #define MKV_DEFAULT_GROUPS(d, bits, is_value) MKV_GROUPS_OF(d, MKV_DEFAULT_GROUP_ELEMS(bits, is_value))
 
@@ -179,8 +186,9 @@ mkv_status_t mkv_page_layout(mkv_format_t format, int32_t head_dim, int32_t key_
 MKV_STATIC_ASSERT(MKV_PAGE_USED_BYTES(32, 128, 8, 4, 1, 1) == MKV_ONE_GROUP_PAGE_BYTES_D128,
                   "32 one-group K8V4 tokens fill 6656 bytes exactly");
 MKV_STATIC_ASSERT(MKV_PAGE_USED_BYTES(59, 128, 4, 2, 1, 1) <= MKV_ONE_GROUP_PAGE_BYTES_D128 &&
-                      MKV_PAGE_USED_BYTES(60, 128, 4, 2, 1, 1) > MKV_ONE_GROUP_PAGE_BYTES_D128,
-                  "6656 bytes hold 59 one-group K4V2 tokens");
+                      MKV_PAGE_USED_BYTES(60, 128, 4, 2, 1, 1) > MKV_ONE_GROUP_PAGE_BYTES_D128 &&
+                      MKV_PAGE_TOKENS_OF_FIT(59) == 48,
+                  "59 one-group K4V2 tokens fit 6656 bytes, which hold 48");
 MKV_STATIC_ASSERT(MKV_PAGE_USED_BYTES(12, 128, 16, 16, 1, 1) <= MKV_ONE_GROUP_PAGE_BYTES_D128 &&
                       MKV_PAGE_USED_BYTES(13, 128, 16, 16, 1, 1) > MKV_ONE_GROUP_PAGE_BYTES_D128,
                   "6656 bytes hold 12 K16V16 tokens");
@@ -209,6 +217,8 @@ MKV_STATIC_ASSERT(MKV_PAGE_USED_BYTES(48, 128, 4, 2, MKV_DEFAULT_GROUPS(128, 4, 
                                       MKV_DEFAULT_GROUPS(128, 2, 1)) <=
                       MKV_DEFAULT_PAGE_BYTES_D128,
                   "the default page holds at least 1.5x as many K4V2 tokens as K8V4 tokens");
+MKV_STATIC_ASSERT(MKV_DEFAULT_TOKENS_PER_PAGE % MKV_PAGE_TOKEN_ALIGN == 0,
+                  "the default page holds exactly its 32 high tokens");
 MKV_STATIC_ASSERT(MKV_CODE_BYTES(16, 2) == 4 && MKV_CODE_BYTES(256, 16) == 512,
                   "vector sizes at the extremes of d and bits");
 MKV_STATIC_ASSERT(MKV_SEGMENT_ALIGN == 16, "16-byte segments: one vector load per chunk");

@@ -330,8 +330,13 @@ static int run_engine(const sb_opts_t *o, const mkv_model_config_t *mc, const mk
     /* The baseline computes no scores, as a plain paged engine does not. */
     if (fp16) base.flags |= MKV_CACHE_NO_SCORES;
     mkv_model_config_cache(mc, &base, &cfg);
-    /* the same pages for both engines: 16 fp16 tokens a page */
-    if (mkv_page_bytes_for(MKV_FORMAT_K16V16, cfg.head_dim, 0, 0, 16, &cfg.page_bytes) != MKV_STATUS_OK) {
+    /* Each engine its own page: the baseline's holds 16 fp16 tokens (a paged engine's usual
+     * page), mixkv's the library's default, 32 high tokens (which holds a whole number of
+     * 16-token runs of both formats, decision 111, where 16 fp16 tokens' bytes would hold 35
+     * K8V4 and 54 K4V2 tokens before it and 32 and 48 after). */
+    if ((fp16 ? mkv_page_bytes_for(MKV_FORMAT_K16V16, cfg.head_dim, 0, 0, 16, &cfg.page_bytes)
+              : mkv_page_bytes_for(cfg.hi_format, cfg.head_dim, cfg.hi_key_group, cfg.hi_value_group, 32,
+                                   &cfg.page_bytes)) != MKV_STATUS_OK) {
         mkv_cli_error(CMD, "%s", mkv_last_error());
         return -1;
     }

@@ -59,19 +59,30 @@ Test(format, hand_computed_tokens_per_page)
     int32_t t = 0;
     cr_assert_eq(mkv_tokens_per_page(MKV_FORMAT_K8V4, 128, 256, 256, 6656, &t), MKV_STATUS_OK);
     cr_assert_eq(t, 32);
+    /* 31 tokens fit 6655 bytes; a page where 16 or more fit holds a multiple of 16
+     * (MKV_PAGE_TOKEN_ALIGN). */
     cr_assert_eq(mkv_tokens_per_page(MKV_FORMAT_K8V4, 128, 256, 256, 6655, &t), MKV_STATUS_OK);
-    cr_assert_eq(t, 31);
+    cr_assert_eq(t, 16);
     /* K4V2: 64 + 4 + 32 + 4 + 4 + 4 = 112 per token; 59 tokens need 3776 | 236 -> 4016 | 1888
-     * -> 5904 | 236 -> 6144 | 236 -> 6384 | 236 = 6620 <= 6656; 60 need 6732 > 6656. */
+     * -> 5904 | 236 -> 6144 | 236 -> 6384 | 236 = 6620 <= 6656; 60 need 6732 > 6656. The page
+     * holds 48 of the 59 that fit. */
     cr_assert_eq(mkv_tokens_per_page(MKV_FORMAT_K4V2, 128, 256, 256, 6656, &t), MKV_STATUS_OK);
-    cr_assert_eq(t, 59);
+    cr_assert_eq(t, 48);
     /* K16V16: 256 + 0 + 256 + 0 + 4 + 4 = 520 per token; 12 tokens use 6240 bytes. */
     cr_assert_eq(mkv_tokens_per_page(MKV_FORMAT_K16V16, 128, 256, 256, 6656, &t), MKV_STATUS_OK);
     cr_assert_eq(t, 12);
     /* K8V4 with 4 groups (32 elements) a side: 128 + 16 + 64 + 16 + 4 + 4 = 232 per token;
-     * 28 tokens = 6496. */
+     * 28 tokens = 6496 fit, the page holds 16. */
     cr_assert_eq(mkv_tokens_per_page(MKV_FORMAT_K8V4, 128, 32, 32, 6656, &t), MKV_STATUS_OK);
-    cr_assert_eq(t, 28);
+    cr_assert_eq(t, 16);
+    /* Below 16 the page holds what fits: 16 one-group K8V4 tokens fill 3328 bytes (every
+     * segment a multiple of 16), so 16 bytes less hold 15, and 17 tokens (3536 bytes) give 16. */
+    cr_assert_eq(mkv_tokens_per_page(MKV_FORMAT_K8V4, 128, 256, 256, 16 * 208, &t), MKV_STATUS_OK);
+    cr_assert_eq(t, 16);
+    cr_assert_eq(mkv_tokens_per_page(MKV_FORMAT_K8V4, 128, 256, 256, 16 * 208 - 16, &t), MKV_STATUS_OK);
+    cr_assert_eq(t, 15);
+    cr_assert_eq(mkv_tokens_per_page(MKV_FORMAT_K8V4, 128, 256, 256, 17 * 208 + 48, &t), MKV_STATUS_OK);
+    cr_assert_eq(t, 16);
     /* One K8V4 token at d 16: 16 | 4 -> 20 -> 32 | 8 -> 40 -> 48 | 4 -> 52 -> 64 | 4 -> 68 -> 80
      * | 4 = 84 bytes; 83 bytes hold none. */
     cr_assert_eq(mkv_tokens_per_page(MKV_FORMAT_K8V4, 16, 256, 256, 84, &t), MKV_STATUS_OK);
@@ -169,9 +180,11 @@ Test(format, unsupported_dims_and_groups)
 
 Test(format, page_bytes_for_is_minimal_aligned_page)
 {
-    /* The smallest 16-byte multiple that holds at least n tokens. It holds exactly n whenever
-     * any 16-byte multiple does (16 bytes less holds fewer, and capacity is monotonic); where
-     * none does (K4V4 at d 16: one token needs 84 bytes, and 96 hold two), it holds more. */
+    /* The smallest 16-byte multiple into which n tokens fit. It holds exactly n whenever any
+     * 16-byte multiple does and n is below 16 or a multiple of 16 (16 bytes less holds fewer,
+     * and capacity is monotonic); from 16 up it holds the multiple of 16 at or below what fits
+     * (MKV_PAGE_TOKEN_ALIGN); where no 16-byte multiple holds exactly n (K4V4 at d 16: one
+     * token needs 84 bytes, and 96 hold two), it holds more. */
     int exact = 0, total = 0;
     for (int f = 0; f < MKV_FORMAT_COUNT; f++)
         for (size_t di = 0; di < 5; di++)
@@ -183,16 +196,21 @@ Test(format, page_bytes_for_is_minimal_aligned_page)
                     cr_assert_eq(mkv_page_bytes_for(fmt, d, g, g, n, &bytes), MKV_STATUS_OK);
                     cr_assert_eq(bytes % MKV_SEGMENT_ALIGN, 0);
                     cr_assert_eq(mkv_tokens_per_page(fmt, d, g, g, bytes, &got), MKV_STATUS_OK);
-                    cr_assert_geq(got, n, "%s d %d g %d: page_bytes_for(%d) = %lld holds %d",
+                    const int32_t want = n >= 16 ? n / 16 * 16 : n;
+                    cr_assert_geq(got, want, "%s d %d g %d: page_bytes_for(%d) = %lld holds %d",
                                   mkv_format_name(fmt), d, g, n, (long long)bytes, got);
-                    /* Minimal up to alignment: 16 bytes less holds fewer tokens. */
+                    cr_assert(got < 16 || got % 16 == 0, "%s d %d g %d: %d tokens a page",
+                              mkv_format_name(fmt), d, g, got);
+                    /* Minimal up to alignment: 16 bytes less holds fewer tokens (where the page
+                     * holds what fits: n below 16 or a multiple of 16). */
                     mkv_status_t s = mkv_tokens_per_page(fmt, d, g, g, bytes - 16, &got);
-                    cr_assert(s != MKV_STATUS_OK || got < n,
-                              "%s d %d g %d: %lld bytes also hold %d tokens",
-                              mkv_format_name(fmt), d, g, (long long)(bytes - 16), n);
+                    if (n < 16 || n % 16 == 0)
+                        cr_assert(s != MKV_STATUS_OK || got < want,
+                                  "%s d %d g %d: %lld bytes also hold %d tokens",
+                                  mkv_format_name(fmt), d, g, (long long)(bytes - 16), want);
                     mkv_tokens_per_page(fmt, d, g, g, bytes, &got);
                     total++;
-                    exact += got == n;
+                    exact += got == want;
                 }
     /* The exceptions are the few small-d formats whose per-token bytes are not 16-aligned. */
     cr_assert_geq(exact, total * 9 / 10, "only %d of %d pages hold exactly the tokens asked", exact,
@@ -222,7 +240,7 @@ Test(format, groups_per_side)
     cr_assert_eq(mkv_page_layout(MKV_FORMAT_K4V2, 128, 64, 32, b, &lay, err), MKV_STATUS_OK, "%s", err);
     cr_assert_eq(lay.key.groups, 2);
     cr_assert_eq(lay.value.groups, 4);
-    cr_assert_eq(lay.tokens, 52, "K4V2 (2, 4 groups) in 6784 bytes: %d tokens", lay.tokens);
+    cr_assert_eq(lay.tokens, 48, "K4V2 (2, 4 groups) in 6784 bytes (52 fit): %d tokens", lay.tokens);
     /* Sizes >= d are the whole vector, so 256 at d 64 is one group; 16 at d 256 is 16. */
     cr_assert_eq(mkv_page_layout(MKV_FORMAT_K4V4, 64, 256, 128, 4096, &lay, err), MKV_STATUS_OK);
     cr_assert(lay.key.groups == 1 && lay.key.group_elems == 64 && lay.value.groups == 1);
@@ -233,8 +251,9 @@ Test(format, groups_per_side)
     cr_assert(lay.key.groups == 1 && lay.key.group_elems == 128 && lay.bytes[MKV_SEG_KEY_META] == 0);
     cr_assert_eq(lay.tokens, 12);
     cr_assert_eq(mkv_tokens_per_page(MKV_FORMAT_K8V4, 128, 256, 16, 6656, &t), MKV_STATUS_OK);
-    /* 128 + 4 + 64 + 32 + 8 = 236 a token: 28 tokens (6608), 29 need 6844. */
-    cr_assert_eq(t, 28);
+    /* 128 + 4 + 64 + 32 + 8 = 236 a token: 28 tokens fit (6608), 29 need 6844; the page holds
+     * 16. */
+    cr_assert_eq(t, 16);
 }
 
 /* Every format x every group choice per side x every d: the layout says what the formula says. */

@@ -835,12 +835,12 @@ Test(quant_layout, default_pages_by_hand)
                   (const int64_t[]){4096, 128, 2048, 128, 128, 128}, 6656, "K8V4");
     expect_vec(&a.key, 8, 128, 16, 8, 16, 1, "K8V4 key");
     expect_vec(&a.value, 4, 64, 16, 4, 32, 1, "K8V4 value");
-    /* K4V2: 59 tokens; 59 * 64 = 3776 key bytes; meta 236 ends at 4012, value codes start at
-     * 4016 (1888 bytes, to 5904); value meta 236 to 6140; scores at 6144 to 6380; positions at
-     * 6384 to 6620. */
+    /* K4V2: 59 tokens fit (112 bytes each), the page holds 48 (MKV_PAGE_TOKEN_ALIGN); 48 * 64
+     * = 3072 key bytes; meta 192 to 3264, where value codes start (1536 bytes, to 4800); value
+     * meta 192 to 4992; scores at 4992 to 5184; positions at 5184 to 5376. */
     const mkv_page_layout_t b = layout(MKV_FORMAT_K4V2, 128, 256, 256, 6656);
-    expect_layout(&b, 59, (const int64_t[]){0, 3776, 4016, 5904, 6144, 6384},
-                  (const int64_t[]){3776, 236, 1888, 236, 236, 236}, 6620, "K4V2");
+    expect_layout(&b, 48, (const int64_t[]){0, 3072, 3264, 4800, 4992, 5184},
+                  (const int64_t[]){3072, 192, 1536, 192, 192, 192}, 5376, "K4V2");
     expect_vec(&b.key, 4, 64, 16, 4, 32, 1, "K4V2 key");
     expect_vec(&b.value, 2, 32, 16, 2, 64, 1, "K4V2 value");
     /* K16V16: 12 tokens, no metadata segments. */
@@ -866,19 +866,19 @@ Test(quant_layout, accessors_by_hand)
     cr_assert_eq(mkv_pos_offset(&a, 31), 6652);
 
     const mkv_page_layout_t b = layout(MKV_FORMAT_K4V2, 128, 256, 256, 6656);
-    /* 59 tokens: a chunk row is 59 * 16 = 944 bytes */
-    cr_assert_eq(mkv_code_offset(&b, 0, 58, 3), 3 * 944 + 58 * 16);       /* 3760, ends 3776 */
-    cr_assert_eq(mkv_code_offset(&b, 1, 58, 1), 4016 + 944 + 58 * 16);    /* 5888, ends 5904 */
-    cr_assert_eq(mkv_code_offset(&b, 1, 10, 0), 4016 + 160);
-    cr_assert_eq(mkv_meta_offset(&b, 1, 58, 0), 5904 + 232);
-    cr_assert_eq(mkv_pos_offset(&b, 58), 6384 + 232);
+    /* 48 tokens: a chunk row is 48 * 16 = 768 bytes */
+    cr_assert_eq(mkv_code_offset(&b, 0, 47, 3), 3 * 768 + 47 * 16);       /* 3056, ends 3072 */
+    cr_assert_eq(mkv_code_offset(&b, 1, 47, 1), 3264 + 768 + 47 * 16);    /* 4784, ends 4800 */
+    cr_assert_eq(mkv_code_offset(&b, 1, 10, 0), 3264 + 160);
+    cr_assert_eq(mkv_meta_offset(&b, 1, 47, 0), 4800 + 188);
+    cr_assert_eq(mkv_pos_offset(&b, 47), 5184 + 188);
 
-    /* K8V4 with 4 groups: 232 bytes a token, 28 tokens; meta [group][token]. */
+    /* K8V4 with 4 groups: 232 bytes a token, 28 fit, 16 held; meta [group][token]. */
     const mkv_page_layout_t c = layout(MKV_FORMAT_K8V4, 128, 32, 32, 6656);
-    cr_assert_eq(c.tokens, 28);
-    cr_assert_eq(c.offset[MKV_SEG_KEY_META], 28 * 128);
-    cr_assert_eq(mkv_meta_offset(&c, 0, 5, 2), 3584 + (2 * 28 + 5) * 4);
-    cr_assert_eq(mkv_meta_offset(&c, 1, 27, 3), 3584 + 448 + 1792 + (3 * 28 + 27) * 4);
+    cr_assert_eq(c.tokens, 16);
+    cr_assert_eq(c.offset[MKV_SEG_KEY_META], 16 * 128);
+    cr_assert_eq(mkv_meta_offset(&c, 0, 5, 2), 2048 + (2 * 16 + 5) * 4);
+    cr_assert_eq(mkv_meta_offset(&c, 1, 15, 3), 2048 + 256 + 1024 + (3 * 16 + 15) * 4);
 
     /* K2V4 at d = 16: a 2-bit key is 4 bytes, one chunk of 4 bytes. */
     const mkv_page_layout_t d = layout_tokens(MKV_FORMAT_K2V4, 16, 256, 256, 10);

@@ -1971,14 +1971,14 @@ Test(decode_cuda, mean_tokens_plans)
 
 /* The logit form the separate pass plans: fp32 whatever is asked (decision 89: its kernel is
  * built without the compact form), at every G, with and without scores, on pages that hold no
- * multiple of 16 tokens (serve-bench's pages of 16 fp16 tokens hold 35 K8V4 and 54 K4V2
- * tokens; decision 71 had made compact logits take them). Host arithmetic only: runs without
- * a device. */
+ * multiple of 16 tokens (since decision 111 only pages under 16 tokens: 4 fp16 tokens' bytes
+ * hold 8 K8V4 and 13 K4V2 tokens; decision 71 had made compact logits take such pages). Host
+ * arithmetic only: runs without a device. */
 Test(decode_cuda, separate_logits_plan)
 {
     int64_t page_bytes;
     mkv_page_layout_t hi, lo;
-    mix_layouts(MKV_FORMAT_K16V16, 16, &page_bytes, &hi, &lo);
+    mix_layouts(MKV_FORMAT_K16V16, 4, &page_bytes, &hi, &lo);
     cr_assert(hi.tokens % 16 != 0 && lo.tokens % 16 != 0, "pages of %d and %d tokens", hi.tokens, lo.tokens);
     static const int32_t Gs[] = {1, 2, 3, 4, 8};
     for (int gi = 0; gi < 5; gi++)
