@@ -239,7 +239,8 @@ cudaError_t mkv_tc_zero_counters(int32_t *counters, size_t words, cudaStream_t s
 cudaError_t mkv_tc_finalize(const tc_args &a, int32_t d, int32_t n_seq, cudaStream_t stream);
 
 /* The blocks its merge of each of n_rs head-regions takes (G query heads, head_dim d, at most
- * sec_items items a section): the outputs cut in a power of two of slices in small calls
+ * sec_items items a section): the outputs cut in slices in small calls, a power of two, or 3
+ * where that loads the items in one batch and 4 would be needed for it otherwise
  * (decode_tc_finalize.cu; mkv_tc_merge_blocks_override's where set). */
 int32_t mkv_tc_merge_blocks(int32_t G, int32_t d, int64_t n_rs, int32_t sec_items);
 

@@ -321,17 +321,27 @@ int32_t mkv_tc_merge_blocks(int32_t G, int32_t d, int64_t n_rs, int32_t sec_item
      * 16 x 4k with up to 8: 60.9 against 57.0 us). */
     const int64_t sms = mkv_tc_plan::device_attr(cudaDevAttrMultiProcessorCount, T::fallback_sms);
     const int64_t per_merge = (int64_t)FIN_THREADS * T::merge_min_items;
+    /* the items a thread of m merge blocks loads (merge_out's item lanes) */
+    const auto per_lane = [&](int32_t m) {
+        const int32_t lanes = std::max(FIN_THREADS / ((n4 + m - 1) / m), 1);
+        return (sec_items + lanes - 1) / lanes;
+    };
     int32_t mb = 1;
     for (;;) {
         const int32_t next = 2 * mb;
         if (next > MKV_TC_MERGE_MAX_BLOCKS || next > n4 || n_rs * next > sms) break;
         /* each thread keeps at least merge_min_items items of a section's sec_items */
         const bool few = (int64_t)sec_items * n4 >= next * per_merge;
-        /* or would load them in two batches of MKV_TC_MERGE_BATCH (merge_out's item lanes) */
-        const int32_t lanes = std::max(FIN_THREADS / ((n4 + mb - 1) / mb), 1);
-        const bool two = next <= T::merge_batch_max_blocks && 2 * n_rs * next <= sms &&
-                         (sec_items + lanes - 1) / lanes > MKV_TC_MERGE_BATCH;
+        /* or would load them in two batches of MKV_TC_MERGE_BATCH */
+        const bool two = next <= T::merge_batch_max_blocks && 2 * n_rs * next <= sms && per_lane(mb) > MKV_TC_MERGE_BATCH;
         if (!few && !two) break;
+        if (!few) {
+            /* two batches: the fewest blocks that load them in one (3 where 4 had doubled
+             * the head maxima's loads for nothing, decision 112) */
+            int32_t m = mb + 1;
+            while (m < next && per_lane(m) > MKV_TC_MERGE_BATCH) m++;
+            if (m < next) return m;
+        }
         mb = next;
     }
     return mb;

@@ -240,9 +240,9 @@ int main(int argc, char **argv)
             const char *x = argv[++i];
             const int n = atoi(x);
             if (!strcmp(x, "auto")) mkv_tc_merge_blocks_override = 0;
-            else if (n == 1 || n == 2 || n == 4 || n == 8) mkv_tc_merge_blocks_override = n;
+            else if (n >= 1 && n <= 8) mkv_tc_merge_blocks_override = n;
             else {
-                fprintf(stderr, "bench_attention: --merge-blocks takes auto, 1, 2, 4 or 8\n");
+                fprintf(stderr, "bench_attention: --merge-blocks takes auto or 1 to 8\n");
                 return 2;
             }
         }
@@ -316,7 +316,7 @@ int main(int argc, char **argv)
                     "                       [--wave-spares auto|off|N] [--ready auto|off|on]\n"
                     "                       [--hi-item auto|off|N] [--hi-align auto|off|on]\n"
                     "                       [--head auto|off|N]\n"
-                    "                       [--merge-blocks auto|1|2|4|8] [--piece-static auto|off|N]\n"
+                    "                       [--merge-blocks auto|1-8] [--piece-static auto|off|N]\n"
                     "                       [--merge-split auto|off|N] [--wave-blocks auto|N]\n"
                     "Decode attention time over batch x length grids (32 query / 8 KV heads, d 128)\n"
                     "for K16V16, K8V8, K8V4, K4V2 and a 20/50/30 high/low/pruned mix, against the\n"
@@ -366,7 +366,8 @@ int main(int argc, char **argv)
                     "--merge-blocks: the blocks the separate finalize pass cuts each region's\n"
                     "merge among: auto (the library's rule, the default: in calls of at most a block\n"
                     "a multiprocessor, while each thread keeps 5 of a region's items; up to 4, in\n"
-                    "calls of half that, while it would load them in two batches of 8), or N.\n"
+                    "calls of half that, while it would load them in two batches of 8, 3 where that\n"
+                    "loads them in one), or N (1 to 8).\n"
                     "--piece-static: fused K16V16 calls without scores of 6 or more blocks a region\n"
                     "in a wave: each warp first takes that per mille of its share of its region, then\n"
                     "pieces: auto (the library's rule, the default: 900 where pieces do not pay\n"
