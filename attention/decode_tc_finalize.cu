@@ -335,9 +335,10 @@ int32_t mkv_tc_merge_blocks(int32_t G, int32_t d, int64_t n_rs, int32_t sec_item
         /* or would load them in two batches of MKV_TC_MERGE_BATCH */
         const bool two = next <= T::merge_batch_max_blocks && 2 * n_rs * next <= sms && per_lane(mb) > MKV_TC_MERGE_BATCH;
         if (!few && !two) break;
-        if (!few) {
+        if (two) {
             /* two batches: the fewest blocks that load them in one (3 where 4 had doubled
-             * the head maxima's loads for nothing, decision 112) */
+             * the head maxima's loads for nothing, decision 112), also where each thread
+             * would still keep merge_min_items (40 items: 3 blocks, not 4; decision 113) */
             int32_t m = mb + 1;
             while (m < next && per_lane(m) > MKV_TC_MERGE_BATCH) m++;
             if (m < next) return m;

@@ -230,8 +230,9 @@ struct mkv_decode_tuning {
      * 14.1 without scores, 14.2 against 14.9 with. 5 takes 8's cuts for K16V16 and 4's for the
      * mix at these shapes. */
     static constexpr int32_t merge_min_items = 5;
-    /* It also cuts while a thread would load a section's items in two batches (decision 97),
-     * up to this many slices and only in calls of at most half a slice per multiprocessor.
+    /* It also cuts while a thread would load a section's items in two batches (decision 97;
+     * into the fewest slices that load them in one where that is fewer, decisions 112 and
+     * 113), up to this many slices and only in calls of at most half a slice per multiprocessor.
      * H200, 3 x 30 calls, us, the slices forced: the mix at 1 x 1.5k (34 items a region, two
      * batches in 2 slices) 12.32 in 2, 11.97 in 4, 12.61 in 8 (K16V16 11.87); 8 lost at 1 x 3k
      * (13.22 against 12.83 in 4) and 4 at 4 x 1.5k (14.75 against 14.14 in 2). */

@@ -1228,11 +1228,12 @@ static void check_knob_settings(batch_t *b, int32_t *knob, const int32_t *settin
     *knob = 0;
 }
 
-/* The separate finalize pass's merge blocks (decisions 97 and 112): the plan's (AUTO's at the
- * mix 1 x 1.5k, whose 34 items a region take two batches of loads a thread in 2 slices and
+/* The separate finalize pass's merge blocks (decisions 97, 112 and 113): the plan's (AUTO's at
+ * the mix 1 x 1.5k, whose 34 items a region take two batches of loads a thread in 2 slices and
  * one in 3, at 2 x 1.5k, not at 4 x 1.5k nor beyond 4 from the batches; the mix at 1 x 1,408
- * (985 tokens kept: 2), 1,664 (1,165: 3) and 1,792 (1,254, the plan's bound 41 items: 4);
- * K16V16 at 1 x 1k and 1.5k, one where the
+ * (985 tokens kept: 2), 1,664 (1,165: 3), 1,792 (1,254, 40 items: 3, one batch, not 4),
+ * 2,048 (1,434, 45 items: 4, as 3 would take two batches) and 4 x 1,792 (2);
+ * K16V16 at 1 x 1k, 1,280 (40 items: 3), 1,408 (44: 4) and 1.5k, one where the
  * call has more regions than the multiprocessors; forced), asserted on 132 multiprocessors or
  * the fallback's; then, with a device, calls whose regions hold from one item to the most,
  * AUTO's and forced 1 to 8, with and without scores, against the reference. */
@@ -1248,7 +1249,8 @@ Test(decode_cuda, merge_blocks, .timeout = 300)
             int f, n_seq, max_tokens, want;
         } cases[] = {{1, 1, 1075, 3}, {1, 2, 1075, 3}, {1, 4, 1075, 2}, {1, 1, 716, 2},  {1, 1, 2150, 4},
                      {0, 1, 1536, 4}, {0, 1, 1024, 2}, {0, 4, 1280, 4}, {1, 64, 11468, 1}, {1, 16, 716, 1},
-                     {0, 8, 1024, 1}, {1, 1, 985, 2},  {1, 1, 1165, 3}, {1, 1, 1254, 4}};
+                     {0, 8, 1024, 1}, {1, 1, 985, 2},  {1, 1, 1165, 3}, {1, 1, 1254, 3},
+                     {1, 1, 1434, 4}, {0, 1, 1280, 3}, {0, 1, 1408, 4}, {1, 4, 1254, 2}};
         for (size_t i = 0; i < sizeof cases / sizeof cases[0]; i++) {
             mkv_cuda_decode_t *q = &q2[cases[i].f];
             q->n_seq = cases[i].n_seq, q->max_tokens = cases[i].max_tokens;
