@@ -107,6 +107,11 @@ mkv_status_t mkv_config_resolve(const mkv_cache_config_t *in, mkv_cache_config_t
     }
     if (c.pool_pages > INT32_MAX)
         return bad(err, "config.pool_pages = %lld exceeds the int32 page-id range", c.pool_pages);
+    if (c.pool_pages > INT64_MAX / c.page_bytes)
+        return mkv_fail(err, MKV_STATUS_INVALID_ARGUMENT,
+                        "config: pool_pages = %lld pages of page_bytes = %lld overflow a "
+                        "64-bit byte count",
+                        (long long)c.pool_pages, (long long)c.page_bytes);
     c.pool_bytes = c.pool_pages * c.page_bytes;
 
     if (!isfinite(c.alpha_h) || c.alpha_h < 0.0f)

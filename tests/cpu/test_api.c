@@ -203,6 +203,8 @@ Test(api, config_validation)
     BAD((cfg.pool_pages = 0, cfg.pool_bytes = cfg.page_bytes - 1), "pool_pages|pool_bytes");
     BAD(cfg.pool_pages = -3, "pool_pages");
     BAD(cfg.pool_pages = (int64_t)INT32_MAX + 1, "pool_pages");
+    /* found by fuzz_dump: pool_pages * page_bytes overflowed int64 (signed overflow UB) */
+    BAD((cfg.pool_pages = INT32_MAX, cfg.page_bytes = INT64_MAX / 1024 * 16), "overflow");
     BAD(cfg.window = -1, "window");
     BAD((cfg.alpha_h = 0.01f, cfg.alpha_l = 0.02f), "alpha_l|alpha_h");
     BAD(cfg.alpha_l = -0.5f, "alpha_l");
