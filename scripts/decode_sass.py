@@ -13,7 +13,8 @@ sections (high, low) finds the item loop's steady state: the smallest loop whose
 both the stage's copies (LDGSTS) and the section's mma (HMMA/IMMA), attributed to the section
 by the call in run_section_item its instructions are inlined from. For each it prints:
 
-  - instructions in the loop body, tokens per iteration (two movmatrix per 16-token subtile),
+  - instructions in the loop body, tokens per iteration (subtile_values's two movmatrix per
+    16-token subtile),
     instructions per token, and the mma, copy and shuffle counts;
   - the instructions by the step they come from (the chain of inlined functions below
     run_item, --depth names deep; PTX wrappers and CUDA's headers named by their file);
@@ -22,7 +23,8 @@ by the call in run_section_item its instructions are inlined from. For each it p
 The body is the address range between the loop's head and its back branch: rarely taken
 paths laid out inside it (a rescale, a window reload) count as if taken, so read the figures
 as a static upper bound per iteration, for comparing builds and formats, not as issue counts
-(ncu's are those). --json writes the same as JSON. Exit status 0, 2 on usage or a failed
+(ncu's are those). The fused kernels inline the values' step twice where their logits may be
+compact (both forms in the loop), so their tokens per iteration read double there. --json writes the same as JSON. Exit status 0, 2 on usage or a failed
 compile. Standard library, nvcc and nvdisasm only; nothing in the build or the tests needs it.
 """
 import argparse
@@ -213,7 +215,10 @@ def analyse(k, depth, nlines):
         s, e = best
         body = ins[s:e + 1]
         ops = collections.Counter(opcode(t) for _, t, _ in body)
-        tokens = 16 * ops["MOVM"] // 2
+        # two movmatrix (the weights' transposes) per 16-token subtile in subtile_values
+        movm = sum(1 for _, t, fr in body
+                   if opcode(t) == "MOVM" and any(func_at(f, l) == "subtile_values" for f, l in fr))
+        tokens = 16 * movm // 2
         steps = collections.Counter(step_name(fr, depth) for _, _, fr in body)
         lines = collections.Counter(
             "%s:%d" % fr[0] if fr else "?" for _, _, fr in body)
