@@ -245,7 +245,7 @@ def kernel_label(name):
 
 
 def main():
-    ap = argparse.ArgumentParser(add_help=True, description="the decode item loop's SASS, by step")
+    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--build", default="build-pc")
     ap.add_argument("--tu", default="")
     ap.add_argument("--pass", dest="pas", default="separate", choices=("separate", "fused", "pieces", "all"))
